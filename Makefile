@@ -1,0 +1,47 @@
+# sqlbroker — the two commands: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast lint typecheck env postgres bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[postgres,cron,dev]'
+	@touch $(STAMP)
+
+env: $(STAMP)
+
+## PostgreSQL server binaries for the throwaway test server (Debian's package).
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing PostgreSQL (Debian package postgresql)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	else echo "PostgreSQL server binaries missing: sudo apt-get install postgresql" >&2; exit 1; fi
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples bench
+	$(BIN)/ruff format --check src tests examples bench
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+## The whole suite, PostgreSQL included (slow suites too; CI runs exactly this).
+test: $(STAMP) postgres lint typecheck
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Everything but the slow suites, for a quick local loop.
+test-fast: $(STAMP) postgres
+	$(BIN)/python -m pytest -m "not slow and not spark" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache sqlbroker-demo.db*

@@ -1,0 +1,1 @@
+"""contrib layer (see DESIGN.md §3)."""

@@ -1,0 +1,116 @@
+"""The exception tree of the public API.
+
+Every failure a caller can see is a subclass of :class:`SqlbrokerError`. Driver exceptions
+(``sqlite3``, ``psycopg``) are translated at the storage boundary and never escape it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class SqlbrokerError(Exception):
+    """Base class of every error raised by sqlbroker."""
+
+
+class ValidationError(SqlbrokerError, ValueError):
+    """Bad input, detected in Python before any SQL runs; nothing was written.
+
+    ``field`` names the offending argument (``"topic"``, ``"payload"``, ``"priority"``, …).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class InvalidName(ValidationError):
+    """A topic, queue, subscription or pattern name breaks the naming rules."""
+
+
+class InvalidPayload(ValidationError):
+    """A payload is not plain JSON (or bytes), or is larger than the limit."""
+
+
+class InvalidHeaders(ValidationError):
+    """Headers are not a mapping of short strings to short strings."""
+
+
+class InvalidPriority(ValidationError):
+    """A priority outside 0–9."""
+
+
+class InvalidDuration(ValidationError):
+    """A delay, TTL, lease or window that is negative, not finite, or too large."""
+
+
+class InvalidTime(ValidationError):
+    """A point in time that is naive, out of range or otherwise unusable."""
+
+
+class InvalidOption(ValidationError):
+    """Any other argument outside its documented range (limits, batch sizes, options)."""
+
+
+class ConfigurationError(SqlbrokerError):
+    """The broker cannot be set up as asked (bad URL, missing extra, refused filesystem)."""
+
+
+class SchemaError(SqlbrokerError):
+    """The database schema is missing, older or newer than this version of sqlbroker."""
+
+
+class NotFound(SqlbrokerError, LookupError):
+    """The named message, dead letter or subscription does not exist."""
+
+
+class LeaseLost(SqlbrokerError):
+    """An ack, nack or extend carried a lease token that is no longer valid.
+
+    The lease expired and the message may have been claimed again; nothing was changed for
+    the listed deliveries. ``delivery_ids`` names them.
+    """
+
+    def __init__(self, delivery_ids: Sequence[int]) -> None:
+        self.delivery_ids = tuple(delivery_ids)
+        shown = ", ".join(str(i) for i in self.delivery_ids[:10])
+        more = "" if len(self.delivery_ids) <= 10 else f" and {len(self.delivery_ids) - 10} more"
+        super().__init__(
+            f"lease lost for deliveries {shown}{more}: the lease expired or was taken over;"
+            " nothing was changed for them"
+        )
+
+
+class IdempotencyConflict(SqlbrokerError):
+    """An idempotency key was reused, inside its window, with a different message."""
+
+    def __init__(self, topic: str, idempotency_key: str, message_id: str) -> None:
+        self.topic = topic
+        self.idempotency_key = idempotency_key
+        self.message_id = message_id
+        super().__init__(
+            f"idempotency key {idempotency_key!r} on topic {topic!r} was already used for"
+            f" message {message_id} with a different payload"
+        )
+
+
+class StorageError(SqlbrokerError):
+    """The database refused or failed an operation (the driver's message is kept)."""
+
+
+class DatabaseBusy(StorageError):
+    """The database stayed locked longer than the busy timeout; nothing was written."""
+
+
+class ConnectionLost(StorageError):
+    """The connection to the database failed during an operation.
+
+    ``ambiguous`` is true when a write may or may not have committed (the connection broke
+    after the statement or the commit was sent). Retrying a publish with the same
+    idempotency key is then safe; retrying without one may publish twice.
+    """
+
+    def __init__(self, message: str, *, ambiguous: bool) -> None:
+        self.ambiguous = ambiguous
+        super().__init__(f"{message} (outcome {'unknown' if ambiguous else 'not applied'})")

@@ -1,0 +1,234 @@
+"""Messages, deliveries and the records they leave behind, as plain immutable rows."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback as traceback_module
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from enum import IntEnum, StrEnum
+from typing import Any
+
+
+class Priority(IntEnum):
+    """Named priorities; any integer 0–9 is valid and 0 is the most urgent."""
+
+    URGENT = 0
+    HIGH = 1
+    NORMAL = 2
+    LOW = 3
+
+
+URGENT, HIGH, NORMAL, LOW = Priority.URGENT, Priority.HIGH, Priority.NORMAL, Priority.LOW
+
+
+class State(StrEnum):
+    """States of a subscription's copy while it is in the hot table."""
+
+    AVAILABLE = "available"
+    """Claimable now (``available_at`` has passed)."""
+    SCHEDULED = "scheduled"
+    """Waiting for ``available_at``: delayed, or backing off before a retry."""
+    BLOCKED = "blocked"
+    """Behind an earlier message with the same ordering key."""
+    RUNNING = "running"
+    """Leased to a consumer."""
+
+
+class Outcome(StrEnum):
+    """How a copy left the hot table for the archive."""
+
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    UNROUTED = "unrouted"
+
+
+def new_message_id() -> str:
+    """A time-ordered UUID (version 7 layout) as text: sortable, unique, index-friendly."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= (rand >> 68) << 64 & (0xFFF << 64)
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What went wrong: the exception type, its message and a truncated traceback."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    MAX_MESSAGE = 2_000
+    MAX_TRACEBACK = 8_000
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> ErrorInfo:
+        kind = type(error)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        text = "".join(traceback_module.format_exception(error))
+        if len(text) > cls.MAX_TRACEBACK:
+            # Keep the tail: the innermost frames and the exception line say the most.
+            text = "…(truncated)\n" + text[-cls.MAX_TRACEBACK :]
+        return cls(type=name, message=str(error)[: cls.MAX_MESSAGE], traceback=text)
+
+    @classmethod
+    def coerce(cls, error: BaseException | str | ErrorInfo | None) -> ErrorInfo | None:
+        if error is None or isinstance(error, ErrorInfo):
+            return error
+        if isinstance(error, BaseException):
+            return cls.from_exception(error)
+        return cls(type="str", message=str(error)[: cls.MAX_MESSAGE])
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A validated, encoded message on its way into storage.
+
+    ``delay``/``ttl`` are seconds relative to the storage clock; ``available_at`` and
+    ``expires_at`` are absolute and win when given.
+    """
+
+    message_id: str
+    topic: str
+    payload: bytes
+    content_type: str
+    headers: str | None
+    priority: int
+    ordering_key: str | None
+    idempotency_key: str | None
+    payload_hash: str | None
+    delay: float | None
+    available_at: datetime | None
+    ttl: float | None
+    expires_at: datetime | None
+    max_attempts: int
+    dedupe_window: float
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One subscription's copy of a message, leased to the caller by a claim.
+
+    ``attempt`` counts claims including this one. ``lease_token`` proves the lease: an
+    ack, retry, dead-letter or extend with a stale token raises ``LeaseLost``.
+    """
+
+    id: int
+    message_id: str
+    subscription: str
+    topic: str
+    payload: Any
+    content_type: str
+    headers: dict[str, str]
+    priority: int
+    key: str | None
+    idempotency_key: str | None
+    attempt: int
+    max_attempts: int
+    replay_count: int
+    enqueued_at: datetime
+    available_at: datetime
+    expires_at: datetime | None
+    lease_token: str
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """A copy in the hot table, as shown by admin views (no lease token)."""
+
+    id: int
+    message_id: str
+    subscription: str
+    topic: str
+    state: State
+    priority: int
+    key: str | None
+    attempts: int
+    max_attempts: int
+    enqueued_at: datetime
+    available_at: datetime
+    expires_at: datetime | None
+    lease_expires_at: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A copy that failed for good, with the whole original message and why it died."""
+
+    id: int
+    message_id: str
+    subscription: str
+    topic: str
+    payload: Any
+    content_type: str
+    headers: dict[str, str]
+    priority: int
+    key: str | None
+    idempotency_key: str | None
+    attempts: int
+    max_attempts: int
+    replay_count: int
+    reason: str
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    enqueued_at: datetime
+    first_started_at: datetime | None
+    first_failed_at: datetime
+    last_failed_at: datetime
+    dead_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedMessage:
+    """A finished copy: completed, expired, cancelled, or a publish nobody subscribed to."""
+
+    id: int
+    message_id: str
+    subscription: str | None
+    topic: str
+    payload: Any
+    content_type: str
+    headers: dict[str, str]
+    priority: int
+    key: str | None
+    outcome: Outcome
+    attempts: int
+    replay_count: int
+    enqueued_at: datetime
+    first_started_at: datetime | None
+    finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    name: str
+    patterns: tuple[str, ...]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    """A subscription at one instant. Ages are in seconds."""
+
+    subscription: str
+    ready: int
+    scheduled: int
+    running: int
+    blocked: int
+    dead: int
+    oldest_ready_age: float | None

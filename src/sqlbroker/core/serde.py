@@ -1,0 +1,132 @@
+"""Payload encoding: strict JSON (or raw bytes with a content type), never pickle.
+
+A JSON payload is checked value by value before it is encoded, so that what a consumer
+decodes is exactly what the producer passed: only ``None``, ``bool``, ``int``, finite
+``float``, ``str`` (no NUL, no lone surrogate), ``list``/``tuple`` and ``dict`` with string
+keys are accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sqlbroker.core.errors import InvalidOption, InvalidPayload
+
+JSON_CONTENT_TYPE = "application/json"
+BYTES_CONTENT_TYPE = "application/octet-stream"
+DEFAULT_PAYLOAD_LIMIT = 256 * 1024
+HARD_PAYLOAD_LIMIT = 1024 * 1024
+MAX_DEPTH = 64
+_MAX_CONTENT_TYPE = 255
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _check_string(value: str, field: str, where: str) -> None:
+    if "\x00" in value:
+        raise InvalidPayload(field, f"{where} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(
+            field, f"{where} contains a lone surrogate (not valid Unicode)"
+        ) from None
+
+
+def _check_value(value: Any, field: str, where: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise InvalidPayload(field, f"nests deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidPayload(field, f"{where} is {value!r}; JSON has no NaN or infinity")
+        return
+    if isinstance(value, str):
+        _check_string(value, field, where)
+        return
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_value(item, field, f"{where}[{index}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidPayload(
+                    field, f"{where} has a key of type {type(key).__name__}; JSON keys are strings"
+                )
+            _check_string(key, field, f"a key in {where}")
+            _check_value(item, field, f"{where}[{key!r}]", depth + 1)
+        return
+    raise InvalidPayload(
+        field, f"{where} is a {type(value).__name__}, which is not JSON (use bytes for raw data)"
+    )
+
+
+def check_payload_limit(limit: object) -> int:
+    """Validate a configured payload size limit (bytes)."""
+    if (
+        not isinstance(limit, int)
+        or isinstance(limit, bool)
+        or not 1 <= limit <= HARD_PAYLOAD_LIMIT
+    ):
+        raise InvalidOption(
+            "payload_limit",
+            f"must be an integer from 1 to {HARD_PAYLOAD_LIMIT} bytes, not {limit!r}",
+        )
+    return limit
+
+
+def encode_payload(
+    payload: Any,
+    *,
+    content_type: str | None = None,
+    limit: int = DEFAULT_PAYLOAD_LIMIT,
+    field: str = "payload",
+) -> tuple[bytes, str]:
+    """Encode a payload to ``(bytes, content_type)`` or raise :class:`InvalidPayload`.
+
+    ``bytes``/``bytearray``/``memoryview`` pass through unchanged with ``content_type``
+    (default ``application/octet-stream``); anything else must be plain JSON.
+    """
+    if content_type is not None and (
+        not isinstance(content_type, str)
+        or not content_type
+        or len(content_type) > _MAX_CONTENT_TYPE
+        or not content_type.isprintable()
+        or not content_type.isascii()
+    ):
+        raise InvalidPayload(
+            "content_type", f"must be a short printable ASCII string, not {content_type!r}"
+        )
+    if isinstance(payload, bytes | bytearray | memoryview):
+        data = bytes(payload)
+        kind = content_type or BYTES_CONTENT_TYPE
+    else:
+        if content_type is not None and content_type != JSON_CONTENT_TYPE:
+            raise InvalidPayload(
+                "content_type",
+                f"{content_type!r} needs a bytes payload; JSON values are {JSON_CONTENT_TYPE}",
+            )
+        _check_value(payload, field, "the payload", 0)
+        data = _encoder.encode(payload).encode("utf-8")
+        kind = JSON_CONTENT_TYPE
+    if len(data) > limit:
+        raise InvalidPayload(field, f"is {len(data)} bytes encoded; the limit is {limit} bytes")
+    return data, kind
+
+
+def decode_payload(data: bytes, content_type: str) -> Any:
+    """Decode stored payload bytes: JSON content is parsed, anything else is returned as bytes."""
+    if content_type == JSON_CONTENT_TYPE:
+        return json.loads(data)
+    return bytes(data)
+
+
+def encode_json(value: Any) -> str:
+    """Compact JSON text for internal columns (headers, error details)."""
+    return _encoder.encode(value)

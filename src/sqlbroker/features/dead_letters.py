@@ -1,0 +1,184 @@
+"""Dead-letter administration: list, show, replay and purge, by id or by filter.
+
+Every replay and purge is recorded in the audit table with who did it and why, whichever
+face (API, CLI, dashboard) asked for it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import getpass
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidOption, NotFound
+from sqlbroker.core.message import DeadLetter
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.base import Backend, DeadFilter
+
+
+def default_actor() -> str:
+    try:
+        return f"api:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "api"
+
+
+def make_filter(
+    *,
+    ids: Iterable[int] | None = None,
+    subscription: str | None = None,
+    topic: str | None = None,
+    error_type: str | None = None,
+    reason_contains: str | None = None,
+    dead_before: datetime | None = None,
+    dead_after: datetime | None = None,
+) -> DeadFilter:
+    """Validate filter arguments into a :class:`DeadFilter`."""
+    id_tuple: tuple[int, ...] | None = None
+    if ids is not None:
+        if isinstance(ids, int | str | bytes):
+            raise InvalidOption("ids", "must be a list of dead-letter ids")
+        id_tuple = tuple(
+            validate.integer(value, "ids", minimum=1, maximum=2**63 - 1) for value in ids
+        )
+    for field, value in (("error_type", error_type), ("reason_contains", reason_contains)):
+        if value is not None and (
+            not isinstance(value, str) or not value or len(value) > 1000 or "\x00" in value
+        ):
+            raise InvalidOption(field, "must be a non-empty string of at most 1000 characters")
+    return DeadFilter(
+        ids=id_tuple,
+        subscription=None if subscription is None else validate_topic(subscription, "subscription"),
+        topic=None if topic is None else validate_topic(topic, "topic"),
+        error_type=error_type,
+        reason_contains=reason_contains,
+        dead_before=None
+        if dead_before is None
+        else validate.point_in_time(dead_before, "dead_before"),
+        dead_after=None if dead_after is None else validate.point_in_time(dead_after, "dead_after"),
+    )
+
+
+class DeadLetters:
+    """``broker.dead_letters``: inspect and act on messages that failed for good."""
+
+    def __init__(self, backend: Callable[[], Backend]) -> None:
+        self._backend = backend
+
+    def list(
+        self,
+        *,
+        subscription: str | None = None,
+        topic: str | None = None,
+        error_type: str | None = None,
+        reason_contains: str | None = None,
+        dead_before: datetime | None = None,
+        dead_after: datetime | None = None,
+        limit: int = 100,
+        after_id: int | None = None,
+    ) -> list[DeadLetter]:
+        """Dead letters matching every given filter, oldest first; page with ``after_id``."""
+        where = make_filter(
+            subscription=subscription,
+            topic=topic,
+            error_type=error_type,
+            reason_contains=reason_contains,
+            dead_before=dead_before,
+            dead_after=dead_after,
+        )
+        limit = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+        if after_id is not None:
+            after_id = validate.integer(after_id, "after_id", minimum=0, maximum=2**63 - 1)
+        return self._backend().dead_list(where=where, limit=limit, after_id=after_id)
+
+    def get(self, id: int) -> DeadLetter:
+        """One dead letter by id; raises ``NotFound``."""
+        validate.integer(id, "id", minimum=1, maximum=2**63 - 1)
+        found = self._backend().dead_get(id=id)
+        if found is None:
+            raise NotFound(f"no dead letter with id {id}")
+        return found
+
+    def replay(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        subscription: str | None = None,
+        topic: str | None = None,
+        error_type: str | None = None,
+        reason_contains: str | None = None,
+        dead_before: datetime | None = None,
+        dead_after: datetime | None = None,
+        all: bool = False,
+        actor: str | None = None,
+        note: str | None = None,
+    ) -> builtins.list[int]:
+        """Send dead letters back to their subscription with attempts reset and the replay
+        counted. Returns the new delivery ids. With no ids and no filter, ``all=True`` is
+        required, so that an empty call never replays everything by accident."""
+        where = self._where(
+            ids, subscription, topic, error_type, reason_contains, dead_before, dead_after, all
+        )
+        return self._backend().dead_replay(
+            where=where, actor=self._actor(actor), note=self._note(note)
+        )
+
+    def purge(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        subscription: str | None = None,
+        topic: str | None = None,
+        error_type: str | None = None,
+        reason_contains: str | None = None,
+        dead_before: datetime | None = None,
+        dead_after: datetime | None = None,
+        all: bool = False,
+        actor: str | None = None,
+        note: str | None = None,
+    ) -> int:
+        """Delete dead letters for good; returns how many. Same selection rules as replay."""
+        where = self._where(
+            ids, subscription, topic, error_type, reason_contains, dead_before, dead_after, all
+        )
+        return self._backend().dead_purge(
+            where=where, actor=self._actor(actor), note=self._note(note)
+        )
+
+    @staticmethod
+    def _where(
+        ids: Iterable[int] | None,
+        subscription: str | None,
+        topic: str | None,
+        error_type: str | None,
+        reason_contains: str | None,
+        dead_before: datetime | None,
+        dead_after: datetime | None,
+        everything: bool,
+    ) -> DeadFilter:
+        where = make_filter(
+            ids=ids,
+            subscription=subscription,
+            topic=topic,
+            error_type=error_type,
+            reason_contains=reason_contains,
+            dead_before=dead_before,
+            dead_after=dead_after,
+        )
+        if where.is_empty and not everything:
+            raise InvalidOption("ids", "name dead letters by id or filter, or pass all=True")
+        if everything and not where.is_empty:
+            raise InvalidOption("all", "all=True cannot be combined with ids or filters")
+        return where
+
+    @staticmethod
+    def _actor(actor: str | None) -> str:
+        if actor is None:
+            return default_actor()
+        return validate.reason(actor, "actor")[:200]
+
+    @staticmethod
+    def _note(note: str | None) -> str | None:
+        return None if note is None else validate.reason(note, "note")

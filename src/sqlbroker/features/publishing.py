@@ -1,0 +1,176 @@
+"""Turning a publish call into a validated, encoded :class:`NewMessage`.
+
+Everything here runs before any SQL: a bad argument raises a ``ValidationError`` subclass
+naming the field and nothing is written, identically on every backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidDuration, InvalidOption, InvalidTime
+from sqlbroker.core.message import NORMAL, NewMessage, new_message_id
+from sqlbroker.core.serde import encode_json, encode_payload
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.rows import payload_hash
+
+PUBLISH_OPTIONS = frozenset(
+    {
+        "key",
+        "priority",
+        "delay",
+        "at",
+        "ttl",
+        "expires_at",
+        "max_attempts",
+        "headers",
+        "idempotency_key",
+        "dedupe_window",
+        "content_type",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishDefaults:
+    """Broker-wide defaults applied to every publish."""
+
+    max_attempts: int
+    dedupe_window: float
+    payload_limit: int
+
+
+def build_message(
+    topic: object,
+    payload: Any,
+    *,
+    defaults: PublishDefaults,
+    key: object = None,
+    priority: object = NORMAL,
+    delay: object = None,
+    at: object = None,
+    ttl: object = None,
+    expires_at: object = None,
+    max_attempts: object = None,
+    headers: object = None,
+    idempotency_key: object = None,
+    dedupe_window: object = None,
+    content_type: object = None,
+    field_prefix: str = "",
+) -> NewMessage:
+    """Validate one publish and encode it."""
+
+    def name(field: str) -> str:
+        return f"{field_prefix}{field}"
+
+    topic_text = validate_topic(topic, name("topic"))
+    if content_type is not None and not isinstance(content_type, str):
+        raise InvalidOption(name("content_type"), "must be a string")
+    data, kind = encode_payload(
+        payload, content_type=content_type, limit=defaults.payload_limit, field=name("payload")
+    )
+    if delay is not None and at is not None:
+        raise InvalidOption(name("at"), "give delay or at, not both")
+    if ttl is not None and expires_at is not None:
+        raise InvalidOption(name("expires_at"), "give ttl or expires_at, not both")
+    delay_s = validate.optional_seconds(delay, name("delay"))
+    ttl_s = validate.optional_seconds(ttl, name("ttl"))
+    if ttl_s == 0:
+        raise InvalidDuration(name("ttl"), "must be greater than zero")
+    at_dt = None if at is None else validate.point_in_time(at, name("at"))
+    expires_dt = (
+        None if expires_at is None else validate.point_in_time(expires_at, name("expires_at"))
+    )
+    if delay_s is not None and ttl_s is not None and ttl_s <= delay_s:
+        raise InvalidDuration(name("ttl"), "the message would expire before its delay ends")
+    if at_dt is not None and expires_dt is not None and expires_dt <= at_dt:
+        raise InvalidTime(
+            name("expires_at"), "the message would expire before it becomes available"
+        )
+    attempts = (
+        defaults.max_attempts
+        if max_attempts is None
+        else validate.integer(
+            max_attempts, name("max_attempts"), minimum=1, maximum=validate.MAX_ATTEMPTS
+        )
+    )
+    window = (
+        defaults.dedupe_window
+        if dedupe_window is None
+        else validate.seconds(dedupe_window, name("dedupe_window"), allow_zero=False)
+    )
+    idem = validate.key(idempotency_key, name("idempotency_key"))
+    header_map = validate.headers(headers, name("headers"))
+    message = NewMessage(
+        message_id=new_message_id(),
+        topic=topic_text,
+        payload=data,
+        content_type=kind,
+        headers=None if header_map is None else encode_json(header_map),
+        priority=validate.priority(priority, name("priority")),
+        ordering_key=validate.key(key, name("key")),
+        idempotency_key=idem,
+        payload_hash=None if idem is None else payload_hash(data, kind),
+        delay=delay_s,
+        available_at=at_dt,
+        ttl=ttl_s,
+        expires_at=expires_dt,
+        max_attempts=attempts,
+        dedupe_window=window,
+    )
+    return message
+
+
+def build_batch(
+    items: object,
+    *,
+    defaults: PublishDefaults,
+    topic: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> list[NewMessage]:
+    """Validate a batch: mappings with ``topic``/``payload`` and publish options, or (with
+    ``topic`` given, for queues) bare payloads sharing ``options``."""
+    if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
+        raise InvalidOption("messages", "must be a list (or other iterable) of messages")
+    materialized = list(items)
+    if not materialized:
+        return []
+    if len(materialized) > validate.MAX_BATCH:
+        raise InvalidOption(
+            "messages",
+            f"a batch holds at most {validate.MAX_BATCH} messages, not {len(materialized)}",
+        )
+    messages: list[NewMessage] = []
+    for index, item in enumerate(materialized):
+        prefix = f"messages[{index}]."
+        if topic is not None:
+            message = build_message(
+                topic, item, defaults=defaults, field_prefix=prefix, **dict(options or {})
+            )
+        else:
+            if not isinstance(item, Mapping):
+                raise InvalidOption(
+                    f"messages[{index}]", "must be a mapping with 'topic' and 'payload'"
+                )
+            unknown = set(item) - PUBLISH_OPTIONS - {"topic", "payload"}
+            if unknown:
+                raise InvalidOption(
+                    f"messages[{index}]", f"unknown fields: {', '.join(sorted(map(str, unknown)))}"
+                )
+            if "topic" not in item or "payload" not in item:
+                raise InvalidOption(f"messages[{index}]", "needs both 'topic' and 'payload'")
+            fields = {k: v for k, v in item.items() if k not in ("topic", "payload")}
+            message = build_message(
+                item["topic"], item["payload"], defaults=defaults, field_prefix=prefix, **fields
+            )
+        messages.append(message)
+    return messages
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    unknown = set(options) - PUBLISH_OPTIONS
+    if unknown:
+        raise InvalidOption("options", f"unknown publish options: {', '.join(sorted(unknown))}")

@@ -1,0 +1,1 @@
+"""interfaces layer (see DESIGN.md §3)."""

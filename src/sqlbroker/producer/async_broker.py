@@ -1,0 +1,191 @@
+"""``AsyncBroker``: the same API as :class:`Broker`, awaitable.
+
+Database calls run on a small dedicated thread pool (one thread per pooled connection), so
+the event loop never blocks on I/O and SQLite keeps its one-connection-per-thread rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, ParamSpec, Self, TypeVar
+
+from sqlbroker.core.message import (
+    ArchivedMessage,
+    DeadLetter,
+    Delivery,
+    Outcome,
+    PendingMessage,
+    State,
+    Subscription,
+    SubscriptionStats,
+)
+from sqlbroker.producer.broker import DEFAULT_URL, Broker
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _Offloader:
+    def __init__(self, threads: int) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sqlbroker-db")
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class AsyncDeadLetters:
+    """``async_broker.dead_letters``: awaitable twin of :class:`DeadLetters`."""
+
+    def __init__(self, broker: Broker, offload: _Offloader) -> None:
+        self._sync = broker.dead_letters
+        self._offload = offload
+
+    async def list(self, **filters: Any) -> list[DeadLetter]:
+        return await self._offload.run(self._sync.list, **filters)
+
+    async def get(self, id: int) -> DeadLetter:
+        return await self._offload.run(self._sync.get, id)
+
+    async def replay(self, ids: Iterable[int] | None = None, **filters: Any) -> builtins.list[int]:
+        return await self._offload.run(self._sync.replay, ids, **filters)
+
+    async def purge(self, ids: Iterable[int] | None = None, **filters: Any) -> int:
+        return await self._offload.run(self._sync.purge, ids, **filters)
+
+
+class AsyncBroker:
+    """The awaitable face of :class:`Broker`; same constructor, same methods."""
+
+    def __init__(self, url: str = DEFAULT_URL, *, threads: int = 4, **options: Any) -> None:
+        self.sync = Broker(url, **options)
+        if self.sync.backend_name == "sqlite" and self.sync.in_memory:
+            threads = 1
+        self._offload = _Offloader(threads)
+        self.dead_letters = AsyncDeadLetters(self.sync, self._offload)
+
+    def __repr__(self) -> str:
+        return f"Async{self.sync!r}"
+
+    @property
+    def url(self) -> str:
+        return self.sync.url
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._offload.run(self.sync.close)
+        self._offload.shutdown()
+
+    async def migrate(self) -> builtins.list[int]:
+        return await self._offload.run(self.sync.migrate)
+
+    async def publish(self, topic: str, payload: Any, **options: Any) -> str:
+        return await self._offload.run(self.sync.publish, topic, payload, **options)
+
+    async def publish_many(
+        self, messages: Iterable[Mapping[str, Any]], *, conn: Any = None
+    ) -> builtins.list[str]:
+        return await self._offload.run(self.sync.publish_many, list(messages), conn=conn)
+
+    async def send(self, queue: str, payload: Any, **options: Any) -> str:
+        return await self._offload.run(self.sync.send, queue, payload, **options)
+
+    async def send_many(
+        self, queue: str, payloads: Iterable[Any], **options: Any
+    ) -> builtins.list[str]:
+        return await self._offload.run(self.sync.send_many, queue, list(payloads), **options)
+
+    async def subscribe(
+        self, name: str, patterns: str | Sequence[str], *, replace: bool = False
+    ) -> Subscription:
+        return await self._offload.run(self.sync.subscribe, name, patterns, replace=replace)
+
+    async def unsubscribe(self, name: str) -> bool:
+        return await self._offload.run(self.sync.unsubscribe, name)
+
+    async def subscriptions(self) -> builtins.list[Subscription]:
+        return await self._offload.run(self.sync.subscriptions)
+
+    async def claim(
+        self,
+        subscription: str,
+        *,
+        limit: int = 1,
+        lease: float | timedelta | None = None,
+        worker: str | None = None,
+    ) -> builtins.list[Delivery]:
+        return await self._offload.run(
+            self.sync.claim, subscription, limit=limit, lease=lease, worker=worker
+        )
+
+    async def complete(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+        items = [deliveries] if isinstance(deliveries, Delivery) else list(deliveries)
+        await self._offload.run(self.sync.complete, items)
+
+    async def retry(
+        self,
+        delivery: Delivery,
+        *,
+        after: float | timedelta = 0.0,
+        error: BaseException | str | None = None,
+    ) -> None:
+        await self._offload.run(self.sync.retry, delivery, after=after, error=error)
+
+    async def dead_letter(
+        self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
+    ) -> None:
+        await self._offload.run(self.sync.dead_letter, delivery, reason=reason, error=error)
+
+    async def extend(
+        self, delivery: Delivery, *, lease: float | timedelta | None = None
+    ) -> datetime:
+        return await self._offload.run(self.sync.extend, delivery, lease=lease)
+
+    async def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+        items = [deliveries] if isinstance(deliveries, Delivery) else list(deliveries)
+        await self._offload.run(self.sync.release, items)
+
+    async def cancel(self, message_id: str) -> int:
+        return await self._offload.run(self.sync.cancel, message_id)
+
+    async def reap(self, *, limit: int = 1000) -> dict[str, int]:
+        return await self._offload.run(self.sync.reap, limit=limit)
+
+    async def pending(
+        self, subscription: str | None = None, *, state: State | str | None = None, limit: int = 100
+    ) -> builtins.list[PendingMessage]:
+        return await self._offload.run(self.sync.pending, subscription, state=state, limit=limit)
+
+    async def archive(
+        self,
+        subscription: str | None = None,
+        *,
+        outcome: Outcome | str | None = None,
+        message_id: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[ArchivedMessage]:
+        return await self._offload.run(
+            self.sync.archive, subscription, outcome=outcome, message_id=message_id, limit=limit
+        )
+
+    async def stats(self) -> builtins.list[SubscriptionStats]:
+        return await self._offload.run(self.sync.stats)

@@ -1,0 +1,435 @@
+"""The synchronous ``Broker``: publishing, the low-level consumer API and administration."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Self
+
+from sqlbroker.core import validate
+from sqlbroker.core.clock import Clock
+from sqlbroker.core.errors import InvalidOption, LeaseLost
+from sqlbroker.core.message import (
+    NORMAL,
+    ArchivedMessage,
+    Delivery,
+    ErrorInfo,
+    Outcome,
+    PendingMessage,
+    State,
+    Subscription,
+    SubscriptionStats,
+)
+from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
+from sqlbroker.core.topics import validate_pattern, validate_topic
+from sqlbroker.features.dead_letters import DeadLetters
+from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message, check_options
+from sqlbroker.storage.base import Backend, DeadRequest, Lease, ReapResult, RetryRequest
+from sqlbroker.storage.factory import open_backend
+from sqlbroker.storage.url import parse_url, redact
+
+DEFAULT_URL = "sqlite:///sqlbroker.db"
+DEFAULT_LEASE = 30.0
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
+
+
+def _deliveries(value: Delivery | Iterable[Delivery]) -> list[Delivery]:
+    if isinstance(value, Delivery):
+        return [value]
+    if isinstance(value, str | bytes | Mapping):
+        raise InvalidOption("deliveries", "must be a Delivery or a list of them")
+    items = list(value)
+    for item in items:
+        if not isinstance(item, Delivery):
+            raise InvalidOption(
+                "deliveries", f"must hold Delivery objects, not {type(item).__name__}"
+            )
+    return items
+
+
+class Broker:
+    """A message broker in your database.
+
+    ``Broker("sqlite:///app.db")`` or ``Broker("postgresql://…")``. On SQLite the schema is
+    created on first use; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
+    with a role allowed to create tables, or pass ``migrate=True``.
+
+    Every duration takes seconds or a :class:`datetime.timedelta`. Bad arguments raise a
+    ``ValidationError`` subclass before anything is written.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        migrate: bool | None = None,
+        lease: float | timedelta = DEFAULT_LEASE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        dedupe_window: float | timedelta = DEFAULT_DEDUPE_WINDOW,
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        clock: Clock | None = None,
+        **backend_options: Any,
+    ) -> None:
+        parsed = parse_url(url)
+        self._url = parsed
+        self._lease = validate.lease_seconds(lease)
+        self._defaults = PublishDefaults(
+            max_attempts=validate.integer(
+                max_attempts, "max_attempts", minimum=1, maximum=validate.MAX_ATTEMPTS
+            ),
+            dedupe_window=validate.seconds(dedupe_window, "dedupe_window", allow_zero=False),
+            payload_limit=check_payload_limit(payload_limit),
+        )
+        self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
+        self._backend: Backend = open_backend(url, clock=clock, **backend_options)
+        self._ready = False
+        self._ready_lock = threading.Lock()
+        self._known_queues: set[str] = set()
+        self.dead_letters = DeadLetters(self._checked)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The database URL with any password replaced by ``***``."""
+        return str(self._url)
+
+    @property
+    def backend(self) -> Backend:
+        """The storage backend (for the runtime and advanced use)."""
+        return self._checked()
+
+    @property
+    def lease(self) -> float:
+        """The default lease, in seconds."""
+        return self._lease
+
+    @property
+    def backend_name(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._url.scheme
+
+    @property
+    def in_memory(self) -> bool:
+        return self._url.path == ":memory:"
+
+    def __repr__(self) -> str:
+        return f"Broker({redact(self._url.raw)!r})"
+
+    def _checked(self) -> Backend:
+        if not self._ready:
+            with self._ready_lock:
+                if not self._ready:
+                    if self._migrate:
+                        self._backend.migrate()
+                    self._backend.check_schema()
+                    self._ready = True
+        return self._backend
+
+    def migrate(self) -> list[int]:
+        """Apply pending schema migrations; safe when several processes migrate at once."""
+        applied = self._backend.migrate()
+        self._backend.check_schema()
+        self._ready = True
+        return applied
+
+    def schema_version(self) -> int:
+        return self._backend.schema_version()
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @staticmethod
+    def worker_name() -> str:
+        """How this process names itself in leases: ``host:pid``."""
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        priority: int = NORMAL,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        ttl: float | timedelta | None = None,
+        expires_at: datetime | None = None,
+        max_attempts: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        dedupe_window: float | timedelta | None = None,
+        content_type: str | None = None,
+        conn: Any = None,
+    ) -> str:
+        """Publish to every subscription whose pattern matches ``topic``; return the message id.
+
+        Returns after the message is committed (or, with ``conn``, written in the caller's
+        open transaction, which the caller commits). A topic no subscription matches is
+        archived as ``unrouted``. A repeated ``idempotency_key`` within its window returns
+        the first message's id and writes nothing.
+        """
+        message = build_message(
+            topic, payload, defaults=self._defaults, key=key, priority=priority, delay=delay, at=at,
+            ttl=ttl, expires_at=expires_at, max_attempts=max_attempts, headers=headers,
+            idempotency_key=idempotency_key, dedupe_window=dedupe_window, content_type=content_type,
+        )  # fmt: skip
+        result = self._checked().message_insert_many(
+            messages=[message], subscription=None, conn=conn
+        )
+        return result.message_ids[0]
+
+    def publish_many(self, messages: Iterable[Mapping[str, Any]], *, conn: Any = None) -> list[str]:
+        """Publish a batch in one transaction. Each item is a mapping with ``topic``,
+        ``payload`` and any option of :meth:`publish`. Returns the ids in order."""
+        batch = build_batch(messages, defaults=self._defaults)
+        if not batch:
+            return []
+        return (
+            self._checked()
+            .message_insert_many(messages=batch, subscription=None, conn=conn)
+            .message_ids
+        )
+
+    def send(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        priority: int = NORMAL,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        ttl: float | timedelta | None = None,
+        expires_at: datetime | None = None,
+        max_attempts: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        dedupe_window: float | timedelta | None = None,
+        content_type: str | None = None,
+        conn: Any = None,
+    ) -> str:
+        """Point-to-point: deliver to the subscription named ``queue`` only, creating it on
+        first use. Same options as :meth:`publish`."""
+        message = build_message(
+            queue, payload, defaults=self._defaults, key=key, priority=priority, delay=delay, at=at,
+            ttl=ttl, expires_at=expires_at, max_attempts=max_attempts, headers=headers,
+            idempotency_key=idempotency_key, dedupe_window=dedupe_window, content_type=content_type,
+        )  # fmt: skip
+        self._ensure_queue(queue)
+        result = self._checked().message_insert_many(
+            messages=[message], subscription=queue, conn=conn
+        )
+        return result.message_ids[0]
+
+    def send_many(
+        self, queue: str, payloads: Iterable[Any], *, conn: Any = None, **options: Any
+    ) -> list[str]:
+        """Send a batch of payloads to ``queue`` in one transaction, sharing ``options``."""
+        validate_topic(queue, "queue")
+        check_options(options)
+        batch = build_batch(payloads, defaults=self._defaults, topic=queue, options=options)
+        if not batch:
+            return []
+        self._ensure_queue(queue)
+        return (
+            self._checked()
+            .message_insert_many(messages=batch, subscription=queue, conn=conn)
+            .message_ids
+        )
+
+    def _ensure_queue(self, queue: str) -> None:
+        if queue not in self._known_queues:
+            self._checked().subscription_ensure(name=queue)
+            self._known_queues.add(queue)
+
+    # --- subscriptions -----------------------------------------------------------------------
+
+    def subscribe(
+        self, name: str, patterns: str | Sequence[str], *, replace: bool = False
+    ) -> Subscription:
+        """Create the subscription ``name`` (or add patterns to it). From now on it gets its
+        own copy of every message published to a matching topic. ``replace=True`` sets the
+        patterns to exactly ``patterns``."""
+        validate_topic(name, "name")
+        pattern_list = [patterns] if isinstance(patterns, str) else list(patterns)
+        if not pattern_list:
+            raise InvalidOption("patterns", "give at least one pattern")
+        if len(pattern_list) > 100:
+            raise InvalidOption("patterns", "a subscription has at most 100 patterns")
+        checked = [validate_pattern(pattern, "patterns") for pattern in pattern_list]
+        return self._checked().subscription_upsert(name=name, patterns=checked, replace=replace)
+
+    def unsubscribe(self, name: str) -> bool:
+        """Delete a subscription and its pending messages (dead letters and archive stay)."""
+        validate_topic(name, "name")
+        return self._checked().subscription_delete(name=name)
+
+    def subscriptions(self) -> list[Subscription]:
+        return self._checked().subscription_list()
+
+    # --- the low-level consumer API ----------------------------------------------------------
+
+    def claim(
+        self,
+        subscription: str,
+        *,
+        limit: int = 1,
+        lease: float | timedelta | None = None,
+        worker: str | None = None,
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` messages, most urgent first. Each delivery carries a lease
+        token; complete, retry or dead-letter it before ``lease`` seconds pass, or it is
+        delivered again."""
+        validate_topic(subscription, "subscription")
+        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
+        seconds = self._lease if lease is None else validate.lease_seconds(lease)
+        if worker is not None and (not isinstance(worker, str) or not 0 < len(worker) <= 200):
+            raise InvalidOption("worker", "must be a string of 1 to 200 characters")
+        return self._checked().message_claim_many(
+            subscription=subscription,
+            limit=count,
+            lease=seconds,
+            worker=worker or self.worker_name(),
+        )
+
+    @staticmethod
+    def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
+        lost = sorted(set(wanted) - set(done))
+        if lost:
+            raise LeaseLost(lost)
+
+    def complete(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+        """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
+        are left alone and reported by one ``LeaseLost`` after the others are completed."""
+        items = _deliveries(deliveries)
+        if not items:
+            return
+        done = self._checked().message_complete_many(leases=[Lease.of(d) for d in items])
+        self._raise_lost((d.id for d in items), done)
+
+    def retry(
+        self,
+        delivery: Delivery,
+        *,
+        after: float | timedelta = 0.0,
+        error: BaseException | str | None = None,
+    ) -> None:
+        """Give a delivery back to be tried again after ``after`` seconds. When its attempts
+        are spent it is dead-lettered instead (reason ``max attempts exhausted``)."""
+        (item,) = _deliveries(delivery)
+        delay = validate.seconds(after, "after")
+        info = ErrorInfo.coerce(error)
+        if item.attempt >= item.max_attempts:
+            self._dead(
+                item, f"max attempts exhausted ({item.attempt} of {item.max_attempts})", info
+            )
+            return
+        done = self._checked().message_retry_many(
+            retries=[RetryRequest(Lease.of(item), delay, info)]
+        )
+        self._raise_lost([item.id], done)
+
+    def dead_letter(
+        self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
+    ) -> None:
+        """Move a delivery to the dead letters now, keeping the whole message and why."""
+        (item,) = _deliveries(delivery)
+        self._dead(item, validate.reason(reason), ErrorInfo.coerce(error))
+
+    def _dead(self, item: Delivery, reason: str, info: ErrorInfo | None) -> None:
+        done = self._checked().message_dead_many(deaths=[DeadRequest(Lease.of(item), reason, info)])
+        self._raise_lost([item.id], done)
+
+    def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
+        """Push the delivery's lease to now + ``lease``; return the new expiry."""
+        (item,) = _deliveries(delivery)
+        seconds = self._lease if lease is None else validate.lease_seconds(lease)
+        extended = self._checked().message_extend_leases(leases=[Lease.of(item)], lease=seconds)
+        self._raise_lost([item.id], extended)
+        return extended[item.id]
+
+    def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+        """Give back deliveries that were never started; the attempt is not counted."""
+        items = _deliveries(deliveries)
+        if items:
+            done = self._checked().message_release_many(leases=[Lease.of(d) for d in items])
+            self._raise_lost((d.id for d in items), done)
+
+    def cancel(self, message_id: str) -> int:
+        """Cancel every copy of a message that is not running; return how many were cancelled."""
+        if not isinstance(message_id, str) or not 0 < len(message_id) <= 64:
+            raise InvalidOption("message_id", "must be a message id string")
+        return self._checked().message_cancel_many(message_ids=[message_id])
+
+    # --- maintenance -------------------------------------------------------------------------
+
+    def reap(self, *, limit: int = 1000) -> dict[str, int]:
+        """One maintenance pass (the worker runs this periodically): release expired leases,
+        dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys."""
+        count = validate.integer(limit, "limit", minimum=1, maximum=100_000)
+        backend = self._checked()
+        leases: ReapResult = backend.lease_release_expired(limit=count)
+        return {
+            "released": leases.released,
+            "dead": leases.dead,
+            "expired": backend.message_expire(limit=count),
+            "dedupe_trimmed": backend.dedupe_trim(limit=count),
+        }
+
+    # --- inspection --------------------------------------------------------------------------
+
+    def pending(
+        self, subscription: str | None = None, *, state: State | str | None = None, limit: int = 100
+    ) -> list[PendingMessage]:
+        """Copies still in the queue (available, scheduled, blocked or running), oldest first."""
+        if subscription is not None:
+            validate_topic(subscription, "subscription")
+        try:
+            chosen = None if state is None else State(state)
+        except ValueError:
+            raise InvalidOption("state", f"must be one of {[s.value for s in State]}") from None
+        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+        return self._checked().message_list(subscription=subscription, state=chosen, limit=count)
+
+    def archive(
+        self,
+        subscription: str | None = None,
+        *,
+        outcome: Outcome | str | None = None,
+        message_id: str | None = None,
+        limit: int = 100,
+    ) -> list[ArchivedMessage]:
+        """Finished copies, newest first."""
+        if subscription is not None:
+            validate_topic(subscription, "subscription")
+        try:
+            chosen = None if outcome is None else Outcome(outcome)
+        except ValueError:
+            raise InvalidOption("outcome", f"must be one of {[o.value for o in Outcome]}") from None
+        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+        return self._checked().archive_list(
+            subscription=subscription, outcome=chosen, message_id=message_id, limit=count
+        )
+
+    def stats(self) -> list[SubscriptionStats]:
+        """Per subscription: ready, scheduled, running, blocked, dead and the oldest ready age."""
+        return self._checked().stats_collect()

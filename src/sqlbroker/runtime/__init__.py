@@ -1,0 +1,1 @@
+"""runtime layer (see DESIGN.md §3)."""

@@ -1,0 +1,1 @@
+"""spark layer (see DESIGN.md §3)."""

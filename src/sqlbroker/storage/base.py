@@ -1,0 +1,209 @@
+"""The storage seam: queue operations, named noun-then-verb, batch-first, keyword-only.
+
+Every backend implements :class:`Backend` and passes the one conformance suite in
+``tests/conformance``. Differences between databases are capability flags
+(``supports_notify``), never ``isinstance`` checks above this layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlbroker.core.message import (
+    ArchivedMessage,
+    DeadLetter,
+    Delivery,
+    ErrorInfo,
+    NewMessage,
+    Outcome,
+    PendingMessage,
+    State,
+    Subscription,
+    SubscriptionStats,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof of a claim: the delivery's id and the token its claim issued."""
+
+    id: int
+    token: str
+
+    @classmethod
+    def of(cls, delivery: Delivery) -> Lease:
+        return cls(id=delivery.id, token=delivery.lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRequest:
+    lease: Lease
+    after: float
+    error: ErrorInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRequest:
+    lease: Lease
+    reason: str
+    error: ErrorInfo | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadFilter:
+    """Selects dead letters; every given field must match (``None`` matches anything)."""
+
+    ids: tuple[int, ...] | None = None
+    subscription: str | None = None
+    topic: str | None = None
+    error_type: str | None = None
+    reason_contains: str | None = None
+    dead_before: datetime | None = None
+    dead_after: datetime | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return all(getattr(self, name) is None for name in self.__slots__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    released: int
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    """The message id for each input, in order: a fresh id, or an earlier duplicate's id."""
+
+    message_ids: list[str]
+    duplicates: int
+    unrouted: int
+
+
+class Backend(Protocol):
+    """Queue operations over one database. Thread-safe; blocking."""
+
+    name: str
+    supports_notify: bool
+    notify_channel: str
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def migrate(self) -> list[int]:
+        """Apply pending migrations (serialized across processes); return those applied."""
+
+    def schema_version(self) -> int:
+        """The applied schema version (0 for an empty database)."""
+
+    def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless the schema is exactly the version this code needs."""
+
+    def now(self) -> datetime:
+        """The storage clock's current time."""
+
+    def close(self) -> None: ...
+
+    # --- subscriptions ---------------------------------------------------------------------
+    def subscription_upsert(
+        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
+    ) -> Subscription: ...
+
+    def subscription_ensure(self, *, name: str) -> bool:
+        """Create the queue ``name`` on first use: a subscription whose only pattern is its
+        name. An existing subscription is left as it is. Returns whether it was created."""
+
+    def subscription_list(self) -> list[Subscription]: ...
+
+    def subscription_delete(self, *, name: str) -> bool: ...
+
+    # --- messages --------------------------------------------------------------------------
+    def message_insert_many(
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any = None,
+    ) -> InsertResult:
+        """Insert messages in one transaction.
+
+        With ``subscription`` the copies go to that subscription only (point-to-point);
+        without it each message fans out to every subscription with a matching pattern and
+        one that matches none is archived as ``unrouted``. Idempotency keys are reserved
+        per topic for each message's ``dedupe_window`` seconds; a duplicate returns the
+        original id and writes nothing, a conflicting one raises ``IdempotencyConflict``
+        and writes nothing.
+        With ``conn`` the caller's connection and transaction are used and never committed.
+        """
+
+    def message_claim_many(
+        self, *, subscription: str, limit: int, lease: float, worker: str | None
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` available copies, most urgent first; count the attempt."""
+
+    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
+        """Archive the copies as completed; return the ids whose lease was still valid."""
+
+    def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
+        """Return leased copies to the queue after a delay; return ids whose lease was valid."""
+
+    def message_dead_many(self, *, deaths: Sequence[DeadRequest]) -> list[int]:
+        """Move leased copies to the dead letters; return ids whose lease was valid."""
+
+    def message_extend_leases(
+        self, *, leases: Sequence[Lease], lease: float
+    ) -> dict[int, datetime]:
+        """Push the lease expiry to now + ``lease``; return the new expiry per valid id."""
+
+    def message_release_many(self, *, leases: Sequence[Lease]) -> list[int]:
+        """Give claimed-but-unstarted copies back at once, without counting the attempt."""
+
+    def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
+        """Archive not-running copies of the messages as cancelled; return how many."""
+
+    def message_list(
+        self, *, subscription: str | None, state: State | None, limit: int
+    ) -> list[PendingMessage]: ...
+
+    # --- maintenance (the reaper) ----------------------------------------------------------
+    def lease_release_expired(self, *, limit: int) -> ReapResult:
+        """Return copies whose lease expired to the queue, or to the dead letters when their
+        attempts are spent (reason ``worker lost``)."""
+
+    def message_expire(self, *, limit: int) -> int:
+        """Archive copies whose TTL passed, as expired; return how many."""
+
+    def dedupe_trim(self, *, limit: int) -> int:
+        """Delete idempotency keys whose window has passed; return how many."""
+
+    def archive_trim(self, *, older_than: datetime, limit: int) -> int: ...
+
+    # --- dead letters ----------------------------------------------------------------------
+    def dead_list(
+        self, *, where: DeadFilter, limit: int, after_id: int | None
+    ) -> list[DeadLetter]: ...
+
+    def dead_get(self, *, id: int) -> DeadLetter | None: ...
+
+    def dead_replay(self, *, where: DeadFilter, actor: str, note: str | None) -> list[int]:
+        """Put matching dead letters back in their subscription with attempts reset and the
+        replay counted; record who did it. Return the new delivery ids."""
+
+    def dead_purge(self, *, where: DeadFilter, actor: str, note: str | None) -> int: ...
+
+    # --- archive and stats -----------------------------------------------------------------
+    def archive_list(
+        self,
+        *,
+        subscription: str | None,
+        outcome: Outcome | None,
+        message_id: str | None,
+        limit: int,
+    ) -> list[ArchivedMessage]: ...
+
+    def stats_collect(self) -> list[SubscriptionStats]: ...
+
+    def table_counts(self) -> dict[str, int]:
+        """Row count of every sqlbroker table (for tests, health checks and the CLI)."""

@@ -1,0 +1,33 @@
+"""Choose and open the backend for a URL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlbroker.core.clock import Clock, DatabaseClock
+from sqlbroker.core.errors import ConfigurationError
+from sqlbroker.storage.base import Backend
+from sqlbroker.storage.url import parse_url
+
+
+def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Backend:
+    """Open the backend for ``url`` with backend-specific ``options``.
+
+    SQLite options: ``synchronous`` (``"full"``/``"normal"``), ``busy_timeout`` (s),
+    ``pool_size``. PostgreSQL options: ``schema``, ``pool_size``, ``synchronous_commit``
+    (``"on"``/``"off"``), ``connect_timeout`` (s).
+    """
+    parsed = parse_url(url)
+    clock = clock or DatabaseClock()
+    if parsed.scheme == "sqlite":
+        from sqlbroker.storage.sqlite.backend import SqliteBackend
+
+        return SqliteBackend(parsed, clock=clock, **options)
+    try:
+        from sqlbroker.storage.postgres.backend import PostgresBackend
+    except ImportError as error:  # pragma: no cover - depends on the installed extras
+        raise ConfigurationError(
+            "PostgreSQL support needs the postgres extra:"
+            f" pip install 'sqlbroker[postgres]' ({error})"
+        ) from None
+    return PostgresBackend(parsed, clock=clock, **options)

@@ -1,0 +1,569 @@
+"""PostgreSQL backend: psycopg 3 with a psycopg_pool connection pool.
+
+Connections run in autocommit mode: most operations are one statement, so no transaction
+stays open between a claim and its ack, and none spans handler time. Claims use
+``FOR UPDATE SKIP LOCKED`` on a partial index that matches the claim's ORDER BY exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from sqlbroker.core.clock import Clock
+from sqlbroker.core.errors import (
+    IdempotencyConflict,
+    InvalidOption,
+    SchemaError,
+)
+from sqlbroker.core.message import (
+    ArchivedMessage,
+    DeadLetter,
+    Delivery,
+    NewMessage,
+    Outcome,
+    PendingMessage,
+    State,
+    Subscription,
+    SubscriptionStats,
+)
+from sqlbroker.core.serde import encode_json
+from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage.base import (
+    DeadFilter,
+    DeadRequest,
+    InsertResult,
+    Lease,
+    ReapResult,
+    RetryRequest,
+)
+from sqlbroker.storage.postgres.connection import Conn, PostgresPool
+from sqlbroker.storage.rows import (
+    archived_of,
+    dead_letter_of,
+    delivery_of,
+    error_json,
+    pending_of,
+    subscriptions_of,
+    utc,
+)
+from sqlbroker.storage.sql import load_blocks, load_migrations
+from sqlbroker.storage.url import DatabaseURL
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PROMOTE_BATCH = 1000
+_WORKER_LOST = encode_json(
+    {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
+)
+_MIGRATIONS = "sqlbroker.storage.postgres.migrations"
+
+
+def _qualifier(schema: str | None) -> str:
+    if schema is None:
+        return ""
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+        raise InvalidOption(
+            "schema", "must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63)"
+        )
+    return f'"{schema}".'
+
+
+class PostgresBackend:
+    name = "postgresql"
+    supports_notify = True
+
+    def __init__(
+        self,
+        url: DatabaseURL,
+        *,
+        clock: Clock,
+        schema: str | None = None,
+        pool_size: int = 10,
+        synchronous_commit: str = "on",
+        connect_timeout: float = 10.0,
+        application_name: str = "sqlbroker",
+    ) -> None:
+        self._url = url
+        self._clock = clock
+        self._schema = schema
+        self._qualifier = _qualifier(schema)
+        self._db = PostgresPool(
+            url,
+            pool_size=pool_size,
+            synchronous_commit=synchronous_commit,
+            connect_timeout=connect_timeout,
+            application_name=application_name,
+        )
+        self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
+        self.dead_channel = f"{self.notify_channel}_dead"
+        self._sql = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=self._qualifier)
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self._url!s})"
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """Settings for any other connection to open (the runtime's listener)."""
+        return self._db.connection_kwargs()
+
+    @property
+    def conninfo(self) -> str:
+        return self._db.conninfo
+
+    def _now_param(self) -> datetime | None:
+        return self._clock.now()
+
+    def now(self) -> datetime:
+        with self._db.connection(write=False) as conn:
+            row = conn.execute(self._sql["now"], {"now": self._now_param()}).fetchone()
+        assert row is not None
+        return utc(row[0])
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._db.connection(write=True) as conn, conn.transaction():
+            # Serialize concurrent migrators: the second waits, then finds nothing to do.
+            conn.execute(self._sql["migrate_lock"])
+            if self._schema is not None:
+                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._qualifier[:-1]}")
+            conn.execute(self._sql["schema_version_table"])
+            row = conn.execute(self._sql["schema_version"]).fetchone()
+            current = int(row[0]) if row else 0
+            for version, name, script in load_migrations(_MIGRATIONS, schema=self._qualifier):
+                if version <= current:
+                    continue
+                conn.execute(script.encode())
+                conn.execute(self._sql["schema_version_insert"], {"version": version, "name": name})
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        with self._db.connection(write=False) as conn:
+            table = f"{self._qualifier}sqlbroker_schema_version"
+            row = conn.execute(self._sql["schema_version_exists"], {"table": table}).fetchone()
+            if not row or not row[0]:
+                return 0
+            row = conn.execute(self._sql["schema_version"]).fetchone()
+        return int(row[0]) if row else 0
+
+    def check_schema(self) -> None:
+        expected = len(load_migrations(_MIGRATIONS))
+        found = self.schema_version()
+        if found != expected:
+            raise SchemaError(
+                f"the database schema is at version {found}, this sqlbroker needs {expected}:"
+                + (" run `sqlbroker migrate`" if found < expected else " upgrade sqlbroker")
+            )
+
+    @staticmethod
+    def schema_sql(schema: str | None = None) -> str:
+        qualifier = _qualifier(schema)
+        parts = [f"CREATE SCHEMA IF NOT EXISTS {qualifier[:-1]};"] if schema else []
+        parts += [sql for _, _, sql in load_migrations(_MIGRATIONS, schema=qualifier)]
+        return "\n".join(parts)
+
+    # --- subscriptions -----------------------------------------------------------------------
+
+    def subscription_upsert(
+        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
+    ) -> Subscription:
+        now = self._now_param()
+        with self._db.transaction(conn) as c:
+            c.execute(self._sql["subscription_insert"], {"name": name, "now": now})
+            if replace:
+                c.execute(self._sql["subscription_patterns_clear"], {"name": name})
+            c.execute(
+                self._sql["subscription_pattern_insert"],
+                {
+                    "name": name,
+                    "patterns": list(patterns),
+                    "regexes": [pattern_regex(p) for p in patterns],
+                },
+            )
+            rows = (
+                c.cursor(row_factory=dict_row)
+                .execute(self._sql["subscription_get"], {"name": name})
+                .fetchall()
+            )
+        return subscriptions_of(rows)[0]
+
+    def subscription_ensure(self, *, name: str) -> bool:
+        with self._db.connection(write=True) as conn:
+            cursor = conn.execute(
+                self._sql["queue_ensure"],
+                {"name": name, "regex": pattern_regex(name), "now": self._now_param()},
+            )
+            return cursor.rowcount > 0
+
+    def subscription_list(self) -> list[Subscription]:
+        with self._db.connection(write=False) as conn:
+            return subscriptions_of(
+                conn.cursor(row_factory=dict_row).execute(self._sql["subscription_list"]).fetchall()
+            )
+
+    def subscription_delete(self, *, name: str) -> bool:
+        with self._db.connection(write=True) as conn:
+            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def message_insert_many(
+        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any = None
+    ) -> InsertResult:
+        now = self._now_param()
+        keyed = [m for m in messages if m.idempotency_key is not None]
+        with (
+            self._db.transaction(conn)
+            if keyed or conn is not None
+            else self._db.connection(write=True) as c
+        ):
+            originals = self._dedupe_reserve(c, keyed, now) if keyed else {}
+            fresh = [m for m in messages if m.message_id not in originals]
+            unrouted = 0
+            if fresh:
+                row = c.execute(
+                    self._sql["message_insert"], self._insert_params(fresh, subscription, now)
+                ).fetchone()
+                unrouted = int(row[0]) if row else 0
+        return InsertResult(
+            message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
+            duplicates=len(originals),
+            unrouted=unrouted,
+        )
+
+    def _insert_params(
+        self, messages: Sequence[NewMessage], subscription: str | None, now: datetime | None
+    ) -> dict[str, Any]:
+        return {
+            "now": now,
+            "subscription": subscription,
+            "channel": self.notify_channel,
+            "message_id": [m.message_id for m in messages],
+            "topic": [m.topic for m in messages],
+            "priority": [m.priority for m in messages],
+            "ordering_key": [m.ordering_key for m in messages],
+            "idempotency_key": [m.idempotency_key for m in messages],
+            "payload": [m.payload for m in messages],
+            "content_type": [m.content_type for m in messages],
+            "headers": [m.headers for m in messages],
+            "max_attempts": [m.max_attempts for m in messages],
+            "at": [m.available_at for m in messages],
+            "delay": [m.delay for m in messages],
+            "expires": [m.expires_at for m in messages],
+            "ttl": [m.ttl for m in messages],
+        }
+
+    def _dedupe_reserve(
+        self, c: Conn, keyed: Sequence[NewMessage], now: datetime | None
+    ) -> dict[str, str]:
+        """Reserve idempotency keys; map each duplicate's message id to the original's id.
+
+        Raises ``IdempotencyConflict`` (rolling the transaction back) when a live key was
+        used for a different payload. Repeats inside the batch are settled here first,
+        because one INSERT … ON CONFLICT cannot touch the same row twice.
+        """
+        originals: dict[str, str] = {}
+        first: dict[tuple[str, str], NewMessage] = {}
+        for message in keyed:
+            assert message.idempotency_key is not None
+            slot = (message.topic, message.idempotency_key)
+            if slot in first:
+                if first[slot].payload_hash != message.payload_hash:
+                    raise IdempotencyConflict(
+                        message.topic, message.idempotency_key, first[slot].message_id
+                    )
+                originals[message.message_id] = first[slot].message_id
+            else:
+                first[slot] = message
+        unique = list(first.values())
+        reserved = {
+            (topic, key)
+            for topic, key in c.execute(
+                self._sql["dedupe_reserve"],
+                {
+                    "now": now,
+                    "topic": [m.topic for m in unique],
+                    "idempotency_key": [m.idempotency_key for m in unique],
+                    "message_id": [m.message_id for m in unique],
+                    "payload_hash": [m.payload_hash for m in unique],
+                    "window": [m.dedupe_window for m in unique],
+                },
+            ).fetchall()
+        }
+        taken = [m for m in unique if (m.topic, m.idempotency_key) not in reserved]
+        if taken:
+            rows = c.execute(
+                self._sql["dedupe_get"],
+                {
+                    "topic": [m.topic for m in taken],
+                    "idempotency_key": [m.idempotency_key for m in taken],
+                },
+            ).fetchall()
+            existing = {
+                (topic, key): (message_id, digest) for topic, key, message_id, digest in rows
+            }
+            for message in taken:
+                assert message.idempotency_key is not None
+                message_id, digest = existing[(message.topic, message.idempotency_key)]
+                if digest != message.payload_hash:
+                    raise IdempotencyConflict(message.topic, message.idempotency_key, message_id)
+                originals[message.message_id] = message_id
+        for message in keyed:
+            original = originals.get(first[(message.topic, message.idempotency_key)].message_id)  # type: ignore[index]
+            if original is not None:
+                originals[message.message_id] = original
+        return originals
+
+    # --- consuming ---------------------------------------------------------------------------
+
+    def message_claim_many(
+        self, *, subscription: str, limit: int, lease: float, worker: str | None
+    ) -> list[Delivery]:
+        now = self._now_param()
+        with self._db.connection(write=True) as conn:
+            # Both statements travel in one round trip; the promotion commits first, so the
+            # claim sees delayed messages that just became due.
+            with conn.pipeline():
+                conn.execute(
+                    self._sql["message_promote_scheduled"],
+                    {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
+                )
+                cursor = conn.cursor(row_factory=dict_row).execute(
+                    self._sql["message_claim"],
+                    {
+                        "subscription": subscription,
+                        "now": now,
+                        "lease": lease,
+                        "limit": limit,
+                        "worker": worker,
+                    },
+                )
+            rows = cursor.fetchall()
+        deliveries = [delivery_of(row) for row in rows]
+        deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+        return deliveries
+
+    @staticmethod
+    def _lease_params(leases: Sequence[Lease]) -> dict[str, Any]:
+        return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
+
+    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
+        if not leases:
+            return []
+        with self._db.connection(write=True) as conn:
+            rows = conn.execute(
+                self._sql["message_complete"],
+                {**self._lease_params(leases), "now": self._now_param()},
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
+        if not retries:
+            return []
+        params = {
+            **self._lease_params([r.lease for r in retries]),
+            "afters": [r.after for r in retries],
+            "errors": [error_json(r.error) for r in retries],
+            "now": self._now_param(),
+            "channel": self.notify_channel,
+        }
+        with self._db.connection(write=True) as conn:
+            return [row[0] for row in conn.execute(self._sql["message_retry"], params).fetchall()]
+
+    def message_dead_many(self, *, deaths: Sequence[DeadRequest]) -> list[int]:
+        if not deaths:
+            return []
+        params = {
+            **self._lease_params([d.lease for d in deaths]),
+            "reasons": [d.reason for d in deaths],
+            "error_types": [d.error.type if d.error else None for d in deaths],
+            "error_messages": [d.error.message if d.error else None for d in deaths],
+            "tracebacks": [d.error.traceback if d.error else None for d in deaths],
+            "now": self._now_param(),
+            "dead_channel": self.dead_channel,
+        }
+        with self._db.connection(write=True) as conn:
+            return [row[0] for row in conn.execute(self._sql["message_dead"], params).fetchall()]
+
+    def message_extend_leases(
+        self, *, leases: Sequence[Lease], lease: float
+    ) -> dict[int, datetime]:
+        if not leases:
+            return {}
+        with self._db.connection(write=True) as conn:
+            rows = conn.execute(
+                self._sql["message_extend"],
+                {**self._lease_params(leases), "lease": lease, "now": self._now_param()},
+            ).fetchall()
+        return {row[0]: utc(row[1]) for row in rows}
+
+    def message_release_many(self, *, leases: Sequence[Lease]) -> list[int]:
+        if not leases:
+            return []
+        with self._db.connection(write=True) as conn:
+            rows = conn.execute(self._sql["message_release"], self._lease_params(leases)).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
+        with self._db.connection(write=True) as conn:
+            row = conn.execute(
+                self._sql["message_cancel"],
+                {"message_ids": list(message_ids), "now": self._now_param()},
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def message_list(
+        self, *, subscription: str | None, state: State | None, limit: int
+    ) -> list[PendingMessage]:
+        with self._db.connection(write=False) as conn:
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    self._sql["message_list"],
+                    {
+                        "subscription": subscription,
+                        "state": state.value if state else None,
+                        "limit": limit,
+                    },
+                )
+                .fetchall()
+            )
+        return [pending_of(row) for row in rows]
+
+    # --- maintenance -------------------------------------------------------------------------
+
+    def lease_release_expired(self, *, limit: int) -> ReapResult:
+        params = {
+            "now": self._now_param(),
+            "limit": limit,
+            "dead_channel": self.dead_channel,
+            "last_error": _WORKER_LOST,
+        }
+        with self._db.connection(write=True) as conn:
+            row = conn.execute(self._sql["lease_expired_dead"], params).fetchone()
+            released = conn.execute(self._sql["lease_expired_release"], params).rowcount
+        return ReapResult(released=released, dead=int(row[0]) if row else 0)
+
+    def message_expire(self, *, limit: int) -> int:
+        with self._db.connection(write=True) as conn:
+            row = conn.execute(
+                self._sql["message_expire"], {"now": self._now_param(), "limit": limit}
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def dedupe_trim(self, *, limit: int) -> int:
+        with self._db.connection(write=True) as conn:
+            return conn.execute(
+                self._sql["dedupe_trim"], {"now": self._now_param(), "limit": limit}
+            ).rowcount
+
+    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
+        with self._db.connection(write=True) as conn:
+            return conn.execute(
+                self._sql["archive_trim"], {"older_than": older_than, "limit": limit}
+            ).rowcount
+
+    # --- dead letters ------------------------------------------------------------------------
+
+    @staticmethod
+    def _dead_params(where: DeadFilter) -> dict[str, Any]:
+        return {
+            "ids": None if where.ids is None else list(where.ids),
+            "subscription": where.subscription,
+            "topic": where.topic,
+            "error_type": where.error_type,
+            "reason_contains": where.reason_contains,
+            "dead_before": where.dead_before,
+            "dead_after": where.dead_after,
+        }
+
+    def dead_list(self, *, where: DeadFilter, limit: int, after_id: int | None) -> list[DeadLetter]:
+        with self._db.connection(write=False) as conn:
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    self._sql["dead_select"],
+                    {**self._dead_params(where), "after_id": after_id, "limit": limit},
+                )
+                .fetchall()
+            )
+        return [dead_letter_of(row) for row in rows]
+
+    def dead_get(self, *, id: int) -> DeadLetter | None:
+        found = self.dead_list(where=DeadFilter(ids=(id,)), limit=1, after_id=None)
+        return found[0] if found else None
+
+    def dead_replay(self, *, where: DeadFilter, actor: str, note: str | None) -> list[int]:
+        params = {
+            **self._dead_params(where), "now": self._now_param(), "actor": actor, "note": note,
+            "channel": self.notify_channel,
+        }  # fmt: skip
+        with self._db.connection(write=True) as conn:
+            return [row[0] for row in conn.execute(self._sql["dead_replay"], params).fetchall()]
+
+    def dead_purge(self, *, where: DeadFilter, actor: str, note: str | None) -> int:
+        params = {
+            **self._dead_params(where),
+            "now": self._now_param(),
+            "actor": actor,
+            "note": note,
+        }
+        with self._db.connection(write=True) as conn:
+            row = conn.execute(self._sql["dead_purge"], params).fetchone()
+        return int(row[0]) if row else 0
+
+    # --- archive and stats -------------------------------------------------------------------
+
+    def archive_list(
+        self,
+        *,
+        subscription: str | None,
+        outcome: Outcome | None,
+        message_id: str | None,
+        limit: int,
+    ) -> list[ArchivedMessage]:
+        with self._db.connection(write=False) as conn:
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    self._sql["archive_list"],
+                    {
+                        "subscription": subscription,
+                        "outcome": outcome.value if outcome else None,
+                        "message_id": message_id,
+                        "limit": limit,
+                    },
+                )
+                .fetchall()
+            )
+        return [archived_of(row) for row in rows]
+
+    def stats_collect(self) -> list[SubscriptionStats]:
+        with self._db.connection(write=False) as conn:
+            rows = conn.execute(self._sql["stats"], {"now": self._now_param()}).fetchall()
+        return [
+            SubscriptionStats(
+                subscription=r[0],
+                ready=r[1],
+                scheduled=r[2],
+                running=r[3],
+                blocked=r[4],
+                dead=r[5],
+                oldest_ready_age=r[6],
+            )
+            for r in rows
+        ]
+
+    def table_counts(self) -> dict[str, int]:
+        with self._db.connection(write=False) as conn:
+            return {
+                row[0]: int(row[1]) for row in conn.execute(self._sql["table_counts"]).fetchall()
+            }

@@ -1,0 +1,533 @@
+-- PostgreSQL queries of sqlbroker. psycopg named parameters; batches travel as arrays and
+-- are read with unnest. %(now)s is NULL unless a test clock overrides the database clock.
+
+-- name: schema_version_table
+CREATE TABLE IF NOT EXISTS {schema}sqlbroker_schema_version (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT statement_timestamp()
+)
+
+-- name: migrate_lock
+SELECT pg_advisory_xact_lock(7262706672350731337)
+
+-- name: schema_version_exists
+SELECT to_regclass(%(table)s) IS NOT NULL
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
+
+-- name: schema_version_insert
+INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: now
+SELECT coalesce(%(now)s::timestamptz, statement_timestamp())
+
+-- name: subscription_insert
+INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+ON CONFLICT (name) DO NOTHING
+
+-- name: subscription_patterns_clear
+DELETE FROM {schema}sqlbroker_subscription_pattern WHERE subscription = %(name)s
+
+-- name: subscription_pattern_insert
+INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+SELECT %(name)s, p.pattern, p.regex
+FROM unnest(%(patterns)s::text[], %(regexes)s::text[]) AS p(pattern, regex)
+ON CONFLICT (subscription, pattern) DO NOTHING
+
+-- name: subscription_get
+SELECT s.name, s.created_at, p.pattern
+FROM {schema}sqlbroker_subscription s
+LEFT JOIN {schema}sqlbroker_subscription_pattern p ON p.subscription = s.name
+WHERE s.name = %(name)s
+ORDER BY p.pattern
+
+-- name: subscription_list
+SELECT s.name, s.created_at, p.pattern
+FROM {schema}sqlbroker_subscription s
+LEFT JOIN {schema}sqlbroker_subscription_pattern p ON p.subscription = s.name
+ORDER BY s.name, p.pattern
+
+-- name: subscription_delete
+WITH gone AS (DELETE FROM {schema}sqlbroker_message WHERE subscription = %(name)s)
+DELETE FROM {schema}sqlbroker_subscription WHERE name = %(name)s
+
+-- name: queue_ensure
+-- A queue is created on first use as a subscription whose only pattern is its own name;
+-- an existing subscription of that name is left exactly as it is.
+WITH created AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+)
+INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+SELECT name, name, %(regex)s FROM created
+
+-- name: dedupe_reserve
+WITH b AS (
+    SELECT * FROM unnest(%(topic)s::text[], %(idempotency_key)s::text[], %(message_id)s::uuid[],
+                         %(payload_hash)s::text[], %(window)s::float8[])
+        AS b(topic, idempotency_key, message_id, payload_hash, window_seconds)
+)
+INSERT INTO {schema}sqlbroker_dedupe AS d (topic, idempotency_key, message_id, payload_hash, created_at, expires_at)
+SELECT b.topic, b.idempotency_key, b.message_id, b.payload_hash,
+       coalesce(%(now)s::timestamptz, statement_timestamp()),
+       coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => b.window_seconds)
+FROM b
+ORDER BY b.topic, b.idempotency_key
+ON CONFLICT (topic, idempotency_key) DO UPDATE
+    SET message_id = excluded.message_id,
+        payload_hash = excluded.payload_hash,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE d.expires_at <= excluded.created_at
+RETURNING topic, idempotency_key
+
+-- name: dedupe_get
+SELECT d.topic, d.idempotency_key, d.message_id::text, d.payload_hash
+FROM {schema}sqlbroker_dedupe d
+JOIN unnest(%(topic)s::text[], %(idempotency_key)s::text[]) AS b(topic, idempotency_key)
+  ON d.topic = b.topic AND d.idempotency_key = b.idempotency_key
+
+-- name: dedupe_trim
+DELETE FROM {schema}sqlbroker_dedupe
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}sqlbroker_dedupe
+    WHERE expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    LIMIT %(limit)s
+))
+
+-- name: message_insert
+-- One statement for a whole batch: direct to %(subscription)s when it is given, otherwise
+-- fanned out to every subscription with a matching pattern; unmatched messages are archived
+-- as unrouted. Workers of each subscription that got claimable work are notified (at commit).
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT b.*, t.now,
+           coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
+           coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
+    FROM t, unnest(%(message_id)s::uuid[], %(topic)s::text[], %(priority)s::smallint[],
+                   %(ordering_key)s::text[], %(idempotency_key)s::text[], %(payload)s::bytea[],
+                   %(content_type)s::text[], %(headers)s::text[], %(max_attempts)s::integer[],
+                   %(at)s::timestamptz[], %(delay)s::float8[], %(expires)s::timestamptz[],
+                   %(ttl)s::float8[])
+        WITH ORDINALITY AS b(message_id, topic, priority, ordering_key, idempotency_key, payload,
+                             content_type, headers, max_attempts, at, delay, expires, ttl, seq)
+),
+routes AS (
+    SELECT b.seq, %(subscription)s::text AS subscription FROM b WHERE %(subscription)s::text IS NOT NULL
+    UNION ALL
+    SELECT DISTINCT b.seq, p.subscription
+    FROM b JOIN {schema}sqlbroker_subscription_pattern p ON ('.' || b.topic) ~ p.regex
+    WHERE %(subscription)s::text IS NULL
+),
+ins AS (
+    INSERT INTO {schema}sqlbroker_message (
+        message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
+        payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+    )
+    SELECT b.message_id, r.subscription, b.topic,
+           CASE WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
+           b.priority, b.ordering_key, b.idempotency_key, b.payload, b.content_type, b.headers,
+           b.max_attempts, b.now, b.ready_at, b.expire_at
+    FROM b JOIN routes r ON r.seq = b.seq
+    ORDER BY b.seq, r.subscription
+    RETURNING subscription, state
+),
+unrouted AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        message_id, topic, outcome, priority, ordering_key, idempotency_key, payload,
+        content_type, headers, attempts, max_attempts, replay_count, enqueued_at, finished_at
+    )
+    SELECT b.message_id, b.topic, 'unrouted', b.priority, b.ordering_key, b.idempotency_key,
+           b.payload, b.content_type, b.headers, 0, b.max_attempts, 0, b.now, b.now
+    FROM b
+    WHERE NOT EXISTS (SELECT 1 FROM routes r WHERE r.seq = b.seq)
+    ORDER BY b.seq
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM unrouted) AS unrouted,
+       (SELECT count(*) FROM (
+            SELECT pg_notify(%(channel)s, s.subscription)
+            FROM (SELECT DISTINCT subscription FROM ins WHERE state = 'available') s
+       ) n) AS notified
+
+-- name: message_promote_scheduled
+UPDATE {schema}sqlbroker_message m SET state = 'available'
+FROM (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE subscription = %(subscription)s AND state = 'scheduled'
+      AND available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY available_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE m.id = due.id
+
+-- name: message_claim
+WITH c AS MATERIALIZED (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE subscription = %(subscription)s
+      AND state = 'available'
+      AND available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+    ORDER BY priority, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}sqlbroker_message m
+SET state = 'running',
+    attempts = m.attempts + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease)s),
+    first_started_at = coalesce(m.first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+    worker = %(worker)s
+FROM c
+WHERE m.id = c.id
+RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
+          m.priority, m.ordering_key, m.idempotency_key, m.attempts, m.max_attempts,
+          m.replay_count, m.enqueued_at, m.available_at, m.expires_at, m.lease_token::text,
+          m.lease_expires_at
+
+-- name: message_complete
+WITH l AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)),
+done AS (
+    DELETE FROM {schema}sqlbroker_message m USING l
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND m.state = 'running'
+    RETURNING m.*
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at
+    )
+    SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM done
+    ORDER BY id
+)
+SELECT id FROM done ORDER BY id
+
+-- name: message_retry
+WITH l AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(afters)s::float8[], %(errors)s::text[])
+        AS l(id, token, after_seconds, last_error)
+),
+retried AS (
+    UPDATE {schema}sqlbroker_message m
+    SET state = CASE WHEN l.after_seconds > 0 THEN 'scheduled' ELSE 'available' END,
+        available_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => l.after_seconds),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        worker = NULL,
+        last_error = l.last_error,
+        first_failed_at = coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+        last_failed_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM l
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND m.state = 'running'
+    RETURNING m.id, m.subscription, m.state
+)
+SELECT id,
+       CASE WHEN state = 'available' THEN (SELECT pg_notify(%(channel)s, subscription))::text END
+FROM retried ORDER BY id
+
+-- name: message_dead
+WITH l AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(reasons)s::text[],
+                         %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[])
+        AS l(id, token, reason, error_type, error_message, traceback)
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING l
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND m.state = 'running'
+    RETURNING m.*, l.reason, l.error_type, l.error_message, l.traceback
+),
+dead AS (
+    INSERT INTO {schema}sqlbroker_dead (
+        delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+        payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
+        error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
+        dead_at
+    )
+    SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+           payload, content_type, headers, attempts, max_attempts, replay_count, reason,
+           error_type, error_message, traceback, enqueued_at, first_started_at,
+           coalesce(first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM gone
+    ORDER BY id
+    RETURNING delivery_id, subscription
+)
+SELECT delivery_id, (SELECT pg_notify(%(dead_channel)s, subscription))::text
+FROM dead ORDER BY delivery_id
+
+-- name: message_extend
+UPDATE {schema}sqlbroker_message m
+SET lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease)s)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
+WHERE m.id = l.id AND m.lease_token::text = l.token AND m.state = 'running'
+RETURNING m.id, m.lease_expires_at
+
+-- name: message_release
+UPDATE {schema}sqlbroker_message m
+SET state = 'available',
+    attempts = greatest(m.attempts - 1, 0),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
+WHERE m.id = l.id AND m.lease_token::text = l.token AND m.state = 'running'
+RETURNING m.id
+
+-- name: lease_expired_dead
+WITH spent AS (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE state = 'running'
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND attempts >= max_attempts
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING spent WHERE m.id = spent.id RETURNING m.*
+),
+dead AS (
+    INSERT INTO {schema}sqlbroker_dead (
+        delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+        payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
+        error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
+        dead_at
+    )
+    SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+           payload, content_type, headers, attempts, max_attempts, replay_count,
+           'worker lost: the lease expired on the last attempt', 'sqlbroker.WorkerLost',
+           'the worker holding the message stopped acknowledging it', NULL, enqueued_at,
+           first_started_at,
+           coalesce(first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM gone
+    ORDER BY id
+    RETURNING subscription
+)
+SELECT count(*), count((SELECT pg_notify(%(dead_channel)s, subscription))::text) FROM dead
+
+-- name: lease_expired_release
+WITH expired AS (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE state = 'running'
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}sqlbroker_message m
+SET state = 'available',
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    worker = NULL,
+    last_error = %(last_error)s,
+    first_failed_at = coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
+    last_failed_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+FROM expired
+WHERE m.id = expired.id
+
+-- name: message_expire
+WITH e AS (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp()) AND state <> 'running'
+    ORDER BY expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING e WHERE m.id = e.id RETURNING m.*
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at
+    )
+    SELECT id, message_id, subscription, topic, 'expired', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM gone
+    ORDER BY id
+)
+SELECT count(*) FROM gone
+
+-- name: message_cancel
+WITH c AS (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE message_id = ANY (%(message_ids)s::uuid[]) AND state <> 'running'
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id RETURNING m.*
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at
+    )
+    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())
+    FROM gone
+    ORDER BY id
+)
+SELECT count(*) FROM gone
+
+-- name: message_list
+SELECT id, message_id::text, subscription, topic, state, priority, ordering_key, attempts,
+       max_attempts, enqueued_at, available_at, expires_at, lease_expires_at, last_error
+FROM {schema}sqlbroker_message
+WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: dead_select
+SELECT id, message_id::text, subscription, topic, payload, content_type, headers, priority,
+       ordering_key, idempotency_key, attempts, max_attempts, replay_count, reason,
+       error_type, error_message, traceback, enqueued_at, first_started_at, first_failed_at,
+       last_failed_at, dead_at
+FROM {schema}sqlbroker_dead
+WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+  AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+  AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
+  AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
+  AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
+  AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s::bigint)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: dead_replay
+WITH chosen AS (
+    SELECT id FROM {schema}sqlbroker_dead
+    WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+      AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+      AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+      AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+      AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
+      AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
+      AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
+    ORDER BY id
+    FOR UPDATE
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_dead d USING chosen WHERE d.id = chosen.id RETURNING d.*
+),
+subscriptions AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    SELECT DISTINCT subscription, coalesce(%(now)s::timestamptz, statement_timestamp()) FROM gone
+    ON CONFLICT (name) DO NOTHING
+),
+replayed AS (
+    INSERT INTO {schema}sqlbroker_message (
+        message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
+        payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
+        available_at, expires_at
+    )
+    SELECT message_id, subscription, topic, 'available', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, 0, max_attempts, replay_count + 1,
+           enqueued_at, coalesce(%(now)s::timestamptz, statement_timestamp()), NULL
+    FROM gone
+    ORDER BY id
+    RETURNING id, subscription
+),
+audit AS (
+    INSERT INTO {schema}sqlbroker_audit (at, actor, action, detail)
+    SELECT coalesce(%(now)s::timestamptz, statement_timestamp()), %(actor)s, 'dead.replay',
+           json_build_object('dead_ids', (SELECT json_agg(id ORDER BY id) FROM gone),
+                             'delivery_ids', (SELECT json_agg(id ORDER BY id) FROM replayed),
+                             'note', %(note)s::text)::text
+    WHERE EXISTS (SELECT 1 FROM gone)
+)
+SELECT id, (SELECT pg_notify(%(channel)s, subscription))::text FROM replayed ORDER BY id
+
+-- name: dead_purge
+WITH chosen AS (
+    SELECT id FROM {schema}sqlbroker_dead
+    WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+      AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+      AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+      AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+      AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
+      AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
+      AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
+    FOR UPDATE
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_dead d USING chosen WHERE d.id = chosen.id RETURNING d.id
+),
+audit AS (
+    INSERT INTO {schema}sqlbroker_audit (at, actor, action, detail)
+    SELECT coalesce(%(now)s::timestamptz, statement_timestamp()), %(actor)s, 'dead.purge',
+           json_build_object('dead_ids', (SELECT json_agg(id ORDER BY id) FROM gone),
+                             'note', %(note)s::text)::text
+    WHERE EXISTS (SELECT 1 FROM gone)
+)
+SELECT count(*) FROM gone
+
+-- name: archive_list
+SELECT id, message_id::text, subscription, topic, payload, content_type, headers, priority,
+       ordering_key, outcome, attempts, replay_count, enqueued_at, first_started_at, finished_at
+FROM {schema}sqlbroker_archive
+WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+  AND (%(outcome)s::text IS NULL OR outcome = %(outcome)s::text)
+  AND (%(message_id)s::uuid IS NULL OR message_id = %(message_id)s::uuid)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: archive_trim
+DELETE FROM {schema}sqlbroker_archive
+WHERE id = ANY (ARRAY(
+    SELECT id FROM {schema}sqlbroker_archive WHERE finished_at < %(older_than)s
+    ORDER BY finished_at LIMIT %(limit)s
+))
+
+-- name: stats
+WITH hot AS (
+    SELECT subscription,
+           count(*) FILTER (WHERE state = 'available') AS ready,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state = 'blocked') AS blocked,
+           min(available_at) FILTER (WHERE state = 'available') AS oldest
+    FROM {schema}sqlbroker_message
+    GROUP BY subscription
+),
+dead AS (SELECT subscription, count(*) AS dead FROM {schema}sqlbroker_dead GROUP BY subscription),
+names AS (
+    SELECT name FROM {schema}sqlbroker_subscription
+    UNION SELECT subscription FROM hot
+    UNION SELECT subscription FROM dead
+)
+SELECT n.name, coalesce(h.ready, 0), coalesce(h.scheduled, 0), coalesce(h.running, 0),
+       coalesce(h.blocked, 0), coalesce(d.dead, 0),
+       greatest(0, extract(epoch FROM coalesce(%(now)s::timestamptz, statement_timestamp()) - h.oldest))::float8
+FROM names n
+LEFT JOIN hot h ON h.subscription = n.name
+LEFT JOIN dead d ON d.subscription = n.name
+ORDER BY n.name
+
+-- name: table_counts
+SELECT 'sqlbroker_subscription', count(*) FROM {schema}sqlbroker_subscription
+UNION ALL SELECT 'sqlbroker_subscription_pattern', count(*) FROM {schema}sqlbroker_subscription_pattern
+UNION ALL SELECT 'sqlbroker_message', count(*) FROM {schema}sqlbroker_message
+UNION ALL SELECT 'sqlbroker_archive', count(*) FROM {schema}sqlbroker_archive
+UNION ALL SELECT 'sqlbroker_dead', count(*) FROM {schema}sqlbroker_dead
+UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM {schema}sqlbroker_dedupe
+UNION ALL SELECT 'sqlbroker_audit', count(*) FROM {schema}sqlbroker_audit

@@ -1,0 +1,44 @@
+"""Named SQL blocks loaded once from a backend's ``.sql`` file.
+
+A file holds blocks introduced by ``-- name: block_name``. The only substitution is
+``{schema}``, replaced by an already-validated, quoted schema qualifier (or nothing).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+_HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def parse_blocks(text: str) -> dict[str, str]:
+    blocks: dict[str, str] = {}
+    matches = list(_HEADER.finditer(text))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        name = match.group(1)
+        if name in blocks:
+            raise ValueError(f"duplicate SQL block {name!r}")
+        blocks[name] = text[match.end() : end].strip()
+    return blocks
+
+
+def load_blocks(package: str, filename: str, *, schema: str = "") -> dict[str, str]:
+    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+    return {name: body.replace("{schema}", schema) for name, body in parse_blocks(text).items()}
+
+
+def load_migrations(package: str, *, schema: str = "") -> list[tuple[int, str, str]]:
+    """``(version, name, sql)`` for each ``NNNN_name.sql`` in the package, in order."""
+    found = []
+    for entry in resources.files(package).iterdir():
+        match = re.fullmatch(r"(\d{4})_([a-z0-9_]+)\.sql", entry.name)
+        if match:
+            sql = entry.read_text(encoding="utf-8").replace("{schema}", schema)
+            found.append((int(match.group(1)), match.group(2), sql))
+    found.sort()
+    versions = [version for version, _, _ in found]
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"migrations in {package} are not numbered 1..n: {versions}")
+    return found

@@ -1,0 +1,571 @@
+"""SQLite backend: stdlib ``sqlite3``, WAL, every write in ``BEGIN IMMEDIATE``.
+
+Several processes on one host can share a database file: SQLite serializes writers and
+``busy_timeout`` makes them wait instead of failing. Network filesystems are refused because
+their locking cannot be trusted. Connections are pooled and handed to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlbroker.core.clock import Clock
+from sqlbroker.core.errors import (
+    IdempotencyConflict,
+    SchemaError,
+)
+from sqlbroker.core.message import (
+    ArchivedMessage,
+    DeadLetter,
+    Delivery,
+    NewMessage,
+    Outcome,
+    PendingMessage,
+    State,
+    Subscription,
+    SubscriptionStats,
+)
+from sqlbroker.core.serde import encode_json
+from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage.base import (
+    DeadFilter,
+    DeadRequest,
+    InsertResult,
+    Lease,
+    ReapResult,
+    RetryRequest,
+)
+from sqlbroker.storage.rows import (
+    archived_of,
+    dead_letter_of,
+    delivery_of,
+    error_json,
+    pending_of,
+    subscriptions_of,
+    utc,
+)
+from sqlbroker.storage.sql import load_blocks, load_migrations
+from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
+from sqlbroker.storage.url import DatabaseURL
+
+_WORKER_LOST = encode_json(
+    {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
+)
+_PROMOTE_BATCH = 1000
+
+
+class SqliteBackend:
+    name = "sqlite"
+    supports_notify = False
+    notify_channel = ""
+
+    def __init__(
+        self,
+        url: DatabaseURL,
+        *,
+        clock: Clock,
+        synchronous: str = "full",
+        busy_timeout: float = 30.0,
+        pool_size: int = 8,
+    ) -> None:
+        assert url.path is not None
+        self._clock = clock
+        self._url = url
+        self._db = SqlitePool(
+            url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
+        )
+        self._sql = load_blocks("sqlbroker.storage.sqlite", "queries.sql")
+
+    def __repr__(self) -> str:
+        return f"SqliteBackend({self._url!s})"
+
+    def _now(self) -> float:
+        now = self._clock.now()
+        return time.time() if now is None else now.timestamp()
+
+    def now(self) -> datetime:
+        return utc(self._now())
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._db.write() as conn:
+            conn.execute(self._sql["schema_version_table"])
+            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
+            for version, name, script in load_migrations("sqlbroker.storage.sqlite.migrations"):
+                if version <= current:
+                    continue
+                for statement in split_script(script):
+                    conn.execute(statement)
+                conn.execute(
+                    self._sql["schema_version_insert"],
+                    {"version": version, "name": name, "now": self._now()},
+                )
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        with self._db.read() as conn:
+            if not conn.execute(self._sql["schema_version_exists"]).fetchone()[0]:
+                return 0
+            return int(conn.execute(self._sql["schema_version"]).fetchone()[0])
+
+    def check_schema(self) -> None:
+        expected = len(load_migrations("sqlbroker.storage.sqlite.migrations"))
+        found = self.schema_version()
+        if found != expected:
+            raise SchemaError(
+                f"the database schema is at version {found}, this sqlbroker needs {expected}:"
+                + (" run `sqlbroker migrate`" if found < expected else " upgrade sqlbroker")
+            )
+
+    @staticmethod
+    def schema_sql() -> str:
+        return "\n".join(
+            sql for _, _, sql in load_migrations("sqlbroker.storage.sqlite.migrations")
+        )
+
+    # --- subscriptions -----------------------------------------------------------------------
+
+    def subscription_upsert(
+        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
+    ) -> Subscription:
+        with self._db.write(conn) as c:
+            c.execute(self._sql["subscription_insert"], {"name": name, "now": self._now()})
+            if replace:
+                c.execute(self._sql["subscription_patterns_clear"], {"name": name})
+            c.executemany(
+                self._sql["subscription_pattern_insert"],
+                [{"name": name, "pattern": p, "regex": pattern_regex(p)} for p in patterns],
+            )
+            rows = c.execute(self._sql["subscription_get"], {"name": name}).fetchall()
+        return subscriptions_of(rows)[0]
+
+    def subscription_ensure(self, *, name: str) -> bool:
+        with self._db.write() as c:
+            created = (
+                c.execute(
+                    self._sql["subscription_insert"], {"name": name, "now": self._now()}
+                ).rowcount
+                == 1
+            )
+            if created:
+                c.execute(
+                    self._sql["subscription_pattern_insert"],
+                    {"name": name, "pattern": name, "regex": pattern_regex(name)},
+                )
+        return created
+
+    def subscription_list(self) -> list[Subscription]:
+        with self._db.read() as conn:
+            return subscriptions_of(conn.execute(self._sql["subscription_list"]).fetchall())
+
+    def subscription_delete(self, *, name: str) -> bool:
+        with self._db.write() as conn:
+            conn.execute(self._sql["subscription_delete_messages"], {"name": name})
+            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def message_insert_many(
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any = None,
+    ) -> InsertResult:
+        now = self._now()
+        ids: list[str] = []
+        rows: list[dict[str, Any]] = []
+        unrouted: list[dict[str, Any]] = []
+        duplicates = 0
+        with self._db.write(conn) as c:
+            routes: dict[str, list[str]] = {}
+            for message in messages:
+                if message.idempotency_key is not None:
+                    original = self._dedupe_reserve(c, message, now)
+                    if original is not None:
+                        ids.append(original)
+                        duplicates += 1
+                        continue
+                ids.append(message.message_id)
+                available_at = (
+                    message.available_at.timestamp()
+                    if message.available_at
+                    else now + (message.delay or 0.0)
+                )
+                if message.expires_at is not None:
+                    expires_at: float | None = message.expires_at.timestamp()
+                else:
+                    expires_at = None if message.ttl is None else now + message.ttl
+                values = {
+                    "message_id": message.message_id,
+                    "topic": message.topic,
+                    "state": State.SCHEDULED.value if available_at > now else State.AVAILABLE.value,
+                    "priority": message.priority,
+                    "ordering_key": message.ordering_key,
+                    "idempotency_key": message.idempotency_key,
+                    "payload": message.payload,
+                    "content_type": message.content_type,
+                    "headers": message.headers,
+                    "max_attempts": message.max_attempts,
+                    "now": now,
+                    "available_at": available_at,
+                    "expires_at": expires_at,
+                }
+                if subscription is not None:
+                    targets = [subscription]
+                else:
+                    if message.topic not in routes:
+                        routes[message.topic] = [
+                            row[0]
+                            for row in c.execute(
+                                self._sql["message_routes"], {"topic": message.topic}
+                            )
+                        ]
+                    targets = routes[message.topic]
+                if not targets:
+                    unrouted.append(values)
+                rows.extend({**values, "subscription": target} for target in targets)
+            c.executemany(self._sql["message_insert"], rows)
+            c.executemany(self._sql["archive_insert_unrouted"], unrouted)
+        return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=len(unrouted))
+
+    def _dedupe_reserve(self, c: sqlite3.Connection, message: NewMessage, now: float) -> str | None:
+        """Reserve the message's idempotency key; return the original id for a duplicate."""
+        params = {
+            "topic": message.topic,
+            "idempotency_key": message.idempotency_key,
+            "message_id": message.message_id,
+            "payload_hash": message.payload_hash,
+            "now": now,
+            "window": message.dedupe_window,
+        }
+        if c.execute(self._sql["dedupe_reserve"], params).rowcount == 1:
+            return None
+        row = c.execute(self._sql["dedupe_get"], params).fetchone()
+        if row["payload_hash"] != message.payload_hash:
+            assert message.idempotency_key is not None
+            raise IdempotencyConflict(message.topic, message.idempotency_key, row["message_id"])
+        return str(row["message_id"])
+
+    # --- consuming ---------------------------------------------------------------------------
+
+    def message_claim_many(
+        self, *, subscription: str, limit: int, lease: float, worker: str | None
+    ) -> list[Delivery]:
+        now = self._now()
+        with self._db.write() as conn:
+            conn.execute(
+                self._sql["message_promote_scheduled"],
+                {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
+            )
+            rows = conn.execute(
+                self._sql["message_claim"],
+                {
+                    "subscription": subscription,
+                    "now": now,
+                    "lease": lease,
+                    "limit": limit,
+                    "worker": worker,
+                },
+            ).fetchall()
+        deliveries = [delivery_of(row) for row in rows]
+        deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+        return deliveries
+
+    def _valid_ids(self, conn: sqlite3.Connection, leases: Sequence[Lease]) -> list[int]:
+        batch = json.dumps([[lease.id, lease.token] for lease in leases])
+        return [row[0] for row in conn.execute(self._sql["lease_valid_ids"], {"batch": batch})]
+
+    def _archive_and_delete(
+        self, conn: sqlite3.Connection, ids: Sequence[int], outcome: Outcome, now: float
+    ) -> None:
+        if not ids:
+            return
+        encoded = json.dumps(list(ids))
+        conn.execute(
+            self._sql["archive_insert_ids"], {"ids": encoded, "outcome": outcome.value, "now": now}
+        )
+        conn.execute(self._sql["message_delete_ids"], {"ids": encoded})
+
+    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
+        if not leases:
+            return []
+        now = self._now()
+        with self._db.write() as conn:
+            ids = self._valid_ids(conn, leases)
+            self._archive_and_delete(conn, ids, Outcome.COMPLETED, now)
+        return ids
+
+    def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
+        if not retries:
+            return []
+        batch = json.dumps(
+            [[r.lease.id, r.lease.token, r.after, error_json(r.error)] for r in retries]
+        )
+        with self._db.write() as conn:
+            rows = conn.execute(
+                self._sql["message_retry"], {"batch": batch, "now": self._now()}
+            ).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def message_dead_many(self, *, deaths: Sequence[DeadRequest]) -> list[int]:
+        if not deaths:
+            return []
+        batch = json.dumps(
+            [
+                [
+                    d.lease.id,
+                    d.lease.token,
+                    d.reason,
+                    d.error.type if d.error else None,
+                    d.error.message if d.error else None,
+                    d.error.traceback if d.error else None,
+                ]
+                for d in deaths
+            ]
+        )
+        with self._db.write() as conn:
+            ids = self._valid_ids(conn, [d.lease for d in deaths])
+            if ids:
+                conn.execute(self._sql["dead_insert_leased"], {"batch": batch, "now": self._now()})
+                conn.execute(self._sql["message_delete_ids"], {"ids": json.dumps(ids)})
+        return ids
+
+    def message_extend_leases(
+        self, *, leases: Sequence[Lease], lease: float
+    ) -> dict[int, datetime]:
+        if not leases:
+            return {}
+        with self._db.write() as conn:
+            ids = self._valid_ids(conn, leases)
+            rows = conn.execute(
+                self._sql["message_extend"],
+                {"ids": json.dumps(ids), "now": self._now(), "lease": lease},
+            ).fetchall()
+        return {row[0]: utc(row[1]) for row in rows}
+
+    def message_release_many(self, *, leases: Sequence[Lease]) -> list[int]:
+        if not leases:
+            return []
+        with self._db.write() as conn:
+            ids = self._valid_ids(conn, leases)
+            rows = conn.execute(self._sql["message_release"], {"ids": json.dumps(ids)}).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
+        with self._db.write() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    self._sql["message_cancel_ids"], {"message_ids": json.dumps(list(message_ids))}
+                )
+            ]
+            self._archive_and_delete(conn, ids, Outcome.CANCELLED, self._now())
+        return len(ids)
+
+    def message_list(
+        self, *, subscription: str | None, state: State | None, limit: int
+    ) -> list[PendingMessage]:
+        with self._db.read() as conn:
+            rows = conn.execute(
+                self._sql["message_list"],
+                {
+                    "subscription": subscription,
+                    "state": state.value if state else None,
+                    "limit": limit,
+                },
+            ).fetchall()
+        return [pending_of(row) for row in rows]
+
+    # --- maintenance -------------------------------------------------------------------------
+
+    def lease_release_expired(self, *, limit: int) -> ReapResult:
+        now = self._now()
+        with self._db.write() as conn:
+            spent = [
+                row[0]
+                for row in conn.execute(
+                    self._sql["lease_expired_spent_ids"], {"now": now, "limit": limit}
+                )
+            ]
+            if spent:
+                conn.execute(
+                    self._sql["dead_insert_ids"],
+                    {
+                        "ids": json.dumps(spent),
+                        "now": now,
+                        "reason": "worker lost: the lease expired on the last attempt",
+                        "error_type": "sqlbroker.WorkerLost",
+                        "error_message": "the worker holding the message stopped acknowledging it",
+                    },
+                )
+                conn.execute(self._sql["message_delete_ids"], {"ids": json.dumps(spent)})
+            released = conn.execute(
+                self._sql["lease_expired_release"],
+                {"now": now, "limit": limit, "last_error": _WORKER_LOST},
+            ).rowcount
+        return ReapResult(released=released, dead=len(spent))
+
+    def message_expire(self, *, limit: int) -> int:
+        now = self._now()
+        with self._db.write() as conn:
+            ids = [
+                row[0]
+                for row in conn.execute(
+                    self._sql["message_expired_ids"], {"now": now, "limit": limit}
+                )
+            ]
+            self._archive_and_delete(conn, ids, Outcome.EXPIRED, now)
+        return len(ids)
+
+    def dedupe_trim(self, *, limit: int) -> int:
+        with self._db.write() as conn:
+            return conn.execute(
+                self._sql["dedupe_trim"], {"now": self._now(), "limit": limit}
+            ).rowcount
+
+    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
+        with self._db.write() as conn:
+            return conn.execute(
+                self._sql["archive_trim"], {"older_than": older_than.timestamp(), "limit": limit}
+            ).rowcount
+
+    # --- dead letters ------------------------------------------------------------------------
+
+    @staticmethod
+    def _dead_params(where: DeadFilter) -> dict[str, Any]:
+        return {
+            "ids": None if where.ids is None else json.dumps(list(where.ids)),
+            "subscription": where.subscription,
+            "topic": where.topic,
+            "error_type": where.error_type,
+            "reason_contains": where.reason_contains,
+            "dead_before": None if where.dead_before is None else where.dead_before.timestamp(),
+            "dead_after": None if where.dead_after is None else where.dead_after.timestamp(),
+        }
+
+    def dead_list(self, *, where: DeadFilter, limit: int, after_id: int | None) -> list[DeadLetter]:
+        with self._db.read() as conn:
+            rows = conn.execute(
+                self._sql["dead_select"],
+                {**self._dead_params(where), "after_id": after_id, "limit": limit},
+            ).fetchall()
+        return [dead_letter_of(row) for row in rows]
+
+    def dead_get(self, *, id: int) -> DeadLetter | None:
+        found = self.dead_list(where=DeadFilter(ids=(id,)), limit=1, after_id=None)
+        return found[0] if found else None
+
+    def _dead_ids(self, conn: sqlite3.Connection, where: DeadFilter) -> list[int]:
+        rows = conn.execute(
+            self._sql["dead_select"], {**self._dead_params(where), "after_id": None, "limit": -1}
+        ).fetchall()
+        return [row["id"] for row in rows]
+
+    def _audit(
+        self, conn: sqlite3.Connection, actor: str, action: str, detail: dict[str, Any]
+    ) -> None:
+        conn.execute(
+            self._sql["audit_insert"],
+            {"now": self._now(), "actor": actor, "action": action, "detail": encode_json(detail)},
+        )
+
+    def dead_replay(self, *, where: DeadFilter, actor: str, note: str | None) -> list[int]:
+        now = self._now()
+        with self._db.write() as conn:
+            ids = self._dead_ids(conn, where)
+            if not ids:
+                return []
+            encoded = json.dumps(ids)
+            subscriptions = json.dumps(
+                sorted(
+                    {
+                        row["subscription"]
+                        for row in conn.execute(self._sql["dead_subscriptions"], {"ids": encoded})
+                    }
+                )
+            )
+            conn.execute(
+                self._sql["subscription_ensure_many"], {"names": subscriptions, "now": now}
+            )
+            new_ids = [
+                row[0]
+                for row in conn.execute(
+                    self._sql["dead_replay_insert"], {"ids": encoded, "now": now}
+                )
+            ]
+            conn.execute(self._sql["dead_delete_ids"], {"ids": encoded})
+            self._audit(
+                conn, actor, "dead.replay", {"dead_ids": ids, "delivery_ids": new_ids, "note": note}
+            )
+        return sorted(new_ids)
+
+    def dead_purge(self, *, where: DeadFilter, actor: str, note: str | None) -> int:
+        with self._db.write() as conn:
+            ids = self._dead_ids(conn, where)
+            if ids:
+                conn.execute(self._sql["dead_delete_ids"], {"ids": json.dumps(ids)})
+                self._audit(conn, actor, "dead.purge", {"dead_ids": ids, "note": note})
+        return len(ids)
+
+    # --- archive and stats -------------------------------------------------------------------
+
+    def archive_list(
+        self,
+        *,
+        subscription: str | None,
+        outcome: Outcome | None,
+        message_id: str | None,
+        limit: int,
+    ) -> list[ArchivedMessage]:
+        with self._db.read() as conn:
+            rows = conn.execute(
+                self._sql["archive_list"],
+                {
+                    "subscription": subscription,
+                    "outcome": outcome.value if outcome else None,
+                    "message_id": message_id,
+                    "limit": limit,
+                },
+            ).fetchall()
+        return [archived_of(row) for row in rows]
+
+    def stats_collect(self) -> list[SubscriptionStats]:
+        now = self._now()
+        with self._db.read() as conn:
+            names = [row[0] for row in conn.execute(self._sql["stats_subscriptions"])]
+            hot = conn.execute(self._sql["stats_hot"]).fetchall()
+            dead = {row[0]: row[1] for row in conn.execute(self._sql["stats_dead"])}
+        counts: dict[str, dict[str, int]] = {name: {} for name in names}
+        oldest: dict[str, float] = {}
+        for subscription, state, count, oldest_available in hot:
+            counts.setdefault(subscription, {})[state] = count
+            if oldest_available is not None:
+                oldest[subscription] = oldest_available
+        return [
+            SubscriptionStats(
+                subscription=name,
+                ready=by_state.get("available", 0),
+                scheduled=by_state.get("scheduled", 0),
+                running=by_state.get("running", 0),
+                blocked=by_state.get("blocked", 0),
+                dead=dead.get(name, 0),
+                oldest_ready_age=max(0.0, now - oldest[name]) if name in oldest else None,
+            )
+            for name, by_state in sorted(counts.items())
+        ]
+
+    def table_counts(self) -> dict[str, int]:
+        with self._db.read() as conn:
+            return {row[0]: row[1] for row in conn.execute(self._sql["table_counts"])}

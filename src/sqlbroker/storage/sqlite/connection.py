@@ -1,0 +1,227 @@
+"""SQLite connections: a small pool, pragmas, write transactions and error translation."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from sqlbroker.core.errors import (
+    ConfigurationError,
+    DatabaseBusy,
+    InvalidOption,
+    SchemaError,
+    StorageError,
+)
+from sqlbroker.core.topics import regex_matches
+
+_NETWORK_FILESYSTEMS = frozenset(
+    [
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "fuse.sshfs",
+        "9p",
+        "afs",
+        "ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "lustre",
+        "gpfs",
+        "fuse.s3fs",
+        "fuse.rclone",
+        "davfs",
+        "fuse.gcsfuse",
+    ]
+)
+
+
+def _filesystem_type(path: str) -> str | None:
+    """The filesystem type that holds ``path`` according to /proc/mounts (Linux only)."""
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            entries = [line.split() for line in mounts]
+    except OSError:
+        return None
+    best, kind = "", None
+    for fields in entries:
+        if len(fields) < 3:
+            continue
+        mount_point = fields[1].replace("\\040", " ")
+        prefix = mount_point.rstrip("/") + "/"
+        if (path == mount_point or path.startswith(prefix)) and len(mount_point) >= len(best):
+            best, kind = mount_point, fields[2]
+    return kind
+
+
+def split_script(script: str) -> list[str]:
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip() and not all(
+        part.strip().startswith("--") or not part.strip() for part in buffer.splitlines()
+    ):
+        raise RuntimeError(f"incomplete SQL statement at the end of a migration: {buffer[:80]!r}")
+    return statements
+
+
+class SqlitePool:
+    """Hands out connections to one database file, one thread at a time.
+
+    Every connection runs in autocommit mode (``isolation_level=None``) with WAL,
+    ``busy_timeout`` and the configured ``synchronous`` level; :meth:`write` wraps a block
+    in ``BEGIN IMMEDIATE`` … ``COMMIT``.
+    """
+
+    def __init__(self, path: str, *, synchronous: str, busy_timeout: float, pool_size: int) -> None:
+        if synchronous not in ("full", "normal"):
+            raise InvalidOption("synchronous", f"must be 'full' or 'normal', not {synchronous!r}")
+        if not isinstance(busy_timeout, int | float) or not 0 < busy_timeout <= 3600:
+            raise InvalidOption("busy_timeout", "must be seconds, more than 0 and at most 3600")
+        if not isinstance(pool_size, int) or not 1 <= pool_size <= 256:
+            raise InvalidOption("pool_size", "must be an integer from 1 to 256")
+        self.memory = path == ":memory:"
+        self._synchronous = synchronous.upper()
+        self._busy_timeout = float(busy_timeout)
+        if self.memory:
+            self.path = ":memory:"
+            pool_size = 1  # every connection to :memory: would be a different database
+        else:
+            self.path = os.path.abspath(os.path.expanduser(path))
+            directory = os.path.dirname(self.path)
+            if not os.path.isdir(directory):
+                raise ConfigurationError(
+                    f"the directory for the SQLite database does not exist: {directory}"
+                )
+            kind = _filesystem_type(directory)
+            if kind in _NETWORK_FILESYSTEMS:
+                raise ConfigurationError(
+                    f"refusing a SQLite database on a network filesystem ({kind}): its locks are"
+                    " not reliable, so messages could be lost or delivered twice; use a local disk"
+                    " or PostgreSQL"
+                )
+        self._slots = threading.BoundedSemaphore(pool_size)
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
+        )
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            if not self.memory:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise ConfigurationError(f"SQLite refused WAL mode (got {mode!r})")
+                # Keep the WAL bounded: truncate it back to 64 MiB after each checkpoint.
+                conn.execute("PRAGMA journal_size_limit = 67108864")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self.register_functions(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def register_functions(conn: sqlite3.Connection) -> None:
+        conn.create_function("sqlbroker_regex_match", 2, regex_matches, deterministic=True)
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        if self._closed:
+            raise StorageError("the broker is closed")
+        self._slots.acquire()
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            broken = False
+            try:
+                with self.translated():
+                    if conn is None:
+                        conn = self._connect()
+                    yield conn
+            except BaseException:
+                broken = conn is not None and conn.in_transaction
+                raise
+            finally:
+                if conn is not None:
+                    if broken or self._closed:
+                        self._discard(conn)
+                    else:
+                        with self._lock:
+                            self._idle.append(conn)
+        finally:
+            self._slots.release()
+
+    @staticmethod
+    def _discard(conn: sqlite3.Connection) -> None:
+        with suppress(sqlite3.Error):
+            conn.close()
+
+    @contextmanager
+    def translated(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as error:
+            text = str(error)
+            if "locked" in text or "busy" in text:
+                raise DatabaseBusy(
+                    f"the SQLite database stayed locked for more than {self._busy_timeout:g} s;"
+                    " nothing was written"
+                ) from None
+            if "no such table" in text:
+                raise SchemaError(
+                    f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`"
+                ) from None
+            raise StorageError(f"SQLite error: {text}") from None
+        except sqlite3.Error as error:
+            raise StorageError(f"SQLite error: {error}") from None
+
+    @contextmanager
+    def write(self, conn: Any = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so a
+        busy database makes us wait (``busy_timeout``) instead of failing mid-transaction.
+        With a caller's connection the caller owns the transaction; we never commit it."""
+        if conn is not None:
+            if not isinstance(conn, sqlite3.Connection):
+                raise InvalidOption(
+                    "conn", f"a SQLite broker needs a sqlite3.Connection, not {type(conn).__name__}"
+                )
+            with self.translated():
+                self.register_functions(conn)
+                yield conn
+            return
+        with self._connection() as own:
+            own.execute("BEGIN IMMEDIATE")
+            try:
+                yield own
+            except BaseException:
+                if own.in_transaction:
+                    own.execute("ROLLBACK")
+                raise
+            own.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        with self._connection() as conn:
+            yield conn
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._discard(conn)
