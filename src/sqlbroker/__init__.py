@@ -1,5 +1,6 @@
 """sqlbroker: a message broker that lives in the relational database you already run."""
 
+from sqlbroker.app import Broker
 from sqlbroker.core.clock import Clock, DatabaseClock, ManualClock
 from sqlbroker.core.errors import (
     ConfigurationError,
@@ -35,7 +36,9 @@ from sqlbroker.core.message import (
     Subscription,
     SubscriptionStats,
 )
-from sqlbroker.producer import AsyncBroker, Broker
+from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.producer import AsyncBroker
+from sqlbroker.runtime import Message, Worker, WorkerCrashed
 
 __version__ = "0.1.0"
 
@@ -64,10 +67,14 @@ __all__ = [
     "InvalidTime",
     "LeaseLost",
     "ManualClock",
+    "Message",
     "NotFound",
     "Outcome",
     "PendingMessage",
     "Priority",
+    "Reject",
+    "Retry",
+    "RetryPolicy",
     "SchemaError",
     "SqlbrokerError",
     "State",
@@ -75,5 +82,7 @@ __all__ = [
     "Subscription",
     "SubscriptionStats",
     "ValidationError",
+    "Worker",
+    "WorkerCrashed",
     "__version__",
 ]

@@ -188,10 +188,21 @@ class Broker:
         the first message's id and writes nothing.
         """
         message = build_message(
-            topic, payload, defaults=self._defaults, key=key, priority=priority, delay=delay, at=at,
-            ttl=ttl, expires_at=expires_at, max_attempts=max_attempts, headers=headers,
-            idempotency_key=idempotency_key, dedupe_window=dedupe_window, content_type=content_type,
-        )  # fmt: skip
+            topic,
+            payload,
+            defaults=self._defaults,
+            key=key,
+            priority=priority,
+            delay=delay,
+            at=at,
+            ttl=ttl,
+            expires_at=expires_at,
+            max_attempts=max_attempts,
+            headers=headers,
+            idempotency_key=idempotency_key,
+            dedupe_window=dedupe_window,
+            content_type=content_type,
+        )
         result = self._checked().message_insert_many(
             messages=[message], subscription=None, conn=conn
         )
@@ -230,10 +241,21 @@ class Broker:
         """Point-to-point: deliver to the subscription named ``queue`` only, creating it on
         first use. Same options as :meth:`publish`."""
         message = build_message(
-            queue, payload, defaults=self._defaults, key=key, priority=priority, delay=delay, at=at,
-            ttl=ttl, expires_at=expires_at, max_attempts=max_attempts, headers=headers,
-            idempotency_key=idempotency_key, dedupe_window=dedupe_window, content_type=content_type,
-        )  # fmt: skip
+            queue,
+            payload,
+            defaults=self._defaults,
+            key=key,
+            priority=priority,
+            delay=delay,
+            at=at,
+            ttl=ttl,
+            expires_at=expires_at,
+            max_attempts=max_attempts,
+            headers=headers,
+            idempotency_key=idempotency_key,
+            dedupe_window=dedupe_window,
+            content_type=content_type,
+        )
         self._ensure_queue(queue)
         result = self._checked().message_insert_many(
             messages=[message], subscription=queue, conn=conn

@@ -7,7 +7,8 @@ Every backend implements :class:`Backend` and passes the one conformance suite i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -40,9 +41,12 @@ class Lease:
 
 @dataclass(frozen=True, slots=True)
 class RetryRequest:
+    """Back to the queue after ``after`` seconds; a ``snooze`` gives the attempt back."""
+
     lease: Lease
     after: float
     error: ErrorInfo | None
+    snooze: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,15 @@ class Backend(Protocol):
         """The storage clock's current time."""
 
     def close(self) -> None: ...
+
+    def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
+        """Block until ``stop`` is set, calling ``on_hint(subscription)`` when new work may
+        be claimable there (``None``: anywhere). Hints can be lost; callers poll as well.
+
+        PostgreSQL: LISTEN/NOTIFY on a dedicated connection, re-established with backoff,
+        with ``on_hint(None)`` after every (re)connect. SQLite: ``PRAGMA data_version``
+        watched every 50 ms, which sees commits from every connection and process.
+        """
 
     # --- subscriptions ---------------------------------------------------------------------
     def subscription_upsert(

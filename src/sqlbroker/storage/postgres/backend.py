@@ -7,11 +7,15 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from sqlbroker.core.clock import Clock
@@ -52,9 +56,10 @@ from sqlbroker.storage.rows import (
     utc,
 )
 from sqlbroker.storage.sql import load_blocks, load_migrations
-from sqlbroker.storage.url import DatabaseURL
+from sqlbroker.storage.url import DatabaseURL, redact
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+log = logging.getLogger("sqlbroker.storage")
 _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
@@ -124,6 +129,28 @@ class PostgresBackend:
 
     def close(self) -> None:
         self._db.close()
+
+    def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
+        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.notify_channel))
+        pause = 0.1
+        while not stop.is_set():
+            try:
+                with psycopg.connect(self._db.conninfo, **self._db.connection_kwargs()) as conn:
+                    conn.execute(statement)
+                    pause = 0.1
+                    # Notifications sent while we were not listening are gone: poll now.
+                    on_hint(None)
+                    while not stop.is_set():
+                        for notice in conn.notifies(timeout=0.25):
+                            on_hint(notice.payload or None)
+            except psycopg.Error as error:
+                log.warning(
+                    "LISTEN connection lost (%s); reconnecting in %.1f s",
+                    redact(str(error)).strip(),
+                    pause,
+                )
+                stop.wait(pause)
+                pause = min(pause * 2, 5.0)
 
     # --- schema ------------------------------------------------------------------------------
 
@@ -372,6 +399,7 @@ class PostgresBackend:
             **self._lease_params([r.lease for r in retries]),
             "afters": [r.after for r in retries],
             "errors": [error_json(r.error) for r in retries],
+            "snoozes": [r.snooze for r in retries],
             "now": self._now_param(),
             "channel": self.notify_channel,
         }
@@ -503,9 +531,12 @@ class PostgresBackend:
 
     def dead_replay(self, *, where: DeadFilter, actor: str, note: str | None) -> list[int]:
         params = {
-            **self._dead_params(where), "now": self._now_param(), "actor": actor, "note": note,
+            **self._dead_params(where),
+            "now": self._now_param(),
+            "actor": actor,
+            "note": note,
             "channel": self.notify_channel,
-        }  # fmt: skip
+        }
         with self._db.connection(write=True) as conn:
             return [row[0] for row in conn.execute(self._sql["dead_replay"], params).fetchall()]
 

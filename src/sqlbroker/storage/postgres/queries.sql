@@ -215,8 +215,9 @@ SELECT id FROM done ORDER BY id
 
 -- name: message_retry
 WITH l AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(afters)s::float8[], %(errors)s::text[])
-        AS l(id, token, after_seconds, last_error)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(afters)s::float8[],
+                         %(errors)s::text[], %(snoozes)s::boolean[])
+        AS l(id, token, after_seconds, last_error, snooze)
 ),
 retried AS (
     UPDATE {schema}sqlbroker_message m
@@ -225,9 +226,12 @@ retried AS (
         lease_token = NULL,
         lease_expires_at = NULL,
         worker = NULL,
-        last_error = l.last_error,
-        first_failed_at = coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
-        last_failed_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+        attempts = m.attempts - CASE WHEN l.snooze THEN 1 ELSE 0 END,
+        last_error = coalesce(l.last_error, m.last_error),
+        first_failed_at = CASE WHEN l.snooze THEN m.first_failed_at
+            ELSE coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())) END,
+        last_failed_at = CASE WHEN l.snooze THEN m.last_failed_at
+            ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END
     FROM l
     WHERE m.id = l.id AND m.lease_token::text = l.token AND m.state = 'running'
     RETURNING m.id, m.subscription, m.state
@@ -517,7 +521,8 @@ names AS (
 )
 SELECT n.name, coalesce(h.ready, 0), coalesce(h.scheduled, 0), coalesce(h.running, 0),
        coalesce(h.blocked, 0), coalesce(d.dead, 0),
-       greatest(0, extract(epoch FROM coalesce(%(now)s::timestamptz, statement_timestamp()) - h.oldest))::float8
+       CASE WHEN h.oldest IS NOT NULL THEN greatest(0, extract(epoch FROM
+           coalesce(%(now)s::timestamptz, statement_timestamp()) - h.oldest))::float8 END
 FROM names n
 LEFT JOIN hot h ON h.subscription = n.name
 LEFT JOIN dead d ON d.subscription = n.name

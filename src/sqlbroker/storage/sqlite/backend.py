@@ -8,9 +8,11 @@ their locking cannot be trusted. Connections are pooled and handed to one thread
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +20,7 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     IdempotencyConflict,
     SchemaError,
+    StorageError,
 )
 from sqlbroker.core.message import (
     ArchivedMessage,
@@ -53,6 +56,7 @@ from sqlbroker.storage.sql import load_blocks, load_migrations
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
 from sqlbroker.storage.url import DatabaseURL
 
+log = logging.getLogger("sqlbroker.storage")
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
@@ -93,6 +97,21 @@ class SqliteBackend:
 
     def close(self) -> None:
         self._db.close()
+
+    def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
+        last: int | None = None
+        while not stop.is_set():
+            try:
+                with self._db.read() as conn:
+                    while not stop.is_set():
+                        version = conn.execute("PRAGMA data_version").fetchone()[0]
+                        if version != last:
+                            last = version
+                            on_hint(None)
+                        stop.wait(0.05)
+            except StorageError as error:
+                log.warning("watching the SQLite database for changes failed: %s", error)
+                stop.wait(1.0)
 
     # --- schema ------------------------------------------------------------------------------
 
@@ -311,7 +330,10 @@ class SqliteBackend:
         if not retries:
             return []
         batch = json.dumps(
-            [[r.lease.id, r.lease.token, r.after, error_json(r.error)] for r in retries]
+            [
+                [r.lease.id, r.lease.token, r.after, error_json(r.error), int(r.snooze)]
+                for r in retries
+            ]
         )
         with self._db.write() as conn:
             rows = conn.execute(

@@ -67,7 +67,9 @@ WHERE topic = :topic AND idempotency_key = :idempotency_key
 
 -- name: dedupe_trim
 DELETE FROM sqlbroker_dedupe
-WHERE rowid IN (SELECT rowid FROM sqlbroker_dedupe WHERE expires_at <= :now LIMIT :limit)
+WHERE (topic, idempotency_key) IN (
+    SELECT topic, idempotency_key FROM sqlbroker_dedupe WHERE expires_at <= :now LIMIT :limit
+)
 
 -- name: message_routes
 SELECT DISTINCT subscription FROM sqlbroker_subscription_pattern
@@ -154,11 +156,14 @@ SET state = CASE WHEN b.after > 0 THEN 'scheduled' ELSE 'available' END,
     lease_token = NULL,
     lease_expires_at = NULL,
     worker = NULL,
-    last_error = b.last_error,
-    first_failed_at = coalesce(first_failed_at, :now),
-    last_failed_at = :now
+    attempts = sqlbroker_message.attempts - b.snooze,
+    last_error = coalesce(b.last_error, sqlbroker_message.last_error),
+    first_failed_at = CASE WHEN b.snooze THEN sqlbroker_message.first_failed_at
+                           ELSE coalesce(sqlbroker_message.first_failed_at, :now) END,
+    last_failed_at = CASE WHEN b.snooze THEN sqlbroker_message.last_failed_at ELSE :now END
 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
-             json_extract(value, '$[2]') AS after, json_extract(value, '$[3]') AS last_error
+             json_extract(value, '$[2]') AS after, json_extract(value, '$[3]') AS last_error,
+             json_extract(value, '$[4]') AS snooze
       FROM json_each(:batch)) b
 WHERE b.id = sqlbroker_message.id AND b.token = sqlbroker_message.lease_token
   AND sqlbroker_message.state = 'running'

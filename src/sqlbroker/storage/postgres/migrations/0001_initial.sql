@@ -1,4 +1,4 @@
--- sqlbroker schema 1 (PostgreSQL). {schema} is the validated, quoted schema qualifier.
+-- sqlbroker schema 1 (PostgreSQL).
 
 CREATE TABLE {schema}sqlbroker_subscription (
     name        text PRIMARY KEY,

@@ -1,0 +1,160 @@
+"""The public ``Broker``: publishing and administration (L2) plus subscribers and the
+worker runtime (L3), composed here so that neither layer imports the one above it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.policies import RetryPolicy
+from sqlbroker.features.subscribers import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_TIMEOUT,
+    AckMode,
+    DeadLetterHook,
+    SubscriberSpec,
+    make_spec,
+)
+from sqlbroker.producer.broker import Broker as _ProducerBroker
+from sqlbroker.runtime.worker import Worker
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+class Broker(_ProducerBroker):
+    """A message broker in your database: publish, consume, administer.
+
+    Declare consumers with :meth:`subscriber` and run them with :meth:`run` (blocking),
+    :meth:`run_async`, :meth:`run_until_idle` (scripts and tests) or the ``sqlbroker
+    worker module:broker`` command. Several worker processes on one database share the work.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subscribers: dict[str, SubscriberSpec] = {}
+        self._worker: Worker | None = None
+
+    def subscriber(
+        self,
+        name: str | None = None,
+        *,
+        topics: Sequence[str] | str | None = None,
+        queue: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        prefetch: int | None = None,
+        lease: float | timedelta | None = None,
+        timeout: float | timedelta | None = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        ack: AckMode = "auto",
+        on_dead_letter: DeadLetterHook | None = None,
+    ) -> Callable[[H], H]:
+        """Register the decorated function (``async def`` or plain ``def``) as the handler
+        of a subscription: ``topics=[patterns]`` for pub/sub (named ``name``, default the
+        function's name) or ``queue=name`` for point-to-point.
+
+        - ``concurrency``: handlers running at once in each worker process (plain functions
+          run in a thread pool, never on the event loop);
+        - ``prefetch``: extra messages claimed ahead of free slots (default concurrency / 4);
+        - ``lease``: seconds a claim is held before redelivery (kept alive while running);
+        - ``timeout``: a handler running longer is cancelled and counts as failed
+          (default 300 s; ``None`` for no limit);
+        - ``retry``: a :class:`RetryPolicy` (default: the message's max attempts, 1 s
+          exponential backoff with full jitter, capped at 300 s);
+        - ``ack``: ``"auto"`` settles from the handler's result; ``"manual"`` leaves it to
+          ``msg.ack()``, ``msg.nack(after=…)`` or ``msg.reject(reason)``;
+        - ``on_dead_letter(msg, reason)``: called after a message was dead-lettered.
+        """
+
+        def register(handler: H) -> H:
+            spec = make_spec(
+                handler,
+                name=name,
+                topics=topics,
+                queue=queue,
+                concurrency=concurrency,
+                prefetch=prefetch,
+                lease=lease,
+                timeout=timeout,
+                retry=retry,
+                ack=ack,
+                on_dead_letter=on_dead_letter,
+            )
+            if spec.name in self.subscribers:
+                raise SqlbrokerError(f"a subscriber for {spec.name!r} is already registered")
+            self.subscribers[spec.name] = spec
+            return handler
+
+        return register
+
+    def worker(
+        self,
+        *,
+        subscriptions: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        grace: float = 30.0,
+        reap_interval: float = 5.0,
+        poll_interval: float = 1.0,
+        install_signal_handlers: bool = True,
+    ) -> Worker:
+        """A worker for all registered subscribers (or the named ones)."""
+        chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
+        unknown = [name for name in chosen if name not in self.subscribers]
+        if unknown:
+            known = ", ".join(self.subscribers) or "none"
+            raise SqlbrokerError(f"no subscriber named {', '.join(unknown)} (registered: {known})")
+        specs = [self.subscribers[name] for name in chosen]
+        if concurrency is not None:
+            specs = [
+                make_spec(
+                    spec.handler,
+                    name=spec.name,
+                    topics=None if spec.is_queue else list(spec.patterns),
+                    queue=spec.name if spec.is_queue else None,
+                    concurrency=concurrency,
+                    prefetch=None,
+                    lease=spec.lease,
+                    timeout=spec.timeout,
+                    retry=spec.retry,
+                    ack=spec.ack,
+                    on_dead_letter=spec.on_dead_letter,
+                )
+                for spec in specs
+            ]
+        return Worker(
+            self,
+            specs,
+            grace=grace,
+            reap_interval=reap_interval,
+            poll_interval=poll_interval,
+            install_signal_handlers=install_signal_handlers,
+        )
+
+    async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:
+        """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT)."""
+        self._worker = self.worker(**options)
+        try:
+            await self._worker.run_async(timeout=timeout)
+        finally:
+            self._worker = None
+
+    def run(self, *, timeout: float | None = None, **options: Any) -> None:
+        """Blocking :meth:`run_async`."""
+        asyncio.run(self.run_async(timeout=timeout, **options))
+
+    def run_until_idle(self, *, timeout: float | None = None, **options: Any) -> None:
+        """Run until the subscriptions have no ready, scheduled or running messages left
+        (or ``timeout`` seconds pass). For scripts and tests."""
+        options.setdefault("install_signal_handlers", False)
+        self._worker = self.worker(**options)
+        try:
+            self._worker.run(until_idle=True, timeout=timeout)
+        finally:
+            self._worker = None
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop a running worker gracefully (or at once); safe from any thread or handler."""
+        if self._worker is not None:
+            self._worker.stop(now=now)

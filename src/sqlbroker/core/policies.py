@@ -1,0 +1,114 @@
+"""Retry and dead-letter decisions, and the exceptions a handler raises to steer them.
+
+A :class:`RetryPolicy` is a small object with one decision method: given the attempt that
+just failed and its error, :meth:`RetryPolicy.decide` says retry after how long, or
+dead-letter and why. Backoff is exponential with full jitter (a uniformly random delay
+between zero and the capped exponential), which spreads retries of a failed dependency.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidOption
+
+
+class Reject(Exception):
+    """Raise in a handler to dead-letter the message now, without further attempts."""
+
+    def __init__(self, reason: str = "rejected by the handler") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Retry(Exception):
+    """Raise in a handler to try the message again after ``after`` seconds (a snooze).
+
+    A snooze does not use up an attempt.
+    """
+
+    def __init__(
+        self, after: float | timedelta = 0.0, reason: str = "snoozed by the handler"
+    ) -> None:
+        self.after = validate.seconds(after, "after")
+        self.reason = reason
+        super().__init__(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAfter:
+    """Decision: try again after ``delay`` seconds."""
+
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterNow:
+    """Decision: move to the dead letters with ``reason``."""
+
+    reason: str
+
+
+Decision = RetryAfter | DeadLetterNow
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How failures are retried.
+
+    - ``max_attempts``: attempts before dead-lettering; ``None`` uses the message's own
+      ``max_attempts`` (set at publish, default 5).
+    - ``base`` / ``cap``: the n-th retry waits up to ``min(cap, base * 2**(n-1))`` seconds.
+    - ``jitter``: ``"full"`` (uniform in [0, backoff], the default) or ``"none"``.
+    - ``retry_on``: exception types that are retried (default: every ``Exception``).
+    - ``dead_on``: exception types that go to the dead letters at once (checked first).
+    """
+
+    max_attempts: int | None = None
+    base: float = 1.0
+    cap: float = 300.0
+    jitter: str = "full"
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    dead_on: tuple[type[BaseException], ...] = ()
+    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None:
+            validate.integer(
+                self.max_attempts, "max_attempts", minimum=1, maximum=validate.MAX_ATTEMPTS
+            )
+        validate.seconds(self.base, "base")
+        validate.seconds(self.cap, "cap")
+        if self.jitter not in ("full", "none"):
+            raise InvalidOption("jitter", "must be 'full' or 'none'")
+        for name in ("retry_on", "dead_on"):
+            kinds = getattr(self, name)
+            if not isinstance(kinds, tuple) or not all(
+                isinstance(kind, type) and issubclass(kind, BaseException) for kind in kinds
+            ):
+                raise InvalidOption(name, "must be a tuple of exception types")
+
+    def backoff(self, attempt: int) -> float:
+        """The delay before the retry that follows failed attempt ``attempt`` (1-based)."""
+        ceiling = min(self.cap, self.base * 2 ** min(max(attempt - 1, 0), 60))
+        return ceiling if self.jitter == "none" else self.rng.uniform(0, ceiling)
+
+    def decide(self, attempt: int, error: BaseException, *, max_attempts: int) -> Decision:
+        """Retry or dead-letter after failed attempt ``attempt`` of a message that allows
+        ``max_attempts`` (this policy's own limit wins when it is set)."""
+        limit = self.max_attempts or max_attempts
+        if isinstance(error, Reject):
+            return DeadLetterNow(error.reason)
+        if isinstance(error, Retry):
+            return RetryAfter(error.after)
+        kind = type(error).__name__
+        if self.dead_on and isinstance(error, self.dead_on):
+            return DeadLetterNow(f"non-retryable error: {kind}")
+        if not isinstance(error, self.retry_on):
+            return DeadLetterNow(f"error not in retry_on: {kind}")
+        if attempt >= limit:
+            return DeadLetterNow(f"max attempts exhausted ({attempt} of {limit}): {kind}")
+        return RetryAfter(self.backoff(attempt))

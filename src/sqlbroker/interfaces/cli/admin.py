@@ -1,0 +1,111 @@
+"""Schema and subscription administration: ``migrate``, ``schema``, ``subscribe``."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from sqlbroker.core.errors import ConfigurationError, InvalidOption
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.storage.url import parse_url
+
+_POSTGRES_BACKEND = "sqlbroker.storage.postgres.backend"
+
+
+@click.command()
+@pass_session
+def migrate(session: Session) -> None:
+    """Apply pending schema migrations.
+
+    Says which versions were applied. Safe to run from several processes at once;
+    running it again changes nothing.
+    """
+    broker = session.broker()
+    applied = broker.migrate()
+    version = broker.schema_version()
+    if applied:
+        versions = ", ".join(str(number) for number in applied)
+        label = "migration" if len(applied) == 1 else "migrations"
+        click.echo(
+            f"applied {label} {versions} to {session.display_url}; schema is at version {version}"
+        )
+    else:
+        click.echo(f"schema is current at version {version}")
+
+
+def schema_sql(url: str, pg_schema: str | None = None) -> str:
+    """The full schema SQL for the database ``url`` names, built without connecting.
+
+    ``pg_schema`` places the PostgreSQL tables in that schema; SQLite has none, so it is
+    an ``InvalidOption`` there. Raises ``ConfigurationError`` when the PostgreSQL backend
+    (or its ``schema_sql``) is not available.
+    """
+    parsed = parse_url(url)
+    if parsed.scheme == "sqlite":
+        if pg_schema is not None:
+            raise InvalidOption("schema", "applies to PostgreSQL only; SQLite has no schemas")
+        from sqlbroker.storage.sqlite.backend import SqliteBackend
+
+        return SqliteBackend.schema_sql()
+    try:
+        # Imported by name: the PostgreSQL backend needs the optional psycopg extra.
+        backend_module = importlib.import_module(_POSTGRES_BACKEND)
+    except ImportError as error:
+        raise ConfigurationError(
+            "cannot print the PostgreSQL schema: the PostgreSQL backend is unavailable"
+            f" ({error}); install it with pip install 'sqlbroker[postgres]'"
+        ) from None
+    render = getattr(getattr(backend_module, "PostgresBackend", None), "schema_sql", None)
+    if render is None:
+        raise ConfigurationError(
+            "cannot print the PostgreSQL schema: this PostgreSQL backend has no"
+            " PostgresBackend.schema_sql(); run `sqlbroker migrate` against a database instead"
+        )
+    return str(render(schema=pg_schema))
+
+
+@click.command()
+@click.option(
+    "--print", "print_sql", is_flag=True, help="Print the full schema SQL, without connecting."
+)
+@click.option(
+    "--schema",
+    "pg_schema",
+    default=None,
+    metavar="NAME",
+    help="PostgreSQL schema for the tables (with --print).",
+)
+@pass_session
+def schema(session: Session, print_sql: bool, pg_schema: str | None) -> None:
+    """Show the schema version, or print the schema SQL.
+
+    Without options, connects and shows the database's schema version. With --print,
+    prints the SQL that creates the schema for the URL's backend, without connecting
+    (for Alembic, Django or a DBA to apply).
+    """
+    if not print_sql:
+        if pg_schema is not None:
+            raise InvalidUsage("--schema needs --print")
+        version = session.broker().schema_version()
+        click.echo(f"{session.display_url}: schema version {version}")
+        return
+    click.echo(schema_sql(session.url, pg_schema).rstrip("\n"))
+
+
+@click.command()
+@click.argument("name")
+@click.argument("patterns", nargs=-1, required=True)
+@click.option(
+    "--replace", is_flag=True, help="Set the patterns to exactly PATTERNS instead of adding them."
+)
+@pass_session
+def subscribe(session: Session, name: str, patterns: tuple[str, ...], replace: bool) -> None:
+    """Create a subscription, or add patterns to one.
+
+    From now on the subscription NAME gets a copy of every message published to a topic
+    matching one of PATTERNS. In a pattern, * matches one dotted segment and # matches
+    zero or more.
+    """
+    created = session.broker().subscribe(name, list(patterns), replace=replace)
+    click.echo(f"subscription {created.name}: {', '.join(created.patterns)}")

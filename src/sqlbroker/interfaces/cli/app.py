@@ -1,0 +1,63 @@
+"""The ``sqlbroker`` command group and the console-script entry point."""
+
+from __future__ import annotations
+
+import click
+
+from sqlbroker.interfaces.cli.admin import migrate, schema, subscribe
+from sqlbroker.interfaces.cli.dlq import dlq
+from sqlbroker.interfaces.cli.messages import claim, publish, send
+from sqlbroker.interfaces.cli.session import BrokerGroup, Session
+from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
+from sqlbroker.producer.broker import DEFAULT_URL
+
+URL_ENV = "SQLBROKER_URL"
+
+
+def _version() -> str:
+    from sqlbroker import __version__
+
+    return __version__
+
+
+@click.group(cls=BrokerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--url",
+    envvar=URL_ENV,
+    default=DEFAULT_URL,
+    show_default=True,
+    metavar="URL",
+    help=f"Database URL: sqlite:///path.db or postgresql://user@host/db (or ${URL_ENV}).",
+)
+@click.version_option(_version(), "--version", "-V", prog_name="sqlbroker")
+@click.pass_context
+def cli(ctx: click.Context, url: str) -> None:
+    """sqlbroker: a message broker that lives in your database.
+
+    Failures print one "error: ..." line on stderr and exit 2 for invalid input, 1 for
+    anything else, 130 on Ctrl-C. A password in the URL is never printed.
+    """
+    session = Session(url)
+    ctx.obj = session
+    ctx.call_on_close(session.close)
+
+
+for _command in (
+    migrate,
+    schema,
+    send,
+    publish,
+    claim,
+    stats,
+    subscribe,
+    subscriptions,
+    pending,
+    archive,
+    dlq,
+):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point: run the CLI and exit with its status."""
+    cli.main(prog_name="sqlbroker")

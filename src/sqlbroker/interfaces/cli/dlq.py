@@ -1,0 +1,324 @@
+"""``sqlbroker dlq``: list, show, replay and purge dead letters.
+
+Replaying or purging by filter or ``--all`` asks for confirmation first, unless ``--yes``
+is given; without a terminal to ask on, ``--yes`` is required. Naming dead letters by id
+needs no confirmation. Every replay and purge is audited with the actor ``cli:<user>``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TypedDict
+
+import click
+from rich.json import JSON
+from rich.table import Table
+from rich.text import Text
+
+from sqlbroker.core.message import DeadLetter
+from sqlbroker.core.serde import JSON_CONTENT_TYPE
+from sqlbroker.interfaces.cli.params import F, json_option
+from sqlbroker.interfaces.cli.render import (
+    cell,
+    console,
+    echo_json,
+    human_time,
+    payload_preview,
+    plural,
+    print_table,
+    table,
+)
+from sqlbroker.interfaces.cli.session import (
+    CliFailure,
+    InvalidUsage,
+    Session,
+    cli_actor,
+    pass_session,
+)
+
+CONFIRM_PREVIEW = 1000
+"""How many matching dead letters are counted before asking; more shows as "more than"."""
+
+_FILTERS: list[Callable[[F], F]] = [
+    click.option("--subscription", default=None, help="Only dead letters of this subscription."),
+    click.option("--topic", default=None, help="Only dead letters of this topic."),
+    click.option("--error-type", default=None, help="Only this exception type (e.g. ValueError)."),
+    click.option(
+        "--reason",
+        "reason_contains",
+        default=None,
+        metavar="TEXT",
+        help="Only reasons containing TEXT.",
+    ),
+]
+
+
+def filter_options(function: F) -> F:
+    """The selection options every ``dlq`` command shares."""
+    for option in reversed(_FILTERS):
+        function = option(function)
+    return function
+
+
+class DeadFilters(TypedDict, total=False):
+    """The filters given on the command line, as keyword arguments of ``broker.dead_letters``."""
+
+    subscription: str
+    topic: str
+    error_type: str
+    reason_contains: str
+
+
+def _given(options: dict[str, str | None]) -> DeadFilters:
+    chosen = DeadFilters()
+    if (subscription := options.get("subscription")) is not None:
+        chosen["subscription"] = subscription
+    if (topic := options.get("topic")) is not None:
+        chosen["topic"] = topic
+    if (error_type := options.get("error_type")) is not None:
+        chosen["error_type"] = error_type
+    if (reason_contains := options.get("reason_contains")) is not None:
+        chosen["reason_contains"] = reason_contains
+    return chosen
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a confirmation prompt can be answered (stdin is a terminal)."""
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+@click.group()
+def dlq() -> None:
+    """List, show, replay and purge dead letters.
+
+    Dead letters are messages that failed for good, kept whole with why they died.
+    """
+
+
+@dlq.command("list")
+@filter_options
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option(
+    "--after", "after_id", type=int, default=None, metavar="ID", help="Only ids after ID (to page)."
+)
+@json_option()
+@pass_session
+def list_dead(
+    session: Session, limit: int, after_id: int | None, as_json: bool, **filters: str | None
+) -> None:
+    """List dead letters matching every given filter, oldest first."""
+    rows = session.broker().dead_letters.list(**_given(filters), limit=limit, after_id=after_id)
+    if as_json:
+        echo_json(rows)
+        return
+    columns = ["id", "subscription", "topic", "attempts", "reason", "error type", "dead at"]
+    body = [
+        (
+            d.id,
+            d.subscription,
+            d.topic,
+            f"{d.attempts}/{d.max_attempts}",
+            d.reason,
+            d.error_type,
+            human_time(d.dead_at),
+        )
+        for d in rows
+    ]
+    print_table(table(None, columns, body, numeric=["id", "attempts"]), empty="no dead letters")
+
+
+def _details(dead: DeadLetter) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    error = (
+        None
+        if dead.error_type is None
+        else f"{dead.error_type}: {dead.error_message or ''}".rstrip(": ")
+    )
+    fields: list[tuple[str, object]] = [
+        ("id", dead.id),
+        ("message id", dead.message_id),
+        ("subscription", dead.subscription),
+        ("topic", dead.topic),
+        ("priority", dead.priority),
+        ("key", dead.key),
+        ("idempotency key", dead.idempotency_key),
+        ("attempts", f"{dead.attempts}/{dead.max_attempts}"),
+        ("replays", dead.replay_count),
+        ("reason", dead.reason),
+        ("error", error),
+        ("content type", dead.content_type),
+        ("enqueued at", human_time(dead.enqueued_at)),
+        ("first started at", human_time(dead.first_started_at)),
+        ("first failed at", human_time(dead.first_failed_at)),
+        ("last failed at", human_time(dead.last_failed_at)),
+        ("dead at", human_time(dead.dead_at)),
+    ]
+    for name, value in fields:
+        grid.add_row(name, cell(value))
+    return grid
+
+
+@dlq.command("show")
+@click.argument("dead_id", metavar="ID", type=int)
+@json_option("Print the dead letter as JSON.")
+@pass_session
+def show_dead(session: Session, dead_id: int, as_json: bool) -> None:
+    """Show one dead letter in full.
+
+    The message, its payload and headers, why it died and the traceback.
+    """
+    dead = session.broker().dead_letters.get(dead_id)
+    if as_json:
+        echo_json(dead)
+        return
+    out = console()
+    out.print(_details(dead))
+    out.print(Text("\nheaders", style="bold"))
+    if dead.headers:
+        out.print(table(None, ["name", "value"], sorted(dead.headers.items())))
+    else:
+        out.print(Text("none", style="dim"))
+    out.print(Text("\npayload", style="bold"))
+    if dead.content_type == JSON_CONTENT_TYPE:
+        out.print(JSON.from_data(dead.payload, indent=2, ensure_ascii=False))
+    else:
+        out.print(Text(payload_preview(dead.payload, dead.content_type)))
+    out.print(Text("\ntraceback", style="bold"))
+    out.print(Text(dead.traceback.rstrip("\n")) if dead.traceback else Text("none", style="dim"))
+
+
+def _confirm(session: Session, verb: str, filters: DeadFilters, everything: bool) -> bool:
+    """Ask before acting on a selection by filter or ``--all``; ``False`` when nothing
+    matches. Refuses (exit 2) when there is no terminal to ask on, and fails (exit 1)
+    when the answer is no."""
+    matching = session.broker().dead_letters.list(**filters, limit=CONFIRM_PREVIEW + 1)
+    if not matching:
+        return False
+    amount = (
+        f"more than {CONFIRM_PREVIEW}" if len(matching) > CONFIRM_PREVIEW else str(len(matching))
+    )
+    noun = "dead letter" if amount == "1" else "dead letters"
+    scope = (
+        ""
+        if everything
+        else " matching " + ", ".join(f"{name}={value!r}" for name, value in filters.items())
+    )
+    selection = f"{amount} {noun}{scope}"
+    if not stdin_is_terminal():
+        raise InvalidUsage(
+            f"refusing to {verb} {selection} without confirmation:"
+            " stdin is not a terminal, so pass --yes"
+        )
+    if not click.confirm(f"{verb.capitalize()} {selection}?", default=False, err=True):
+        raise CliFailure(f"nothing was changed ({verb} not confirmed)")
+    return True
+
+
+def _act(
+    session: Session,
+    verb: str,
+    ids: tuple[int, ...],
+    filters: dict[str, str | None],
+    everything: bool,
+    yes: bool,
+    note: str | None,
+) -> tuple[int, list[int]]:
+    """Validate the selection, confirm when needed, then replay or purge. Returns the count
+    and, for replay, the new delivery ids."""
+    chosen = _given(filters)
+    if everything and (ids or chosen):
+        raise InvalidUsage("--all cannot be combined with ids or filters")
+    if not (everything or ids or chosen):
+        raise InvalidUsage(
+            "name dead letters by id or by filter (--subscription, --topic, --error-type,"
+            " --reason), or pass --all"
+        )
+    if not ids and not yes and not _confirm(session, verb, chosen, everything):
+        return 0, []
+    dead = session.broker().dead_letters
+    named = list(ids) or None
+    actor = cli_actor()
+    if verb == "replay":
+        delivery_ids = dead.replay(named, **chosen, all=everything, actor=actor, note=note)
+        count = len(delivery_ids)
+    else:
+        delivery_ids = []
+        count = dead.purge(named, **chosen, all=everything, actor=actor, note=note)
+    missing = len(set(ids)) - count
+    if ids and missing > 0:
+        click.echo(
+            f"warning: {plural(missing, 'named dead letter')} did not match"
+            " (no such id, or excluded by a filter)",
+            err=True,
+        )
+    return count, delivery_ids
+
+
+def action_options(function: F) -> F:
+    """Options shared by ``dlq replay`` and ``dlq purge``."""
+    for option in reversed(
+        [
+            click.argument("ids", nargs=-1, type=click.IntRange(min=1)),
+            filter_options,
+            click.option(
+                "--all", "everything", is_flag=True, help="Every dead letter (asks first)."
+            ),
+            click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
+            click.option(
+                "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
+            ),
+            json_option("Print the result as JSON."),
+            pass_session,
+        ]
+    ):
+        function = option(function)
+    return function
+
+
+@dlq.command("replay")
+@action_options
+def replay_dead(
+    session: Session,
+    ids: tuple[int, ...],
+    everything: bool,
+    yes: bool,
+    note: str | None,
+    as_json: bool,
+    **filters: str | None,
+) -> None:
+    """Send dead letters back to their subscription.
+
+    Attempts are reset and the replay is counted. Select them by IDS, by filters, or
+    with --all; filters and --all ask for confirmation unless --yes is given.
+    """
+    count, delivery_ids = _act(session, "replay", ids, filters, everything, yes, note)
+    if as_json:
+        echo_json({"replayed": count, "delivery_ids": delivery_ids})
+    else:
+        click.echo(f"replayed {plural(count, 'dead letter')}")
+
+
+@dlq.command("purge")
+@action_options
+def purge_dead(
+    session: Session,
+    ids: tuple[int, ...],
+    everything: bool,
+    yes: bool,
+    note: str | None,
+    as_json: bool,
+    **filters: str | None,
+) -> None:
+    """Delete dead letters for good.
+
+    Select them by IDS, by filters, or with --all; filters and --all ask for
+    confirmation unless --yes is given.
+    """
+    count, _ = _act(session, "purge", ids, filters, everything, yes, note)
+    if as_json:
+        echo_json({"purged": count})
+    else:
+        click.echo(f"purged {plural(count, 'dead letter')}")

@@ -1,0 +1,190 @@
+"""Commands that move messages: ``send``, ``publish`` and ``claim``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from sqlbroker.interfaces.cli.params import (
+    DURATION,
+    PRIORITY,
+    F,
+    json_option,
+    parse_headers,
+    read_payload,
+)
+from sqlbroker.interfaces.cli.render import (
+    echo_json,
+    human_time,
+    payload_preview,
+    plural,
+    print_table,
+    table,
+)
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+
+_PUBLISH_OPTIONS: list[Callable[[F], F]] = [
+    click.option(
+        "--priority",
+        type=PRIORITY,
+        default=None,
+        help="0-9 (0 most urgent) or urgent/high/normal/low. [default: normal]",
+    ),
+    click.option(
+        "--delay", type=DURATION, default=None, help="Deliver no sooner than this (30, 5m)."
+    ),
+    click.option(
+        "--ttl", type=DURATION, default=None, help="Expire, undelivered, after this long."
+    ),
+    click.option(
+        "--key", default=None, help="Ordering key: one key's messages are handled in order."
+    ),
+    click.option(
+        "--idempotency-key", default=None, help="A repeated key returns the first message id."
+    ),
+    click.option(
+        "--header", "headers", multiple=True, metavar="NAME=VALUE", help="A header (repeatable)."
+    ),
+    click.option(
+        "--max-attempts", type=int, default=None, help="Deliveries before dead-lettering."
+    ),
+    click.option(
+        "--raw", is_flag=True, help="Send PAYLOAD as bytes instead of parsing it as JSON."
+    ),
+    click.option(
+        "--content-type",
+        default=None,
+        help="Content type of a --raw payload. [default: application/octet-stream]",
+    ),
+]
+
+
+def publish_options(function: F) -> F:
+    """The message options ``send`` and ``publish`` share."""
+    for option in reversed(_PUBLISH_OPTIONS):
+        function = option(function)
+    return function
+
+
+def _message_options(
+    *,
+    payload: str,
+    raw: bool,
+    content_type: str | None,
+    priority: int | None,
+    delay: float | None,
+    ttl: float | None,
+    key: str | None,
+    idempotency_key: str | None,
+    headers: tuple[str, ...],
+    max_attempts: int | None,
+) -> tuple[Any, dict[str, Any]]:
+    if content_type is not None and not raw:
+        raise InvalidUsage("--content-type needs --raw (JSON payloads are application/json)")
+    options: dict[str, Any] = {
+        "key": key,
+        "delay": delay,
+        "ttl": ttl,
+        "idempotency_key": idempotency_key,
+        "max_attempts": max_attempts,
+        "headers": parse_headers(headers) or None,
+        "content_type": content_type,
+    }
+    if priority is not None:
+        options["priority"] = priority
+    return read_payload(payload, raw=raw), options
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("payload")
+@publish_options
+@pass_session
+def send(session: Session, queue: str, payload: str, raw: bool, **options: Any) -> None:
+    """Send a message to a queue; print its id.
+
+    Point-to-point: only the queue QUEUE gets PAYLOAD. PAYLOAD is JSON text, or - to
+    read it from stdin. The queue is created on first use.
+    """
+    value, publish_kwargs = _message_options(payload=payload, raw=raw, **options)
+    click.echo(session.broker().send(queue, value, **publish_kwargs))
+
+
+@click.command()
+@click.argument("topic")
+@click.argument("payload")
+@publish_options
+@pass_session
+def publish(session: Session, topic: str, payload: str, raw: bool, **options: Any) -> None:
+    """Publish a message to a topic; print its id.
+
+    Every subscription whose pattern matches TOPIC gets a copy. PAYLOAD is JSON text,
+    or - to read it from stdin. A topic no subscription matches is archived as
+    unrouted.
+    """
+    value, publish_kwargs = _message_options(payload=payload, raw=raw, **options)
+    click.echo(session.broker().publish(topic, value, **publish_kwargs))
+
+
+@click.command()
+@click.argument("subscription")
+@click.option("--limit", type=int, default=1, show_default=True, help="Claim at most this many.")
+@click.option(
+    "--lease", type=DURATION, default=None, help="Lease length (e.g. 30, 2m). [default: 30s]"
+)
+@click.option("--complete", is_flag=True, help="Acknowledge the claimed deliveries at once.")
+@json_option("Print the deliveries as JSON.")
+@pass_session
+def claim(
+    session: Session,
+    subscription: str,
+    limit: int,
+    lease: float | None,
+    complete: bool,
+    as_json: bool,
+) -> None:
+    """Claim deliveries and print them.
+
+    For operators and testing: leases up to --limit messages of SUBSCRIPTION, most
+    urgent first. Without
+    --complete the deliveries stay leased: they are delivered again once the lease
+    expires. With --complete they are acknowledged and archived as completed.
+    """
+    broker = session.broker()
+    deliveries = broker.claim(
+        subscription, limit=limit, lease=lease, worker=f"cli:{broker.worker_name()}"
+    )
+    if deliveries and complete:
+        broker.complete(deliveries)
+    if as_json:
+        echo_json(deliveries)
+    else:
+        rows = [
+            (
+                d.id,
+                d.topic,
+                f"{d.attempt}/{d.max_attempts}",
+                payload_preview(d.payload, d.content_type),
+            )
+            for d in deliveries
+        ]
+        print_table(
+            table(None, ["id", "topic", "attempt", "payload"], rows, numeric=["id"]),
+            empty=f"nothing to claim in {subscription}",
+        )
+    if not deliveries:
+        return
+    if complete:
+        click.secho(
+            f"completed {plural(len(deliveries), 'delivery', 'deliveries')}",
+            fg="green",
+            err=as_json,
+        )
+    else:
+        until = human_time(max(d.lease_expires_at for d in deliveries))
+        click.echo(
+            f"leased until {until}; not completed, so they will be delivered again after that",
+            err=True,
+        )

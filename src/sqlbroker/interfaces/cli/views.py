@@ -1,0 +1,237 @@
+"""Read-only views: ``stats``, ``pending``, ``archive`` and ``subscriptions``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from sqlbroker.core.message import Outcome, State, SubscriptionStats
+from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.render import (
+    console,
+    echo_json,
+    human_age,
+    human_time,
+    print_table,
+    table,
+)
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.app import Broker
+
+DEFAULT_WATCH_INTERVAL = 2.0
+_ERROR_PREVIEW = 60
+
+
+def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) -> Table:
+    """The per-subscription stats table; ``oldest ready`` is the consumer lag."""
+    columns = ["subscription", "ready", "scheduled", "running", "blocked", "dead", "oldest ready"]
+    body = [
+        (
+            s.subscription,
+            s.ready,
+            s.scheduled,
+            s.running,
+            s.blocked,
+            s.dead,
+            human_age(s.oldest_ready_age),
+        )
+        for s in rows
+    ]
+    return table(title, columns, body, numeric=columns[1:])
+
+
+def _snapshots(
+    broker: Broker, interval: float, count: int | None
+) -> Iterator[list[SubscriptionStats]]:
+    """``broker.stats()`` every ``interval`` seconds, ``count`` times or until interrupted."""
+    taken = 0
+    while True:
+        yield broker.stats()
+        taken += 1
+        if count is not None and taken >= count:
+            return
+        time.sleep(interval)
+
+
+@click.command()
+@json_option("Print JSON (with --watch: one JSON line per refresh).")
+@click.option(
+    "--watch",
+    type=DURATION,
+    is_flag=False,
+    flag_value=DEFAULT_WATCH_INTERVAL,
+    default=None,
+    metavar="[SECONDS]",
+    help=f"Refresh every SECONDS (default {DEFAULT_WATCH_INTERVAL:g}) until Ctrl-C.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --watch: stop after N refreshes.",
+)
+@pass_session
+def stats(session: Session, as_json: bool, watch: float | None, count: int | None) -> None:
+    """Queue depth and lag per subscription.
+
+    Per subscription: ready, scheduled, running, blocked and dead messages, and the age
+    of the oldest ready one (the consumer lag).
+    """
+    broker = session.broker()
+    if watch is None:
+        if count is not None:
+            raise InvalidUsage("--count needs --watch")
+        rows = broker.stats()
+        if as_json:
+            echo_json(rows)
+        else:
+            print_table(stats_table(rows), empty="no subscriptions yet")
+        return
+    if watch <= 0:
+        raise InvalidUsage("--watch: must be more than 0 seconds")
+    snapshots = _snapshots(broker, watch, count)
+    if as_json:
+        for rows in snapshots:
+            echo_json(rows, compact=True)
+        return
+
+    def view(rows: Sequence[SubscriptionStats]) -> Table:
+        moment = datetime.now(UTC).strftime("%H:%M:%SZ")
+        return stats_table(
+            rows, title=f"{broker.url} at {moment} (every {watch:g}s, Ctrl-C to stop)"
+        )
+
+    out = console()
+    if not out.is_terminal:
+        # Piped: print each refresh in turn, like a log, rather than redrawing in place.
+        for rows in snapshots:
+            out.print(view(rows))
+        return
+    with Live(console=out, auto_refresh=False) as live:
+        for rows in snapshots:
+            live.update(view(rows), refresh=True)
+
+
+def _error_summary(last_error: str | None) -> str | None:
+    if not last_error:
+        return None
+    try:
+        detail = json.loads(last_error)
+        text = f"{detail['type']}: {detail['message']}"
+    except (ValueError, TypeError, KeyError):
+        text = last_error
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_PREVIEW else text[: _ERROR_PREVIEW - 1] + "…"
+
+
+@click.command()
+@click.argument("subscription", required=False)
+@click.option(
+    "--state", type=click.Choice([s.value for s in State], case_sensitive=False), default=None
+)
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option()
+@pass_session
+def pending(
+    session: Session, subscription: str | None, state: str | None, limit: int, as_json: bool
+) -> None:
+    """List messages still in the queue, oldest first.
+
+    Shows available, scheduled, blocked and running copies of every subscription, or of
+    SUBSCRIPTION only.
+    """
+    rows = session.broker().pending(subscription, state=state, limit=limit)
+    if as_json:
+        echo_json(rows)
+        return
+    columns = [
+        "id",
+        "subscription",
+        "topic",
+        "state",
+        "priority",
+        "key",
+        "attempts",
+        "available at",
+        "last error",
+    ]
+    body = [
+        (
+            m.id,
+            m.subscription,
+            m.topic,
+            m.state.value,
+            m.priority,
+            m.key,
+            f"{m.attempts}/{m.max_attempts}",
+            human_time(m.available_at),
+            _error_summary(m.last_error),
+        )
+        for m in rows
+    ]
+    print_table(table(None, columns, body, numeric=["id", "priority"]), empty="no pending messages")
+
+
+@click.command()
+@click.argument("subscription", required=False)
+@click.option(
+    "--outcome", type=click.Choice([o.value for o in Outcome], case_sensitive=False), default=None
+)
+@click.option("--message-id", default=None, help="Only the copies of this message.")
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option()
+@pass_session
+def archive(
+    session: Session,
+    subscription: str | None,
+    outcome: str | None,
+    message_id: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List finished messages, newest first.
+
+    Finished means completed, expired, cancelled, or published to a topic nobody
+    subscribed to (unrouted). All subscriptions unless SUBSCRIPTION is given.
+    """
+    rows = session.broker().archive(
+        subscription, outcome=outcome, message_id=message_id, limit=limit
+    )
+    if as_json:
+        echo_json(rows)
+        return
+    columns = ["id", "message id", "subscription", "topic", "outcome", "attempts", "finished at"]
+    body = [
+        (
+            m.id,
+            m.message_id,
+            m.subscription,
+            m.topic,
+            m.outcome.value,
+            m.attempts,
+            human_time(m.finished_at),
+        )
+        for m in rows
+    ]
+    print_table(
+        table(None, columns, body, numeric=["id", "attempts"]), empty="the archive is empty"
+    )
+
+
+@click.command()
+@json_option()
+@pass_session
+def subscriptions(session: Session, as_json: bool) -> None:
+    """List subscriptions and their topic patterns."""
+    rows = session.broker().subscriptions()
+    if as_json:
+        echo_json(rows)
+        return
+    body = [(s.name, ", ".join(s.patterns), human_time(s.created_at)) for s in rows]
+    print_table(table(None, ["name", "patterns", "created at"], body), empty="no subscriptions yet")

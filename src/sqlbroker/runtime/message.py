@@ -1,0 +1,149 @@
+"""The message a handler receives, and the outcomes the pump writes back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.message import Delivery, ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLater:
+    delivery: Delivery
+    after: float
+    error: ErrorInfo | None
+    snooze: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SendToDead:
+    delivery: Delivery
+    reason: str
+    error: ErrorInfo | None
+
+
+Outcome = Complete | RetryLater | SendToDead
+
+
+class AlreadySettled(SqlbrokerError):
+    """``ack``, ``nack`` or ``reject`` was called on a message that was already settled."""
+
+
+class Message:
+    """A message as a handler sees it.
+
+    With the default ``ack="auto"`` the pump settles the message from the handler's result:
+    returning completes it, raising retries or dead-letters it by the retry policy. With
+    ``ack="manual"`` the handler (or whatever it hands the message to) calls exactly one of
+    :meth:`ack`, :meth:`nack` or :meth:`reject`; until then the pump keeps the lease alive.
+    """
+
+    __slots__ = ("_delivery", "_settle", "_settled")
+
+    def __init__(self, delivery: Delivery, settle: Callable[[Outcome], None] | None = None) -> None:
+        self._delivery = delivery
+        self._settle = settle
+        self._settled = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(id={self.id!r}, topic={self.topic!r}, subscription={self.subscription!r},"
+            f" attempt={self.attempt})"
+        )
+
+    @property
+    def delivery(self) -> Delivery:
+        return self._delivery
+
+    @property
+    def id(self) -> str:
+        """The message id (the same for every subscription's copy)."""
+        return self._delivery.message_id
+
+    @property
+    def delivery_id(self) -> int:
+        """This subscription's copy."""
+        return self._delivery.id
+
+    @property
+    def subscription(self) -> str:
+        return self._delivery.subscription
+
+    @property
+    def topic(self) -> str:
+        return self._delivery.topic
+
+    @property
+    def payload(self) -> Any:
+        return self._delivery.payload
+
+    @property
+    def content_type(self) -> str:
+        return self._delivery.content_type
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._delivery.headers
+
+    @property
+    def key(self) -> str | None:
+        return self._delivery.key
+
+    @property
+    def priority(self) -> int:
+        return self._delivery.priority
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first delivery, 2 on the first retry, …"""
+        return self._delivery.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self._delivery.max_attempts
+
+    @property
+    def replay_count(self) -> int:
+        return self._delivery.replay_count
+
+    @property
+    def enqueued_at(self) -> datetime:
+        return self._delivery.enqueued_at
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def _finish(self, outcome: Outcome) -> None:
+        if self._settle is None:
+            raise SqlbrokerError("ack/nack/reject are for subscribers with ack='manual'")
+        if self._settled:
+            raise AlreadySettled(f"message {self.id} was already settled")
+        self._settled = True
+        self._settle(outcome)
+
+    def ack(self) -> None:
+        """Complete the message."""
+        self._finish(Complete(self._delivery))
+
+    def nack(
+        self, *, after: float | timedelta = 0.0, error: BaseException | str | None = None
+    ) -> None:
+        """Try the message again after ``after`` seconds (the attempt counts)."""
+        self._finish(
+            RetryLater(self._delivery, validate.seconds(after, "after"), ErrorInfo.coerce(error))
+        )
+
+    def reject(self, reason: str, *, error: BaseException | str | None = None) -> None:
+        """Dead-letter the message now."""
+        self._finish(SendToDead(self._delivery, validate.reason(reason), ErrorInfo.coerce(error)))

@@ -1,0 +1,301 @@
+"""One subscription's pump: fetch, execute, keep leases — write-back is shared.
+
+Invariants:
+- a claim never asks for more than the free capacity (``concurrency + prefetch`` minus the
+  deliveries claimed and not yet settled), so nothing is claimed that cannot start soon;
+- every delivery we hold a lease on is in ``_held`` until its outcome is written back, and
+  the lease keeper extends all of them, so a long handler or a slow flush never loses one;
+- claimed-but-unstarted deliveries are released on shutdown without counting the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.policies import DeadLetterNow, Retry
+from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
+from sqlbroker.runtime.writeback import WriteBack, wait_any
+from sqlbroker.storage.base import Backend, Lease
+
+log = logging.getLogger("sqlbroker.runtime")
+T = TypeVar("T")
+RunBlocking = Callable[..., Awaitable[Any]]
+
+
+class HandlerTimeout(Exception):
+    """The handler ran longer than its subscriber's ``timeout``."""
+
+
+class WorkerStopped(Exception):
+    """The worker stopped at once while the handler was running."""
+
+
+class Pump:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        spec: SubscriberSpec,
+        lease: float,
+        worker_name: str,
+        writeback: WriteBack,
+        run_blocking: RunBlocking,
+        handler_threads: ThreadPoolExecutor,
+        poll_min: float,
+        poll_max: float,
+    ) -> None:
+        self.spec = spec
+        self._backend = backend
+        self._lease = spec.lease or lease
+        self._worker_name = worker_name
+        self._writeback = writeback
+        self._run_blocking = run_blocking
+        self._threads = handler_threads
+        self._poll_min = poll_min
+        self._poll_max = poll_max
+        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._open: set[int] = set()
+        self._held: dict[int, Delivery] = {}
+        self._wake = asyncio.Event()
+        self._capacity = asyncio.Event()
+        self.idle = False
+        self.background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._held)
+
+    # --- fetch -------------------------------------------------------------------------------
+
+    async def fetch(self, stop: asyncio.Event) -> None:
+        """Claim while there is capacity; sleep until a hint or the (jittered) poll."""
+        pause = self._poll_min
+        failures = 0
+        limit_per_claim = validate.MAX_CLAIM
+        while not stop.is_set():
+            capacity = self.spec.concurrency + self.spec.prefetch - len(self._open)
+            if capacity <= 0:
+                self._capacity.clear()
+                await wait_any(self._capacity, stop)
+                continue
+            self._wake.clear()
+            try:
+                found: list[Delivery] = await self._run_blocking(
+                    self._backend.message_claim_many,
+                    subscription=self.spec.name,
+                    limit=min(capacity, limit_per_claim),
+                    lease=self._lease,
+                    worker=self._worker_name,
+                )
+            except SqlbrokerError as error:
+                failures += 1
+                wait = min(5.0, 0.1 * 2**failures)
+                log.warning("claim on %s failed (%s); retrying in %.1f s", self.name, error, wait)
+                await wait_any(stop, timeout=wait)
+                continue
+            failures = 0
+            for delivery in found:
+                self._open.add(delivery.id)
+                self._held[delivery.id] = delivery
+                self._queue.put_nowait(delivery)
+            if len(found) >= min(capacity, limit_per_claim):
+                pause = self._poll_min
+                continue
+            self.idle = not found and not self._open
+            pause = self._poll_min if found else min(pause * 2, self._poll_max)
+            await wait_any(self._wake, stop, timeout=pause * random.uniform(0.75, 1.0))
+
+    # --- execute -----------------------------------------------------------------------------
+
+    async def execute(self, stop: asyncio.Event) -> None:
+        """Run handlers one at a time until ``stop``; the current one always finishes."""
+        while not stop.is_set():
+            getter = asyncio.ensure_future(self._queue.get())
+            await wait_any(stop, futures=[getter])
+            if not getter.done():
+                getter.cancel()
+                return
+            await self._handle(getter.result())
+
+    async def _handle(self, delivery: Delivery) -> None:
+        manual = self.spec.ack == "manual"
+        message = Message(delivery, self._settle if manual else None)
+        try:
+            await self._call(message)
+        except asyncio.CancelledError:
+            if not message.settled:
+                info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
+                self._settle(RetryLater(delivery, 0.0, info))
+            raise
+        except Exception as error:
+            if manual and message.settled:
+                log.warning(
+                    "handler for %s raised after settling %s: %r", self.name, message, error
+                )
+            else:
+                self._settle(self._failure(delivery, error))
+        else:
+            if not manual:
+                self._settle(Complete(delivery))
+
+    async def _call(self, message: Message) -> None:
+        handler = self.spec.handler
+        scope = asyncio.timeout(self.spec.timeout)
+        try:
+            async with scope:
+                if self.spec.is_async:
+                    result = handler(message)
+                else:
+                    loop = asyncio.get_running_loop()
+                    context = contextvars.copy_context()
+                    result = await loop.run_in_executor(
+                        self._threads, context.run, handler, message
+                    )
+                if inspect.isawaitable(result):
+                    await result
+        except TimeoutError:
+            if scope.expired():
+                # A sync handler's thread cannot be stopped: it runs on, but its outcome
+                # no longer counts.
+                raise HandlerTimeout(
+                    f"the handler ran longer than its timeout of {self.spec.timeout:g} s"
+                ) from None
+            raise
+
+    def _failure(self, delivery: Delivery, error: Exception) -> Outcome:
+        info = ErrorInfo.from_exception(error)
+        if isinstance(error, Retry):
+            return RetryLater(delivery, error.after, info, snooze=True)
+        decision = self.spec.retry.decide(
+            delivery.attempt, error, max_attempts=delivery.max_attempts
+        )
+        if isinstance(decision, DeadLetterNow):
+            return SendToDead(delivery, decision.reason, info)
+        log.info(
+            "%s attempt %d of message %s failed (%s: %s); retrying in %.2f s",
+            self.name,
+            delivery.attempt,
+            delivery.message_id,
+            info.type,
+            info.message,
+            decision.delay,
+        )
+        return RetryLater(delivery, decision.delay, info)
+
+    def _settle(self, outcome: Outcome) -> None:
+        self._open.discard(outcome.delivery.id)
+        self._capacity.set()
+        self._writeback.add(outcome)
+
+    # --- after the write-back ----------------------------------------------------------------
+
+    def flushed(self, outcome: Outcome, *, lost: bool) -> None:
+        """Called by the worker when ``outcome`` was written back (or its lease was lost)."""
+        self._held.pop(outcome.delivery.id, None)
+        delivery = outcome.delivery
+        if lost:
+            log.warning(
+                "%s: the lease on delivery %d (message %s) was lost before its outcome was"
+                " written; another consumer has it now",
+                self.name,
+                delivery.id,
+                delivery.message_id,
+            )
+            return
+        if isinstance(outcome, SendToDead):
+            log.warning(
+                "%s: message %s dead-lettered after %d attempt(s): %s",
+                self.name,
+                delivery.message_id,
+                delivery.attempt,
+                outcome.reason,
+                extra={"subscription": self.name, "message_id": delivery.message_id},
+            )
+            hook = self.spec.on_dead_letter
+            if hook is not None:
+                task = asyncio.ensure_future(
+                    self._run_hook(hook, Message(delivery), outcome.reason)
+                )
+                self.background.add(task)
+                task.add_done_callback(self.background.discard)
+
+    async def _run_hook(
+        self, hook: Callable[[Any, str], Any], message: Message, reason: str
+    ) -> None:
+        try:
+            result = hook(message, reason)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("the on_dead_letter hook of %s failed", self.name)
+
+    # --- leases ------------------------------------------------------------------------------
+
+    async def keep_leases(self, stop: asyncio.Event) -> None:
+        """Extend every held lease each third of the lease, until ``stop``."""
+        interval = max(0.05, self._lease / 3)
+        while not stop.is_set():
+            await wait_any(stop, timeout=interval)
+            held = list(self._held.values())
+            if not held:
+                continue
+            try:
+                extended = await self._run_blocking(
+                    self._backend.message_extend_leases,
+                    leases=[Lease.of(d) for d in held],
+                    lease=self._lease,
+                )
+            except SqlbrokerError as error:
+                log.warning("extending %d leases on %s failed: %s", len(held), self.name, error)
+                continue
+            for delivery in held:
+                if delivery.id not in extended and delivery.id in self._open:
+                    log.warning(
+                        "%s: lost the lease on delivery %d (message %s) while it was in"
+                        " progress; it may be delivered again",
+                        self.name,
+                        delivery.id,
+                        delivery.message_id,
+                    )
+
+    async def release_unstarted(self) -> int:
+        """Give back claimed deliveries no handler started; returns how many."""
+        unstarted: list[Delivery] = []
+        while not self._queue.empty():
+            unstarted.append(self._queue.get_nowait())
+        if not unstarted:
+            return 0
+        try:
+            await self._run_blocking(
+                self._backend.message_release_many, leases=[Lease.of(d) for d in unstarted]
+            )
+        except SqlbrokerError as error:
+            log.warning(
+                "could not release %d unstarted messages of %s (%s); they return when their"
+                " lease expires",
+                len(unstarted),
+                self.name,
+                error,
+            )
+        for delivery in unstarted:
+            self._open.discard(delivery.id)
+            self._held.pop(delivery.id, None)
+        return len(unstarted)

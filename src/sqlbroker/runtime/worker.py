@@ -1,0 +1,313 @@
+"""The worker: a supervisor of named asyncio tasks over one pump per subscriber.
+
+Lifecycle: ``run()`` ensures the subscriptions exist, starts the pumps and the side tasks
+(write-back, lease keepers, reaper, wake-up listener) and waits for a stop. A stop — from
+:meth:`Worker.stop`, SIGTERM or SIGINT — stops fetching, lets running handlers finish
+within ``grace`` seconds, releases claimed-but-unstarted messages, and writes back every
+outcome. A second signal (or ``stop(now=True)``) cancels running handlers at once; their
+messages are handed back for another attempt. A side task that dies stops the worker
+gracefully and ``run()`` raises :class:`WorkerCrashed` naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.pump import Pump
+from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
+from sqlbroker.storage.base import Backend
+
+log = logging.getLogger("sqlbroker.runtime")
+
+
+class WorkerCrashed(SqlbrokerError):
+    """A task of the worker died unexpectedly; the worker stopped after draining."""
+
+
+class BrokerLike(Protocol):
+    """What the worker needs from a broker."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def lease(self) -> float: ...
+
+    def reap(self, *, limit: int = 1000) -> dict[str, int]: ...
+
+    def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any: ...
+
+    def stats(self) -> list[Any]: ...
+
+
+class Worker:
+    def __init__(
+        self,
+        broker: BrokerLike,
+        specs: Sequence[SubscriberSpec],
+        *,
+        grace: float = 30.0,
+        reap_interval: float = 5.0,
+        poll_interval: float = 1.0,
+        install_signal_handlers: bool = True,
+        name: str | None = None,
+    ) -> None:
+        if not specs:
+            raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names):
+            raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
+        self._broker = broker
+        self._specs = list(specs)
+        self._grace = validate.seconds(grace, "grace", maximum=validate.MAX_LEASE)
+        self._reap_interval = validate.seconds(reap_interval, "reap_interval", allow_zero=False)
+        self._poll_max = validate.seconds(poll_interval, "poll_interval", allow_zero=False)
+        self._install_signals = install_signal_handlers
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._hard: asyncio.Event | None = None
+        self._pending_stop: bool | None = None
+        self._crash: tuple[str, BaseException] | None = None
+        self._pumps: dict[str, Pump] = {}
+        self._signals = 0
+
+    # --- control -----------------------------------------------------------------------------
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop gracefully (or at once); safe from any thread, also before ``run`` starts."""
+        loop = self._loop
+        if loop is None or self._stop is None:
+            self._pending_stop = bool(self._pending_stop) or now
+            return
+        loop.call_soon_threadsafe(self._request_stop, now)
+
+    def _request_stop(self, now: bool) -> None:
+        assert self._stop is not None
+        assert self._hard is not None
+        if not self._stop.is_set():
+            log.info("worker %s stopping%s", self.name, " at once" if now else "")
+        self._stop.set()
+        if now:
+            self._hard.set()
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        log.info("received %s", signal.Signals(signum).name)
+        self._request_stop(now=self._signals > 1)
+
+    def _hint(self, subscription: str | None) -> None:
+        if subscription is None:
+            for pump in self._pumps.values():
+                pump.wake()
+        elif subscription in self._pumps:
+            self._pumps[subscription].wake()
+
+    # --- run ---------------------------------------------------------------------------------
+
+    def run(self, *, until_idle: bool = False, timeout: float | None = None) -> None:
+        """Blocking run; see :meth:`run_async`."""
+        asyncio.run(self.run_async(until_idle=until_idle, timeout=timeout))
+
+    async def run_async(self, *, until_idle: bool = False, timeout: float | None = None) -> None:
+        """Run until stopped. ``until_idle`` stops once the subscriptions have no ready,
+        scheduled or running messages left; ``timeout`` stops after that many seconds."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop, self._hard = asyncio.Event(), asyncio.Event()
+        if self._pending_stop is not None:
+            self._request_stop(self._pending_stop)
+        backend = self._broker.backend
+        db_threads = ThreadPoolExecutor(
+            max_workers=2 * len(self._specs) + 4, thread_name_prefix="sqlbroker-db"
+        )
+        sync_slots = sum(spec.concurrency for spec in self._specs if not spec.is_async)
+        handler_threads = ThreadPoolExecutor(
+            max_workers=max(1, sync_slots), thread_name_prefix="sqlbroker-handler"
+        )
+
+        def run_blocking(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+            return loop.run_in_executor(db_threads, functools.partial(fn, *args, **kwargs))
+
+        listen_stop = threading.Event()
+        side_stop = asyncio.Event()
+        installed: list[signal.Signals] = []
+        try:
+            await run_blocking(self._ensure_subscriptions)
+            writeback = WriteBack(backend, run_blocking=run_blocking, on_flushed=self._flushed)
+            poll_min = min(0.05, self._poll_max)
+            self._pumps = {
+                spec.name: Pump(
+                    backend=backend,
+                    spec=spec,
+                    lease=self._broker.lease,
+                    worker_name=self.name,
+                    writeback=writeback,
+                    run_blocking=run_blocking,
+                    handler_threads=handler_threads,
+                    poll_min=poll_min,
+                    poll_max=self._poll_max,
+                )
+                for spec in self._specs
+            }
+            listener = threading.Thread(
+                target=backend.listen,
+                kwargs={
+                    "on_hint": lambda sub: loop.call_soon_threadsafe(self._hint, sub),
+                    "stop": listen_stop,
+                },
+                name="sqlbroker-listen",
+                daemon=True,
+            )
+            listener.start()
+            if self._install_signals and threading.current_thread() is threading.main_thread():
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(signum, self._on_signal, signum)
+                    installed.append(signum)
+            log.info(
+                "worker %s running %s on %s",
+                self.name,
+                ", ".join(self._pumps),
+                getattr(backend, "name", "?"),
+            )
+            async with asyncio.TaskGroup() as group:
+                executors: list[asyncio.Task[None]] = []
+                for pump in self._pumps.values():
+                    group.create_task(self._guard(f"fetch {pump.name}", pump.fetch(self._stop)))
+                    group.create_task(
+                        self._guard(f"leases {pump.name}", pump.keep_leases(side_stop))
+                    )
+                    for index in range(pump.spec.concurrency):
+                        executors.append(
+                            group.create_task(
+                                self._guard(f"handler {pump.name}", pump.execute(self._stop)),
+                                name=f"sqlbroker {pump.name} #{index}",
+                            )
+                        )
+                group.create_task(self._guard("write-back", writeback.run(side_stop)))
+                group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
+                if until_idle:
+                    group.create_task(
+                        self._guard("idle watch", self._watch_idle(writeback, run_blocking))
+                    )
+                if timeout is not None:
+                    loop.call_later(validate.seconds(timeout, "timeout"), self._request_stop, False)
+                group.create_task(self._shutdown(executors, writeback, side_stop))
+        finally:
+            listen_stop.set()
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+            handler_threads.shutdown(wait=False, cancel_futures=True)
+            db_threads.shutdown(wait=True)
+            self._loop = None
+        if self._crash is not None:
+            name, error = self._crash
+            raise WorkerCrashed(f"the worker's {name} task died: {error!r}") from error
+
+    def _ensure_subscriptions(self) -> None:
+        backend = self._broker.backend
+        for spec in self._specs:
+            if spec.is_queue:
+                backend.subscription_ensure(name=spec.name)
+            else:
+                self._broker.subscribe(spec.name, list(spec.patterns), replace=True)
+
+    async def _guard(self, name: str, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            log.exception("the worker's %s task died", name)
+            if self._crash is None:
+                self._crash = (name, error)
+            assert self._stop is not None
+            self._stop.set()
+
+    async def _shutdown(
+        self, executors: list[asyncio.Task[None]], writeback: WriteBack, side_stop: asyncio.Event
+    ) -> None:
+        assert self._stop is not None
+        assert self._hard is not None
+        await self._stop.wait()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._grace
+        pending: set[asyncio.Future[Any]] = {task for task in executors if not task.done()}
+        while pending and not self._hard.is_set() and loop.time() < deadline:
+            hard = asyncio.ensure_future(self._hard.wait())
+            _, pending = await asyncio.wait(
+                pending | {hard},
+                timeout=deadline - loop.time(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            hard.cancel()
+            pending.discard(hard)
+        if pending:
+            log.warning("cancelling %d running handler(s)", len(pending))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        released = 0
+        for pump in self._pumps.values():
+            released += await pump.release_unstarted()
+        if released:
+            log.info("released %d claimed but unstarted message(s)", released)
+        await writeback.drain(timeout=10.0)
+        side_stop.set()
+        hooks = [task for pump in self._pumps.values() for task in pump.background]
+        if hooks:
+            await asyncio.wait(hooks, timeout=5.0)
+        log.info("worker %s stopped", self.name)
+
+    def _flushed(self, report: FlushReport) -> None:
+        for outcome in report.done:
+            self._pumps[outcome.delivery.subscription].flushed(outcome, lost=False)
+        for outcome in report.lost:
+            self._pumps[outcome.delivery.subscription].flushed(outcome, lost=True)
+
+    async def _reap(self, stop: asyncio.Event, run_blocking: Callable[..., Awaitable[Any]]) -> None:
+        while not stop.is_set():
+            try:
+                counts = await run_blocking(self._broker.reap)
+            except SqlbrokerError as error:
+                log.warning("reaper pass failed: %s", error)
+            else:
+                if counts.get("dead"):
+                    log.warning(
+                        "reaper dead-lettered %d message(s) whose worker was lost", counts["dead"]
+                    )
+                if counts.get("released") or counts.get("expired"):
+                    log.info("reaper: %s", counts)
+            await wait_any(stop, timeout=self._reap_interval * random.uniform(0.8, 1.2))
+
+    async def _watch_idle(
+        self, writeback: WriteBack, run_blocking: Callable[..., Awaitable[Any]]
+    ) -> None:
+        assert self._stop is not None
+        names = set(self._pumps)
+        while not self._stop.is_set():
+            await wait_any(self._stop, timeout=0.1)
+            if any(pump.busy or not pump.idle for pump in self._pumps.values()) or len(writeback):
+                continue
+            try:
+                stats = await run_blocking(self._broker.stats)
+            except SqlbrokerError:
+                continue
+            remaining = sum(
+                s.ready + s.scheduled + s.running for s in stats if s.subscription in names
+            )
+            if remaining == 0:
+                self._request_stop(False)

@@ -1,0 +1,166 @@
+"""Batched write-back of outcomes: completes, retries and dead-letters.
+
+Outcomes accumulate and are written in one database call per kind when ``max_items`` are
+waiting or ``max_delay`` seconds have passed since the first one. A failed write keeps its
+items and is tried again with backoff; :meth:`WriteBack.drain` empties the buffer on
+shutdown. A delivery whose lease was lost meanwhile is reported, not retried: another
+consumer owns it now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.runtime.message import Complete, Outcome, RetryLater, SendToDead
+from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
+
+log = logging.getLogger("sqlbroker.runtime")
+
+
+@dataclass
+class FlushReport:
+    """What one write did, for the pump's bookkeeping and hooks."""
+
+    done: list[Outcome] = field(default_factory=list)
+    lost: list[Outcome] = field(default_factory=list)
+
+
+class WriteBack:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        run_blocking: Callable[..., Awaitable[Any]],
+        on_flushed: Callable[[FlushReport], None],
+        max_items: int = 500,
+        max_delay: float = 0.01,
+    ) -> None:
+        self._backend = backend
+        self._run_blocking = run_blocking
+        self._on_flushed = on_flushed
+        self._max_items = max_items
+        self._max_delay = max_delay
+        self._items: list[Outcome] = []
+        self._has_items = asyncio.Event()
+        self._full = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, outcome: Outcome) -> None:
+        self._items.append(outcome)
+        self._has_items.set()
+        if len(self._items) >= self._max_items:
+            self._full.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Flush until ``stop`` is set (the final drain is separate)."""
+        failures = 0
+        while not stop.is_set():
+            await wait_any(self._has_items, stop)
+            if stop.is_set():
+                break
+            if not self._full.is_set():
+                await wait_any(self._full, stop, timeout=self._max_delay)
+            if await self.flush():
+                failures = 0
+            else:
+                failures += 1
+                await wait_any(stop, timeout=min(5.0, 0.05 * 2**failures))
+
+    async def drain(self, *, timeout: float) -> bool:
+        """Write everything still buffered; give up after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = 0.05
+        while self._items:
+            if await self.flush():
+                continue
+            if loop.time() + pause > deadline:
+                log.error(
+                    "could not write back %d outcomes before shutdown; their leases will"
+                    " expire and the messages will be delivered again",
+                    len(self._items),
+                )
+                return False
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        return True
+
+    async def flush(self) -> bool:
+        """One write of everything buffered; ``False`` when the database failed.
+
+        Completes, retries and dead-letters are written by one call each, in that order;
+        a call that fails keeps its outcomes (and those not yet tried) for the next flush.
+        """
+        batch, self._items = self._items, []
+        self._has_items.clear()
+        self._full.clear()
+        report = FlushReport()
+        kept: list[Outcome] = []
+        for kind in (Complete, RetryLater, SendToDead):
+            group = [o for o in batch if isinstance(o, kind)]
+            if not group:
+                continue
+            if kept:
+                kept.extend(group)
+                continue
+            try:
+                ids = await self._run_blocking(self._write, group)
+            except SqlbrokerError as error:
+                log.warning("write-back of %d outcomes failed, will retry: %s", len(group), error)
+                kept.extend(group)
+                continue
+            assert isinstance(ids, set)
+            for outcome in group:
+                (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
+        if kept:
+            self._items[:0] = kept
+            self._has_items.set()
+        if report.done or report.lost:
+            self._on_flushed(report)
+        return not kept
+
+    def _write(self, group: Sequence[Outcome]) -> set[int]:
+        """Write one kind of outcome; return the ids whose lease was still valid."""
+        first = group[0]
+        if isinstance(first, Complete):
+            leases = [Lease.of(o.delivery) for o in group]
+            return set(self._backend.message_complete_many(leases=leases))
+        if isinstance(first, RetryLater):
+            retries = [
+                RetryRequest(Lease.of(o.delivery), o.after, o.error, o.snooze)
+                for o in group
+                if isinstance(o, RetryLater)
+            ]
+            return set(self._backend.message_retry_many(retries=retries))
+        deaths = [
+            DeadRequest(Lease.of(o.delivery), o.reason, o.error)
+            for o in group
+            if isinstance(o, SendToDead)
+        ]
+        return set(self._backend.message_dead_many(deaths=deaths))
+
+
+async def wait_any(
+    *events: asyncio.Event,
+    timeout: float | None = None,
+    futures: Sequence[asyncio.Future[Any]] = (),
+) -> None:
+    """Return when any event is set or future done, or after ``timeout`` seconds.
+
+    The ``futures`` are left running; only the internal event waiters are cancelled.
+    """
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(
+            [*waiters, *futures], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
