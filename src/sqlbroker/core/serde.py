@@ -113,7 +113,10 @@ def encode_payload(
                 f"{content_type!r} needs a bytes payload; JSON values are {JSON_CONTENT_TYPE}",
             )
         _check_value(payload, field, "the payload", 0)
-        data = _encoder.encode(payload).encode("utf-8")
+        try:
+            data = _encoder.encode(payload).encode("utf-8")
+        except ValueError as error:  # an integer beyond Python's printable digit limit
+            raise InvalidPayload(field, f"cannot be encoded as JSON: {error}") from None
         kind = JSON_CONTENT_TYPE
     if len(data) > limit:
         raise InvalidPayload(field, f"is {len(data)} bytes encoded; the limit is {limit} bytes")

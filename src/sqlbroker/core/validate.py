@@ -5,6 +5,7 @@ headers and keys. Each check raises a :class:`ValidationError` subclass naming t
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -155,6 +156,16 @@ def headers(value: object, field: str = "headers") -> dict[str, str] | None:
             )
         result[name] = text
     return result or None
+
+
+def message_id(value: object, field: str = "message_id") -> str:
+    """A message id (a UUID) in its canonical lowercase form."""
+    if not isinstance(value, str) or len(value) > 64:
+        raise InvalidName(field, f"must be a message id string, not {type(value).__name__}")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise InvalidName(field, f"{value[:64]!r} is not a message id (a UUID)") from None
 
 
 def reason(value: object, field: str = "reason") -> str:

@@ -89,7 +89,6 @@ class Broker:
         self._backend: Backend = open_backend(url, clock=clock, **backend_options)
         self._ready = False
         self._ready_lock = threading.Lock()
-        self._known_queues: set[str] = set()
         self.dead_letters = DeadLetters(self._checked)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -239,7 +238,8 @@ class Broker:
         conn: Any = None,
     ) -> str:
         """Point-to-point: deliver to the subscription named ``queue`` only, creating it on
-        first use. Same options as :meth:`publish`."""
+        first use (in the same transaction). Same options as :meth:`publish`."""
+        validate_topic(queue, "queue")
         message = build_message(
             queue,
             payload,
@@ -256,7 +256,6 @@ class Broker:
             dedupe_window=dedupe_window,
             content_type=content_type,
         )
-        self._ensure_queue(queue)
         result = self._checked().message_insert_many(
             messages=[message], subscription=queue, conn=conn
         )
@@ -271,17 +270,11 @@ class Broker:
         batch = build_batch(payloads, defaults=self._defaults, topic=queue, options=options)
         if not batch:
             return []
-        self._ensure_queue(queue)
         return (
             self._checked()
             .message_insert_many(messages=batch, subscription=queue, conn=conn)
             .message_ids
         )
-
-    def _ensure_queue(self, queue: str) -> None:
-        if queue not in self._known_queues:
-            self._checked().subscription_ensure(name=queue)
-            self._known_queues.add(queue)
 
     # --- subscriptions -----------------------------------------------------------------------
 
@@ -398,9 +391,8 @@ class Broker:
 
     def cancel(self, message_id: str) -> int:
         """Cancel every copy of a message that is not running; return how many were cancelled."""
-        if not isinstance(message_id, str) or not 0 < len(message_id) <= 64:
-            raise InvalidOption("message_id", "must be a message id string")
-        return self._checked().message_cancel_many(message_ids=[message_id])
+        canonical = validate.message_id(message_id)
+        return self._checked().message_cancel_many(message_ids=[canonical])
 
     # --- maintenance -------------------------------------------------------------------------
 
@@ -448,8 +440,9 @@ class Broker:
         except ValueError:
             raise InvalidOption("outcome", f"must be one of {[o.value for o in Outcome]}") from None
         count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+        canonical = None if message_id is None else validate.message_id(message_id)
         return self._checked().archive_list(
-            subscription=subscription, outcome=chosen, message_id=message_id, limit=count
+            subscription=subscription, outcome=chosen, message_id=canonical, limit=count
         )
 
     def stats(self) -> list[SubscriptionStats]:

@@ -142,7 +142,8 @@ class Backend(Protocol):
     ) -> InsertResult:
         """Insert messages in one transaction.
 
-        With ``subscription`` the copies go to that subscription only (point-to-point);
+        With ``subscription`` the copies go to that subscription only (point-to-point),
+        which is created in the same transaction when it does not exist yet;
         without it each message fans out to every subscription with a matching pattern and
         one that matches none is archived as ``unrouted``. Idempotency keys are reserved
         per topic for each message's ``dedupe_window`` seconds; a duplicate returns the

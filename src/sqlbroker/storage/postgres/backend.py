@@ -272,6 +272,7 @@ class PostgresBackend:
         return {
             "now": now,
             "subscription": subscription,
+            "queue_regex": None if subscription is None else pattern_regex(subscription),
             "channel": self.notify_channel,
             "message_id": [m.message_id for m in messages],
             "topic": [m.topic for m in messages],
@@ -460,6 +461,7 @@ class PostgresBackend:
                         "subscription": subscription,
                         "state": state.value if state else None,
                         "limit": limit,
+                        "now": self._now_param(),
                     },
                 )
                 .fetchall()

@@ -117,6 +117,16 @@ b AS (
         WITH ORDINALITY AS b(message_id, topic, priority, ordering_key, idempotency_key, payload,
                              content_type, headers, max_attempts, at, delay, expires, ttl, seq)
 ),
+queue AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    SELECT %(subscription)s::text, t.now FROM t WHERE %(subscription)s::text IS NOT NULL
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+queue_pattern AS (
+    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, %(queue_regex)s FROM queue
+),
 routes AS (
     SELECT b.seq, %(subscription)s::text AS subscription FROM b WHERE %(subscription)s::text IS NOT NULL
     UNION ALL
@@ -392,11 +402,17 @@ archived AS (
 SELECT count(*) FROM gone
 
 -- name: message_list
-SELECT id, message_id::text, subscription, topic, state, priority, ordering_key, attempts,
-       max_attempts, enqueued_at, available_at, expires_at, lease_expires_at, last_error
-FROM {schema}sqlbroker_message
-WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
-  AND (%(state)s::text IS NULL OR state = %(state)s::text)
+SELECT * FROM (
+    SELECT id, message_id::text AS message_id, subscription, topic,
+           CASE WHEN state = 'scheduled'
+                 AND available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+                THEN 'available' ELSE state END AS state,
+           priority, ordering_key, attempts, max_attempts, enqueued_at, available_at,
+           expires_at, lease_expires_at, last_error
+    FROM {schema}sqlbroker_message
+    WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+) m
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
 ORDER BY id
 LIMIT %(limit)s
 
@@ -505,12 +521,17 @@ WHERE id = ANY (ARRAY(
 -- name: stats
 WITH hot AS (
     SELECT subscription,
-           count(*) FILTER (WHERE state = 'available') AS ready,
-           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'available' OR (state = 'scheduled' AND due)) AS ready,
+           count(*) FILTER (WHERE state = 'scheduled' AND NOT due) AS scheduled,
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'blocked') AS blocked,
-           min(available_at) FILTER (WHERE state = 'available') AS oldest
-    FROM {schema}sqlbroker_message
+           min(available_at) FILTER (WHERE state = 'available' OR (state = 'scheduled' AND due)) AS oldest
+    FROM (
+        -- A scheduled copy whose time has come is ready: the next claim promotes it.
+        SELECT subscription, state, available_at,
+               available_at <= coalesce(%(now)s::timestamptz, statement_timestamp()) AS due
+        FROM {schema}sqlbroker_message
+    ) m
     GROUP BY subscription
 ),
 dead AS (SELECT subscription, count(*) AS dead FROM {schema}sqlbroker_dead GROUP BY subscription),

@@ -171,17 +171,16 @@ class SqliteBackend:
 
     def subscription_ensure(self, *, name: str) -> bool:
         with self._db.write() as c:
-            created = (
-                c.execute(
-                    self._sql["subscription_insert"], {"name": name, "now": self._now()}
-                ).rowcount
-                == 1
+            return self._ensure_queue(c, name, self._now())
+
+    def _ensure_queue(self, c: sqlite3.Connection, name: str, now: float) -> bool:
+        params = {"name": name, "now": now}
+        created = c.execute(self._sql["subscription_insert"], params).rowcount == 1
+        if created:
+            c.execute(
+                self._sql["subscription_pattern_insert"],
+                {"name": name, "pattern": name, "regex": pattern_regex(name)},
             )
-            if created:
-                c.execute(
-                    self._sql["subscription_pattern_insert"],
-                    {"name": name, "pattern": name, "regex": pattern_regex(name)},
-                )
         return created
 
     def subscription_list(self) -> list[Subscription]:
@@ -208,6 +207,8 @@ class SqliteBackend:
         unrouted: list[dict[str, Any]] = []
         duplicates = 0
         with self._db.write(conn) as c:
+            if subscription is not None:
+                self._ensure_queue(c, subscription, now)
             routes: dict[str, list[str]] = {}
             for message in messages:
                 if message.idempotency_key is not None:
@@ -271,11 +272,12 @@ class SqliteBackend:
         }
         if c.execute(self._sql["dedupe_reserve"], params).rowcount == 1:
             return None
-        row = c.execute(self._sql["dedupe_get"], params).fetchone()
-        if row["payload_hash"] != message.payload_hash:
+        # Index access: with conn= the caller's connection may use any row factory.
+        original, digest = c.execute(self._sql["dedupe_get"], params).fetchone()
+        if digest != message.payload_hash:
             assert message.idempotency_key is not None
-            raise IdempotencyConflict(message.topic, message.idempotency_key, row["message_id"])
-        return str(row["message_id"])
+            raise IdempotencyConflict(message.topic, message.idempotency_key, original)
+        return str(original)
 
     # --- consuming ---------------------------------------------------------------------------
 
@@ -406,6 +408,7 @@ class SqliteBackend:
                     "subscription": subscription,
                     "state": state.value if state else None,
                     "limit": limit,
+                    "now": self._now(),
                 },
             ).fetchall()
         return [pending_of(row) for row in rows]
@@ -567,7 +570,7 @@ class SqliteBackend:
         now = self._now()
         with self._db.read() as conn:
             names = [row[0] for row in conn.execute(self._sql["stats_subscriptions"])]
-            hot = conn.execute(self._sql["stats_hot"]).fetchall()
+            hot = conn.execute(self._sql["stats_hot"], {"now": now}).fetchall()
             dead = {row[0]: row[1] for row in conn.execute(self._sql["stats_dead"])}
         counts: dict[str, dict[str, int]] = {name: {} for name in names}
         oldest: dict[str, float] = {}

@@ -252,11 +252,16 @@ SELECT id FROM sqlbroker_message
 WHERE message_id IN (SELECT value FROM json_each(:message_ids)) AND state <> 'running'
 
 -- name: message_list
-SELECT id, message_id, subscription, topic, state, priority, ordering_key, attempts,
-       max_attempts, enqueued_at, available_at, expires_at, lease_expires_at, last_error
-FROM sqlbroker_message
-WHERE (:subscription IS NULL OR subscription = :subscription)
-  AND (:state IS NULL OR state = :state)
+SELECT * FROM (
+    SELECT id, message_id, subscription, topic,
+           CASE WHEN state = 'scheduled' AND available_at <= :now THEN 'available'
+                ELSE state END AS state,
+           priority, ordering_key, attempts, max_attempts, enqueued_at, available_at,
+           expires_at, lease_expires_at, last_error
+    FROM sqlbroker_message
+    WHERE (:subscription IS NULL OR subscription = :subscription)
+)
+WHERE (:state IS NULL OR state = :state)
 ORDER BY id
 LIMIT :limit
 
@@ -318,9 +323,16 @@ DELETE FROM sqlbroker_archive
 WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
 
 -- name: stats_hot
-SELECT subscription, state, count(*), min(CASE WHEN state = 'available' THEN available_at END)
-FROM sqlbroker_message
-GROUP BY subscription, state
+-- A scheduled copy whose time has come is ready: it is promoted by the next claim.
+SELECT subscription, effective_state, count(*),
+       min(CASE WHEN effective_state = 'available' THEN available_at END)
+FROM (
+    SELECT subscription, available_at,
+           CASE WHEN state = 'scheduled' AND available_at <= :now THEN 'available'
+                ELSE state END AS effective_state
+    FROM sqlbroker_message
+)
+GROUP BY subscription, effective_state
 
 -- name: stats_dead
 SELECT subscription, count(*) FROM sqlbroker_dead GROUP BY subscription

@@ -1,0 +1,120 @@
+"""Transactional publish (the outbox): with ``conn=`` the message is written in the caller's
+open transaction, which the caller commits or rolls back; sqlbroker never commits it."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import sqlbroker
+
+
+class CallerConnection:
+    """The application's own connection to the broker's database."""
+
+    def __init__(self, backend_url: str) -> None:
+        self.conn: Any
+        if backend_url.startswith("sqlite"):
+            self.conn = sqlite3.connect(
+                backend_url.removeprefix("sqlite:///"), isolation_level=None
+            )
+        else:
+            import psycopg
+
+            self.conn = psycopg.connect(backend_url)
+
+    def begin(self) -> Any:
+        """Open a transaction that has already written (as an application's would have)."""
+        if isinstance(self.conn, sqlite3.Connection):
+            self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS app_orders (id integer)")
+        self.conn.execute("INSERT INTO app_orders VALUES (1)")
+        return self.conn
+
+    def commit(self) -> None:
+        if isinstance(self.conn, sqlite3.Connection):
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.commit()
+
+    def rollback(self) -> None:
+        if isinstance(self.conn, sqlite3.Connection):
+            self.conn.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+
+
+@pytest.fixture
+def outbox(
+    make_broker: Any, backend_url: str
+) -> Iterator[tuple[sqlbroker.Broker, CallerConnection]]:
+    # On SQLite a write of the broker's own while the caller's transaction holds the write
+    # lock would wait for the busy timeout: keep that short so such a bug fails fast.
+    options = {"busy_timeout": 2} if backend_url.startswith("sqlite") else {}
+    broker = make_broker(**options)
+    broker.stats()  # the schema exists before the caller's connection uses it
+    caller = CallerConnection(backend_url)
+    try:
+        yield broker, caller
+    finally:
+        caller.conn.close()
+
+
+def test_publish_with_conn_commits_with_the_caller(
+    outbox: tuple[sqlbroker.Broker, CallerConnection],
+) -> None:
+    broker, caller = outbox
+    broker.subscribe("sub", "orders.*")
+    conn = caller.begin()
+    message_id = broker.publish("orders.created", {"id": 1}, conn=conn)
+    ids = broker.publish_many([{"topic": "orders.paid", "payload": 2}], conn=conn)
+    caller.commit()
+    assert [d.message_id for d in broker.claim("sub", limit=10)] == [message_id, *ids]
+
+
+def test_publish_with_conn_rolls_back_with_the_caller(
+    outbox: tuple[sqlbroker.Broker, CallerConnection],
+) -> None:
+    broker, caller = outbox
+    broker.subscribe("sub", "orders.*")
+    before = broker.backend.table_counts()
+    conn = caller.begin()
+    broker.publish("orders.created", {"id": 1}, conn=conn)
+    broker.publish("nobody", {"id": 2}, conn=conn)
+    broker.publish("orders.created", {"id": 3}, idempotency_key="k", conn=conn)
+    caller.rollback()
+    assert broker.backend.table_counts() == before
+    assert broker.claim("sub", limit=10) == []
+
+
+def test_send_with_conn_commits(outbox: tuple[sqlbroker.Broker, CallerConnection]) -> None:
+    broker, caller = outbox
+    sent = broker.send("emails", "hello", conn=caller.begin())
+    caller.commit()
+    (delivery,) = broker.claim("emails")
+    assert delivery.message_id == sent
+
+
+def test_send_with_conn_rolls_back_everything(
+    outbox: tuple[sqlbroker.Broker, CallerConnection],
+) -> None:
+    """Nothing of a rolled-back send survives, not even the queue it would have created."""
+    broker, caller = outbox
+    before = broker.backend.table_counts()
+    conn = caller.begin()
+    broker.send("emails", {"to": "a@example.com"}, conn=conn)
+    broker.send_many("emails", [1, 2], conn=conn)
+    caller.rollback()
+    assert broker.backend.table_counts() == before
+    assert broker.subscriptions() == []
+
+
+def test_wrong_connection_type_is_refused(broker: sqlbroker.Broker) -> None:
+    before = broker.backend.table_counts()
+    with pytest.raises(sqlbroker.ValidationError) as caught:
+        broker.publish("t", 1, conn=object())
+    assert caught.value.field == "conn"
+    assert broker.backend.table_counts() == before

@@ -1,0 +1,61 @@
+"""Helpers shared by the test modules (importable by spawned worker processes too)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlbroker
+
+# SQLite stores times as REAL seconds (float rounding), PostgreSQL as microseconds.
+TIME_TOLERANCE = timedelta(milliseconds=1)
+
+
+def assert_time(
+    actual: datetime | None, expected: datetime, tolerance: timedelta = TIME_TOLERANCE
+) -> None:
+    """``actual`` is an aware datetime within ``tolerance`` of ``expected``."""
+    assert actual is not None, f"expected a time near {expected.isoformat()}, got None"
+    assert actual.tzinfo is not None, f"{actual!r} is naive"
+    assert actual.utcoffset() == timedelta(0), f"{actual!r} is not UTC"
+    assert abs(actual - expected) <= tolerance, f"{actual.isoformat()} != {expected.isoformat()}"
+
+
+def now_of(clock: sqlbroker.ManualClock) -> datetime:
+    now = clock.now()
+    assert now is not None
+    return now
+
+
+def stats_of(broker: sqlbroker.Broker, subscription: str) -> sqlbroker.SubscriptionStats:
+    found = [s for s in broker.stats() if s.subscription == subscription]
+    assert len(found) == 1, f"no stats row for {subscription!r}: {broker.stats()}"
+    return found[0]
+
+
+def claim_one(broker: sqlbroker.Broker, subscription: str, **options: Any) -> sqlbroker.Delivery:
+    deliveries = broker.claim(subscription, **options)
+    assert len(deliveries) == 1, f"expected one delivery from {subscription!r}, got {deliveries}"
+    return deliveries[0]
+
+
+def process_claim_worker(
+    url: str, queue: str, batch: int, barrier: Any, results: Any, worker_index: int
+) -> None:
+    """Run in a spawned process: claim from ``queue`` until it is empty, completing every
+    delivery, and report ``(worker_index, [(delivery_id, message_id), ...])``."""
+    claimed: list[tuple[int, str]] = []
+    error: str | None = None
+    try:
+        with sqlbroker.Broker(url, lease=120.0) as broker:
+            broker.stats()  # connect and check the schema before the race starts
+            barrier.wait(timeout=60)
+            while True:
+                deliveries = broker.claim(queue, limit=batch, worker=f"proc-{worker_index}")
+                if not deliveries:
+                    break
+                claimed.extend((d.id, d.message_id) for d in deliveries)
+                broker.complete(deliveries)
+    except BaseException as exc:  # report, so the parent fails with the cause
+        error = f"{type(exc).__name__}: {exc}"
+    results.put((worker_index, claimed, error))
