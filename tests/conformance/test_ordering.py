@@ -4,18 +4,10 @@ until it succeeds or is dead-lettered."""
 
 from __future__ import annotations
 
-import pytest
-
 import sqlbroker
 from helpers import claim_one
 
-# The schema carries ordering keys (column, index, state "blocked") since migration 1; the
-# claim-side behaviour is the per-key ordering work. strict: these must start failing the
-# day it works, so the marker is removed with it.
-not_yet = pytest.mark.xfail(strict=True, reason="per-key ordering is not implemented yet")
 
-
-@not_yet
 def test_ordering_key_allows_one_in_flight_per_key(broker: sqlbroker.Broker) -> None:
     """DESIGN §2.5: same key, one subscription → publish order, at most one in flight."""
     first = broker.send("q", "k1-first", key="k1")
@@ -28,7 +20,6 @@ def test_ordering_key_allows_one_in_flight_per_key(broker: sqlbroker.Broker) -> 
     assert [d.message_id for d in broker.claim("q", limit=10)] == [second]
 
 
-@not_yet
 def test_ordering_key_head_retrying_blocks_its_key(
     clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
 ) -> None:
@@ -56,7 +47,6 @@ def test_ordering_key_moves_on_when_the_head_is_dead_lettered(broker: sqlbroker.
     assert claim_one(broker, "q").message_id == second
 
 
-@not_yet
 def test_ordering_keys_are_per_subscription(broker: sqlbroker.Broker) -> None:
     broker.subscribe("a", "t")
     broker.subscribe("b", "t")
@@ -64,3 +54,68 @@ def test_ordering_keys_are_per_subscription(broker: sqlbroker.Broker) -> None:
     broker.publish("t", 2, key="k")
     assert [d.payload for d in broker.claim("a", limit=10)] == [1]
     assert [d.payload for d in broker.claim("b", limit=10)] == [1]
+
+
+def test_a_batch_with_one_key_is_claimed_one_by_one_in_publish_order(
+    broker: sqlbroker.Broker,
+) -> None:
+    ids = broker.send_many("q", [1, 2, 3], key="k")
+    seen = []
+    for _ in ids:
+        (delivery,) = broker.claim("q", limit=10)
+        seen.append(delivery.message_id)
+        broker.complete(delivery)
+    assert seen == ids
+    assert broker.claim("q", limit=10) == []
+
+
+def test_fan_out_keeps_one_line_per_subscription(broker: sqlbroker.Broker) -> None:
+    broker.subscribe("a", ["orders.#"])
+    broker.subscribe("b", ["orders.*"])
+    first = broker.publish("orders.x", 1, key="k")
+    broker.publish("orders.x", 2, key="k")
+    heads = {name: broker.claim(name, limit=10) for name in ("a", "b")}
+    assert {name: [d.message_id for d in got] for name, got in heads.items()} == {
+        "a": [first],
+        "b": [first],
+    }
+
+
+def test_an_expired_head_lets_its_key_move_on(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
+) -> None:
+    clocked_broker.send("q", "stale", key="k", ttl=5)
+    fresh = clocked_broker.send("q", "fresh", key="k")
+    clock.advance(6)
+    assert clocked_broker.reap()["expired"] == 1
+    assert [d.message_id for d in clocked_broker.claim("q", limit=10)] == [fresh]
+
+
+def test_a_cancelled_head_lets_its_key_move_on(broker: sqlbroker.Broker) -> None:
+    head = broker.send("q", 1, key="k")
+    nxt = broker.send("q", 2, key="k")
+    assert broker.cancel(head) == 1
+    assert [d.message_id for d in broker.claim("q", limit=10)] == [nxt]
+
+
+def test_a_replayed_dead_letter_queues_behind_its_key(broker: sqlbroker.Broker) -> None:
+    first = broker.send("q", 1, key="k")
+    broker.dead_letter(claim_one(broker, "q"), reason="bad")
+    second = broker.send("q", 2, key="k")
+    broker.dead_letters.replay(all=True)
+    (delivery,) = broker.claim("q", limit=10)
+    assert delivery.message_id == second
+    broker.complete(delivery)
+    (replayed,) = broker.claim("q", limit=10)
+    assert replayed.message_id == first
+    assert replayed.replay_count == 1
+
+
+def test_keys_are_independent_and_unkeyed_messages_flow(broker: sqlbroker.Broker) -> None:
+    a1 = broker.send("q", "a1", key="a")
+    broker.send("q", "a2", key="a")
+    b1 = broker.send("q", "b1", key="b")
+    free = broker.send("q", "free")
+    assert sorted(d.message_id for d in broker.claim("q", limit=10)) == sorted([a1, b1, free])
+    stats = {s.subscription: s for s in broker.stats()}["q"]
+    assert (stats.running, stats.blocked) == (3, 1)

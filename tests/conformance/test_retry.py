@@ -105,7 +105,13 @@ def test_reaping_an_expired_lease_on_the_last_attempt_dead_letters(
     message_id = clocked_broker.send("q", "poison", max_attempts=2)
     claim_one(clocked_broker, "q", lease=10)
     clock.advance(11)
-    assert clocked_broker.reap() == {"released": 1, "dead": 0, "expired": 0, "dedupe_trimmed": 0}
+    assert clocked_broker.reap() == {
+        "released": 1,
+        "dead": 0,
+        "expired": 0,
+        "unblocked": 0,
+        "dedupe_trimmed": 0,
+    }
     second = claim_one(clocked_broker, "q", lease=10)
     assert second.attempt == 2
     clock.advance(11)

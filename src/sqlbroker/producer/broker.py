@@ -406,6 +406,7 @@ class Broker:
             "released": leases.released,
             "dead": leases.dead,
             "expired": backend.message_expire(limit=count),
+            "unblocked": backend.key_repair(limit=count),
             "dedupe_trimmed": backend.dedupe_trim(limit=count),
         }
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 from sqlbroker.core import validate
@@ -51,7 +52,7 @@ class Pump:
         worker_name: str,
         writeback: WriteBack,
         run_blocking: RunBlocking,
-        handler_threads: ThreadPoolExecutor,
+        handler_threads: Executor,
         poll_min: float,
         poll_max: float,
     ) -> None:
@@ -137,7 +138,8 @@ class Pump:
 
     async def _handle(self, delivery: Delivery) -> None:
         manual = self.spec.ack == "manual"
-        message = Message(delivery, self._settle if manual else None)
+        settle = functools.partial(self._settle_from_any_thread, asyncio.get_running_loop())
+        message = Message(delivery, settle if manual else None)
         try:
             await self._call(message)
         except asyncio.CancelledError:
@@ -199,6 +201,24 @@ class Pump:
             decision.delay,
         )
         return RetryLater(delivery, decision.delay, info)
+
+    def _settle_from_any_thread(self, loop: asyncio.AbstractEventLoop, outcome: Outcome) -> None:
+        """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
+        a handler may hand its message to any thread; the pump's state is the loop's."""
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._settle(outcome)
+            return
+        try:
+            loop.call_soon_threadsafe(self._settle, outcome)
+        except RuntimeError:
+            raise SqlbrokerError(
+                f"the worker has stopped; message {outcome.delivery.message_id} will be"
+                " delivered again when its lease expires"
+            ) from None
 
     def _settle(self, outcome: Outcome) -> None:
         self._open.discard(outcome.delivery.id)

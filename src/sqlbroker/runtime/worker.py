@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.handler_threads import HandlerThreads
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
 from sqlbroker.storage.base import Backend
@@ -134,10 +135,7 @@ class Worker:
         db_threads = ThreadPoolExecutor(
             max_workers=2 * len(self._specs) + 4, thread_name_prefix="sqlbroker-db"
         )
-        sync_slots = sum(spec.concurrency for spec in self._specs if not spec.is_async)
-        handler_threads = ThreadPoolExecutor(
-            max_workers=max(1, sync_slots), thread_name_prefix="sqlbroker-handler"
-        )
+        handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
 
         def run_blocking(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Awaitable[Any]:
             return loop.run_in_executor(db_threads, functools.partial(fn, *args, **kwargs))

@@ -189,6 +189,10 @@ class Backend(Protocol):
     def message_expire(self, *, limit: int) -> int:
         """Archive copies whose TTL passed, as expired; return how many."""
 
+    def key_repair(self, *, limit: int) -> int:
+        """Promote the oldest blocked copy of every ordering key left without a head;
+        return how many. A safety net: removals promote the next copy themselves."""
+
     def dedupe_trim(self, *, limit: int) -> int:
         """Delete idempotency keys whose window has passed; return how many."""
 

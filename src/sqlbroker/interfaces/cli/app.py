@@ -9,6 +9,7 @@ from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
+from sqlbroker.interfaces.cli.worker import worker
 from sqlbroker.producer.broker import DEFAULT_URL
 
 URL_ENV = "SQLBROKER_URL"
@@ -54,6 +55,7 @@ for _command in (
     pending,
     archive,
     dlq,
+    worker,
 ):
     cli.add_command(_command)
 

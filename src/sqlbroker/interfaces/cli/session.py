@@ -20,8 +20,8 @@ from typing import IO, Any, TypeVar, cast
 
 import click
 
-from sqlbroker.core.errors import SqlbrokerError, ValidationError
 from sqlbroker.app import Broker
+from sqlbroker.core.errors import SqlbrokerError, ValidationError
 from sqlbroker.storage.url import redact
 
 EXIT_FAILURE = 1

@@ -11,6 +11,7 @@ import click
 from rich.live import Live
 from rich.table import Table
 
+from sqlbroker.app import Broker
 from sqlbroker.core.message import Outcome, State, SubscriptionStats
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import (
@@ -22,7 +23,6 @@ from sqlbroker.interfaces.cli.render import (
     table,
 )
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
-from sqlbroker.app import Broker
 
 DEFAULT_WATCH_INTERVAL = 2.0
 _ERROR_PREVIEW = 60

@@ -247,11 +247,14 @@ class PostgresBackend:
     ) -> InsertResult:
         now = self._now_param()
         keyed = [m for m in messages if m.idempotency_key is not None]
+        ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
         with (
             self._db.transaction(conn)
-            if keyed or conn is not None
+            if keyed or ordering_keys or conn is not None
             else self._db.connection(write=True) as c
         ):
+            if ordering_keys:
+                c.execute(self._sql["key_lock"], {"keys": ordering_keys})
             originals = self._dedupe_reserve(c, keyed, now) if keyed else {}
             fresh = [m for m in messages if m.message_id not in originals]
             unrouted = 0
@@ -391,7 +394,25 @@ class PostgresBackend:
                 self._sql["message_complete"],
                 {**self._lease_params(leases), "now": self._now_param()},
             ).fetchall()
+            self._promote_after(conn, rows)
         return [row[0] for row in rows]
+
+    def _promote_after(self, conn: Conn, removed: Sequence[tuple[Any, ...]]) -> None:
+        """Rows ``(id, subscription, ordering_key, state, …)`` just left the hot table: keys
+        whose head was among them get their next copy. A crash before this statement leaves
+        the key headless until the reaper's ``key_repair``."""
+        heads = sorted(
+            {(row[1], row[2]) for row in removed if row[2] is not None and row[3] != "blocked"}
+        )
+        if heads:
+            conn.execute(
+                self._sql["key_promote"],
+                {
+                    "subscriptions": [subscription for subscription, _ in heads],
+                    "keys": [key for _, key in heads],
+                    "now": self._now_param(),
+                },
+            )
 
     def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
         if not retries:
@@ -420,7 +441,9 @@ class PostgresBackend:
             "dead_channel": self.dead_channel,
         }
         with self._db.connection(write=True) as conn:
-            return [row[0] for row in conn.execute(self._sql["message_dead"], params).fetchall()]
+            rows = conn.execute(self._sql["message_dead"], params).fetchall()
+            self._promote_after(conn, rows)
+        return [row[0] for row in rows]
 
     def message_extend_leases(
         self, *, leases: Sequence[Lease], lease: float
@@ -443,11 +466,12 @@ class PostgresBackend:
 
     def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
         with self._db.connection(write=True) as conn:
-            row = conn.execute(
+            rows = conn.execute(
                 self._sql["message_cancel"],
                 {"message_ids": list(message_ids), "now": self._now_param()},
-            ).fetchone()
-        return int(row[0]) if row else 0
+            ).fetchall()
+            self._promote_after(conn, rows)
+        return len(rows)
 
     def message_list(
         self, *, subscription: str | None, state: State | None, limit: int
@@ -478,16 +502,24 @@ class PostgresBackend:
             "last_error": _WORKER_LOST,
         }
         with self._db.connection(write=True) as conn:
-            row = conn.execute(self._sql["lease_expired_dead"], params).fetchone()
+            dead = conn.execute(self._sql["lease_expired_dead"], params).fetchall()
+            self._promote_after(conn, dead)
             released = conn.execute(self._sql["lease_expired_release"], params).rowcount
-        return ReapResult(released=released, dead=int(row[0]) if row else 0)
+        return ReapResult(released=released, dead=len(dead))
 
     def message_expire(self, *, limit: int) -> int:
         with self._db.connection(write=True) as conn:
-            row = conn.execute(
+            rows = conn.execute(
                 self._sql["message_expire"], {"now": self._now_param(), "limit": limit}
-            ).fetchone()
-        return int(row[0]) if row else 0
+            ).fetchall()
+            self._promote_after(conn, rows)
+        return len(rows)
+
+    def key_repair(self, *, limit: int) -> int:
+        with self._db.connection(write=True) as conn:
+            return conn.execute(
+                self._sql["key_repair"], {"now": self._now_param(), "limit": limit}
+            ).rowcount
 
     def dedupe_trim(self, *, limit: int) -> int:
         with self._db.connection(write=True) as conn:
@@ -539,7 +571,11 @@ class PostgresBackend:
             "note": note,
             "channel": self.notify_channel,
         }
-        with self._db.connection(write=True) as conn:
+        with self._db.transaction() as conn:
+            # Replayed copies join their key's line like new publishes: take the key locks.
+            keys = sorted(row[0] for row in conn.execute(self._sql["dead_replay_keys"], params))
+            if keys:
+                conn.execute(self._sql["key_lock"], {"keys": keys})
             return [row[0] for row in conn.execute(self._sql["dead_replay"], params).fetchall()]
 
     def dead_purge(self, *, where: DeadFilter, actor: str, note: str | None) -> int:

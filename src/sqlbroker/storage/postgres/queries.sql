@@ -140,7 +140,12 @@ ins AS (
         payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
     )
     SELECT b.message_id, r.subscription, b.topic,
-           CASE WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
+           CASE WHEN b.ordering_key IS NOT NULL AND (
+                    EXISTS (SELECT 1 FROM {schema}sqlbroker_message o
+                            WHERE o.subscription = r.subscription AND o.ordering_key = b.ordering_key)
+                    OR row_number() OVER (PARTITION BY r.subscription, b.ordering_key ORDER BY b.seq) > 1
+                ) THEN 'blocked'
+                WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
            b.priority, b.ordering_key, b.idempotency_key, b.payload, b.content_type, b.headers,
            b.max_attempts, b.now, b.ready_at, b.expire_at
     FROM b JOIN routes r ON r.seq = b.seq
@@ -221,7 +226,7 @@ archived AS (
     FROM done
     ORDER BY id
 )
-SELECT id FROM done ORDER BY id
+SELECT id, subscription, ordering_key, state FROM done ORDER BY id
 
 -- name: message_retry
 WITH l AS (
@@ -278,8 +283,10 @@ dead AS (
     ORDER BY id
     RETURNING delivery_id, subscription
 )
-SELECT delivery_id, (SELECT pg_notify(%(dead_channel)s, subscription))::text
-FROM dead ORDER BY delivery_id
+SELECT d.delivery_id, g.subscription, g.ordering_key, g.state,
+       (SELECT pg_notify(%(dead_channel)s, d.subscription))::text
+FROM dead d JOIN gone g ON g.id = d.delivery_id
+ORDER BY d.delivery_id
 
 -- name: message_extend
 UPDATE {schema}sqlbroker_message m
@@ -330,8 +337,9 @@ dead AS (
     FROM gone
     ORDER BY id
     RETURNING subscription
-)
-SELECT count(*), count((SELECT pg_notify(%(dead_channel)s, subscription))::text) FROM dead
+),
+notified AS (SELECT count((SELECT pg_notify(%(dead_channel)s, subscription))::text) AS n FROM dead)
+SELECT g.id, g.subscription, g.ordering_key, g.state, (SELECT n FROM notified) FROM gone g
 
 -- name: lease_expired_release
 WITH expired AS (
@@ -376,7 +384,7 @@ archived AS (
     FROM gone
     ORDER BY id
 )
-SELECT count(*) FROM gone
+SELECT id, subscription, ordering_key, state FROM gone
 
 -- name: message_cancel
 WITH c AS (
@@ -399,7 +407,53 @@ archived AS (
     FROM gone
     ORDER BY id
 )
-SELECT count(*) FROM gone
+SELECT id, subscription, ordering_key, state FROM gone
+
+-- name: key_lock
+-- Publishers of one ordering key take turns, so that two copies of a key never both start
+-- as its head. Sorted, so that two batches never wait on each other's keys.
+SELECT pg_advisory_xact_lock(hashtextextended(k, 2305843009213693951))
+FROM (SELECT DISTINCT unnest(%(keys)s::text[]) AS k ORDER BY 1) keys
+
+-- name: key_promote
+-- After a key's head left, its oldest blocked copy becomes the head (unless a head exists).
+UPDATE {schema}sqlbroker_message m
+SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
+                 THEN 'scheduled' ELSE 'available' END
+FROM (
+    SELECT DISTINCT ON (b.subscription, b.ordering_key) b.id
+    FROM {schema}sqlbroker_message b
+    JOIN unnest(%(subscriptions)s::text[], %(keys)s::text[]) AS k(subscription, ordering_key)
+      ON b.subscription = k.subscription AND b.ordering_key = k.ordering_key
+    WHERE b.state = 'blocked'
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}sqlbroker_message o
+          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
+            AND o.state <> 'blocked'
+      )
+    ORDER BY b.subscription, b.ordering_key, b.id
+) nxt
+WHERE m.id = nxt.id
+
+-- name: key_repair
+-- Keys left with blocked copies and no head (a crash between a head's removal and the
+-- promotion, or a publish racing it) get their oldest blocked copy promoted.
+UPDATE {schema}sqlbroker_message m
+SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
+                 THEN 'scheduled' ELSE 'available' END
+FROM (
+    SELECT DISTINCT ON (b.subscription, b.ordering_key) b.id
+    FROM {schema}sqlbroker_message b
+    WHERE b.state = 'blocked'
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}sqlbroker_message o
+          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
+            AND o.state <> 'blocked'
+      )
+    ORDER BY b.subscription, b.ordering_key, b.id
+    LIMIT %(limit)s
+) nxt
+WHERE m.id = nxt.id
 
 -- name: message_list
 SELECT * FROM (
@@ -433,6 +487,13 @@ WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
 ORDER BY id
 LIMIT %(limit)s
 
+-- name: dead_replay_keys
+SELECT DISTINCT ordering_key FROM {schema}sqlbroker_dead
+WHERE ordering_key IS NOT NULL
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
+  AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
+
 -- name: dead_replay
 WITH chosen AS (
     SELECT id FROM {schema}sqlbroker_dead
@@ -460,11 +521,17 @@ replayed AS (
         payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
         available_at, expires_at
     )
-    SELECT message_id, subscription, topic, 'available', priority, ordering_key,
+    SELECT g.message_id, g.subscription, g.topic,
+           CASE WHEN g.ordering_key IS NOT NULL AND (
+                    EXISTS (SELECT 1 FROM {schema}sqlbroker_message o
+                            WHERE o.subscription = g.subscription AND o.ordering_key = g.ordering_key)
+                    OR row_number() OVER (PARTITION BY g.subscription, g.ordering_key ORDER BY g.id) > 1
+                ) THEN 'blocked' ELSE 'available' END,
+           priority, ordering_key,
            idempotency_key, payload, content_type, headers, 0, max_attempts, replay_count + 1,
            enqueued_at, coalesce(%(now)s::timestamptz, statement_timestamp()), NULL
-    FROM gone
-    ORDER BY id
+    FROM gone g
+    ORDER BY g.id
     RETURNING id, subscription
 ),
 audit AS (

@@ -311,13 +311,21 @@ class SqliteBackend:
     def _archive_and_delete(
         self, conn: sqlite3.Connection, ids: Sequence[int], outcome: Outcome, now: float
     ) -> None:
-        if not ids:
-            return
+        if ids:
+            conn.execute(
+                self._sql["archive_insert_ids"],
+                {"ids": json.dumps(list(ids)), "outcome": outcome.value, "now": now},
+            )
+            self._delete(conn, ids, now)
+
+    def _delete(self, conn: sqlite3.Connection, ids: Sequence[int], now: float) -> None:
+        """Delete copies from the hot table; keys whose head left get their next copy."""
         encoded = json.dumps(list(ids))
-        conn.execute(
-            self._sql["archive_insert_ids"], {"ids": encoded, "outcome": outcome.value, "now": now}
-        )
+        heads = conn.execute(self._sql["key_heads_of_ids"], {"ids": encoded}).fetchall()
         conn.execute(self._sql["message_delete_ids"], {"ids": encoded})
+        if heads:
+            keys = json.dumps([[row[0], row[1]] for row in heads])
+            conn.execute(self._sql["key_promote"], {"keys": keys, "now": now})
 
     def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
         if not leases:
@@ -363,7 +371,7 @@ class SqliteBackend:
             ids = self._valid_ids(conn, [d.lease for d in deaths])
             if ids:
                 conn.execute(self._sql["dead_insert_leased"], {"batch": batch, "now": self._now()})
-                conn.execute(self._sql["message_delete_ids"], {"ids": json.dumps(ids)})
+                self._delete(conn, ids, self._now())
         return ids
 
     def message_extend_leases(
@@ -435,7 +443,7 @@ class SqliteBackend:
                         "error_message": "the worker holding the message stopped acknowledging it",
                     },
                 )
-                conn.execute(self._sql["message_delete_ids"], {"ids": json.dumps(spent)})
+                self._delete(conn, spent, now)
             released = conn.execute(
                 self._sql["lease_expired_release"],
                 {"now": now, "limit": limit, "last_error": _WORKER_LOST},
@@ -453,6 +461,12 @@ class SqliteBackend:
             ]
             self._archive_and_delete(conn, ids, Outcome.EXPIRED, now)
         return len(ids)
+
+    def key_repair(self, *, limit: int) -> int:
+        with self._db.write() as conn:
+            return conn.execute(
+                self._sql["key_repair"], {"now": self._now(), "limit": limit}
+            ).rowcount
 
     def dedupe_trim(self, *, limit: int) -> int:
         with self._db.write() as conn:

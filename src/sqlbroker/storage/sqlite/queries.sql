@@ -77,13 +77,19 @@ WHERE sqlbroker_regex_match(regex, :topic)
 ORDER BY subscription
 
 -- name: message_insert
+-- A copy whose ordering key already has a copy in its subscription waits, blocked, behind
+-- it (rows are inserted one by one, so this sees earlier rows of the same batch).
 INSERT INTO sqlbroker_message (
     message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
     payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
-) VALUES (
-    :message_id, :subscription, :topic, :state, :priority, :ordering_key, :idempotency_key,
-    :payload, :content_type, :headers, :max_attempts, :now, :available_at, :expires_at
 )
+SELECT :message_id, :subscription, :topic,
+       CASE WHEN :ordering_key IS NOT NULL AND EXISTS (
+                SELECT 1 FROM sqlbroker_message
+                WHERE subscription = :subscription AND ordering_key = :ordering_key
+            ) THEN 'blocked' ELSE :state END,
+       :priority, :ordering_key, :idempotency_key, :payload, :content_type, :headers,
+       :max_attempts, :now, :available_at, :expires_at
 
 -- name: archive_insert_unrouted
 INSERT INTO sqlbroker_archive (
@@ -148,6 +154,48 @@ ORDER BY id
 
 -- name: message_delete_ids
 DELETE FROM sqlbroker_message WHERE id IN (SELECT value FROM json_each(:ids))
+
+-- name: key_heads_of_ids
+-- The keys whose head (their one copy that is not blocked) is among these ids.
+SELECT DISTINCT subscription, ordering_key FROM sqlbroker_message
+WHERE id IN (SELECT value FROM json_each(:ids))
+  AND ordering_key IS NOT NULL AND state <> 'blocked'
+
+-- name: key_promote
+-- After a key's head left, the oldest blocked copy of the key becomes its head.
+UPDATE sqlbroker_message
+SET state = CASE WHEN available_at > :now THEN 'scheduled' ELSE 'available' END
+WHERE id IN (
+    SELECT min(b.id) FROM sqlbroker_message b
+    JOIN (SELECT json_extract(value, '$[0]') AS subscription,
+                 json_extract(value, '$[1]') AS ordering_key
+          FROM json_each(:keys)) k
+      ON b.subscription = k.subscription AND b.ordering_key = k.ordering_key
+    WHERE b.state = 'blocked'
+      AND NOT EXISTS (
+          SELECT 1 FROM sqlbroker_message o
+          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
+            AND o.state <> 'blocked'
+      )
+    GROUP BY b.subscription, b.ordering_key
+)
+
+-- name: key_repair
+-- Keys left with blocked copies and no head (only possible after an interrupted
+-- promotion) get their oldest blocked copy promoted.
+UPDATE sqlbroker_message
+SET state = CASE WHEN available_at > :now THEN 'scheduled' ELSE 'available' END
+WHERE id IN (
+    SELECT min(b.id) FROM sqlbroker_message b
+    WHERE b.state = 'blocked'
+      AND NOT EXISTS (
+          SELECT 1 FROM sqlbroker_message o
+          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
+            AND o.state <> 'blocked'
+      )
+    GROUP BY b.subscription, b.ordering_key
+    LIMIT :limit
+)
 
 -- name: message_retry
 UPDATE sqlbroker_message
@@ -288,7 +336,13 @@ INSERT INTO sqlbroker_message (
     payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
     available_at, expires_at
 )
-SELECT d.message_id, d.subscription, d.topic, 'available', d.priority, d.ordering_key,
+SELECT d.message_id, d.subscription, d.topic,
+       CASE WHEN d.ordering_key IS NOT NULL AND (
+                EXISTS (SELECT 1 FROM sqlbroker_message o
+                        WHERE o.subscription = d.subscription AND o.ordering_key = d.ordering_key)
+                OR row_number() OVER (PARTITION BY d.subscription, d.ordering_key ORDER BY d.id) > 1
+            ) THEN 'blocked' ELSE 'available' END,
+       d.priority, d.ordering_key,
        d.idempotency_key, d.payload, d.content_type, d.headers, 0, d.max_attempts,
        d.replay_count + 1, d.enqueued_at, :now, NULL
 FROM sqlbroker_dead d
