@@ -3,11 +3,12 @@ worker runtime (L3), composed here so that neither layer imports the one above i
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.features.subscribers import (
@@ -107,22 +108,8 @@ class Broker(_ProducerBroker):
             raise SqlbrokerError(f"no subscriber named {', '.join(unknown)} (registered: {known})")
         specs = [self.subscribers[name] for name in chosen]
         if concurrency is not None:
-            specs = [
-                make_spec(
-                    spec.handler,
-                    name=spec.name,
-                    topics=None if spec.is_queue else list(spec.patterns),
-                    queue=spec.name if spec.is_queue else None,
-                    concurrency=concurrency,
-                    prefetch=None,
-                    lease=spec.lease,
-                    timeout=spec.timeout,
-                    retry=spec.retry,
-                    ack=spec.ack,
-                    on_dead_letter=spec.on_dead_letter,
-                )
-                for spec in specs
-            ]
+            slots = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
+            specs = [dataclasses.replace(spec, concurrency=slots) for spec in specs]
         return Worker(
             self,
             specs,
@@ -134,23 +121,30 @@ class Broker(_ProducerBroker):
 
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:
         """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT)."""
-        self._worker = self.worker(**options)
+        worker = self._worker = self.worker(**options)
         try:
-            await self._worker.run_async(timeout=timeout)
+            await worker.run_async(timeout=timeout)
         finally:
             self._worker = None
 
     def run(self, *, timeout: float | None = None, **options: Any) -> None:
         """Blocking :meth:`run_async`."""
-        asyncio.run(self.run_async(timeout=timeout, **options))
+        self._run_blocking(until_idle=False, timeout=timeout, options=options)
 
     def run_until_idle(self, *, timeout: float | None = None, **options: Any) -> None:
         """Run until the subscriptions have no ready, scheduled or running messages left
         (or ``timeout`` seconds pass). For scripts and tests."""
         options.setdefault("install_signal_handlers", False)
-        self._worker = self.worker(**options)
+        self._run_blocking(until_idle=True, timeout=timeout, options=options)
+
+    def _run_blocking(
+        self, *, until_idle: bool, timeout: float | None, options: dict[str, Any]
+    ) -> None:
+        # The worker exists before its event loop does, so that a stop() called from
+        # another thread right after starting is remembered rather than lost.
+        worker = self._worker = self.worker(**options)
         try:
-            self._worker.run(until_idle=True, timeout=timeout)
+            worker.run(until_idle=until_idle, timeout=timeout)
         finally:
             self._worker = None
 

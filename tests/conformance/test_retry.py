@@ -195,3 +195,14 @@ def test_retried_message_stats(
     clocked_broker.retry(claim_one(clocked_broker, "q"), after=after)
     stats = clocked_broker.stats()[0]
     assert (stats.ready, stats.scheduled, stats.running) == ((1, 0, 0) if after == 0 else (0, 1, 0))
+
+
+def test_a_consumer_limit_lowers_the_message_limit_at_claim(broker: sqlbroker.Broker) -> None:
+    broker.send("q", 1, max_attempts=5)
+    (delivery,) = broker.backend.message_claim_many(
+        subscription="q", limit=1, lease=30, worker="w", max_attempts=2
+    )
+    assert delivery.max_attempts == 2
+    broker.retry(delivery, after=0)
+    (again,) = broker.claim("q")
+    assert (again.attempt, again.max_attempts) == (2, 2)

@@ -105,6 +105,7 @@ class Pump:
                     limit=min(capacity, limit_per_claim),
                     lease=self._lease,
                     worker=self._worker_name,
+                    max_attempts=self.spec.retry.max_attempts,
                 )
             except SqlbrokerError as error:
                 failures += 1

@@ -153,9 +153,18 @@ class Backend(Protocol):
         """
 
     def message_claim_many(
-        self, *, subscription: str, limit: int, lease: float, worker: str | None
+        self,
+        *,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None = None,
     ) -> list[Delivery]:
-        """Lease up to ``limit`` available copies, most urgent first; count the attempt."""
+        """Lease up to ``limit`` available copies, most urgent first; count the attempt.
+
+        ``max_attempts`` (a consumer's retry policy) lowers a copy's own limit, so that the
+        reaper's quarantine of crashing messages follows the same limit as retries."""
 
     def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
         """Archive the copies as completed; return the ids whose lease was still valid."""

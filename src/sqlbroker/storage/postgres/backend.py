@@ -356,7 +356,13 @@ class PostgresBackend:
     # --- consuming ---------------------------------------------------------------------------
 
     def message_claim_many(
-        self, *, subscription: str, limit: int, lease: float, worker: str | None
+        self,
+        *,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None = None,
     ) -> list[Delivery]:
         now = self._now_param()
         with self._db.connection(write=True) as conn:
@@ -375,6 +381,7 @@ class PostgresBackend:
                         "lease": lease,
                         "limit": limit,
                         "worker": worker,
+                        "max_attempts": max_attempts,
                     },
                 )
             rows = cursor.fetchall()

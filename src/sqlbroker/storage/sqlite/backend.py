@@ -99,10 +99,15 @@ class SqliteBackend:
         self._db.close()
 
     def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
+        if self._db.memory:
+            # One process, one connection: nothing else can write. Holding the only
+            # connection to watch it would starve every other operation.
+            stop.wait()
+            return
         last: int | None = None
         while not stop.is_set():
             try:
-                with self._db.read() as conn:
+                with self._db.dedicated() as conn:
                     while not stop.is_set():
                         version = conn.execute("PRAGMA data_version").fetchone()[0]
                         if version != last:
@@ -282,7 +287,13 @@ class SqliteBackend:
     # --- consuming ---------------------------------------------------------------------------
 
     def message_claim_many(
-        self, *, subscription: str, limit: int, lease: float, worker: str | None
+        self,
+        *,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None = None,
     ) -> list[Delivery]:
         now = self._now()
         with self._db.write() as conn:
@@ -298,6 +309,7 @@ class SqliteBackend:
                     "lease": lease,
                     "limit": limit,
                     "worker": worker,
+                    "max_attempts": max_attempts,
                 },
             ).fetchall()
         deliveries = [delivery_of(row) for row in rows]

@@ -166,6 +166,16 @@ class SqlitePool:
         finally:
             self._slots.release()
 
+    @contextmanager
+    def dedicated(self) -> Iterator[sqlite3.Connection]:
+        """A connection of its own, outside the pool, for long-lived watchers."""
+        with self.translated():
+            conn = self._connect()
+        try:
+            yield conn
+        finally:
+            self._discard(conn)
+
     @staticmethod
     def _discard(conn: sqlite3.Connection) -> None:
         with suppress(sqlite3.Error):

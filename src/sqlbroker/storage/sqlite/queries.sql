@@ -118,7 +118,8 @@ SET state = 'running',
     lease_token = lower(hex(randomblob(16))),
     lease_expires_at = :now + :lease,
     first_started_at = coalesce(first_started_at, :now),
-    worker = :worker
+    worker = :worker,
+    max_attempts = coalesce(min(max_attempts, :max_attempts), max_attempts)
 WHERE id IN (
     SELECT id FROM sqlbroker_message
     WHERE subscription = :subscription
