@@ -44,4 +44,8 @@ test-fast: $(STAMP) postgres
 	$(BIN)/python -m pytest -m "not slow and not spark" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache sqlbroker-demo.db*
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+
+## Quick benchmark (bench/README.md): SQLite and a durable throwaway PostgreSQL, < 2 minutes.
+bench: $(STAMP) postgres
+	$(BIN)/python bench/run.py --quick

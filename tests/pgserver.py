@@ -119,15 +119,22 @@ class PostgresServer:
       on both the socket and ``127.0.0.1``; no password is needed.
     * When the process runs as root, the server runs as the OS user
       ``postgres`` because PostgreSQL refuses to run as root.
-    * Durability is deliberately disabled (see :meth:`restart`).
+    * Durability is deliberately disabled (see :meth:`restart`) unless
+      ``durable=True``, which keeps PostgreSQL's defaults (``fsync``,
+      ``synchronous_commit`` and ``full_page_writes`` on), e.g. for benchmarks.
     * :meth:`stop` is idempotent and also registered with ``atexit``.
     """
 
-    def __init__(self, bin_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, bin_dir: str | os.PathLike[str] | None = None, *, durable: bool = False
+    ) -> None:
         """Prepare a server; nothing is started until :meth:`start`.
 
         ``bin_dir`` overrides binary discovery (see :func:`find_bin_dir`).
+        ``durable=True`` leaves ``fsync``, ``synchronous_commit`` and
+        ``full_page_writes`` at PostgreSQL's (durable) defaults.
         """
+        self._durable = durable
         self._bin_dir = Path(bin_dir) if bin_dir is not None else find_bin_dir()
         self._initdb = self._tool("initdb")
         self._pg_ctl = self._tool("pg_ctl")
@@ -422,11 +429,12 @@ class PostgresServer:
             "listen_addresses": "127.0.0.1",
             "port": str(self._port),
             "unix_socket_directories": str(self._socket_dir),
+        }
+        if not self._durable:
             # Durability is traded for speed: a test cluster never has to
             # survive an OS crash, and these make DDL-heavy tests much faster.
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        settings |= {
             "max_connections": "300",
             "shared_buffers": "128MB",
             # pg_ctl -l captures stderr; the collector would redirect it away.

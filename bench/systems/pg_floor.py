@@ -1,0 +1,276 @@
+"""The raw-SQL floor on PostgreSQL: psycopg 3 and four statements, no sqlbroker.
+
+The least a durable SKIP LOCKED queue has to do: insert (with a NOTIFY in the same
+statement), batch-claim with ``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED
+LIMIT n) RETURNING``, and batch-ack with ``DELETE … WHERE id = ANY(…)``. No archive, no
+lease token, no priorities, no routing, no retries: sqlbroker ÷ floor is what those cost.
+Payloads are JSON-encoded and decoded in Python as sqlbroker does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from harness import QUEUE, BenchError, Consumer, Database, Sample, Sizes, emit, payload, percentile
+
+from systems.sqlbroker_system import IDLE_SETTLE, call_timings, latency_sample, publish_paced
+
+NAME = "floor"
+BACKENDS = ("postgresql",)
+CHANNEL = "floor_job"
+
+SCHEMA = """
+CREATE TABLE floor_job (
+    id          bigserial PRIMARY KEY,
+    queue       text NOT NULL,
+    payload     bytea NOT NULL,
+    enqueued_at timestamptz NOT NULL DEFAULT now(),
+    attempts    integer NOT NULL DEFAULT 0,
+    claimed_at  timestamptz
+);
+CREATE INDEX floor_job_ready ON floor_job (queue, id) WHERE claimed_at IS NULL;
+"""
+
+INSERT_ONE = """
+WITH i AS (INSERT INTO floor_job (queue, payload) VALUES (%(queue)s, %(payload)s) RETURNING 1)
+SELECT pg_notify('floor_job', %(queue)s) FROM i
+"""
+
+INSERT_MANY = """
+WITH i AS (
+    INSERT INTO floor_job (queue, payload)
+    SELECT %(queue)s, p FROM unnest(%(payloads)s::bytea[]) AS p
+    RETURNING 1
+)
+SELECT pg_notify('floor_job', %(queue)s) WHERE EXISTS (SELECT FROM i)
+"""
+
+CLAIM = """
+UPDATE floor_job SET claimed_at = now(), attempts = attempts + 1
+WHERE id IN (
+    SELECT id FROM floor_job
+    WHERE queue = %(queue)s AND claimed_at IS NULL
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, payload
+"""
+
+ACK = "DELETE FROM floor_job WHERE id = ANY(%(ids)s)"
+
+
+def encode(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def connect(database: Database) -> psycopg.Connection[Any]:
+    return psycopg.connect(database.conninfo, autocommit=True)
+
+
+def create_schema(database: Database) -> None:
+    with connect(database) as conn:
+        conn.execute(SCHEMA)
+
+
+def _count(database: Database) -> int:
+    with connect(database) as conn:
+        row = conn.execute("SELECT count(*) FROM floor_job").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def prepublish(database: Database, count: int) -> None:
+    create_schema(database)
+    with connect(database) as conn:
+        for start in range(0, count, 1000):
+            size = min(1000, count - start)
+            conn.execute(
+                INSERT_MANY,
+                {"queue": QUEUE, "payloads": [encode(payload(start + i)) for i in range(size)]},
+            )
+        conn.execute("ANALYZE floor_job")
+
+
+# --- publish ---------------------------------------------------------------------------------
+
+
+def publish_single(database: Database, sizes: Sizes) -> Sample:
+    create_schema(database)
+    with connect(database) as conn:
+        for i in range(sizes.warmup):
+            conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode(payload(i))})
+        timings: list[float] = []
+        started = time.perf_counter()
+        for i in range(sizes.publish_single):
+            before = time.perf_counter()
+            conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode(payload(i))})
+            timings.append(time.perf_counter() - before)
+        elapsed = time.perf_counter() - started
+    if _count(database) != sizes.warmup + sizes.publish_single:
+        raise BenchError("floor: wrong row count after publishing")
+    return Sample(
+        {"rate": sizes.publish_single / elapsed},
+        {
+            "messages": sizes.publish_single,
+            "seconds": round(elapsed, 3),
+            "send_p50_ms": round(percentile(timings, 0.5) * 1000, 3),
+            "send_p99_ms": round(percentile(timings, 0.99) * 1000, 3),
+        },
+    )
+
+
+def publish_batch(database: Database, sizes: Sizes) -> Sample:
+    create_schema(database)
+    with connect(database) as conn:
+        warm = [encode(payload(i)) for i in range(sizes.warmup)]
+        conn.execute(INSERT_MANY, {"queue": QUEUE, "payloads": warm})
+        batches = sizes.publish_batch // sizes.batch_size
+        started = time.perf_counter()
+        for b in range(batches):
+            base = b * sizes.batch_size
+            bodies = [encode(payload(base + i)) for i in range(sizes.batch_size)]
+            conn.execute(INSERT_MANY, {"queue": QUEUE, "payloads": bodies})
+        elapsed = time.perf_counter() - started
+    sent = batches * sizes.batch_size
+    if _count(database) != sizes.warmup + sent:
+        raise BenchError("floor: wrong row count after publishing")
+    return Sample(
+        {"rate": sent / elapsed},
+        {"messages": sent, "batch_size": sizes.batch_size, "seconds": round(elapsed, 3)},
+    )
+
+
+# --- drain -----------------------------------------------------------------------------------
+
+
+def drain_claim(batch: int) -> Callable[[Database, Sizes], Sample]:
+    def drain(database: Database, sizes: Sizes) -> Sample:
+        prepublish(database, sizes.drain)
+        consumed: list[int] = []
+        errors: list[BaseException] = []
+        timings: dict[str, list[float]] = {"claim": [], "complete": []}
+        gate = threading.Barrier(sizes.drain_threads + 1)
+        connections = [connect(database) for _ in range(sizes.drain_threads)]
+
+        def loop(conn: psycopg.Connection[Any]) -> None:
+            mine: list[int] = []
+            claim_s: list[float] = []
+            complete_s: list[float] = []
+            try:
+                gate.wait()
+                while True:
+                    started = time.perf_counter()
+                    rows = conn.execute(CLAIM, {"queue": QUEUE, "limit": batch}).fetchall()
+                    for _, body in rows:
+                        json.loads(body)
+                    claim_s.append(time.perf_counter() - started)
+                    if not rows:
+                        break
+                    ids = [row[0] for row in rows]
+                    started = time.perf_counter()
+                    conn.execute(ACK, {"ids": ids})
+                    complete_s.append(time.perf_counter() - started)
+                    mine += ids
+            except BaseException as error:
+                errors.append(error)
+            consumed.extend(mine)
+            timings["claim"] += claim_s
+            timings["complete"] += complete_s
+
+        threads = [threading.Thread(target=loop, args=(c,)) for c in connections]
+        for thread in threads:
+            thread.start()
+        gate.wait()
+        started = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - started
+        for conn in connections:
+            conn.close()
+        if errors:
+            raise BenchError(f"a floor consumer thread failed: {errors[0]!r}")
+        if len(consumed) != sizes.drain or len(set(consumed)) != sizes.drain:
+            raise BenchError(f"floor: consumed {len(consumed)} ({len(set(consumed))} distinct)")
+        if _count(database):
+            raise BenchError("floor: rows left after draining")
+        return Sample(
+            {"rate": sizes.drain / elapsed},
+            {
+                "messages": sizes.drain,
+                "seconds": round(elapsed, 3),
+                "threads": sizes.drain_threads,
+                "claim_limit": batch,
+                **call_timings(timings),
+            },
+        )
+
+    return drain
+
+
+# --- latency ---------------------------------------------------------------------------------
+
+
+def latency(database: Database, sizes: Sizes) -> Sample:
+    create_schema(database)
+    count = int(sizes.latency_rate * sizes.latency_seconds)
+    with connect(database) as conn:
+
+        def send(i: int) -> None:
+            conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode(payload(i))})
+
+        conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode({"warmup": True})})
+        args = [NAME, "latency", "--url", database.url, "--expect", str(count)]
+        with Consumer(*args, timeout=sizes.latency_seconds + 60) as consumer:
+            consumer.read_event("ready")
+            time.sleep(IDLE_SETTLE)
+            paced = publish_paced(send, rate=sizes.latency_rate, seconds=sizes.latency_seconds)
+            done = consumer.finish()
+    return latency_sample(done["arrivals"], paced)
+
+
+WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
+    "publish.single": publish_single,
+    "publish.batch": publish_batch,
+    "drain.claim10": drain_claim(10),
+    "drain.claim100": drain_claim(100),
+    "latency": latency,
+}
+
+
+# --- the consumer process --------------------------------------------------------------------
+
+
+def consume(args: argparse.Namespace) -> None:
+    """One LISTENing connection for wake-ups, one for work; claim until empty, then wait for
+    a notification (or a 1 s poll)."""
+    if args.mode != "latency":
+        raise SystemExit(f"the floor has no {args.mode!r} consumer")
+    arrivals: list[tuple[int, float, float]] = []
+    deadline = time.monotonic() + args.timeout
+    with (
+        psycopg.connect(args.url, autocommit=True) as listener,
+        psycopg.connect(args.url, autocommit=True) as conn,
+    ):
+        listener.execute(f"LISTEN {CHANNEL}")
+        while len(arrivals) < args.expect and time.monotonic() < deadline:
+            rows = conn.execute(CLAIM, {"queue": QUEUE, "limit": 10}).fetchall()
+            if not rows:
+                for _ in listener.notifies(timeout=1.0, stop_after=1):
+                    pass
+                continue
+            for _, data in rows:
+                now = time.time()
+                body = json.loads(data)
+                if body.get("warmup"):
+                    emit("ready")
+                else:
+                    arrivals.append((body["seq"], body["t"], now))
+            conn.execute(ACK, {"ids": [row[0] for row in rows]})
+    emit("done", arrivals=arrivals)
