@@ -52,6 +52,7 @@ def _params(broker: sqlbroker.Broker) -> dict[str, Any]:
         "lease": 30.0,
         "limit": 10,
         "worker": "explain",
+        "max_attempts": None,
     }
 
 
