@@ -122,9 +122,11 @@ class Broker(_ProducerBroker):
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:
         """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT)."""
         worker = self._worker = self.worker(**options)
+        self.add_publish_listener(worker.hint)
         try:
             await worker.run_async(timeout=timeout)
         finally:
+            self.remove_publish_listener(worker.hint)
             self._worker = None
 
     def run(self, *, timeout: float | None = None, **options: Any) -> None:
@@ -143,9 +145,11 @@ class Broker(_ProducerBroker):
         # The worker exists before its event loop does, so that a stop() called from
         # another thread right after starting is remembered rather than lost.
         worker = self._worker = self.worker(**options)
+        self.add_publish_listener(worker.hint)
         try:
             worker.run(until_idle=until_idle, timeout=timeout)
         finally:
+            self.remove_publish_listener(worker.hint)
             self._worker = None
 
     def stop(self, *, now: bool = False) -> None:

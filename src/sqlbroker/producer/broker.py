@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -18,6 +19,7 @@ from sqlbroker.core.message import (
     ArchivedMessage,
     Delivery,
     ErrorInfo,
+    NewMessage,
     Outcome,
     PendingMessage,
     State,
@@ -90,6 +92,27 @@ class Broker:
         self._ready = False
         self._ready_lock = threading.Lock()
         self.dead_letters = DeadLetters(self._checked)
+        self._publish_listeners: list[Callable[[str | None], None]] = []
+
+    def add_publish_listener(self, listener: Callable[[str | None], None]) -> None:
+        """Call ``listener(subscription)`` after each publish this broker commits
+        (``None``: any subscription may have new work). In-process wake-ups use it."""
+        self._publish_listeners.append(listener)
+
+    def remove_publish_listener(self, listener: Callable[[str | None], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._publish_listeners.remove(listener)
+
+    def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
+        result = self._checked().message_insert_many(
+            messages=messages, subscription=queue, conn=conn
+        )
+        # With conn= the caller has not committed yet; NOTIFY or the change watcher
+        # tells the workers once it does.
+        if conn is None:
+            for listener in list(self._publish_listeners):
+                listener(queue)
+        return result.message_ids
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -202,10 +225,7 @@ class Broker:
             dedupe_window=dedupe_window,
             content_type=content_type,
         )
-        result = self._checked().message_insert_many(
-            messages=[message], subscription=None, conn=conn
-        )
-        return result.message_ids[0]
+        return self._insert([message], None, conn)[0]
 
     def publish_many(self, messages: Iterable[Mapping[str, Any]], *, conn: Any = None) -> list[str]:
         """Publish a batch in one transaction. Each item is a mapping with ``topic``,
@@ -213,11 +233,7 @@ class Broker:
         batch = build_batch(messages, defaults=self._defaults)
         if not batch:
             return []
-        return (
-            self._checked()
-            .message_insert_many(messages=batch, subscription=None, conn=conn)
-            .message_ids
-        )
+        return self._insert(batch, None, conn)
 
     def send(
         self,
@@ -256,10 +272,7 @@ class Broker:
             dedupe_window=dedupe_window,
             content_type=content_type,
         )
-        result = self._checked().message_insert_many(
-            messages=[message], subscription=queue, conn=conn
-        )
-        return result.message_ids[0]
+        return self._insert([message], queue, conn)[0]
 
     def send_many(
         self, queue: str, payloads: Iterable[Any], *, conn: Any = None, **options: Any
@@ -270,11 +283,7 @@ class Broker:
         batch = build_batch(payloads, defaults=self._defaults, topic=queue, options=options)
         if not batch:
             return []
-        return (
-            self._checked()
-            .message_insert_many(messages=batch, subscription=queue, conn=conn)
-            .message_ids
-        )
+        return self._insert(batch, queue, conn)
 
     # --- subscriptions -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ gracefully and ``run()`` raises :class:`WorkerCrashed` naming it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -110,6 +111,13 @@ class Worker:
         log.info("received %s", signal.Signals(signum).name)
         self._request_stop(now=self._signals > 1)
 
+    def hint(self, subscription: str | None) -> None:
+        """New work may be claimable (``None``: anywhere); safe from any thread."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._hint, subscription)
+
     def _hint(self, subscription: str | None) -> None:
         if subscription is None:
             for pump in self._pumps.values():
@@ -161,12 +169,15 @@ class Worker:
                 )
                 for spec in self._specs
             }
+
+            def on_hint(subscription: str | None) -> None:
+                # The listener thread is not joined: a hint may come after the loop closed.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._hint, subscription)
+
             listener = threading.Thread(
                 target=backend.listen,
-                kwargs={
-                    "on_hint": lambda sub: loop.call_soon_threadsafe(self._hint, sub),
-                    "stop": listen_stop,
-                },
+                kwargs={"on_hint": on_hint, "stop": listen_stop},
                 name="sqlbroker-listen",
                 daemon=True,
             )
@@ -263,8 +274,16 @@ class Worker:
             released += await pump.release_unstarted()
         if released:
             log.info("released %d claimed but unstarted message(s)", released)
-        await writeback.drain(timeout=10.0)
-        side_stop.set()
+        try:
+            await writeback.drain(timeout=10.0)
+        except Exception as error:
+            # Database errors are retried inside the drain; this is a broken backend or a
+            # bug. The outcomes not written come back when their leases expire.
+            log.exception("the final write-back failed")
+            if self._crash is None:
+                self._crash = ("write-back", error)
+        finally:
+            side_stop.set()
         hooks = [task for pump in self._pumps.values() for task in pump.background]
         if hooks:
             await asyncio.wait(hooks, timeout=5.0)
