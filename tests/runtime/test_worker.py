@@ -1,0 +1,233 @@
+"""The worker as a whole, in-process: claim order, running until idle, the poll that
+guarantees progress without hints, and a side task that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import sqlbroker
+from runtime.support import assert_all_completed_once, run_until_idle, wait_until
+
+
+def test_priorities_are_respected_under_load(broker: sqlbroker.Broker) -> None:
+    rng = random.Random(20240611)
+    order: list[tuple[int, int]] = []
+
+    @broker.subscriber(name="load", topics=["load.*"], concurrency=1, prefetch=0)
+    async def handle(msg: sqlbroker.Message) -> None:
+        order.append((msg.priority, msg.payload))
+
+    broker.subscribe("load", ["load.*"])
+    published = [(rng.randrange(10), index) for index in range(200)]
+    for start in range(0, len(published), 50):
+        broker.publish_many(
+            {"topic": "load.item", "payload": index, "priority": priority}
+            for priority, index in published[start : start + 50]
+        )
+    # A few more one at a time, so that ties span transactions as well as batches.
+    for index in range(200, 220):
+        published.append((index % 3, index))
+        broker.publish("load.item", index, priority=index % 3)
+    run_until_idle(broker)
+
+    assert len(order) == len(published)
+    assert order == sorted(published), "not in priority order, FIFO among equals"
+
+
+def test_one_ordering_key_is_handled_one_at_a_time_in_publish_order(
+    broker: sqlbroker.Broker,
+) -> None:
+    """Per-key order under a concurrent worker, with a failing head holding its key back
+    until its retry succeeds."""
+    handled: list[tuple[str, int]] = []
+    in_flight: collections.Counter[str] = collections.Counter()
+    overlaps: list[str] = []
+    policy = sqlbroker.RetryPolicy(base=0.3, jitter="none")
+
+    @broker.subscriber(queue="jobs", concurrency=4, retry=policy)
+    async def handle(msg: sqlbroker.Message) -> None:
+        assert msg.key is not None
+        in_flight[msg.key] += 1
+        if in_flight[msg.key] > 1:
+            overlaps.append(msg.key)
+        try:
+            await asyncio.sleep(0.01)
+            if msg.payload == 0 and msg.attempt == 1:
+                raise ConnectionError("the head of k0 fails once")
+            handled.append((msg.key, msg.payload))
+        finally:
+            in_flight[msg.key] -= 1
+
+    ids = [broker.send("jobs", index, key=f"k{index % 3}") for index in range(30)]
+    run_until_idle(broker)
+
+    assert_all_completed_once(broker, "jobs", ids)
+    assert overlaps == []
+    for key in ("k0", "k1", "k2"):
+        payloads = [payload for handled_key, payload in handled if handled_key == key]
+        assert payloads == sorted(payloads)
+        assert len(payloads) == 10
+
+
+def test_run_until_idle_waits_for_retries_and_delayed_messages(broker: sqlbroker.Broker) -> None:
+    calls: list[tuple[Any, int]] = []
+    policy = sqlbroker.RetryPolicy(max_attempts=3, base=1.0, jitter="none")
+
+    @broker.subscriber(queue="jobs", retry=policy)
+    def handle(msg: sqlbroker.Message) -> None:
+        calls.append((msg.payload, msg.attempt))
+        if msg.payload == "flaky" and msg.attempt == 1:
+            raise ConnectionError("try again in a second")
+
+    flaky = broker.send("jobs", "flaky")
+    later = broker.send("jobs", "later", delay=1.5)
+    elapsed = run_until_idle(broker)
+
+    assert elapsed >= 0.9
+    archived = assert_all_completed_once(broker, "jobs", [flaky, later])
+    assert archived[flaky].attempts == 2
+    assert archived[later].attempts == 1
+    assert sorted(calls) == [("flaky", 1), ("flaky", 2), ("later", 1)]
+
+
+def test_run_until_idle_returns_at_once_when_there_is_nothing_to_do(
+    broker: sqlbroker.Broker,
+) -> None:
+    @broker.subscriber(queue="jobs")
+    async def handle(msg: sqlbroker.Message) -> None:
+        raise AssertionError("nothing was sent")
+
+    assert run_until_idle(broker) < 5
+    assert broker.archive("jobs") == []
+
+
+def test_messages_are_handled_within_the_poll_interval_when_hints_are_lost(
+    broker: sqlbroker.Broker,
+    make_broker: Callable[..., sqlbroker.Broker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Notifications are only hints: with none at all, the bounded poll still finds every
+    message within the poll interval (plus a generous margin for a busy machine). The
+    messages come from another broker, as from another process: a publish through the
+    worker's own broker would wake it directly."""
+
+    def no_hints(*, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
+        stop.wait()
+
+    monkeypatch.setattr(broker.backend, "listen", no_hints)
+    poll_interval = 1.0
+    handled: dict[int, float] = {}
+
+    @broker.subscriber(queue="jobs")
+    async def handle(msg: sqlbroker.Message) -> None:
+        handled[msg.payload] = time.monotonic()
+
+    runner = threading.Thread(
+        target=broker.run,
+        kwargs={"install_signal_handlers": False, "poll_interval": poll_interval},
+        daemon=True,
+    )
+    publisher = make_broker()
+    runner.start()
+    try:
+        latencies = []
+        for index in range(3):
+            # Let the worker go idle and back off to its longest poll first.
+            time.sleep(2.5 * poll_interval if index == 0 else 1.3 * poll_interval)
+            sent = time.monotonic()
+            publisher.send("jobs", index)
+            wait_until(lambda i=index: i in handled, timeout=20, what=f"message {index}")
+            latencies.append(handled[index] - sent)
+    finally:
+        broker.stop()
+        runner.join(timeout=30)
+    assert not runner.is_alive()
+    assert max(latencies) <= poll_interval + 1.0, latencies
+    # Found by the poll, not by a hint: the poll's phase is random, so some message waited.
+    assert max(latencies) > 0.05, latencies
+
+
+CRASHING = {
+    "message_extend_leases": "leases jobs",
+    "lease_release_expired": "reaper",
+    "message_complete_many": "write-back",
+}
+
+
+@pytest.mark.parametrize("method", list(CRASHING))
+@pytest.mark.parametrize("runner", ["run_until_idle", "run"])
+def test_a_side_task_that_dies_stops_the_worker_and_run_raises_worker_crashed(
+    broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch, method: str, runner: str
+) -> None:
+    starts: list[int] = []
+    finishes: list[int] = []
+    backend = broker.backend
+    real = getattr(backend, method)
+    calls = 0
+
+    def broken(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        # The reaper's first pass at start-up succeeds, so that a handler gets to start.
+        if method == "lease_release_expired" and calls == 1:
+            return real(**kwargs)
+        raise RuntimeError(f"{method} is broken")
+
+    monkeypatch.setattr(backend, method, broken)
+
+    @broker.subscriber(queue="jobs", concurrency=1, prefetch=2, lease=0.9)
+    async def handle(msg: sqlbroker.Message) -> None:
+        starts.append(msg.payload)
+        await asyncio.sleep(0.5)
+        finishes.append(msg.payload)
+
+    ids = broker.send_many("jobs", list(range(5)))
+    options: dict[str, Any] = {"install_signal_handlers": False, "reap_interval": 0.3}
+    run = broker.run if runner == "run" else broker.run_until_idle
+    with pytest.raises(sqlbroker.WorkerCrashed) as raised:
+        run(timeout=30, **options)
+
+    assert f"the worker's {CRASHING[method]} task died" in str(raised.value)
+    assert f"{method} is broken" in str(raised.value)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    # It drained: every handler that started finished, unstarted claims were given back.
+    assert starts
+    assert starts == finishes
+    monkeypatch.undo()
+    pending = {p.message_id: p for p in broker.pending("jobs")}
+    archived = {row.message_id: row for row in broker.archive("jobs")}
+    started = {ids[payload] for payload in starts}
+    unstarted = set(ids) - started
+    assert all(pending[m].state == sqlbroker.State.AVAILABLE for m in unstarted), pending
+    assert all(pending[m].attempts == 0 for m in unstarted), pending
+    if method != "message_complete_many":
+        assert set(archived) == started
+        assert all(row.outcome == sqlbroker.Outcome.COMPLETED for row in archived.values())
+        return
+    # The finished handlers' outcomes could not be written: those messages stay leased
+    # until the lease runs out, then they are delivered again. Nothing is lost.
+    assert archived == {}
+    assert {m for m, p in pending.items() if p.state == sqlbroker.State.RUNNING} == started
+    time.sleep(1.0)
+    assert broker.reap()["released"] == len(started)
+    assert {p.message_id for p in broker.pending("jobs")} == set(ids)
+
+
+def test_the_worker_can_run_again_after_it_stopped(broker: sqlbroker.Broker) -> None:
+    @broker.subscriber(queue="jobs")
+    async def handle(msg: sqlbroker.Message) -> None:
+        pass
+
+    first = broker.send("jobs", 1)
+    run_until_idle(broker)
+    second = broker.send("jobs", 2)
+    run_until_idle(broker)
+    assert_all_completed_once(broker, "jobs", [first, second])
