@@ -262,9 +262,14 @@ class Pump:
         self, hook: Callable[[Any, str], Any], message: Message, reason: str
     ) -> None:
         try:
-            result = hook(message, reason)
-            if inspect.isawaitable(result):
-                await result
+            if inspect.iscoroutinefunction(hook):
+                await hook(message, reason)
+            else:
+                # A plain function may block (an alert, an HTTP call): keep it off the loop.
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._threads, hook, message, reason)
+                if inspect.isawaitable(result):
+                    await result
         except Exception:
             log.exception("the on_dead_letter hook of %s failed", self.name)
 
