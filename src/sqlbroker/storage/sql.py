@@ -10,9 +10,12 @@ import re
 from importlib import resources
 
 _HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^-- include: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
 def parse_blocks(text: str) -> dict[str, str]:
+    """Split ``text`` into named blocks; a line ``-- include: other`` stands for the text of
+    the block ``other`` (one level), so that two statements can share a long common part."""
     blocks: dict[str, str] = {}
     matches = list(_HEADER.finditer(text))
     for index, match in enumerate(matches):
@@ -21,7 +24,14 @@ def parse_blocks(text: str) -> dict[str, str]:
         if name in blocks:
             raise ValueError(f"duplicate SQL block {name!r}")
         blocks[name] = text[match.end() : end].strip()
-    return blocks
+
+    def include(found: re.Match[str]) -> str:
+        name = found.group(1)
+        if name not in blocks:
+            raise ValueError(f"-- include: of an unknown SQL block {name!r}")
+        return blocks[name]
+
+    return {name: _INCLUDE.sub(include, body) for name, body in blocks.items()}
 
 
 def load_blocks(package: str, filename: str, *, schema: str = "") -> dict[str, str]:

@@ -259,9 +259,16 @@ class PostgresBackend:
             fresh = [m for m in messages if m.message_id not in originals]
             unrouted = 0
             if fresh:
-                row = c.execute(
-                    self._sql["message_insert"], self._insert_params(fresh, subscription, now)
-                ).fetchone()
+                if len(fresh) == 1:
+                    statement = self._sql["message_insert_one"]
+                    params = {
+                        name: value[0] if isinstance(value, list) else value
+                        for name, value in self._insert_params(fresh, subscription, now).items()
+                    }
+                else:
+                    statement = self._sql["message_insert"]
+                    params = self._insert_params(fresh, subscription, now)
+                row = c.execute(statement, params).fetchone()
                 unrouted = int(row[0]) if row else 0
         return InsertResult(
             message_ids=[originals.get(m.message_id, m.message_id) for m in messages],

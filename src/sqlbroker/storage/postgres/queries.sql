@@ -101,9 +101,7 @@ WHERE ctid = ANY (ARRAY(
 ))
 
 -- name: message_insert
--- One statement for a whole batch: direct to %(subscription)s when it is given, otherwise
--- fanned out to every subscription with a matching pattern; unmatched messages are archived
--- as unrouted. Workers of each subscription that got claimable work are notified (at commit).
+-- One statement for a whole batch (arrays read with unnest); see message_insert_routing.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
 b AS (
     SELECT b.*, t.now,
@@ -117,6 +115,32 @@ b AS (
         WITH ORDINALITY AS b(message_id, topic, priority, ordering_key, idempotency_key, payload,
                              content_type, headers, max_attempts, at, delay, expires, ttl, seq)
 ),
+-- include: message_insert_routing
+
+-- name: message_insert_one
+-- The same for one message, with scalar parameters: unlike unnest over an array, whose
+-- row estimate differs between custom and generic plans, this gets a cached generic plan
+-- instead of being planned again on every send.
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT %(message_id)s::uuid AS message_id, %(topic)s::text AS topic,
+           %(priority)s::smallint AS priority, %(ordering_key)s::text AS ordering_key,
+           %(idempotency_key)s::text AS idempotency_key, %(payload)s::bytea AS payload,
+           %(content_type)s::text AS content_type, %(headers)s::text AS headers,
+           %(max_attempts)s::integer AS max_attempts, 1::bigint AS seq, t.now,
+           coalesce(%(at)s::timestamptz,
+                    t.now + make_interval(secs => coalesce(%(delay)s::float8, 0))) AS ready_at,
+           coalesce(%(expires)s::timestamptz,
+                    t.now + make_interval(secs => %(ttl)s::float8)) AS expire_at
+    FROM t
+),
+-- include: message_insert_routing
+
+-- name: message_insert_routing
+-- (A fragment, included above.) Copies go direct to %(subscription)s when it is given,
+-- creating that queue on first use, otherwise fan out to every subscription with a matching
+-- pattern; unmatched messages are archived as unrouted. Workers of each subscription that
+-- got claimable work are notified (at commit).
 queue AS (
     INSERT INTO {schema}sqlbroker_subscription (name, created_at)
     SELECT %(subscription)s::text, t.now FROM t WHERE %(subscription)s::text IS NOT NULL
