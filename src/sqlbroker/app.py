@@ -58,7 +58,8 @@ class Broker(_ProducerBroker):
 
         - ``concurrency``: handlers running at once in each worker process (plain functions
           run in a thread pool, never on the event loop);
-        - ``prefetch``: extra messages claimed ahead of free slots (default concurrency / 4);
+        - ``prefetch``: extra messages claimed ahead of free slots, so that the next batch
+          is at hand when handlers finish (default: the concurrency);
         - ``lease``: seconds a claim is held before redelivery (kept alive while running);
         - ``timeout``: a handler running longer is cancelled and counts as failed
           (default 300 s; ``None`` for no limit);

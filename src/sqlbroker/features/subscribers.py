@@ -102,7 +102,7 @@ def make_spec(
         is_queue=queue is not None,
         concurrency=workers,
         prefetch=(
-            max(1, workers // 4)
+            workers
             if prefetch is None
             else validate.integer(prefetch, "prefetch", minimum=0, maximum=10_000)
         ),

@@ -92,8 +92,12 @@ class Pump:
         failures = 0
         limit_per_claim = validate.MAX_CLAIM
         while not stop.is_set():
-            capacity = self.spec.concurrency + self.spec.prefetch - len(self._open)
-            if capacity <= 0:
+            room = self.spec.concurrency + self.spec.prefetch
+            capacity = room - len(self._open)
+            # While claimed messages still wait in the buffer the executors have work, so
+            # wait until half the room is free: one claim then fetches a useful batch
+            # instead of a row or two per round trip.
+            if capacity <= 0 or (capacity < room // 2 and not self._queue.empty()):
                 self._capacity.clear()
                 await wait_any(self._capacity, stop)
                 continue
