@@ -116,7 +116,8 @@ class Backend(Protocol):
 
         PostgreSQL: LISTEN/NOTIFY on a dedicated connection, re-established with backoff,
         with ``on_hint(None)`` after every (re)connect. SQLite: ``PRAGMA data_version``
-        watched every 50 ms, which sees commits from every connection and process.
+        watched every 2 to 50 ms (more often while commits keep coming), which sees commits
+        from every connection and process.
         """
 
     # --- subscriptions ---------------------------------------------------------------------

@@ -61,6 +61,8 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _PROMOTE_BATCH = 1000
+_WATCH_MIN = 0.002
+_WATCH_MAX = 0.05
 
 
 class SqliteBackend:
@@ -108,12 +110,18 @@ class SqliteBackend:
         while not stop.is_set():
             try:
                 with self._db.dedicated() as conn:
+                    # Look often while commits keep coming, rarely when the file is quiet:
+                    # 2 ms after a change, doubling to 50 ms. A look costs microseconds.
+                    pause = _WATCH_MIN
                     while not stop.is_set():
                         version = conn.execute("PRAGMA data_version").fetchone()[0]
                         if version != last:
                             last = version
+                            pause = _WATCH_MIN
                             on_hint(None)
-                        stop.wait(0.05)
+                        else:
+                            pause = min(pause * 2, _WATCH_MAX)
+                        stop.wait(pause)
             except StorageError as error:
                 log.warning("watching the SQLite database for changes failed: %s", error)
                 stop.wait(1.0)
