@@ -67,6 +67,29 @@ def _check_value(value: Any, field: str, where: str, depth: int) -> None:
     )
 
 
+def _plain(value: Any, depth: int) -> bool:
+    """The fast path: is ``value`` plain JSON? Builds no messages; a ``False`` sends the
+    payload through :func:`_check_value` to say what is wrong. Strings are checked for NUL
+    only: a lone surrogate fails the UTF-8 encoding of the whole document."""
+    if depth > MAX_DEPTH:
+        return False
+    kind = type(value)
+    if kind is str:
+        return "\x00" not in value
+    if value is None or kind is bool or kind is int:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        return all(
+            type(key) is str and "\x00" not in key and _plain(item, depth + 1)
+            for key, item in value.items()
+        )
+    if kind is list or kind is tuple:
+        return all(_plain(item, depth + 1) for item in value)
+    return False  # subclasses and anything else: the full check decides
+
+
 def check_payload_limit(limit: object) -> int:
     """Validate a configured payload size limit (bytes)."""
     if (
@@ -112,9 +135,13 @@ def encode_payload(
                 "content_type",
                 f"{content_type!r} needs a bytes payload; JSON values are {JSON_CONTENT_TYPE}",
             )
-        _check_value(payload, field, "the payload", 0)
+        if not _plain(payload, 0):
+            _check_value(payload, field, "the payload", 0)
         try:
             data = _encoder.encode(payload).encode("utf-8")
+        except UnicodeEncodeError:
+            _check_value(payload, field, "the payload", 0)
+            raise InvalidPayload(field, "is not valid Unicode") from None
         except ValueError as error:  # an integer beyond Python's printable digit limit
             raise InvalidPayload(field, f"cannot be encoded as JSON: {error}") from None
         kind = JSON_CONTENT_TYPE
