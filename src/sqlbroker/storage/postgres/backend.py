@@ -25,33 +25,24 @@ from sqlbroker.core.errors import (
     SchemaError,
 )
 from sqlbroker.core.message import (
-    ArchivedMessage,
-    DeadLetter,
     Delivery,
     NewMessage,
-    Outcome,
-    PendingMessage,
-    State,
     Subscription,
-    SubscriptionStats,
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import (
-    DeadFilter,
     DeadRequest,
     InsertResult,
     Lease,
     ReapResult,
     RetryRequest,
 )
+from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import Conn, PostgresPool
 from sqlbroker.storage.rows import (
-    archived_of,
-    dead_letter_of,
     delivery_of,
     error_json,
-    pending_of,
     subscriptions_of,
     utc,
 )
@@ -77,7 +68,7 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend:
+class PostgresBackend(PostgresAdmin):
     name = "postgresql"
     supports_notify = True
 
@@ -487,25 +478,6 @@ class PostgresBackend:
             self._promote_after(conn, rows)
         return len(rows)
 
-    def message_list(
-        self, *, subscription: str | None, state: State | None, limit: int
-    ) -> list[PendingMessage]:
-        with self._db.connection(write=False) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["message_list"],
-                    {
-                        "subscription": subscription,
-                        "state": state.value if state else None,
-                        "limit": limit,
-                        "now": self._now_param(),
-                    },
-                )
-                .fetchall()
-            )
-        return [pending_of(row) for row in rows]
-
     # --- maintenance -------------------------------------------------------------------------
 
     def lease_release_expired(self, *, limit: int) -> ReapResult:
@@ -546,107 +518,3 @@ class PostgresBackend:
             return conn.execute(
                 self._sql["archive_trim"], {"older_than": older_than, "limit": limit}
             ).rowcount
-
-    # --- dead letters ------------------------------------------------------------------------
-
-    @staticmethod
-    def _dead_params(where: DeadFilter) -> dict[str, Any]:
-        return {
-            "ids": None if where.ids is None else list(where.ids),
-            "subscription": where.subscription,
-            "topic": where.topic,
-            "error_type": where.error_type,
-            "reason_contains": where.reason_contains,
-            "dead_before": where.dead_before,
-            "dead_after": where.dead_after,
-        }
-
-    def dead_list(self, *, where: DeadFilter, limit: int, after_id: int | None) -> list[DeadLetter]:
-        with self._db.connection(write=False) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["dead_select"],
-                    {**self._dead_params(where), "after_id": after_id, "limit": limit},
-                )
-                .fetchall()
-            )
-        return [dead_letter_of(row) for row in rows]
-
-    def dead_get(self, *, id: int) -> DeadLetter | None:
-        found = self.dead_list(where=DeadFilter(ids=(id,)), limit=1, after_id=None)
-        return found[0] if found else None
-
-    def dead_replay(self, *, where: DeadFilter, actor: str, note: str | None) -> list[int]:
-        params = {
-            **self._dead_params(where),
-            "now": self._now_param(),
-            "actor": actor,
-            "note": note,
-            "channel": self.notify_channel,
-        }
-        with self._db.transaction() as conn:
-            # Replayed copies join their key's line like new publishes: take the key locks.
-            keys = sorted(row[0] for row in conn.execute(self._sql["dead_replay_keys"], params))
-            if keys:
-                conn.execute(self._sql["key_lock"], {"keys": keys})
-            return [row[0] for row in conn.execute(self._sql["dead_replay"], params).fetchall()]
-
-    def dead_purge(self, *, where: DeadFilter, actor: str, note: str | None) -> int:
-        params = {
-            **self._dead_params(where),
-            "now": self._now_param(),
-            "actor": actor,
-            "note": note,
-        }
-        with self._db.connection(write=True) as conn:
-            row = conn.execute(self._sql["dead_purge"], params).fetchone()
-        return int(row[0]) if row else 0
-
-    # --- archive and stats -------------------------------------------------------------------
-
-    def archive_list(
-        self,
-        *,
-        subscription: str | None,
-        outcome: Outcome | None,
-        message_id: str | None,
-        limit: int,
-    ) -> list[ArchivedMessage]:
-        with self._db.connection(write=False) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["archive_list"],
-                    {
-                        "subscription": subscription,
-                        "outcome": outcome.value if outcome else None,
-                        "message_id": message_id,
-                        "limit": limit,
-                    },
-                )
-                .fetchall()
-            )
-        return [archived_of(row) for row in rows]
-
-    def stats_collect(self) -> list[SubscriptionStats]:
-        with self._db.connection(write=False) as conn:
-            rows = conn.execute(self._sql["stats"], {"now": self._now_param()}).fetchall()
-        return [
-            SubscriptionStats(
-                subscription=r[0],
-                ready=r[1],
-                scheduled=r[2],
-                running=r[3],
-                blocked=r[4],
-                dead=r[5],
-                oldest_ready_age=r[6],
-            )
-            for r in rows
-        ]
-
-    def table_counts(self) -> dict[str, int]:
-        with self._db.connection(write=False) as conn:
-            return {
-                row[0]: int(row[1]) for row in conn.execute(self._sql["table_counts"]).fetchall()
-            }
