@@ -74,6 +74,18 @@ def split_script(script: str) -> list[str]:
     return statements
 
 
+_WRITERS: dict[str, threading.RLock] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def _writer_for(path: str) -> threading.RLock:
+    """One write lock per database file in this process, shared by every broker on it."""
+    if path == ":memory:":
+        return threading.RLock()
+    with _WRITERS_LOCK:
+        return _WRITERS.setdefault(path, threading.RLock())
+
+
 class SqlitePool:
     """Hands out connections to one database file, one thread at a time.
 
@@ -109,6 +121,7 @@ class SqlitePool:
                     " not reliable, so messages could be lost or delivered twice; use a local disk"
                     " or PostgreSQL"
                 )
+        self._writer = _writer_for(self.path)
         self._slots = threading.BoundedSemaphore(pool_size)
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -215,14 +228,25 @@ class SqlitePool:
                 yield conn
             return
         with self._connection() as own:
-            own.execute("BEGIN IMMEDIATE")
+            # Threads of this process take turns on a Python lock: SQLite's busy handler
+            # would put the losers to sleep in steps of up to 100 ms. busy_timeout still
+            # arbitrates between processes.
+            if not self._writer.acquire(timeout=self._busy_timeout):
+                raise DatabaseBusy(
+                    f"another thread held the SQLite write lock for more than"
+                    f" {self._busy_timeout:g} s; nothing was written"
+                )
             try:
-                yield own
-            except BaseException:
-                if own.in_transaction:
-                    own.execute("ROLLBACK")
-                raise
-            own.execute("COMMIT")
+                own.execute("BEGIN IMMEDIATE")
+                try:
+                    yield own
+                except BaseException:
+                    if own.in_transaction:
+                        own.execute("ROLLBACK")
+                    raise
+                own.execute("COMMIT")
+            finally:
+                self._writer.release()
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
