@@ -17,15 +17,9 @@ from sqlbroker.core.message import (
     State,
     SubscriptionStats,
 )
-from sqlbroker.storage.base import (
-    DeadFilter,
-)
+from sqlbroker.storage.base import DeadFilter
 from sqlbroker.storage.postgres.connection import PostgresPool
-from sqlbroker.storage.rows import (
-    archived_of,
-    dead_letter_of,
-    pending_of,
-)
+from sqlbroker.storage.rows import archived_of, dead_letter_of, pending_of
 
 
 class PostgresAdmin:
@@ -38,25 +32,25 @@ class PostgresAdmin:
     def _now_param(self) -> datetime | None:
         raise NotImplementedError
 
+    def _select(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run the read-only block ``name``; rows come back as dicts for the row mappers."""
+        with self._db.connection(write=False) as conn:
+            return conn.cursor(row_factory=dict_row).execute(self._sql[name], params).fetchall()
+
     # --- listings ----------------------------------------------------------------------------
 
     def message_list(
         self, *, subscription: str | None, state: State | None, limit: int
     ) -> list[PendingMessage]:
-        with self._db.connection(write=False) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["message_list"],
-                    {
-                        "subscription": subscription,
-                        "state": state.value if state else None,
-                        "limit": limit,
-                        "now": self._now_param(),
-                    },
-                )
-                .fetchall()
-            )
+        rows = self._select(
+            "message_list",
+            {
+                "subscription": subscription,
+                "state": state.value if state else None,
+                "limit": limit,
+                "now": self._now_param(),
+            },
+        )
         return [pending_of(row) for row in rows]
 
     # --- dead letters ------------------------------------------------------------------------
@@ -74,15 +68,10 @@ class PostgresAdmin:
         }
 
     def dead_list(self, *, where: DeadFilter, limit: int, after_id: int | None) -> list[DeadLetter]:
-        with self._db.connection(write=False) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["dead_select"],
-                    {**self._dead_params(where), "after_id": after_id, "limit": limit},
-                )
-                .fetchall()
-            )
+        rows = self._select(
+            "dead_select",
+            {**self._dead_params(where), "after_id": after_id, "limit": limit},
+        )
         return [dead_letter_of(row) for row in rows]
 
     def dead_get(self, *, id: int) -> DeadLetter | None:
@@ -125,20 +114,15 @@ class PostgresAdmin:
         message_id: str | None,
         limit: int,
     ) -> list[ArchivedMessage]:
-        with self._db.connection(write=False) as conn:
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["archive_list"],
-                    {
-                        "subscription": subscription,
-                        "outcome": outcome.value if outcome else None,
-                        "message_id": message_id,
-                        "limit": limit,
-                    },
-                )
-                .fetchall()
-            )
+        rows = self._select(
+            "archive_list",
+            {
+                "subscription": subscription,
+                "outcome": outcome.value if outcome else None,
+                "message_id": message_id,
+                "limit": limit,
+            },
+        )
         return [archived_of(row) for row in rows]
 
     def stats_collect(self) -> list[SubscriptionStats]:

@@ -17,14 +17,8 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.serde import encode_json
-from sqlbroker.storage.base import (
-    DeadFilter,
-)
-from sqlbroker.storage.rows import (
-    archived_of,
-    dead_letter_of,
-    pending_of,
-)
+from sqlbroker.storage.base import DeadFilter
+from sqlbroker.storage.rows import archived_of, dead_letter_of, pending_of
 from sqlbroker.storage.sqlite.connection import SqlitePool
 
 
