@@ -118,3 +118,18 @@ def test_wrong_connection_type_is_refused(broker: sqlbroker.Broker) -> None:
         broker.publish("t", 1, conn=object())
     assert caught.value.field == "conn"
     assert broker.backend.table_counts() == before
+
+
+def test_publish_listeners_stay_silent_until_the_caller_commits(
+    outbox: tuple[sqlbroker.Broker, CallerConnection],
+) -> None:
+    """A wake-up before the caller's commit would find nothing; NOTIFY (PostgreSQL) or the
+    change watcher (SQLite) tells workers once the caller commits."""
+    broker, caller = outbox
+    heard: list[str | None] = []
+    broker.add_publish_listener(heard.append)
+    conn = caller.begin()
+    broker.send("emails", "hello", conn=conn)
+    broker.publish("orders.created", {"id": 1}, conn=conn)
+    caller.commit()
+    assert heard == []

@@ -293,3 +293,18 @@ def test_queue_deleted_by_another_broker_is_recreated(make_broker: Any) -> None:
     first.send_many("jobs", [2, 3])
     assert [s.name for s in second.subscriptions()] == ["jobs"]
     assert [d.payload for d in second.claim("jobs", limit=10)] == [2, 3]
+
+
+def test_publish_listeners_hear_committed_publishes_only(broker: sqlbroker.Broker) -> None:
+    """In-process wake-ups: a listener hears each committed publish (the queue for a send,
+    None for a routed publish); see test_outbox for publishes on the caller's connection."""
+    heard: list[str | None] = []
+    broker.add_publish_listener(heard.append)
+    broker.send("q", 1)
+    broker.send_many("q", [2, 3])
+    broker.publish("orders.x", 4)
+    broker.publish_many([{"topic": "orders.y", "payload": 5}])
+    assert heard == ["q", "q", None, None]
+    broker.remove_publish_listener(heard.append)
+    broker.send("q", 6)
+    assert len(heard) == 4
