@@ -19,13 +19,17 @@ from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
     Delivery,
+    NewMessage,
     Outcome,
     PendingMessage,
     State,
     Subscription,
     SubscriptionStats,
 )
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.publishing import build_batch, build_message, check_options
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
+from sqlbroker.storage import caller
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -98,21 +102,60 @@ class AsyncBroker:
     async def migrate(self) -> builtins.list[int]:
         return await self._offload.run(self.sync.migrate)
 
-    async def publish(self, topic: str, payload: Any, **options: Any) -> str:
-        return await self._offload.run(self.sync.publish, topic, payload, **options)
+    # With ``conn=`` the publish joins the caller's transaction. An async connection
+    # (psycopg's AsyncConnection, SQLAlchemy's asyncio) is awaited on this loop; a sync one
+    # is used on the calling thread, where its owner uses it (sqlite3 connections refuse
+    # other threads).
+
+    async def publish(self, topic: str, payload: Any, *, conn: Any = None, **options: Any) -> str:
+        if conn is None:
+            return await self._offload.run(self.sync.publish, topic, payload, **options)
+        if not caller.is_async(conn):
+            return self.sync.publish(topic, payload, conn=conn, **options)
+        message = build_message(topic, payload, defaults=self.sync.publish_defaults, **options)
+        return (await self._insert_async([message], None, conn))[0]
 
     async def publish_many(
         self, messages: Iterable[Mapping[str, Any]], *, conn: Any = None
     ) -> builtins.list[str]:
-        return await self._offload.run(self.sync.publish_many, list(messages), conn=conn)
+        if conn is None:
+            return await self._offload.run(self.sync.publish_many, list(messages))
+        if not caller.is_async(conn):
+            return self.sync.publish_many(messages, conn=conn)
+        batch = build_batch(messages, defaults=self.sync.publish_defaults)
+        return await self._insert_async(batch, None, conn) if batch else []
 
-    async def send(self, queue: str, payload: Any, **options: Any) -> str:
-        return await self._offload.run(self.sync.send, queue, payload, **options)
+    async def send(self, queue: str, payload: Any, *, conn: Any = None, **options: Any) -> str:
+        if conn is None:
+            return await self._offload.run(self.sync.send, queue, payload, **options)
+        if not caller.is_async(conn):
+            return self.sync.send(queue, payload, conn=conn, **options)
+        validate_topic(queue, "queue")
+        message = build_message(queue, payload, defaults=self.sync.publish_defaults, **options)
+        return (await self._insert_async([message], queue, conn))[0]
 
     async def send_many(
-        self, queue: str, payloads: Iterable[Any], **options: Any
+        self, queue: str, payloads: Iterable[Any], *, conn: Any = None, **options: Any
     ) -> builtins.list[str]:
-        return await self._offload.run(self.sync.send_many, queue, list(payloads), **options)
+        if conn is None:
+            return await self._offload.run(self.sync.send_many, queue, list(payloads), **options)
+        if not caller.is_async(conn):
+            return self.sync.send_many(queue, payloads, conn=conn, **options)
+        validate_topic(queue, "queue")
+        check_options(options)
+        batch = build_batch(
+            payloads, defaults=self.sync.publish_defaults, topic=queue, options=options
+        )
+        return await self._insert_async(batch, queue, conn) if batch else []
+
+    async def _insert_async(
+        self, messages: builtins.list[NewMessage], queue: str | None, conn: Any
+    ) -> builtins.list[str]:
+        backend = await self._offload.run(lambda: self.sync.backend)
+        result = await backend.message_insert_many_async(
+            messages=messages, subscription=queue, conn=conn
+        )
+        return result.message_ids
 
     async def subscribe(
         self, name: str, patterns: str | Sequence[str], *, replace: bool = False

@@ -127,6 +127,11 @@ class Broker:
         return self._checked()
 
     @property
+    def publish_defaults(self) -> PublishDefaults:
+        """The defaults every publish starts from (``max_attempts``, ``dedupe_window``, …)."""
+        return self._defaults
+
+    @property
     def lease(self) -> float:
         """The default lease, in seconds."""
         return self._lease

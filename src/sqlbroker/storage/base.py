@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -153,6 +154,12 @@ class Backend(Protocol):
         With ``conn`` the caller's connection and transaction are used and never committed.
         """
 
+    async def message_insert_many_async(
+        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+    ) -> InsertResult:
+        """:meth:`message_insert_many` on the caller's async connection (psycopg's
+        ``AsyncConnection``, SQLAlchemy's asyncio); SQLite has none and refuses."""
+
     def message_claim_many(
         self,
         *,
@@ -167,8 +174,23 @@ class Backend(Protocol):
         ``max_attempts`` (a consumer's retry policy) lowers a copy's own limit, so that the
         reaper's quarantine of crashing messages follows the same limit as retries."""
 
-    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
-        """Archive the copies as completed; return the ids whose lease was still valid."""
+    def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
+        """Archive the copies as completed; return the ids whose lease was still valid.
+        With ``conn`` inside that connection's transaction (see :meth:`transaction`)."""
+
+    async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
+        """:meth:`message_complete_many` inside ``conn`` from :meth:`transaction_async`."""
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A write transaction on a connection of the backend's own, yielding the driver
+        connection (``sqlite3.Connection`` / ``psycopg.Connection``) for the caller's
+        statements: it commits when the block ends normally and rolls back otherwise.
+        Handlers' exactly-once effects use it with ``message_complete_many(conn=)``."""
+
+    def transaction_async(self) -> AbstractAsyncContextManager[Any]:
+        """:meth:`transaction` for coroutines: PostgreSQL yields a
+        ``psycopg.AsyncConnection`` from a pool of the running loop; SQLite yields its
+        ``sqlite3.Connection``, one transaction of the loop at a time."""
 
     def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
         """Return leased copies to the queue after a delay; return ids whose lease was valid."""

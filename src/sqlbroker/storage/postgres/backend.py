@@ -11,6 +11,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +40,14 @@ from sqlbroker.storage.base import (
     RetryRequest,
 )
 from sqlbroker.storage.postgres.admin import PostgresAdmin
-from sqlbroker.storage.postgres.connection import Conn, PostgresPool
+from sqlbroker.storage.postgres.connection import (
+    AsyncConn,
+    Conn,
+    Plan,
+    PostgresPool,
+    run_plan,
+    run_plan_async,
+)
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -87,16 +95,17 @@ class PostgresBackend(PostgresAdmin):
         self._clock = clock
         self._schema = schema
         self._qualifier = _qualifier(schema)
+        self._sql = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=self._qualifier)
         self._db = PostgresPool(
             url,
             pool_size=pool_size,
             synchronous_commit=synchronous_commit,
             connect_timeout=connect_timeout,
             application_name=application_name,
+            sql=self._sql,
         )
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
         self.dead_channel = f"{self.notify_channel}_dead"
-        self._sql = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=self._qualifier)
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self._url!s})"
@@ -236,31 +245,47 @@ class PostgresBackend(PostgresAdmin):
     def message_insert_many(
         self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any = None
     ) -> InsertResult:
-        now = self._now_param()
+        plan = self._insert_plan(messages, subscription, self._now_param())
+        if conn is None and not any(
+            m.idempotency_key is not None or m.ordering_key is not None for m in messages
+        ):
+            # One statement: autocommit is its own transaction.
+            with self._db.connection(write=True) as c:
+                return run_plan(c, plan)
+        with self._db.transaction(conn) as c:
+            return run_plan(c, plan)
+
+    async def message_insert_many_async(
+        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+    ) -> InsertResult:
+        plan = self._insert_plan(messages, subscription, self._now_param())
+        async with self._db.transaction_async(conn) as c:
+            return await run_plan_async(c, plan)
+
+    def _insert_plan(
+        self, messages: Sequence[NewMessage], subscription: str | None, now: datetime | None
+    ) -> Plan[InsertResult]:
+        """The statements of a publish, for :func:`run_plan` or :func:`run_plan_async` to
+        run on a sync or an async connection inside one transaction."""
         keyed = [m for m in messages if m.idempotency_key is not None]
         ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
-        with (
-            self._db.transaction(conn)
-            if keyed or ordering_keys or conn is not None
-            else self._db.connection(write=True) as c
-        ):
-            if ordering_keys:
-                c.execute(self._sql["key_lock"], {"keys": ordering_keys})
-            originals = self._dedupe_reserve(c, keyed, now) if keyed else {}
-            fresh = [m for m in messages if m.message_id not in originals]
-            unrouted = 0
-            if fresh:
-                if len(fresh) == 1:
-                    statement = self._sql["message_insert_one"]
-                    params = {
-                        name: value[0] if isinstance(value, list) else value
-                        for name, value in self._insert_params(fresh, subscription, now).items()
-                    }
-                else:
-                    statement = self._sql["message_insert"]
-                    params = self._insert_params(fresh, subscription, now)
-                row = c.execute(statement, params).fetchone()
-                unrouted = int(row[0]) if row else 0
+        if ordering_keys:
+            yield self._sql["key_lock"], {"keys": ordering_keys}
+        originals = (yield from self._dedupe_plan(keyed, now)) if keyed else {}
+        fresh = [m for m in messages if m.message_id not in originals]
+        unrouted = 0
+        if fresh:
+            params = self._insert_params(fresh, subscription, now)
+            if len(fresh) == 1:
+                statement = self._sql["message_insert_one"]
+                params = {
+                    name: value[0] if isinstance(value, list) else value
+                    for name, value in params.items()
+                }
+            else:
+                statement = self._sql["message_insert"]
+            rows = yield statement, params
+            unrouted = int(rows[0][0]) if rows else 0
         return InsertResult(
             message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
             duplicates=len(originals),
@@ -290,9 +315,9 @@ class PostgresBackend(PostgresAdmin):
             "ttl": [m.ttl for m in messages],
         }
 
-    def _dedupe_reserve(
-        self, c: Conn, keyed: Sequence[NewMessage], now: datetime | None
-    ) -> dict[str, str]:
+    def _dedupe_plan(
+        self, keyed: Sequence[NewMessage], now: datetime | None
+    ) -> Plan[dict[str, str]]:
         """Reserve idempotency keys; map each duplicate's message id to the original's id.
 
         Raises ``IdempotencyConflict`` (rolling the transaction back) when a live key was
@@ -315,27 +340,29 @@ class PostgresBackend(PostgresAdmin):
         unique = list(first.values())
         reserved = {
             (topic, key)
-            for topic, key in c.execute(
-                self._sql["dedupe_reserve"],
-                {
-                    "now": now,
-                    "topic": [m.topic for m in unique],
-                    "idempotency_key": [m.idempotency_key for m in unique],
-                    "message_id": [m.message_id for m in unique],
-                    "payload_hash": [m.payload_hash for m in unique],
-                    "window": [m.dedupe_window for m in unique],
-                },
-            ).fetchall()
+            for topic, key in (
+                yield (
+                    self._sql["dedupe_reserve"],
+                    {
+                        "now": now,
+                        "topic": [m.topic for m in unique],
+                        "idempotency_key": [m.idempotency_key for m in unique],
+                        "message_id": [m.message_id for m in unique],
+                        "payload_hash": [m.payload_hash for m in unique],
+                        "window": [m.dedupe_window for m in unique],
+                    },
+                )
+            )
         }
         taken = [m for m in unique if (m.topic, m.idempotency_key) not in reserved]
         if taken:
-            rows = c.execute(
+            rows = yield (
                 self._sql["dedupe_get"],
                 {
                     "topic": [m.topic for m in taken],
                     "idempotency_key": [m.idempotency_key for m in taken],
                 },
-            ).fetchall()
+            )
             existing = {
                 (topic, key): (message_id, digest) for topic, key, message_id, digest in rows
             }
@@ -391,18 +418,37 @@ class PostgresBackend(PostgresAdmin):
     def _lease_params(leases: Sequence[Lease]) -> dict[str, Any]:
         return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
 
-    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
+    def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
         if not leases:
             return []
-        with self._db.connection(write=True) as conn:
-            rows = conn.execute(
-                self._sql["message_complete"],
-                {**self._lease_params(leases), "now": self._now_param()},
-            ).fetchall()
-            self._promote_after(conn, rows)
+        plan = self._complete_plan(leases, self._now_param())
+        if conn is None:
+            with self._db.connection(write=True) as c:
+                return run_plan(c, plan)
+        with self._db.transaction(conn) as c:
+            return run_plan(c, plan)
+
+    async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
+        if not leases:
+            return []
+        async with self._db.transaction_async(conn) as c:
+            return await run_plan_async(c, self._complete_plan(leases, self._now_param()))
+
+    def transaction(self) -> AbstractContextManager[Conn]:
+        return self._db.transaction()
+
+    def transaction_async(self) -> AbstractAsyncContextManager[AsyncConn]:
+        return self._db.transaction_async()
+
+    def _complete_plan(self, leases: Sequence[Lease], now: datetime | None) -> Plan[list[int]]:
+        rows = yield self._sql["message_complete"], {**self._lease_params(leases), "now": now}
+        yield from self._promote_plan(rows, now)
         return [row[0] for row in rows]
 
     def _promote_after(self, conn: Conn, removed: Sequence[tuple[Any, ...]]) -> None:
+        run_plan(conn, self._promote_plan(removed, self._now_param()))
+
+    def _promote_plan(self, removed: Sequence[tuple[Any, ...]], now: datetime | None) -> Plan[None]:
         """Rows ``(id, subscription, ordering_key, state, …)`` just left the hot table: keys
         whose head was among them get their next copy. A crash before this statement leaves
         the key headless until the reaper's ``key_repair``."""
@@ -410,12 +456,12 @@ class PostgresBackend(PostgresAdmin):
             {(row[1], row[2]) for row in removed if row[2] is not None and row[3] != "blocked"}
         )
         if heads:
-            conn.execute(
+            yield (
                 self._sql["key_promote"],
                 {
                     "subscriptions": [subscription for subscription, _ in heads],
                     "keys": [key for _, key in heads],
-                    "now": self._now_param(),
+                    "now": now,
                 },
             )
 

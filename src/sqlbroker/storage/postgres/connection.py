@@ -2,20 +2,53 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+import weakref
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from sqlbroker.core.errors import ConnectionLost, InvalidOption, SchemaError, StorageError
+from sqlbroker.storage import caller
 from sqlbroker.storage.url import DatabaseURL, redact
 
 Conn = psycopg.Connection[TupleRow]
+AsyncConn = psycopg.AsyncConnection[TupleRow]
+T = TypeVar("T")
+Statement = tuple[str, Mapping[str, Any]]
+Plan = Generator[Statement, list[tuple[Any, ...]], T]
+"""The statements of one operation, independent of the driver's I/O: the plan yields each
+statement with its parameters and is sent back the rows it returned. The same plan runs on
+a sync connection (:func:`run_plan`) or an async one (:func:`run_plan_async`)."""
+
+
+def run_plan(conn: Conn, plan: Plan[T]) -> T:
+    try:
+        statement, params = next(plan)
+        while True:
+            cursor = conn.execute(statement, params)
+            rows = cursor.fetchall() if cursor.description is not None else []
+            statement, params = plan.send(rows)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def run_plan_async(conn: AsyncConn, plan: Plan[T]) -> T:
+    try:
+        statement, params = next(plan)
+        while True:
+            cursor = await conn.execute(statement, params)
+            rows = await cursor.fetchall() if cursor.description is not None else []
+            statement, params = plan.send(rows)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 class PostgresPool:
@@ -35,6 +68,7 @@ class PostgresPool:
         synchronous_commit: str,
         connect_timeout: float,
         application_name: str,
+        sql: Mapping[str, str],
     ) -> None:
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 1000:
             raise InvalidOption("pool_size", "must be an integer from 1 to 1000")
@@ -51,7 +85,11 @@ class PostgresPool:
             "synchronous_commit": synchronous_commit,
             "application_name": application_name,
         }
+        self._sql = sql
         self._pool: ConnectionPool[Conn] | None = None
+        self._async_pools: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, AsyncConnectionPool[AsyncConn]
+        ] = weakref.WeakKeyDictionary()
         self._pool_lock = threading.Lock()
         self._closed = False
 
@@ -136,21 +174,140 @@ class PostgresPool:
 
     @contextmanager
     def transaction(self, conn: Any = None) -> Iterator[Conn]:
-        """A transaction on a pooled connection, or the caller's connection as it stands
-        (the caller owns its transaction; we never commit or roll it back)."""
-        if conn is not None:
-            if not isinstance(conn, psycopg.Connection):
-                raise InvalidOption(
-                    "conn",
-                    f"a PostgreSQL broker needs a psycopg.Connection, not {type(conn).__name__}",
-                )
-            try:
-                yield conn
-            except psycopg.Error as error:
-                raise self.translate(error, write=True, conn=conn) from None
+        """A transaction on a pooled connection, or the caller's ``conn`` (see
+        :mod:`sqlbroker.storage.caller`) joined as :meth:`_joined` explains."""
+        if conn is None:
+            with self.connection(write=True) as own, own.transaction():
+                yield own
             return
-        with self.connection(write=True) as own, own.transaction():
-            yield own
+        raw = self._caller(caller.unwrap, conn)
+        if not isinstance(raw, psycopg.Connection):
+            raise InvalidOption(
+                "conn",
+                "a PostgreSQL broker needs a psycopg 3 connection (or SQLAlchemy / Django"
+                f" over psycopg 3), not {caller.describe(raw)}",
+            )
+        try:
+            with self._joined(raw):
+                yield raw
+        except psycopg.Error as error:
+            raise self.translate(error, write=True, conn=raw) from None
+
+    @contextmanager
+    def _joined(self, raw: Conn) -> Iterator[None]:
+        """Our statements inside the caller's transaction, which we never commit or roll
+        back: a savepoint undoes just our part when we fail (an ``IdempotencyConflict``
+        after other keys were reserved), leaving the caller's transaction usable. In
+        autocommit with no transaction open, each statement would commit on its own, so we
+        wrap ours in a transaction of our own — what autocommit means for one publish."""
+        status = self._caller_status(raw)
+        if raw.autocommit and status == TransactionStatus.IDLE:
+            with raw.transaction():
+                yield
+            return
+        raw.execute(self._sql["savepoint"])
+        try:
+            yield
+        except BaseException:
+            if not raw.broken and raw.info.transaction_status != TransactionStatus.UNKNOWN:
+                raw.execute(self._sql["savepoint_rollback"])
+            raise
+        raw.execute(self._sql["savepoint_release"])
+
+    @asynccontextmanager
+    async def transaction_async(self, conn: Any = None) -> AsyncIterator[AsyncConn]:
+        """:meth:`transaction` for an async caller's connection, or (``conn=None``) a
+        transaction on a connection of the async pool, opened on first use."""
+        if conn is None:
+            pool = await self._open_async_pool()
+            try:
+                async with pool.connection() as own, own.transaction():
+                    yield own
+            except PoolTimeout:
+                raise ConnectionLost(
+                    f"no PostgreSQL connection within {self._connect_timeout:g} s",
+                    ambiguous=False,
+                ) from None
+            except psycopg.Error as error:
+                raise self.translate(error, write=True, conn=None) from None
+            return
+        try:
+            raw = await caller.unwrap_async(conn)
+        except psycopg.Error as error:
+            raise self.translate(error, write=True, conn=None) from None
+        if not isinstance(raw, psycopg.AsyncConnection):
+            raise InvalidOption(
+                "conn",
+                "an async publish on PostgreSQL needs a psycopg.AsyncConnection (or"
+                f" SQLAlchemy's asyncio over psycopg 3), not {caller.describe(raw)}",
+            )
+        try:
+            status = self._caller_status(raw)
+            if raw.autocommit and status == TransactionStatus.IDLE:
+                async with raw.transaction():
+                    yield raw
+                return
+            await raw.execute(self._sql["savepoint"])
+            try:
+                yield raw
+            except BaseException:
+                if not raw.broken and raw.info.transaction_status != TransactionStatus.UNKNOWN:
+                    await raw.execute(self._sql["savepoint_rollback"])
+                raise
+            await raw.execute(self._sql["savepoint_release"])
+        except psycopg.Error as error:
+            raise self.translate(error, write=True, conn=None) from None
+
+    def _caller(self, unwrap: Callable[[Any], Any], conn: Any) -> Any:
+        try:
+            return unwrap(conn)
+        except psycopg.Error as error:
+            raise self.translate(error, write=True, conn=None) from None
+
+    @staticmethod
+    def _caller_status(raw: Conn | AsyncConn) -> TransactionStatus:
+        if raw.closed:
+            raise InvalidOption("conn", "is closed")
+        status = raw.info.transaction_status
+        if status == TransactionStatus.INERROR:
+            raise InvalidOption("conn", "is in a failed transaction; roll it back first")
+        if status == TransactionStatus.ACTIVE:
+            raise InvalidOption("conn", "is running another statement")
+        if status == TransactionStatus.UNKNOWN:
+            raise ConnectionLost("the caller's PostgreSQL connection is broken", ambiguous=False)
+        return status
+
+    async def _open_async_pool(self) -> AsyncConnectionPool[AsyncConn]:
+        """One async pool per event loop (an asyncio pool belongs to the loop that made it)."""
+        loop = asyncio.get_running_loop()
+        with self._pool_lock:
+            if self._closed:
+                raise StorageError("the broker is closed")
+            pool = self._async_pools.get(loop)
+            if pool is None:
+                pool = AsyncConnectionPool(
+                    self.url.raw,
+                    min_size=1,
+                    max_size=self._pool_size,
+                    kwargs=self.connection_kwargs(),
+                    timeout=self._connect_timeout,
+                    name="sqlbroker-async",
+                    open=False,
+                )
+                self._async_pools[loop] = pool
+                opening = True
+            else:
+                opening = False
+        if opening:
+            await pool.open()
+        return pool
+
+    async def close_async(self) -> None:
+        """Close the calling loop's async pool (the worker calls this before its loop ends)."""
+        with self._pool_lock:
+            pool = self._async_pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
 
     def close(self) -> None:
         with self._pool_lock:

@@ -20,6 +20,15 @@ SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
 -- name: schema_version_insert
 INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: savepoint
+SAVEPOINT sqlbroker
+
+-- name: savepoint_release
+RELEASE SAVEPOINT sqlbroker
+
+-- name: savepoint_rollback
+ROLLBACK TO SAVEPOINT sqlbroker; RELEASE SAVEPOINT sqlbroker
+
 -- name: now
 SELECT coalesce(%(now)s::timestamptz, statement_timestamp())
 

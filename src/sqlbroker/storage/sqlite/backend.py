@@ -7,18 +7,22 @@ their locking cannot be trusted. Connections are pooled and handed to one thread
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     IdempotencyConflict,
+    InvalidOption,
     SchemaError,
     StorageError,
 )
@@ -31,6 +35,7 @@ from sqlbroker.core.message import (
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage import caller
 from sqlbroker.storage.base import (
     DeadRequest,
     InsertResult,
@@ -79,6 +84,9 @@ class SqliteBackend(SqliteAdmin):
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
         self._sql = load_blocks("sqlbroker.storage.sqlite", "queries.sql")
+        self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
@@ -266,6 +274,15 @@ class SqliteBackend(SqliteAdmin):
             c.executemany(self._sql["archive_insert_unrouted"], unrouted)
         return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=len(unrouted))
 
+    async def message_insert_many_async(
+        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+    ) -> InsertResult:
+        raise InvalidOption(
+            "conn",
+            "SQLite has no async connections: pass the sqlite3.Connection itself"
+            f" (not {caller.describe(conn)})",
+        )
+
     def _dedupe_reserve(self, c: sqlite3.Connection, message: NewMessage, now: float) -> str | None:
         """Reserve the message's idempotency key; return the original id for a duplicate."""
         params = {
@@ -340,14 +357,30 @@ class SqliteBackend(SqliteAdmin):
             keys = json.dumps([[row[0], row[1]] for row in heads])
             conn.execute(self._sql["key_promote"], {"keys": keys, "now": now})
 
-    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
+    def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
         if not leases:
             return []
         now = self._now()
-        with self._db.write() as conn:
-            ids = self._valid_ids(conn, leases)
-            self._archive_and_delete(conn, ids, Outcome.COMPLETED, now)
+        with self._db.write(conn) as c:
+            ids = self._valid_ids(c, leases)
+            self._archive_and_delete(c, ids, Outcome.COMPLETED, now)
         return ids
+
+    async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
+        return self.message_complete_many(leases=leases, conn=conn)
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._db.write()
+
+    @asynccontextmanager
+    async def transaction_async(self) -> AsyncIterator[sqlite3.Connection]:
+        # The file's write lock is a thread lock and the loop is one thread: two coroutines
+        # of one loop must not both enter it (the second would wait on SQLite's busy
+        # handler inside the loop, holding up the first), so they queue on an asyncio lock.
+        lock = self._loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        async with lock:
+            with self._db.write() as conn:
+                yield conn
 
     def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
         if not retries:

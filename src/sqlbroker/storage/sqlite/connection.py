@@ -17,6 +17,7 @@ from sqlbroker.core.errors import (
     StorageError,
 )
 from sqlbroker.core.topics import regex_matches
+from sqlbroker.storage import caller
 
 _NETWORK_FILESYSTEMS = frozenset(
     [
@@ -219,13 +220,18 @@ class SqlitePool:
         busy database makes us wait (``busy_timeout``) instead of failing mid-transaction.
         With a caller's connection the caller owns the transaction; we never commit it."""
         if conn is not None:
-            if not isinstance(conn, sqlite3.Connection):
-                raise InvalidOption(
-                    "conn", f"a SQLite broker needs a sqlite3.Connection, not {type(conn).__name__}"
-                )
             with self.translated():
-                self.register_functions(conn)
-                yield conn
+                raw = caller.unwrap(conn)
+                if not isinstance(raw, sqlite3.Connection):
+                    raise InvalidOption(
+                        "conn",
+                        "a SQLite broker needs a sqlite3.Connection (or SQLAlchemy / Django over"
+                        f" sqlite3), not {caller.describe(raw)}",
+                    )
+                self._check_same_database(raw)
+                self.register_functions(raw)
+                with self._joined(raw):
+                    yield raw
             return
         with self._connection() as own:
             # Threads of this process take turns on a Python lock: SQLite's busy handler
@@ -247,6 +253,47 @@ class SqlitePool:
                 own.execute("COMMIT")
             finally:
                 self._writer.release()
+
+    def _check_same_database(self, raw: sqlite3.Connection) -> None:
+        if self.memory:
+            raise InvalidOption("conn", "an in-memory broker cannot share a caller's connection")
+        files = [row[2] for row in raw.execute("PRAGMA database_list") if row[1] == "main"]
+        if not files or os.path.realpath(files[0]) != os.path.realpath(self.path):
+            raise InvalidOption(
+                "conn",
+                f"is connected to {files[0] if files and files[0] else 'another database'},"
+                f" not to this broker's {self.path}",
+            )
+
+    @staticmethod
+    @contextmanager
+    def _joined(raw: sqlite3.Connection) -> Iterator[None]:
+        """Our statements inside the caller's transaction, which we never commit or roll
+        back: a savepoint undoes just our part when we fail. With no transaction open, an
+        autocommit connection gets one of our own around the publish, and a connection in
+        sqlite3's default (legacy) mode gets the ``BEGIN`` its next INSERT would have
+        issued — the caller's ``commit()`` then commits it."""
+        if raw.in_transaction:
+            raw.execute("SAVEPOINT sqlbroker")
+            try:
+                yield
+            except BaseException:
+                if raw.in_transaction:
+                    raw.execute("ROLLBACK TO SAVEPOINT sqlbroker")
+                    raw.execute("RELEASE SAVEPOINT sqlbroker")
+                raise
+            raw.execute("RELEASE SAVEPOINT sqlbroker")
+            return
+        own = raw.isolation_level is None
+        raw.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+            raise
+        if own:
+            raw.execute("COMMIT")
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
