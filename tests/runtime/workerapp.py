@@ -21,7 +21,9 @@ Environment: ``SQLBROKER_URL`` (required), ``SQLBROKER_QUEUE`` (``jobs``),
 ``until-idle``), ``SQLBROKER_LEASE``, ``SQLBROKER_CONCURRENCY``, ``SQLBROKER_PREFETCH``,
 ``SQLBROKER_GRACE``, ``SQLBROKER_REAP_INTERVAL``, ``SQLBROKER_POLL_INTERVAL``,
 ``SQLBROKER_TIMEOUT`` (seconds; the run's overall limit), ``SQLBROKER_MAX_ATTEMPTS``
-(the retry policy's), ``SQLBROKER_RETRY_BASE``.
+(the retry policy's), ``SQLBROKER_RETRY_BASE``, ``SQLBROKER_EFFECTS_TABLE`` (when set, the
+handler also inserts ``(message_id, attempt, pid)`` into the table ``app_effects`` through
+``msg.transaction()`` and takes its ``sleep`` inside that transaction).
 
 Exit status: 0 after a clean stop, 3 when the worker crashed (``WorkerCrashed``).
 """
@@ -121,7 +123,38 @@ def build() -> tuple[sqlbroker.Broker, dict[str, Any]]:
             raise RuntimeError(f"failing attempt {msg.attempt} on purpose")
         effects.record("finish", msg)
 
-    if os.environ.get("SQLBROKER_HANDLER", "async") == "sync":
+    in_transaction = bool(os.environ.get("SQLBROKER_EFFECTS_TABLE"))
+    row = (
+        "INSERT INTO app_effects (message_id, attempt, pid) VALUES (?, ?, ?)"
+        if url.startswith("sqlite")
+        else "INSERT INTO app_effects (message_id, attempt, pid) VALUES (%s, %s, %s)"
+    )
+
+    if in_transaction and os.environ.get("SQLBROKER_HANDLER", "async") == "sync":
+
+        @broker.subscriber(queue=queue, **options)
+        def handle_in_transaction_sync(msg: sqlbroker.Message) -> None:
+            effects.record("start", msg)
+            spec, seconds = _plan(msg)
+            with msg.transaction() as conn:
+                conn.execute(row, (msg.id, msg.attempt, os.getpid()))
+                time.sleep(seconds)
+                fail(msg, spec)
+
+    elif in_transaction:
+
+        @broker.subscriber(queue=queue, **options)
+        async def handle_in_transaction_async(msg: sqlbroker.Message) -> None:
+            effects.record("start", msg)
+            spec, seconds = _plan(msg)
+            async with msg.transaction() as conn:
+                result = conn.execute(row, (msg.id, msg.attempt, os.getpid()))
+                if asyncio.iscoroutine(result):
+                    await result
+                await asyncio.sleep(seconds)
+                fail(msg, spec)
+
+    elif os.environ.get("SQLBROKER_HANDLER", "async") == "sync":
 
         @broker.subscriber(queue=queue, **options)
         def handle_sync(msg: sqlbroker.Message) -> None:

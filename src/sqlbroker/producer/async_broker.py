@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
+from sqlbroker.core.errors import LeaseLost
 from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
@@ -30,6 +31,7 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.publishing import build_batch, build_message, check_options
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
 from sqlbroker.storage import caller
+from sqlbroker.storage.base import Lease
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -180,9 +182,22 @@ class AsyncBroker:
             self.sync.claim, subscription, limit=limit, lease=lease, worker=worker
         )
 
-    async def complete(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+    async def complete(
+        self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None
+    ) -> None:
         items = [deliveries] if isinstance(deliveries, Delivery) else list(deliveries)
-        await self._offload.run(self.sync.complete, items)
+        if conn is None:
+            await self._offload.run(self.sync.complete, items)
+        elif not caller.is_async(conn):
+            self.sync.complete(items, conn=conn)
+        else:
+            backend = await self._offload.run(lambda: self.sync.backend)
+            done = await backend.message_complete_many_async(
+                leases=[Lease.of(d) for d in items], conn=conn
+            )
+            lost = [d.id for d in items if d.id not in set(done)]
+            if lost:
+                raise LeaseLost(lost)
 
     async def retry(
         self,

@@ -346,13 +346,17 @@ class Broker:
         if lost:
             raise LeaseLost(lost)
 
-    def complete(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+    def complete(self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None) -> None:
         """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
-        are left alone and reported by one ``LeaseLost`` after the others are completed."""
+        are left alone and reported by one ``LeaseLost`` after the others are completed.
+
+        With ``conn`` the acknowledgement joins the caller's open transaction (as a publish
+        with ``conn`` does), so the caller's writes and the ack commit together; on
+        ``LeaseLost`` the caller should roll back, as another consumer has the message."""
         items = _deliveries(deliveries)
         if not items:
             return
-        done = self._checked().message_complete_many(leases=[Lease.of(d) for d in items])
+        done = self._checked().message_complete_many(leases=[Lease.of(d) for d in items], conn=conn)
         self._raise_lost((d.id for d in items), done)
 
     def retry(

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
+
+if TYPE_CHECKING:
+    from sqlbroker.runtime.effects import EffectsTransaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +51,17 @@ class Message:
     :meth:`ack`, :meth:`nack` or :meth:`reject`; until then the pump keeps the lease alive.
     """
 
-    __slots__ = ("_delivery", "_settle", "_settled")
+    __slots__ = ("_delivery", "_effects", "_settle", "_settled")
 
-    def __init__(self, delivery: Delivery, settle: Callable[[Outcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        delivery: Delivery,
+        settle: Callable[[Outcome], None] | None = None,
+        effects: Callable[[Message], EffectsTransaction] | None = None,
+    ) -> None:
         self._delivery = delivery
         self._settle = settle
+        self._effects = effects
         self._settled = False
 
     def __repr__(self) -> str:
@@ -123,6 +132,34 @@ class Message:
     @property
     def settled(self) -> bool:
         return self._settled
+
+    def transaction(self) -> EffectsTransaction:
+        """A transaction on the broker's database in which the message is acknowledged:
+
+        .. code-block:: python
+
+            with msg.transaction() as conn:          # async with … in a coroutine
+                conn.execute("INSERT INTO ledger …", …)
+
+        ``conn`` is the driver connection (``sqlite3.Connection``, ``psycopg.Connection``,
+        or ``psycopg.AsyncConnection`` under ``async with``). When the block ends normally
+        the message is completed in the same transaction, which then commits: the writes
+        and the ack happen together or not at all. An exception in the block rolls both
+        back and the retry policy decides as usual; a lease lost meanwhile rolls back and
+        raises ``LeaseLost``. Write only through ``conn`` inside the block (on SQLite a
+        second connection's write would wait for this transaction to end).
+        """
+        if self._effects is None:
+            raise SqlbrokerError("msg.transaction() is for messages a worker delivered")
+        return self._effects(self)
+
+    def _begin_settling(self) -> None:
+        if self._settled:
+            raise AlreadySettled(f"message {self.id} was already settled")
+        self._settled = True
+
+    def _abort_settling(self) -> None:
+        self._settled = False
 
     def _finish(self, outcome: Outcome) -> None:
         if self._settle is None:

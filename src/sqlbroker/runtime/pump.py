@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -25,6 +26,7 @@ from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.policies import DeadLetterNow, Retry
 from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.effects import EffectsTransaction
 from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import WriteBack, wait_any
 from sqlbroker.storage.base import Backend, Lease
@@ -143,8 +145,11 @@ class Pump:
 
     async def _handle(self, delivery: Delivery) -> None:
         manual = self.spec.ack == "manual"
-        settle = functools.partial(self._settle_from_any_thread, asyncio.get_running_loop())
-        message = Message(delivery, settle if manual else None)
+        loop = asyncio.get_running_loop()
+        settle = functools.partial(self._settle_from_any_thread, loop)
+        message = Message(
+            delivery, settle if manual else None, functools.partial(self._effects, loop)
+        )
         try:
             await self._call(message)
         except asyncio.CancelledError:
@@ -153,14 +158,14 @@ class Pump:
                 self._settle(RetryLater(delivery, 0.0, info))
             raise
         except Exception as error:
-            if manual and message.settled:
+            if message.settled:
                 log.warning(
                     "handler for %s raised after settling %s: %r", self.name, message, error
                 )
             else:
                 self._settle(self._failure(delivery, error))
         else:
-            if not manual:
+            if not manual and not message.settled:
                 self._settle(Complete(delivery))
 
     async def _call(self, message: Message) -> None:
@@ -224,6 +229,35 @@ class Pump:
                 f"the worker has stopped; message {outcome.delivery.message_id} will be"
                 " delivered again when its lease expires"
             ) from None
+
+    def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
+        return EffectsTransaction(
+            self._backend,
+            message.delivery,
+            claim=message._begin_settling,
+            unclaim=message._abort_settling,
+            committed=functools.partial(self._committed_from_any_thread, loop, message.delivery),
+        )
+
+    def _committed_from_any_thread(
+        self, loop: asyncio.AbstractEventLoop, delivery: Delivery
+    ) -> None:
+        """The message was completed in the handler's own transaction: nothing is left to
+        write back, only the slot and the lease to let go."""
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._committed(delivery)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
+                loop.call_soon_threadsafe(self._committed, delivery)
+
+    def _committed(self, delivery: Delivery) -> None:
+        self._open.discard(delivery.id)
+        self._held.pop(delivery.id, None)
+        self._capacity.set()
 
     def _settle(self, outcome: Outcome) -> None:
         self._open.discard(outcome.delivery.id)

@@ -221,6 +221,8 @@ class Worker:
                 loop.remove_signal_handler(signum)
             handler_threads.shutdown(wait=False, cancel_futures=True)
             db_threads.shutdown(wait=True)
+            with contextlib.suppress(Exception):
+                await backend.close_async()
             self._loop = None
         if self._crash is not None:
             name, error = self._crash

@@ -192,6 +192,9 @@ class Backend(Protocol):
         ``psycopg.AsyncConnection`` from a pool of the running loop; SQLite yields its
         ``sqlite3.Connection``, one transaction of the loop at a time."""
 
+    async def close_async(self) -> None:
+        """Let go of what :meth:`transaction_async` holds for the running event loop."""
+
     def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
         """Return leased copies to the queue after a delay; return ids whose lease was valid."""
 

@@ -440,6 +440,9 @@ class PostgresBackend(PostgresAdmin):
     def transaction_async(self) -> AbstractAsyncContextManager[AsyncConn]:
         return self._db.transaction_async()
 
+    async def close_async(self) -> None:
+        await self._db.close_async()
+
     def _complete_plan(self, leases: Sequence[Lease], now: datetime | None) -> Plan[list[int]]:
         rows = yield self._sql["message_complete"], {**self._lease_params(leases), "now": now}
         yield from self._promote_plan(rows, now)

@@ -372,6 +372,9 @@ class SqliteBackend(SqliteAdmin):
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._db.write()
 
+    async def close_async(self) -> None:
+        self._loop_locks.pop(asyncio.get_running_loop(), None)
+
     @asynccontextmanager
     async def transaction_async(self) -> AsyncIterator[sqlite3.Connection]:
         # The file's write lock is a thread lock and the loop is one thread: two coroutines
