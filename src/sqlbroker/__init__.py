@@ -16,6 +16,7 @@ from sqlbroker.core.errors import (
     InvalidTime,
     LeaseLost,
     NotFound,
+    ReservationLost,
     SchemaError,
     SqlbrokerError,
     StorageError,
@@ -37,6 +38,7 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.features.processed import KeyInProgress, Once
 from sqlbroker.producer import AsyncBroker
 from sqlbroker.runtime import Message, Worker, WorkerCrashed
 
@@ -65,14 +67,17 @@ __all__ = [
     "InvalidPayload",
     "InvalidPriority",
     "InvalidTime",
+    "KeyInProgress",
     "LeaseLost",
     "ManualClock",
     "Message",
     "NotFound",
+    "Once",
     "Outcome",
     "PendingMessage",
     "Priority",
     "Reject",
+    "ReservationLost",
     "Retry",
     "RetryPolicy",
     "SchemaError",

@@ -114,3 +114,16 @@ class ConnectionLost(StorageError):
     def __init__(self, message: str, *, ambiguous: bool) -> None:
         self.ambiguous = ambiguous
         super().__init__(f"{message} (outcome {'unknown' if ambiguous else 'not applied'})")
+
+
+class ReservationLost(SqlbrokerError):
+    """A processed key's reservation ran out before it was confirmed or extended, and
+    another consumer may have taken the key over: the effect may run twice."""
+
+    def __init__(self, scope: str, key: str) -> None:
+        self.scope = scope
+        self.key = key
+        super().__init__(
+            f"the reservation of processed key {scope}/{key} ran out before it was confirmed;"
+            " another consumer may have taken it over (use a longer lease or extend())"
+        )

@@ -28,6 +28,7 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.processed import Once
 from sqlbroker.features.publishing import build_batch, build_message, check_options
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
 from sqlbroker.storage import caller
@@ -67,6 +68,32 @@ class AsyncDeadLetters:
 
     async def purge(self, ids: Iterable[int] | None = None, **filters: Any) -> int:
         return await self._offload.run(self._sync.purge, ids, **filters)
+
+
+class AsyncOnce:
+    """``async with broker.once(scope, key) as first:`` — :class:`~sqlbroker.Once` awaited."""
+
+    def __init__(self, offload: _Offloader, make: Callable[[], Once]) -> None:
+        self._offload = offload
+        self._make = make
+        self._once: Once | None = None
+
+    async def __aenter__(self) -> bool:
+        self._once = await self._offload.run(self._make)
+        return await self._offload.run(self._once.__enter__)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        assert self._once is not None
+        await self._offload.run(self._once.__exit__, kind, error, trace)
+
+    async def extend(self, lease: float | timedelta | None = None) -> None:
+        assert self._once is not None
+        await self._offload.run(self._once.extend, lease)
 
 
 class AsyncBroker:
@@ -158,6 +185,22 @@ class AsyncBroker:
             messages=messages, subscription=queue, conn=conn
         )
         return result.message_ids
+
+    def once(
+        self,
+        scope: str,
+        key: str,
+        *,
+        lease: float | timedelta | None = None,
+        window: float | timedelta | None = None,
+    ) -> AsyncOnce:
+        return AsyncOnce(
+            self._offload,
+            functools.partial(self.sync.once, scope, key, lease=lease, window=window),
+        )
+
+    async def forget(self, scope: str, key: str) -> bool:
+        return await self._offload.run(self.sync.forget, scope, key)
 
     async def subscribe(
         self, name: str, patterns: str | Sequence[str], *, replace: bool = False

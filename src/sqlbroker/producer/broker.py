@@ -29,6 +29,7 @@ from sqlbroker.core.message import (
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
 from sqlbroker.features.dead_letters import DeadLetters
+from sqlbroker.features.processed import Once, make_once
 from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message, check_options
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, ReapResult, RetryRequest
 from sqlbroker.storage.factory import open_backend
@@ -416,7 +417,8 @@ class Broker:
 
     def reap(self, *, limit: int = 1000) -> dict[str, int]:
         """One maintenance pass (the worker runs this periodically): release expired leases,
-        dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys."""
+        dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys and
+        processed keys past their window."""
         count = validate.integer(limit, "limit", minimum=1, maximum=100_000)
         backend = self._checked()
         leases: ReapResult = backend.lease_release_expired(limit=count)
@@ -426,7 +428,45 @@ class Broker:
             "expired": backend.message_expire(limit=count),
             "unblocked": backend.key_repair(limit=count),
             "dedupe_trimmed": backend.dedupe_trim(limit=count),
+            "processed_trimmed": backend.processed_trim(limit=count),
         }
+
+    # --- processed keys ----------------------------------------------------------------------
+
+    def once(
+        self,
+        scope: str,
+        key: str,
+        *,
+        lease: float | timedelta | None = None,
+        window: float | timedelta | None = None,
+    ) -> Once:
+        """Run an effect outside the database once per ``key`` within ``window``:
+        ``with broker.once("charge", order_id) as first: if first: charge(…)``.
+
+        ``scope`` names the effect (a topic-like name), ``key`` the business key. The key
+        is reserved for ``lease`` seconds (default 60) while the block runs, and kept as
+        done for ``window`` (default: the broker's ``dedupe_window``) when it ends
+        normally; an exception releases it for the retry. A key another consumer holds
+        raises ``KeyInProgress``, which the runtime treats as a snooze. See
+        :mod:`sqlbroker.features.processed` for what it guarantees and what it cannot.
+        """
+        return make_once(
+            self._checked(),
+            scope,
+            key,
+            lease=lease,
+            window=window,
+            default_window=self._defaults.dedupe_window,
+        )
+
+    def forget(self, scope: str, key: str) -> bool:
+        """Delete a processed key whatever its state, so its effect may run again."""
+        validate_topic(scope, "scope")
+        checked = validate.key(key, "key")
+        if checked is None:
+            raise InvalidOption("key", "is required")
+        return self._checked().processed_forget(scope=scope, key=checked)
 
     # --- inspection --------------------------------------------------------------------------
 

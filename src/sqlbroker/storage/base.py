@@ -256,6 +256,30 @@ class Backend(Protocol):
         limit: int,
     ) -> list[ArchivedMessage]: ...
 
+    # --- processed keys (consumer-side idempotency; see features/processed.py) --------------
+
+    def processed_reserve(
+        self, *, scope: str, key: str, token: str, lease: float, window: float
+    ) -> str:
+        """Reserve ``key`` for ``lease`` seconds under ``token``: ``"reserved"`` when it was
+        free (never seen, expired, or its holder's lease ran out), ``"done"`` when it was
+        confirmed within its window, ``"busy"`` while another holder's lease runs."""
+
+    def processed_confirm(self, *, scope: str, key: str, token: str, window: float) -> bool:
+        """Mark our reservation done, kept ``window`` seconds; False if it is no longer ours."""
+
+    def processed_extend(self, *, scope: str, key: str, token: str, lease: float) -> bool:
+        """Push our reservation's lease to now + ``lease``; False if it is no longer ours."""
+
+    def processed_release(self, *, scope: str, key: str, token: str) -> bool:
+        """Give up our reservation (the effect failed): the next attempt may take the key."""
+
+    def processed_forget(self, *, scope: str, key: str) -> bool:
+        """Delete the key whatever its state (an operator's undo)."""
+
+    def processed_trim(self, *, limit: int) -> int:
+        """Delete up to ``limit`` keys past their window; return how many."""
+
     def stats_collect(self) -> list[SubscriptionStats]: ...
 
     def table_counts(self) -> dict[str, int]:

@@ -7,6 +7,7 @@ A file holds blocks introduced by ``-- name: block_name``. The only substitution
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from importlib import resources
 
 _HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
@@ -37,6 +38,18 @@ def parse_blocks(text: str) -> dict[str, str]:
 def load_blocks(package: str, filename: str, *, schema: str = "") -> dict[str, str]:
     text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
     return {name: body.replace("{schema}", schema) for name, body in parse_blocks(text).items()}
+
+
+def load_sql(package: str, filenames: Sequence[str], *, schema: str = "") -> dict[str, str]:
+    """The blocks of several files of one backend (its queries, then one per feature);
+    a block name may appear in only one of them."""
+    blocks: dict[str, str] = {}
+    for filename in filenames:
+        for name, body in load_blocks(package, filename, schema=schema).items():
+            if name in blocks:
+                raise ValueError(f"SQL block {name!r} of {filename} is defined twice")
+            blocks[name] = body
+    return blocks
 
 
 def load_migrations(package: str, *, schema: str = "") -> list[tuple[int, str, str]]:

@@ -48,13 +48,14 @@ from sqlbroker.storage.postgres.connection import (
     run_plan,
     run_plan_async,
 )
+from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
     subscriptions_of,
     utc,
 )
-from sqlbroker.storage.sql import load_blocks, load_migrations
+from sqlbroker.storage.sql import load_migrations, load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -64,6 +65,7 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _MIGRATIONS = "sqlbroker.storage.postgres.migrations"
+_SQL_FILES = ("queries.sql", "processed.sql")
 
 
 def _qualifier(schema: str | None) -> str:
@@ -76,7 +78,7 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend(PostgresAdmin):
+class PostgresBackend(PostgresAdmin, PostgresProcessed):
     name = "postgresql"
     supports_notify = True
 
@@ -95,7 +97,7 @@ class PostgresBackend(PostgresAdmin):
         self._clock = clock
         self._schema = schema
         self._qualifier = _qualifier(schema)
-        self._sql = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=self._qualifier)
+        self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
         self._db = PostgresPool(
             url,
             pool_size=pool_size,

@@ -49,9 +49,10 @@ from sqlbroker.storage.rows import (
     subscriptions_of,
     utc,
 )
-from sqlbroker.storage.sql import load_blocks, load_migrations
+from sqlbroker.storage.sql import load_migrations, load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
+from sqlbroker.storage.sqlite.processed import SqliteProcessed
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -63,7 +64,7 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqliteAdmin):
+class SqliteBackend(SqliteAdmin, SqliteProcessed):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
@@ -83,7 +84,7 @@ class SqliteBackend(SqliteAdmin):
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
-        self._sql = load_blocks("sqlbroker.storage.sqlite", "queries.sql")
+        self._sql = load_sql("sqlbroker.storage.sqlite", ("queries.sql", "processed.sql"))
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )

@@ -1,0 +1,141 @@
+"""Processed keys: consumer-side idempotency for effects outside the database.
+
+Delivery is at-least-once, so a handler that charges a card or sends an email may run
+twice for one message. ``broker.once(scope, key)`` records, per business key, that the
+effect was carried out, and skips it on every later delivery within the window:
+
+.. code-block:: python
+
+    with broker.once("charge", msg.payload["order_id"]) as first:
+        if first:
+            payments.charge(msg.payload["order_id"], msg.payload["amount"])
+
+It works in two phases, so that a consumer dying half-way neither loses the effect nor
+blocks it forever:
+
+1. **reserve** — the key is taken for ``lease`` seconds under a fresh token. A key done
+   within its window makes ``first`` false; a key another consumer holds right now raises
+   :class:`KeyInProgress` (a :class:`~sqlbroker.Retry`: the runtime snoozes the message
+   without using up an attempt), and a holder whose lease ran out — it died — loses the key
+   to the next comer;
+2. **confirm** — when the block ends normally the key becomes *done* and stays so for
+   ``window`` seconds (default: the broker's ``dedupe_window``, 24 h); an exception in the
+   block releases the reservation, so the retry runs the effect again.
+
+What it cannot do: make an external effect and the confirmation atomic. A crash after
+the effect and before the confirmation (a few milliseconds) runs the effect again once
+the lease expires; pass the key on to the external system as its idempotency key too
+where it takes one (most payment APIs do). A block that outlives ``lease`` may be taken
+over: call ``extend()`` on long effects; the confirmation then raises
+``ReservationLost``. Effects
+in the broker's own database need none of this: use ``msg.transaction()``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from types import TracebackType
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidOption, ReservationLost
+from sqlbroker.core.policies import Retry
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.base import Backend
+
+DEFAULT_KEY_LEASE = 60.0
+
+
+class KeyInProgress(Retry):
+    """Another consumer holds the processed key right now; try again later."""
+
+    def __init__(self, scope: str, key: str, after: float) -> None:
+        self.scope = scope
+        self.key = key
+        super().__init__(after, f"processed key {scope}/{key} is held by another consumer")
+
+
+class Once:
+    """The context manager :meth:`Broker.once` returns; entering it yields whether this is
+    the first time (``True``: run the effect) or the key is done (``False``: skip it)."""
+
+    def __init__(
+        self, backend: Backend, scope: str, key: str, *, lease: float, window: float
+    ) -> None:
+        self._backend = backend
+        self.scope = scope
+        self.key = key
+        self._lease = lease
+        self._window = window
+        self._token: str | None = None
+        self._entered = False
+
+    def __repr__(self) -> str:
+        return f"Once({self.scope!r}, {self.key!r})"
+
+    def __enter__(self) -> bool:
+        if self._entered:
+            raise InvalidOption("once", "enter each once() a single time")
+        self._entered = True
+        token = str(uuid.uuid4())
+        status = self._backend.processed_reserve(
+            scope=self.scope, key=self.key, token=token, lease=self._lease, window=self._window
+        )
+        if status == "busy":
+            raise KeyInProgress(self.scope, self.key, after=min(self._lease, 5.0))
+        if status == "done":
+            return False
+        self._token = token
+        return True
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        if token is None:
+            return
+        if kind is not None:
+            self._backend.processed_release(scope=self.scope, key=self.key, token=token)
+            return
+        if not self._backend.processed_confirm(
+            scope=self.scope, key=self.key, token=token, window=self._window
+        ):
+            raise ReservationLost(self.scope, self.key)
+
+    def extend(self, lease: float | timedelta | None = None) -> None:
+        """Keep the reservation for another ``lease`` seconds (default: the original)."""
+        if self._token is None:
+            raise InvalidOption("once", "extend() works only inside a block that reserved")
+        seconds = self._lease if lease is None else validate.lease_seconds(lease)
+        if not self._backend.processed_extend(
+            scope=self.scope, key=self.key, token=self._token, lease=seconds
+        ):
+            raise ReservationLost(self.scope, self.key)
+
+
+def make_once(
+    backend: Backend,
+    scope: str,
+    key: str,
+    *,
+    lease: float | timedelta | None,
+    window: float | timedelta | None,
+    default_window: float,
+) -> Once:
+    """Validate everything before any SQL runs."""
+    validate_topic(scope, "scope")
+    checked = validate.key(key, "key")
+    if checked is None:
+        raise InvalidOption("key", "is required")
+    return Once(
+        backend,
+        scope,
+        checked,
+        lease=DEFAULT_KEY_LEASE if lease is None else validate.lease_seconds(lease),
+        window=default_window
+        if window is None
+        else validate.seconds(window, "window", allow_zero=False),
+    )
