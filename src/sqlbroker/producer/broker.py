@@ -13,7 +13,7 @@ from typing import Any, Self
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
-from sqlbroker.core.errors import InvalidOption, LeaseLost
+from sqlbroker.core.errors import InvalidOption, LeaseLost, SchemaError
 from sqlbroker.core.message import (
     NORMAL,
     ArchivedMessage,
@@ -153,8 +153,13 @@ class Broker:
         if not self._ready:
             with self._ready_lock:
                 if not self._ready:
+                    # Read the version first: a migration takes the write lock, which a
+                    # caller's open transaction (conn=) may hold on SQLite.
                     if self._migrate:
-                        self._backend.migrate()
+                        try:
+                            self._backend.check_schema()
+                        except SchemaError:
+                            self._backend.migrate()
                     self._backend.check_schema()
                     self._ready = True
         return self._backend
