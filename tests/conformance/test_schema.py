@@ -70,4 +70,7 @@ def test_table_counts_name_every_table(broker: sqlbroker.Broker) -> None:
         "sqlbroker_dead",
         "sqlbroker_dedupe",
         "sqlbroker_audit",
+        "sqlbroker_worker",
+        "sqlbroker_metric_minute",
+        "sqlbroker_metric_total",
     }

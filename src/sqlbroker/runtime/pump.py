@@ -16,6 +16,7 @@ import functools
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.policies import DeadLetterNow, Retry
 from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import WriteBack, wait_any
 from sqlbroker.storage.base import Backend, Lease
@@ -55,8 +57,10 @@ class Pump:
         handler_threads: Executor,
         poll_min: float,
         poll_max: float,
+        observer: WorkerObserver | None = None,
     ) -> None:
         self.spec = spec
+        self._observer = observer or WorkerObserver()
         self._backend = backend
         self._lease = spec.lease or lease
         self._worker_name = worker_name
@@ -146,7 +150,7 @@ class Pump:
         settle = functools.partial(self._settle_from_any_thread, asyncio.get_running_loop())
         message = Message(delivery, settle if manual else None)
         try:
-            await self._call(message)
+            await self._observed_call(delivery, message)
         except asyncio.CancelledError:
             if not message.settled:
                 info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
@@ -162,6 +166,20 @@ class Pump:
         else:
             if not manual:
                 self._settle(Complete(delivery))
+
+    async def _observed_call(self, delivery: Delivery, message: Message) -> None:
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            with self._observer.handler_scope(delivery):
+                await self._call(message)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            self._observer.handler_finished(
+                delivery, seconds=time.monotonic() - started, error=error
+            )
 
     async def _call(self, message: Message) -> None:
         handler = self.spec.handler
@@ -204,6 +222,14 @@ class Pump:
             info.type,
             info.message,
             decision.delay,
+            extra={
+                "subscription": self.name,
+                "message_id": delivery.message_id,
+                "delivery_id": delivery.id,
+                "attempt": delivery.attempt,
+                "error_type": info.type,
+                "retry_in": decision.delay,
+            },
         )
         return RetryLater(delivery, decision.delay, info)
 
@@ -252,7 +278,13 @@ class Pump:
                 delivery.message_id,
                 delivery.attempt,
                 outcome.reason,
-                extra={"subscription": self.name, "message_id": delivery.message_id},
+                extra={
+                    "subscription": self.name,
+                    "message_id": delivery.message_id,
+                    "delivery_id": delivery.id,
+                    "attempt": delivery.attempt,
+                    "reason": outcome.reason,
+                },
             )
             hook = self.spec.on_dead_letter
             if hook is not None:
