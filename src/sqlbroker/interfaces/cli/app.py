@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from sqlbroker.interfaces.cli.admin import migrate, schema, subscribe
+from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
@@ -59,6 +60,8 @@ for _command in (
     worker,
     metrics,
     healthcheck,
+    dashboard,
+    audit,
 ):
     cli.add_command(_command)
 
