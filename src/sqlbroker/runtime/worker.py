@@ -343,7 +343,8 @@ class Worker:
             if any(pump.busy or not pump.idle for pump in self._pumps.values()) or len(writeback):
                 continue
             try:
-                stats = await run_blocking(self._broker.stats)
+                # The gauges alone: rates and handler times would cost queries for nothing.
+                stats = await run_blocking(self._broker.backend.stats_collect)
             except SqlbrokerError:
                 continue
             remaining = sum(
