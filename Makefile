@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck env postgres bench clean
+.PHONY: demo test test-fast lint typecheck env postgres chromium bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ postgres:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	else echo "PostgreSQL server binaries missing: sudo apt-get install postgresql" >&2; exit 1; fi
 
+## Headless Chromium for the dashboard's browser tests (Debian's packages; Playwright drives
+## it and never downloads a browser of its own).
+chromium:
+	@if [ -x /usr/bin/chromium ] && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Chromium (Debian packages chromium, chromium-driver)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "Chromium missing: sudo apt-get install chromium chromium-driver" >&2; exit 1; fi
+
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
@@ -36,11 +45,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 ## The whole suite, PostgreSQL included (slow suites too; CI runs exactly this).
-test: $(STAMP) postgres lint typecheck
+test: $(STAMP) postgres chromium lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Everything but the slow suites, for a quick local loop.
-test-fast: $(STAMP) postgres
+test-fast: $(STAMP) postgres chromium
 	$(BIN)/python -m pytest -m "not slow and not spark" $(PYTEST_ARGS)
 
 clean:

@@ -20,6 +20,8 @@ from sqlbroker.features.subscribers import (
     make_spec,
 )
 from sqlbroker.producer.broker import Broker as _ProducerBroker
+from sqlbroker.runtime.events import WorkerObserver
+from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT
 from sqlbroker.runtime.worker import Worker
 
 H = TypeVar("H", bound=Callable[..., Any])
@@ -37,6 +39,12 @@ class Broker(_ProducerBroker):
         super().__init__(*args, **kwargs)
         self.subscribers: dict[str, SubscriberSpec] = {}
         self._worker: Worker | None = None
+        self._observers: list[WorkerObserver] = []
+
+    def add_observer(self, observer: WorkerObserver) -> None:
+        """Subscribe ``observer`` to the lifecycle events of every worker this broker starts
+        from now on (metrics, tracing and logging integrations use this)."""
+        self._observers.append(observer)
 
     def subscriber(
         self,
@@ -100,6 +108,7 @@ class Broker(_ProducerBroker):
         reap_interval: float = 5.0,
         poll_interval: float = 1.0,
         install_signal_handlers: bool = True,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT,
     ) -> Worker:
         """A worker for all registered subscribers (or the named ones)."""
         chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
@@ -118,6 +127,8 @@ class Broker(_ProducerBroker):
             reap_interval=reap_interval,
             poll_interval=poll_interval,
             install_signal_handlers=install_signal_handlers,
+            heartbeat_interval=heartbeat_interval,
+            observers=self._observers,
         )
 
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:

@@ -223,7 +223,11 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionStats:
-    """A subscription at one instant. Ages are in seconds."""
+    """A subscription at one instant. Ages and handler times are in seconds.
+
+    Rates are per minute, averaged over the recent window ``Broker.stats`` was asked for
+    (five minutes by default), from what workers recorded; handler times are estimated from
+    their histogram. ``expired`` counts expired copies still in the archive."""
 
     subscription: str
     ready: int
@@ -232,3 +236,9 @@ class SubscriptionStats:
     blocked: int
     dead: int
     oldest_ready_age: float | None
+    completed_per_minute: float = 0.0
+    retried_per_minute: float = 0.0
+    dead_per_minute: float = 0.0
+    handler_p50: float | None = None
+    handler_p95: float | None = None
+    expired: int = 0

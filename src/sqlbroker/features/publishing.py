@@ -6,7 +6,9 @@ naming the field and nothing is written, identically on every backend.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,3 +176,20 @@ def check_options(options: Mapping[str, Any]) -> None:
     unknown = set(options) - PUBLISH_OPTIONS
     if unknown:
         raise InvalidOption("options", f"unknown publish options: {', '.join(sorted(unknown))}")
+
+
+def with_headers(
+    messages: list[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
+) -> list[NewMessage]:
+    """``messages`` with the headers the hooks return added where a message does not set
+    them already; the hooks are called once for the whole batch."""
+    extra: dict[str, str] = {}
+    for hook in hooks:
+        extra.update(hook())
+    if not extra:
+        return messages
+    merged = []
+    for message in messages:
+        own = json.loads(message.headers) if message.headers else {}
+        merged.append(dataclasses.replace(message, headers=encode_json({**extra, **own})))
+    return merged

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +45,11 @@ class _Offloader:
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        # The caller's context goes along, so that a trace span current in the coroutine
+        # is current in the thread that publishes.
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._executor, call)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)

@@ -26,11 +26,19 @@ from sqlbroker.core.message import (
     Subscription,
     SubscriptionStats,
 )
+from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
+from sqlbroker.features import metrics
 from sqlbroker.features.dead_letters import DeadLetters
 from sqlbroker.features.processed import Once, make_once
-from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message, check_options
+from sqlbroker.features.publishing import (
+    PublishDefaults,
+    build_batch,
+    build_message,
+    check_options,
+    with_headers,
+)
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, ReapResult, RetryRequest
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.url import parse_url, redact
@@ -94,6 +102,12 @@ class Broker:
         self._ready_lock = threading.Lock()
         self.dead_letters = DeadLetters(self._checked)
         self._publish_listeners: list[Callable[[str | None], None]] = []
+        self._header_hooks: list[Callable[[], Mapping[str, str]]] = []
+
+    def add_header_hook(self, hook: Callable[[], Mapping[str, str]]) -> None:
+        """Call ``hook()`` once per publish call and add the headers it returns to each
+        message that does not set them itself (tracing injects ``traceparent`` this way)."""
+        self._header_hooks.append(hook)
 
     def add_publish_listener(self, listener: Callable[[str | None], None]) -> None:
         """Call ``listener(subscription)`` after each publish this broker commits
@@ -105,6 +119,8 @@ class Broker:
             self._publish_listeners.remove(listener)
 
     def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
+        if self._header_hooks:
+            messages = with_headers(messages, self._header_hooks)
         result = self._checked().message_insert_many(
             messages=messages, subscription=queue, conn=conn
         )
@@ -509,6 +525,30 @@ class Broker:
             subscription=subscription, outcome=chosen, message_id=canonical, limit=count
         )
 
-    def stats(self) -> list[SubscriptionStats]:
-        """Per subscription: ready, scheduled, running, blocked, dead and the oldest ready age."""
-        return self._checked().stats_collect()
+    def stats(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> list[SubscriptionStats]:
+        """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
+        expired copies, and — from what workers recorded over the last ``window`` seconds —
+        completed, retried and dead-lettered per minute and handler time p50/p95."""
+        return metrics.subscription_stats(self._checked(), window=window)
+
+    # --- observability -----------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerInfo]:
+        """Worker processes as their heartbeats last reported them, most recent first."""
+        return metrics.workers(self._checked())
+
+    def metrics_series(self, *, minutes: int = 60) -> dict[str, list[SeriesPoint]]:
+        """Per subscription, completed / retried / dead and handler p50/p95 for each of the
+        last ``minutes`` minutes (the current one last)."""
+        return metrics.series(self._checked(), minutes=minutes)
+
+    def unrouted(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> metrics.Unrouted:
+        """Publishes that matched no subscription: in the archive, and within ``window``."""
+        return metrics.unrouted(self._checked(), window=window)
+
+    def audit(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
+        """Replays and purges of dead letters (who, when, which, why), newest first."""
+        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+        if before_id is not None:
+            before_id = validate.integer(before_id, "before_id", minimum=1, maximum=2**63 - 1)
+        return self._checked().audit_list(limit=count, before_id=before_id)

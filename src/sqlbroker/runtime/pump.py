@@ -17,6 +17,7 @@ import functools
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.policies import DeadLetterNow, Retry
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.effects import EffectsTransaction
+from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import WriteBack, wait_any
 from sqlbroker.storage.base import Backend, Lease
@@ -57,8 +59,10 @@ class Pump:
         handler_threads: Executor,
         poll_min: float,
         poll_max: float,
+        observer: WorkerObserver | None = None,
     ) -> None:
         self.spec = spec
+        self._observer = observer or WorkerObserver()
         self._backend = backend
         self._lease = spec.lease or lease
         self._worker_name = worker_name
@@ -151,7 +155,7 @@ class Pump:
             delivery, settle if manual else None, functools.partial(self._effects, loop)
         )
         try:
-            await self._call(message)
+            await self._observed_call(delivery, message)
         except asyncio.CancelledError:
             if not message.settled:
                 info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
@@ -167,6 +171,20 @@ class Pump:
         else:
             if not manual and not message.settled:
                 self._settle(Complete(delivery))
+
+    async def _observed_call(self, delivery: Delivery, message: Message) -> None:
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            with self._observer.handler_scope(delivery):
+                await self._call(message)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            self._observer.handler_finished(
+                delivery, seconds=time.monotonic() - started, error=error
+            )
 
     async def _call(self, message: Message) -> None:
         handler = self.spec.handler
@@ -209,6 +227,14 @@ class Pump:
             info.type,
             info.message,
             decision.delay,
+            extra={
+                "subscription": self.name,
+                "message_id": delivery.message_id,
+                "delivery_id": delivery.id,
+                "attempt": delivery.attempt,
+                "error_type": info.type,
+                "retry_in": decision.delay,
+            },
         )
         return RetryLater(delivery, decision.delay, info)
 
@@ -258,6 +284,7 @@ class Pump:
         self._open.discard(delivery.id)
         self._held.pop(delivery.id, None)
         self._capacity.set()
+        self._observer.outcomes_written([Complete(delivery)])
 
     def _settle(self, outcome: Outcome) -> None:
         self._open.discard(outcome.delivery.id)
@@ -286,7 +313,13 @@ class Pump:
                 delivery.message_id,
                 delivery.attempt,
                 outcome.reason,
-                extra={"subscription": self.name, "message_id": delivery.message_id},
+                extra={
+                    "subscription": self.name,
+                    "message_id": delivery.message_id,
+                    "delivery_id": delivery.id,
+                    "attempt": delivery.attempt,
+                    "reason": outcome.reason,
+                },
             )
             hook = self.spec.on_dead_letter
             if hook is not None:

@@ -27,7 +27,9 @@ from typing import Any, Protocol
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
+from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRecorder
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
 from sqlbroker.storage.base import Backend
@@ -66,6 +68,8 @@ class Worker:
         poll_interval: float = 1.0,
         install_signal_handlers: bool = True,
         name: str | None = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT,
+        observers: Sequence[WorkerObserver] = (),
     ) -> None:
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
@@ -79,6 +83,11 @@ class Worker:
         self._poll_max = validate.seconds(poll_interval, "poll_interval", allow_zero=False)
         self._install_signals = install_signal_handlers
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._heartbeat_interval = validate.seconds(
+            heartbeat_interval, "heartbeat_interval", allow_zero=False, maximum=3600.0
+        )
+        self.recorder = MetricsRecorder(self.name)
+        self._observers = Observers([self.recorder, *observers])
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._hard: asyncio.Event | None = None
@@ -166,6 +175,7 @@ class Worker:
                     handler_threads=handler_threads,
                     poll_min=poll_min,
                     poll_max=self._poll_max,
+                    observer=self._observers,
                 )
                 for spec in self._specs
             }
@@ -208,6 +218,17 @@ class Worker:
                         )
                 group.create_task(self._guard("write-back", writeback.run(side_stop)))
                 group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
+                heartbeat = Heartbeat(
+                    backend,
+                    self.recorder,
+                    name=self.name,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    subscriptions=list(self._pumps),
+                    run_blocking=run_blocking,
+                    interval=self._heartbeat_interval,
+                )
+                group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
                 if until_idle:
                     group.create_task(
                         self._guard("idle watch", self._watch_idle(writeback, run_blocking))
@@ -292,6 +313,8 @@ class Worker:
         log.info("worker %s stopped", self.name)
 
     def _flushed(self, report: FlushReport) -> None:
+        if report.done:
+            self._observers.outcomes_written(report.done)
         for outcome in report.done:
             self._pumps[outcome.delivery.subscription].flushed(outcome, lost=False)
         for outcome in report.lost:
@@ -322,7 +345,8 @@ class Worker:
             if any(pump.busy or not pump.idle for pump in self._pumps.values()) or len(writeback):
                 continue
             try:
-                stats = await run_blocking(self._broker.stats)
+                # The gauges alone: rates and handler times would cost queries for nothing.
+                stats = await run_blocking(self._broker.backend.stats_collect)
             except SqlbrokerError:
                 continue
             remaining = sum(

@@ -8,7 +8,7 @@ Every backend implements :class:`Backend` and passes the one conformance suite i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +25,13 @@ from sqlbroker.core.message import (
     State,
     Subscription,
     SubscriptionStats,
+)
+from sqlbroker.core.observability import (
+    AuditEntry,
+    MinuteCounts,
+    RareCount,
+    WorkerBeat,
+    WorkerInfo,
 )
 
 
@@ -284,3 +291,34 @@ class Backend(Protocol):
 
     def table_counts(self) -> dict[str, int]:
         """Row count of every sqlbroker table (for tests, health checks and the CLI)."""
+
+    # --- observability: heartbeats, metrics and the audit trail ------------------------------
+    def worker_beat(
+        self,
+        *,
+        beat: WorkerBeat,
+        minutes: Sequence[MinuteCounts],
+        totals: Mapping[tuple[str, str], int],
+    ) -> datetime:
+        """In one transaction: record the worker as seen now (and stopped, with
+        ``beat.stopping``), write its per-minute counters (absolute values: a row is owned by
+        one worker, so writing it again is harmless) and add ``totals``, deltas keyed by
+        ``(subscription, outcome)``, to the lifetime counters. Return the storage clock's now."""
+
+    def worker_list(self) -> list[WorkerInfo]:
+        """Every worker row, most recently seen first."""
+
+    def metric_minutes(self, *, since: datetime) -> list[MinuteCounts]:
+        """Per-minute counters of every worker for minutes starting at or after ``since``."""
+
+    def metric_totals(self) -> dict[tuple[str, str], int]:
+        """Lifetime outcome counters keyed by ``(subscription, outcome)``."""
+
+    def archive_rare_counts(self, *, since: datetime) -> list[RareCount]:
+        """Expired and unrouted copies still in the archive: in all and since ``since``."""
+
+    def metric_trim(self, *, older_than: datetime, limit: int) -> int:
+        """Delete minute counters and worker rows last seen before ``older_than``."""
+
+    def audit_list(self, *, limit: int, before_id: int | None) -> list[AuditEntry]:
+        """Audit entries, newest first; page with ``before_id``."""

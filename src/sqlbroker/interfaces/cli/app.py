@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from sqlbroker.interfaces.cli.admin import migrate, schema, subscribe
+from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
+from sqlbroker.interfaces.cli.observe import healthcheck, metrics
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
 from sqlbroker.interfaces.cli.worker import worker
@@ -56,6 +58,10 @@ for _command in (
     archive,
     dlq,
     worker,
+    metrics,
+    healthcheck,
+    dashboard,
+    audit,
 ):
     cli.add_command(_command)
 

@@ -25,12 +25,40 @@ from sqlbroker.interfaces.cli.render import (
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
 
 DEFAULT_WATCH_INTERVAL = 2.0
+
+
+def human_duration(seconds: float | None) -> str:
+    """A handler time: ``-``, ``850µs``, ``12ms``, ``1.5s``."""
+    if seconds is None:
+        return "-"
+    if seconds < 0.001:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    return f"{seconds:.1f}s"
+
+
 _ERROR_PREVIEW = 60
 
 
 def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) -> Table:
-    """The per-subscription stats table; ``oldest ready`` is the consumer lag."""
-    columns = ["subscription", "ready", "scheduled", "running", "blocked", "dead", "oldest ready"]
+    """The per-subscription stats table; ``oldest ready`` is the consumer lag, rates are
+    per minute over the last five minutes, p50/p95 are handler times."""
+    columns = [
+        "subscription",
+        "ready",
+        "scheduled",
+        "running",
+        "blocked",
+        "dead",
+        "oldest ready",
+        "done/min",
+        "retry/min",
+        "dead/min",
+        "p50",
+        "p95",
+        "expired",
+    ]
     body = [
         (
             s.subscription,
@@ -40,6 +68,12 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
             s.blocked,
             s.dead,
             human_age(s.oldest_ready_age),
+            f"{s.completed_per_minute:.1f}",
+            f"{s.retried_per_minute:.1f}",
+            f"{s.dead_per_minute:.1f}",
+            human_duration(s.handler_p50),
+            human_duration(s.handler_p95),
+            s.expired,
         )
         for s in rows
     ]

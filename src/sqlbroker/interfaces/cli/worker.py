@@ -18,13 +18,14 @@ import click
 from click.core import ParameterSource
 
 from sqlbroker.app import Broker
+from sqlbroker.interfaces import logs
+from sqlbroker.interfaces.cli.observe import observe_options, serve_worker_metrics
 from sqlbroker.interfaces.cli.params import DURATION
 from sqlbroker.interfaces.cli.session import DEBUG_ENV, CliFailure, InvalidUsage
 from sqlbroker.runtime.worker import WorkerCrashed
 
 DEFAULT_ATTRIBUTE = "broker"
 DEFAULT_GRACE = 30.0
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
@@ -106,18 +107,10 @@ def load_broker(reference: str) -> Broker:
     return target
 
 
-def configure_logging(level: str) -> None:
-    """Show log records at ``level`` and above on stderr, one plain line each.
-
-    A handler the application installed on the root logger while it was imported is
-    kept; only the level is set.
-    """
-    root = logging.getLogger()
-    root.setLevel(level.upper())
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        root.addHandler(handler)
+def configure_logging(level: str, fmt: str = "plain") -> None:
+    """Show log records at ``level`` and above on stderr, one plain line (or JSON object)
+    each. A handler the application installed on the root logger is kept."""
+    logs.configure(level, fmt=fmt)
 
 
 @click.command()
@@ -150,6 +143,7 @@ def configure_logging(level: str) -> None:
     default="info",
     show_default=True,
 )
+@observe_options
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -158,6 +152,9 @@ def worker(
     concurrency: int | None,
     grace: float,
     log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the subscribers of an application's broker until stopped.
 
@@ -193,7 +190,9 @@ def worker(
             f"warning: --url is ignored by the worker: it uses the database of {app}",
             err=True,
         )
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
+    if metrics_port is not None:
+        serve_worker_metrics(broker, port=metrics_port, host=metrics_host)
     chosen = list(dict.fromkeys(subscriptions)) or None
     log.info(
         "starting %s on %s: %s",

@@ -48,6 +48,7 @@ from sqlbroker.storage.postgres.connection import (
     run_plan,
     run_plan_async,
 )
+from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.rows import (
     delivery_of,
@@ -78,7 +79,7 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend(PostgresAdmin, PostgresProcessed):
+class PostgresBackend(PostgresAdmin, PostgresProcessed, PostgresObservability):
     name = "postgresql"
     supports_notify = True
 

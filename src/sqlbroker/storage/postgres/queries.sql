@@ -659,3 +659,6 @@ UNION ALL SELECT 'sqlbroker_dead', count(*) FROM {schema}sqlbroker_dead
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM {schema}sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM {schema}sqlbroker_audit
 UNION ALL SELECT 'sqlbroker_processed', count(*) FROM {schema}sqlbroker_processed
+UNION ALL SELECT 'sqlbroker_worker', count(*) FROM {schema}sqlbroker_worker
+UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM {schema}sqlbroker_metric_minute
+UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM {schema}sqlbroker_metric_total

@@ -52,6 +52,7 @@ from sqlbroker.storage.rows import (
 from sqlbroker.storage.sql import load_migrations, load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
+from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
 from sqlbroker.storage.url import DatabaseURL
 
@@ -64,7 +65,7 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqliteAdmin, SqliteProcessed):
+class SqliteBackend(SqliteAdmin, SqliteProcessed, SqliteObservability):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""

@@ -407,3 +407,6 @@ UNION ALL SELECT 'sqlbroker_dead', count(*) FROM sqlbroker_dead
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM sqlbroker_audit
 UNION ALL SELECT 'sqlbroker_processed', count(*) FROM sqlbroker_processed
+UNION ALL SELECT 'sqlbroker_worker', count(*) FROM sqlbroker_worker
+UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM sqlbroker_metric_minute
+UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM sqlbroker_metric_total

@@ -1,0 +1,147 @@
+"""Observability facts: worker heartbeats, per-minute counters, handler-time histograms and
+the audit trail, as plain rows, plus the pure arithmetic on them (quantiles, merging)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+HANDLER_BUCKETS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    math.inf,
+)
+"""Upper bounds (seconds, inclusive) of the handler-time histogram's buckets."""
+
+OUTCOMES: tuple[str, ...] = ("completed", "retried", "dead")
+"""The outcomes a worker counts, as written back (a lost lease counts as none)."""
+
+
+def bucket_index(seconds: float) -> int:
+    """The index of the histogram bucket that holds a duration of ``seconds``."""
+    for index, bound in enumerate(HANDLER_BUCKETS):
+        if seconds <= bound:
+            return index
+    return len(HANDLER_BUCKETS) - 1
+
+
+def merge_buckets(histograms: Iterable[Sequence[int]]) -> list[int]:
+    """Add histograms bucket by bucket (shorter ones count as zeros where they end)."""
+    total = [0] * len(HANDLER_BUCKETS)
+    for histogram in histograms:
+        for index, count in enumerate(histogram[: len(total)]):
+            total[index] += int(count)
+    return total
+
+
+def quantile(buckets: Sequence[int], q: float) -> float | None:
+    """Estimate the ``q`` quantile (0..1) of a histogram by linear interpolation inside the
+    bucket that holds it, as Prometheus' ``histogram_quantile`` does; ``None`` when empty.
+    A quantile in the open last bucket is reported as that bucket's lower bound."""
+    count = sum(buckets)
+    if count == 0:
+        return None
+    rank = q * count
+    seen = 0
+    for index, in_bucket in enumerate(buckets):
+        if in_bucket and seen + in_bucket >= rank:
+            lower = 0.0 if index == 0 else HANDLER_BUCKETS[index - 1]
+            upper = HANDLER_BUCKETS[index]
+            if math.isinf(upper):
+                return lower
+            return lower + (upper - lower) * max(0.0, rank - seen) / in_bucket
+        seen += in_bucket
+    return HANDLER_BUCKETS[-2]
+
+
+@dataclass(slots=True)
+class MinuteCounts:
+    """What one worker did for one subscription during one minute (``minute`` is its start)."""
+
+    subscription: str
+    minute: datetime
+    worker: str
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    handler_count: int = 0
+    handler_seconds: float = 0.0
+    handler_buckets: list[int] = field(default_factory=lambda: [0] * len(HANDLER_BUCKETS))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """A worker saying it is alive: ``starting`` on its first beat (which resets
+    ``started_at``), ``stopping`` on its last after a clean stop."""
+
+    name: str
+    host: str
+    pid: int
+    subscriptions: tuple[str, ...]
+    starting: bool = False
+    stopping: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker as last seen; ``seen_age`` is seconds since its last heartbeat."""
+
+    name: str
+    host: str
+    pid: int
+    subscriptions: tuple[str, ...]
+    started_at: datetime
+    seen_at: datetime
+    stopped_at: datetime | None
+    seen_age: float
+
+
+@dataclass(frozen=True, slots=True)
+class RareCount:
+    """Archived copies of a rare outcome (``expired`` or ``unrouted``); ``subscription`` is
+    ``None`` for unrouted publishes."""
+
+    subscription: str | None
+    outcome: str
+    total: int
+    recent: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """Who did what to dead letters, when and why (``detail`` holds ids and the note)."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    detail: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    """One minute of one subscription, summed over workers."""
+
+    minute: datetime
+    completed: int
+    retried: int
+    dead: int
+    handler_p50: float | None
+    handler_p95: float | None

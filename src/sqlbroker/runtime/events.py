@@ -1,0 +1,77 @@
+"""The worker's lifecycle events, and the observer interface that metrics, tracing and
+logging subscribe with.
+
+The runtime knows nothing of Prometheus or OpenTelemetry: it calls these methods, and
+observers built elsewhere (``sqlbroker.interfaces``) import their optional dependencies
+lazily. Every method is called on the worker's event loop and must return quickly; an
+observer that raises is logged and otherwise ignored, so it can never break the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+
+from sqlbroker.core.message import Delivery
+from sqlbroker.runtime.message import Outcome
+
+log = logging.getLogger("sqlbroker.runtime")
+
+
+class WorkerObserver:
+    """Override what you need; every default does nothing."""
+
+    def handler_scope(self, delivery: Delivery) -> AbstractContextManager[object]:
+        """A context entered around the handler call, in the context the handler runs in
+        (a sync handler's thread gets a copy of it): a tracing span, for example. An
+        exception from the handler passes through it."""
+        return contextlib.nullcontext()
+
+    def handler_finished(
+        self, delivery: Delivery, *, seconds: float, error: BaseException | None
+    ) -> None:
+        """The handler returned (``error`` is ``None``) or raised, after ``seconds``."""
+
+    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+        """These outcomes were committed by the write-back (lost leases are not included)."""
+
+
+class Observers(WorkerObserver):
+    """Fans each event out to several observers, isolating their failures."""
+
+    def __init__(self, observers: Sequence[WorkerObserver] = ()) -> None:
+        self._observers = list(observers)
+
+    def __bool__(self) -> bool:
+        return bool(self._observers)
+
+    def add(self, observer: WorkerObserver) -> None:
+        self._observers.append(observer)
+
+    @contextlib.contextmanager
+    def handler_scope(self, delivery: Delivery) -> Iterator[object]:
+        with contextlib.ExitStack() as stack:
+            for observer in self._observers:
+                try:
+                    stack.enter_context(observer.handler_scope(delivery))
+                except Exception:
+                    log.exception("observer %r failed to open its handler scope", observer)
+            yield None
+
+    def handler_finished(
+        self, delivery: Delivery, *, seconds: float, error: BaseException | None
+    ) -> None:
+        for observer in self._observers:
+            try:
+                observer.handler_finished(delivery, seconds=seconds, error=error)
+            except Exception:
+                log.exception("observer %r failed on handler_finished", observer)
+
+    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+        for observer in self._observers:
+            try:
+                observer.outcomes_written(outcomes)
+            except Exception:
+                log.exception("observer %r failed on outcomes_written", observer)

@@ -1,0 +1,195 @@
+"""The worker's heartbeat: it says the worker is alive and writes what the worker did.
+
+A :class:`MetricsRecorder` observes the worker's events and keeps, per subscription and
+minute, the outcomes written back and a histogram of handler times. The :class:`Heartbeat`
+task writes them with the worker's row in one transaction every ``interval`` seconds — one
+small write, never on the hot path — and a last time after the final write-back on a clean
+stop. A failed beat keeps everything for the next one. Rows older than ``retention`` are
+trimmed now and then.
+
+Minutes follow the database clock: each beat returns the storage clock's time, and local
+time is shifted by the difference, so workers on skewed hosts fill the same minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.message import Delivery
+from sqlbroker.core.observability import MinuteCounts, WorkerBeat, bucket_index
+from sqlbroker.runtime.events import WorkerObserver
+from sqlbroker.runtime.message import Complete, Outcome, RetryLater, SendToDead
+from sqlbroker.runtime.writeback import wait_any
+from sqlbroker.storage.base import Backend
+
+log = logging.getLogger("sqlbroker.runtime")
+
+DEFAULT_HEARTBEAT = 5.0
+DEFAULT_RETENTION = 24 * 3600.0
+TRIM_INTERVAL = 600.0
+TRIM_LIMIT = 10_000
+
+MinuteKey = tuple[str, datetime]
+
+
+class MetricsRecorder(WorkerObserver):
+    """Per-minute counters of one worker, waiting for the next heartbeat to write them."""
+
+    def __init__(self, worker: str, *, wall: Callable[[], float] = time.time) -> None:
+        self._worker = worker
+        self._wall = wall
+        self._offset = 0.0
+        self._minutes: dict[MinuteKey, MinuteCounts] = {}
+        self._dirty: set[MinuteKey] = set()
+        self._totals: Counter[tuple[str, str]] = Counter()
+
+    def synced(self, storage_now: datetime) -> None:
+        """Align minutes with the storage clock, as read at a heartbeat."""
+        self._offset = storage_now.timestamp() - self._wall()
+
+    def _row(self, subscription: str) -> MinuteCounts:
+        moment = datetime.fromtimestamp(self._wall() + self._offset, UTC)
+        key = (subscription, moment.replace(second=0, microsecond=0))
+        row = self._minutes.get(key)
+        if row is None:
+            row = self._minutes[key] = MinuteCounts(
+                subscription=subscription, minute=key[1], worker=self._worker
+            )
+        self._dirty.add(key)
+        return row
+
+    def handler_finished(
+        self, delivery: Delivery, *, seconds: float, error: BaseException | None
+    ) -> None:
+        row = self._row(delivery.subscription)
+        row.handler_count += 1
+        row.handler_seconds += seconds
+        row.handler_buckets[bucket_index(seconds)] += 1
+
+    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+        for outcome in outcomes:
+            subscription = outcome.delivery.subscription
+            row = self._row(subscription)
+            if isinstance(outcome, Complete):
+                row.completed += 1
+                self._totals[(subscription, "completed")] += 1
+            elif isinstance(outcome, RetryLater):
+                row.retried += 1
+                self._totals[(subscription, "retried")] += 1
+            elif isinstance(outcome, SendToDead):
+                row.dead += 1
+                self._totals[(subscription, "dead")] += 1
+
+    def take(self) -> tuple[list[MinuteCounts], dict[tuple[str, str], int]]:
+        """Copies of the rows changed since the last take, and the totals not yet written.
+        Pass them back to :meth:`written` or :meth:`failed`."""
+        rows = []
+        for key in sorted(self._dirty):
+            row = self._minutes[key]
+            rows.append(
+                MinuteCounts(
+                    subscription=row.subscription,
+                    minute=row.minute,
+                    worker=row.worker,
+                    completed=row.completed,
+                    retried=row.retried,
+                    dead=row.dead,
+                    handler_count=row.handler_count,
+                    handler_seconds=row.handler_seconds,
+                    handler_buckets=list(row.handler_buckets),
+                )
+            )
+        self._dirty.clear()
+        return rows, dict(self._totals)
+
+    def written(self, totals: dict[tuple[str, str], int]) -> None:
+        """The last take was committed: its totals are no longer pending, and minutes
+        before the previous one will not change again."""
+        self._totals.subtract(totals)
+        self._totals = +self._totals
+        horizon = datetime.fromtimestamp(self._wall() + self._offset, UTC) - timedelta(minutes=2)
+        for key in [k for k in self._minutes if k[1] < horizon and k not in self._dirty]:
+            del self._minutes[key]
+
+    def failed(self, rows: Sequence[MinuteCounts]) -> None:
+        """The last take was not committed: write those rows again next time."""
+        self._dirty.update((row.subscription, row.minute) for row in rows)
+
+
+class Heartbeat:
+    """Beats every ``interval`` seconds until stopped, then once more as ``stopping``."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        recorder: MetricsRecorder,
+        *,
+        name: str,
+        host: str,
+        pid: int,
+        subscriptions: Sequence[str],
+        run_blocking: Callable[..., Awaitable[object]],
+        interval: float = DEFAULT_HEARTBEAT,
+        retention: float = DEFAULT_RETENTION,
+    ) -> None:
+        self._backend = backend
+        self._recorder = recorder
+        self._beat = WorkerBeat(name=name, host=host, pid=pid, subscriptions=tuple(subscriptions))
+        self._run_blocking = run_blocking
+        self._interval = interval
+        self._retention = retention
+        self._started = False
+        self._last_trim: float | None = None
+
+    async def beat(self, *, stopping: bool = False) -> bool:
+        """Write one heartbeat with the pending counters; ``False`` when it failed."""
+        rows, totals = self._recorder.take()
+        beat = WorkerBeat(
+            name=self._beat.name,
+            host=self._beat.host,
+            pid=self._beat.pid,
+            subscriptions=self._beat.subscriptions,
+            starting=not self._started,
+            stopping=stopping,
+        )
+        try:
+            now = await self._run_blocking(
+                self._backend.worker_beat, beat=beat, minutes=rows, totals=totals
+            )
+        except SqlbrokerError as error:
+            self._recorder.failed(rows)
+            log.warning("heartbeat of %s failed: %s", beat.name, error)
+            return False
+        assert isinstance(now, datetime)
+        self._started = True
+        self._recorder.synced(now)
+        self._recorder.written(totals)
+        await self._maybe_trim(now)
+        return True
+
+    async def _maybe_trim(self, now: datetime) -> None:
+        clock = time.monotonic()
+        if self._last_trim is not None and clock - self._last_trim < TRIM_INTERVAL:
+            return
+        self._last_trim = clock
+        try:
+            await self._run_blocking(
+                self._backend.metric_trim,
+                older_than=now - timedelta(seconds=self._retention),
+                limit=TRIM_LIMIT,
+            )
+        except SqlbrokerError as error:
+            log.warning("trimming old metrics failed: %s", error)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Beat until ``stop`` is set, then write a last beat saying the worker stopped."""
+        while not stop.is_set():
+            await self.beat()
+            await wait_any(stop, timeout=self._interval)
+        await self.beat(stopping=True)

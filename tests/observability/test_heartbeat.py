@@ -1,0 +1,107 @@
+"""The worker records what it did: heartbeats, outcome counters and handler times, written
+by its heartbeat and read back through ``broker.stats()`` and ``broker.workers()``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import sqlbroker
+from runtime.support import run_until_idle, wait_until
+from sqlbroker.core.message import Delivery
+from sqlbroker.runtime.events import WorkerObserver
+from sqlbroker.runtime.message import Outcome
+
+
+class Recording(WorkerObserver):
+    def __init__(self) -> None:
+        self.finished: list[tuple[str, bool]] = []
+        self.written: list[str] = []
+
+    def handler_finished(
+        self, delivery: Delivery, *, seconds: float, error: BaseException | None
+    ) -> None:
+        assert seconds >= 0
+        self.finished.append((str(delivery.payload), error is not None))
+
+    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+        self.written.extend(type(o).__name__ for o in outcomes)
+
+
+class Broken(WorkerObserver):
+    def handler_finished(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("an observer bug")
+
+
+def test_a_worker_run_is_counted_and_its_heartbeat_says_it_stopped(
+    broker: sqlbroker.Broker,
+) -> None:
+    policy = sqlbroker.RetryPolicy(max_attempts=2, base=0.01, jitter="none")
+
+    @broker.subscriber(queue="jobs", concurrency=2, retry=policy)
+    def handle(msg: sqlbroker.Message) -> None:
+        if msg.payload == "flaky" and msg.attempt == 1:
+            raise ValueError("first try fails")
+        if msg.payload == "doomed":
+            raise ValueError("always fails")
+
+    recording = Recording()
+    broker.add_observer(recording)
+    broker.add_observer(Broken())
+    broker.send_many("jobs", ["ok1", "ok2", "ok3", "flaky", "doomed"])
+    run_until_idle(broker)
+
+    (jobs,) = broker.stats(window=600)
+    # ok1..3 and flaky complete; flaky and doomed retry once each; doomed dies.
+    assert (jobs.completed_per_minute, jobs.retried_per_minute, jobs.dead_per_minute) == (
+        4 / 10,
+        2 / 10,
+        1 / 10,
+    )
+    assert jobs.handler_p50 is not None
+    assert jobs.handler_p95 is not None
+    assert jobs.handler_p50 <= jobs.handler_p95
+    assert broker.backend.metric_totals() == {
+        ("jobs", "completed"): 4,
+        ("jobs", "retried"): 2,
+        ("jobs", "dead"): 1,
+    }
+    (worker,) = broker.workers()
+    assert worker.subscriptions == ("jobs",)
+    assert worker.stopped_at is not None
+    assert sorted(recording.written) == ["Complete"] * 4 + ["RetryLater"] * 2 + ["SendToDead"]
+    assert sorted(recording.finished) == sorted(
+        [(p, False) for p in ("ok1", "ok2", "ok3", "flaky")]
+        + [("flaky", True), ("doomed", True), ("doomed", True)]
+    )
+
+
+def test_a_running_worker_is_alive_with_a_fresh_heartbeat(broker: sqlbroker.Broker) -> None:
+    release = threading.Event()
+
+    @broker.subscriber(queue="slow")
+    def handle(msg: sqlbroker.Message) -> None:
+        release.wait(10)
+
+    broker.send("slow", "x")
+    runner = threading.Thread(
+        target=broker.run,
+        kwargs={"install_signal_handlers": False, "heartbeat_interval": 0.2},
+    )
+    runner.start()
+    try:
+        first = wait_until(lambda: broker.workers(), timeout=10, what="a heartbeat")[0]
+        assert first.stopped_at is None
+        later = wait_until(
+            lambda: [w for w in broker.workers() if w.seen_at > first.seen_at],
+            timeout=10,
+            what="a second heartbeat",
+        )[0]
+        assert later.started_at == first.started_at
+        assert later.seen_age < 60
+    finally:
+        release.set()
+        broker.stop()
+        runner.join(20)
+    assert not runner.is_alive()
+    assert broker.workers()[0].stopped_at is not None
