@@ -13,6 +13,7 @@ from sqlbroker.core.errors import (
     InvalidOption,
     InvalidPayload,
     InvalidPriority,
+    InvalidSchedule,
     InvalidTime,
     LeaseLost,
     NotFound,
@@ -37,6 +38,7 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.core.schedules import Missed, Schedule
 from sqlbroker.producer import AsyncBroker
 from sqlbroker.runtime import Message, Worker, WorkerCrashed
 
@@ -64,10 +66,12 @@ __all__ = [
     "InvalidOption",
     "InvalidPayload",
     "InvalidPriority",
+    "InvalidSchedule",
     "InvalidTime",
     "LeaseLost",
     "ManualClock",
     "Message",
+    "Missed",
     "NotFound",
     "Outcome",
     "PendingMessage",
@@ -75,6 +79,7 @@ __all__ = [
     "Reject",
     "Retry",
     "RetryPolicy",
+    "Schedule",
     "SchemaError",
     "SqlbrokerError",
     "State",
