@@ -100,8 +100,10 @@ class Broker(_ProducerBroker):
         reap_interval: float = 5.0,
         poll_interval: float = 1.0,
         install_signal_handlers: bool = True,
+        schedules: bool = True,
     ) -> Worker:
-        """A worker for all registered subscribers (or the named ones)."""
+        """A worker for all registered subscribers (or the named ones). It also publishes
+        the ticks of durable schedules unless ``schedules=False``."""
         chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
         unknown = [name for name in chosen if name not in self.subscribers]
         if unknown:
@@ -118,6 +120,7 @@ class Broker(_ProducerBroker):
             reap_interval=reap_interval,
             poll_interval=poll_interval,
             install_signal_handlers=install_signal_handlers,
+            schedules=schedules,
         )
 
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:

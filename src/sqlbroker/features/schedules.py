@@ -371,13 +371,24 @@ class Schedules:
         upcoming: builtins.list[datetime] = []
         while True:
             due = backend.schedule_due(limit=DUE_BATCH)
-            fires = [self._plan(record, due.now) for record in due.due]
+            fires = []
+            for record in due.due:
+                try:
+                    fires.append(self._plan(record, due.now))
+                except Exception:
+                    # One schedule that cannot compute its ticks (a croniter failure, a
+                    # time zone gone from this host) must not stop the others.
+                    log.exception(
+                        "schedule %s: cannot plan its ticks",
+                        record.name,
+                        extra={"schedule": record.name},
+                    )
             published.update(backend.schedule_fire_many(fires=fires))
             # A fire lost to another scheduler advanced at least as far as planned here.
             upcoming.extend(fire.next_run_at for fire in fires)
             if due.next_run_at is not None:
                 upcoming.append(due.next_run_at)
-            if len(due.due) < DUE_BATCH:
+            if len(due.due) < DUE_BATCH or not fires:
                 return ScheduleRun(
                     now=due.now,
                     published=published,

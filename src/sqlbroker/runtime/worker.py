@@ -29,6 +29,7 @@ from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.handler_threads import HandlerThreads
 from sqlbroker.runtime.pump import Pump
+from sqlbroker.runtime.scheduler import Scheduler
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
 from sqlbroker.storage.base import Backend
 
@@ -54,6 +55,8 @@ class BrokerLike(Protocol):
 
     def stats(self) -> list[Any]: ...
 
+    def run_due_schedules(self) -> Any: ...
+
 
 class Worker:
     def __init__(
@@ -66,6 +69,7 @@ class Worker:
         poll_interval: float = 1.0,
         install_signal_handlers: bool = True,
         name: str | None = None,
+        schedules: bool = True,
     ) -> None:
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
@@ -78,6 +82,7 @@ class Worker:
         self._reap_interval = validate.seconds(reap_interval, "reap_interval", allow_zero=False)
         self._poll_max = validate.seconds(poll_interval, "poll_interval", allow_zero=False)
         self._install_signals = install_signal_handlers
+        self._schedules = bool(schedules)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -208,6 +213,13 @@ class Worker:
                         )
                 group.create_task(self._guard("write-back", writeback.run(side_stop)))
                 group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
+                if self._schedules:
+                    scheduler = Scheduler(
+                        self._broker.run_due_schedules, poll_interval=self._poll_max
+                    )
+                    group.create_task(
+                        self._guard("scheduler", scheduler.run(self._stop, run_blocking))
+                    )
                 if until_idle:
                     group.create_task(
                         self._guard("idle watch", self._watch_idle(writeback, run_blocking))
