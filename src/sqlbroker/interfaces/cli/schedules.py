@@ -8,6 +8,7 @@ running any subscriber, for deployments that keep scheduling apart from the work
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from types import FrameType
@@ -20,6 +21,8 @@ from sqlbroker.interfaces.cli.render import echo_json, human_time, jsonable, pri
 from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
 from sqlbroker.interfaces.cli.worker import LOG_LEVELS, configure_logging
 from sqlbroker.runtime.scheduler import Scheduler
+
+log = logging.getLogger("sqlbroker.cli")
 
 
 def _row(schedule: Schedule) -> tuple[object, ...]:
@@ -136,7 +139,9 @@ def scheduler(session: Session, poll_interval: float, once: bool, log_level: str
         signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)
     }
     try:
+        log.info("scheduler running on %s", session.display_url)
         Scheduler(broker.run_due_schedules, poll_interval=poll_interval).run_forever(stop)
+        log.info("scheduler stopped")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
