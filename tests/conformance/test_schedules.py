@@ -4,6 +4,7 @@ many schedulers race. Time is a ManualClock; nothing here sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import sys
 import threading
@@ -393,3 +394,21 @@ def test_interval_schedules_work_without_croniter(
     assert ticks(sb) == [("plain", START + timedelta(seconds=60))]
     with pytest.raises(sqlbroker.ConfigurationError, match="croniter"):
         sb.schedule("cron", "t.cron", 0, cron="* * * * *")
+
+
+def test_async_broker_schedules(backend_url: str, clock: ManualClock) -> None:
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True, clock=clock) as broker:
+            await broker.subscribe("seen", "#")
+            created = await broker.schedule("a", "t.a", {"x": 1}, every=60)
+            assert [s.name for s in await broker.schedules()] == ["a"]
+            assert await broker.pause_schedule("a")
+            assert await broker.resume_schedule("a")
+            clock.advance(60)
+            run = await broker.run_due_schedules()
+            assert list(run.published) == ["a"]
+            assert created.next_run_at == START + timedelta(seconds=60)
+            assert await broker.unschedule("a")
+            assert await broker.schedules() == []
+
+    asyncio.run(scenario())
