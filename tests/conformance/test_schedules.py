@@ -150,27 +150,41 @@ def test_cron_ticks_follow_the_time_zone_across_dst_changes(
 ) -> None:
     """Europe/Paris: 09:00 local is 08:00Z in winter and 07:00Z in summer; the spring-forward
     day (2024-03-31) has 23 hourly ticks, the fall-back day (2024-10-27) 25, one per UTC
-    hour, never two at one instant (as croniter computes them)."""
-    for first_day, (daily_before, daily_after), hours in (
-        (at(2024, 3, 30), (at(2024, 3, 30, 8), at(2024, 3, 31, 7)), 23),
-        (at(2024, 10, 26), (at(2024, 10, 26, 7), at(2024, 10, 27, 8)), 25),
+    hour, never two at one instant. 02:30 local does not exist on the spring-forward day
+    (croniter runs it at 03:00) and happens twice on the fall-back day (croniter runs it
+    twice): docs/schedules.md says so."""
+    for first_day, (daily_before, daily_after), hours, night in (
+        (
+            at(2024, 3, 30),
+            (at(2024, 3, 30, 8), at(2024, 3, 31, 7)),
+            23,
+            [at(2024, 3, 30, 1, 30), at(2024, 3, 31, 1)],
+        ),
+        (
+            at(2024, 10, 26),
+            (at(2024, 10, 26, 7), at(2024, 10, 27, 8)),
+            25,
+            [at(2024, 10, 26, 0, 30), at(2024, 10, 27, 0, 30), at(2024, 10, 27, 1, 30)],
+        ),
     ):
         clock = ManualClock(first_day - timedelta(minutes=1))
         broker = make_broker(clock=clock)
         broker.subscribe("seen", ["#"])
         broker.schedule("morning", "t.morning", 0, cron="0 9 * * *", tz="Europe/Paris")
         broker.schedule("hourly", "t.hourly", 0, cron="0 * * * *", tz="Europe/Paris")
+        broker.schedule("night", "t.night", 0, cron="30 2 * * *", tz="Europe/Paris")
         for _ in range(2 * 24 * 4):
             step(broker, clock, 900)
         found = ticks(broker)
         assert [tick for name, tick in found if name == "morning"] == [daily_before, daily_after]
+        assert [tick for name, tick in found if name == "night"] == night
         hourly = [tick for name, tick in found if name == "hourly"]
         assert len(hourly) == len(set(hourly))
         assert all(b - a == timedelta(hours=1) for a, b in itertools.pairwise(hourly))
         local_days = Counter(tick.astimezone(PARIS).date() for tick in hourly)
         transition = (first_day + timedelta(days=1)).date()
         assert local_days[transition] == hours
-        for name in ("morning", "hourly"):
+        for name in ("morning", "hourly", "night"):
             broker.unschedule(name)
 
 
