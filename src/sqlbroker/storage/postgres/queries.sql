@@ -649,3 +649,4 @@ UNION ALL SELECT 'sqlbroker_archive', count(*) FROM {schema}sqlbroker_archive
 UNION ALL SELECT 'sqlbroker_dead', count(*) FROM {schema}sqlbroker_dead
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM {schema}sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM {schema}sqlbroker_audit
+UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM {schema}sqlbroker_schedule

@@ -406,3 +406,4 @@ UNION ALL SELECT 'sqlbroker_archive', count(*) FROM sqlbroker_archive
 UNION ALL SELECT 'sqlbroker_dead', count(*) FROM sqlbroker_dead
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM sqlbroker_audit
+UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM sqlbroker_schedule
