@@ -70,4 +70,5 @@ def test_table_counts_name_every_table(broker: sqlbroker.Broker) -> None:
         "sqlbroker_dead",
         "sqlbroker_dedupe",
         "sqlbroker_audit",
+        "sqlbroker_schedule",
     }

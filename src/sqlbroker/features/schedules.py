@@ -404,7 +404,10 @@ class Schedules:
             grace=record.grace,
         )
         if plan.dropped:
-            log.warning(
+            # Dropping is the policy's job under latest and skip; under all it means the
+            # catch-up hit its bound, which deserves a warning.
+            log.log(
+                logging.WARNING if record.missed is Missed.ALL else logging.INFO,
                 "schedule %s: skipping missed ticks before %s (missed=%s)",
                 record.name,
                 tick_text(plan.ticks[0]) if plan.ticks else tick_text(plan.next_run_at),
