@@ -11,12 +11,14 @@ import sys
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 
 from click.testing import CliRunner, Result
 
 import sqlbroker
 from sqlbroker.interfaces.cli import cli
 
+CLI = [sys.executable, "-c", "from sqlbroker.interfaces.cli import main; main()"]
 _ENV: Mapping[str, str | None] = {"SQLBROKER_URL": None, "SQLBROKER_DEBUG": None, "NO_COLOR": "1"}
 
 
@@ -88,7 +90,7 @@ def test_the_scheduler_process_stops_on_sigterm(broker: sqlbroker.Broker) -> Non
     broker.schedule("fast", "t.fast", 0, every=0.05, missed="all")
     env = {**os.environ, "SQLBROKER_URL": broker.url}
     process = subprocess.Popen(
-        [sys.executable, "-c", "from sqlbroker.interfaces.cli import main; main()", "scheduler"],
+        [*CLI, "scheduler"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -106,3 +108,52 @@ def test_the_scheduler_process_stops_on_sigterm(broker: sqlbroker.Broker) -> Non
             process.wait(timeout=20)
         assert process.stdout is not None
         process.stdout.close()
+
+
+WORKER_APP = """
+import sqlbroker
+
+broker = sqlbroker.Broker({url!r})
+
+
+@broker.subscriber(queue="jobs")
+def handle(msg):
+    pass
+"""
+
+
+def test_sqlbroker_worker_schedules_unless_told_not_to(
+    broker: sqlbroker.Broker, tmp_path: Path
+) -> None:
+    (tmp_path / "sched_app.py").write_text(WORKER_APP.format(url=broker.url), encoding="utf-8")
+    broker.subscribe("seen", ["#"])
+    broker.schedule("beat", "t.beat", 0, every=0.05, missed="all")
+    env = {k: v for k, v in os.environ.items() if k != "SQLBROKER_URL"}
+    for flag in ("--no-schedules", "--schedules"):
+        log_path = tmp_path / f"worker{flag}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [*CLI, "worker", "sched_app:broker", flag],
+                cwd=tmp_path,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            deadline = time.monotonic() + 30
+            while "running jobs" not in log_path.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "running jobs" in log_path.read_text(), log_path.read_text()
+            if flag == "--no-schedules":
+                time.sleep(1.0)  # ticks fall due every 50 ms meanwhile; none may appear
+                assert broker.pending("seen") == []
+            else:
+                while not broker.pending("seen") and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert broker.pending("seen"), log_path.read_text()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0, log_path.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)

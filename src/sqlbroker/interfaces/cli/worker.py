@@ -150,6 +150,12 @@ def configure_logging(level: str) -> None:
     default="info",
     show_default=True,
 )
+@click.option(
+    "--schedules/--no-schedules",
+    default=True,
+    show_default=True,
+    help="Also publish the due ticks of durable schedules.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -158,6 +164,7 @@ def worker(
     concurrency: int | None,
     grace: float,
     log_level: str,
+    schedules: bool,
 ) -> None:
     """Run the subscribers of an application's broker until stopped.
 
@@ -202,7 +209,7 @@ def worker(
         ", ".join(chosen or broker.subscribers),
     )
     try:
-        broker.run(subscriptions=chosen, concurrency=concurrency, grace=grace)
+        broker.run(subscriptions=chosen, concurrency=concurrency, grace=grace, schedules=schedules)
     except WorkerCrashed as error:
         raise CliFailure(str(error)) from None
     finally:
