@@ -362,7 +362,7 @@ def test_graceful_stop_exits_0(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -
     )
     result = invoke("worker", "shop_stop")
     assert result.exit_code == 0, result.output
-    assert calls == [{"subscriptions": None, "concurrency": None, "grace": 30.0}]
+    assert calls == [{"subscriptions": None, "concurrency": None, "grace": 30.0, "schedules": True}]
 
 
 def test_help_says_the_url_option_does_not_apply() -> None:
