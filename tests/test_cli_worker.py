@@ -345,7 +345,9 @@ def test_options_reach_run_and_a_crash_exits_1(
         "2m",
     )
     assert result.exit_code == 1, result.output
-    assert calls == [{"subscriptions": ["jobs"], "concurrency": 7, "grace": 120.0}]
+    assert calls == [
+        {"subscriptions": ["jobs"], "concurrency": 7, "grace": 120.0, "schedules": True}
+    ]
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("warning: --url is ignored by the worker")
     assert lines[-1] == "error: the worker's reaper task died: OSError('disk full')"
@@ -360,7 +362,7 @@ def test_graceful_stop_exits_0(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -
     )
     result = invoke("worker", "shop_stop")
     assert result.exit_code == 0, result.output
-    assert calls == [{"subscriptions": None, "concurrency": None, "grace": 30.0}]
+    assert calls == [{"subscriptions": None, "concurrency": None, "grace": 30.0, "schedules": True}]
 
 
 def test_help_says_the_url_option_does_not_apply() -> None:

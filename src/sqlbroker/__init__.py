@@ -13,6 +13,7 @@ from sqlbroker.core.errors import (
     InvalidOption,
     InvalidPayload,
     InvalidPriority,
+    InvalidSchedule,
     InvalidTime,
     LeaseLost,
     NotFound,
@@ -38,6 +39,7 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.core.schedules import Missed, Schedule
 from sqlbroker.features.processed import KeyInProgress, Once
 from sqlbroker.producer import AsyncBroker
 from sqlbroker.runtime import Message, Worker, WorkerCrashed
@@ -66,11 +68,13 @@ __all__ = [
     "InvalidOption",
     "InvalidPayload",
     "InvalidPriority",
+    "InvalidSchedule",
     "InvalidTime",
     "KeyInProgress",
     "LeaseLost",
     "ManualClock",
     "Message",
+    "Missed",
     "NotFound",
     "Once",
     "Outcome",
@@ -80,6 +84,7 @@ __all__ = [
     "ReservationLost",
     "Retry",
     "RetryPolicy",
+    "Schedule",
     "SchemaError",
     "SqlbrokerError",
     "State",

@@ -109,8 +109,10 @@ class Broker(_ProducerBroker):
         poll_interval: float = 1.0,
         install_signal_handlers: bool = True,
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
+        schedules: bool = True,
     ) -> Worker:
-        """A worker for all registered subscribers (or the named ones)."""
+        """A worker for all registered subscribers (or the named ones). It also publishes
+        the ticks of durable schedules unless ``schedules=False``."""
         chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
         unknown = [name for name in chosen if name not in self.subscribers]
         if unknown:
@@ -129,6 +131,7 @@ class Broker(_ProducerBroker):
             install_signal_handlers=install_signal_handlers,
             heartbeat_interval=heartbeat_interval,
             observers=self._observers,
+            schedules=schedules,
         )
 
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:

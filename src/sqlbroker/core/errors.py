@@ -49,6 +49,10 @@ class InvalidTime(ValidationError):
     """A point in time that is naive, out of range or otherwise unusable."""
 
 
+class InvalidSchedule(ValidationError):
+    """A cron expression, interval, time zone or missed policy that makes no schedule."""
+
+
 class InvalidOption(ValidationError):
     """Any other argument outside its documented range (limits, batch sizes, options)."""
 

@@ -28,9 +28,11 @@ from sqlbroker.core.message import (
     Subscription,
     SubscriptionStats,
 )
+from sqlbroker.core.schedules import Schedule
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.processed import Once
 from sqlbroker.features.publishing import build_batch, build_message, check_options
+from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
 from sqlbroker.storage import caller
 from sqlbroker.storage.base import Lease
@@ -295,3 +297,23 @@ class AsyncBroker:
 
     async def stats(self) -> builtins.list[SubscriptionStats]:
         return await self._offload.run(self.sync.stats)
+
+    async def schedule(self, name: str, topic: str, payload: Any, **options: Any) -> Schedule:
+        """See :meth:`Broker.schedule`."""
+        return await self._offload.run(self.sync.schedule, name, topic, payload, **options)
+
+    async def unschedule(self, name: str) -> bool:
+        return await self._offload.run(self.sync.unschedule, name)
+
+    async def schedules(self, names: Iterable[str] | None = None) -> builtins.list[Schedule]:
+        chosen = None if names is None else list(names)
+        return await self._offload.run(self.sync.schedules, chosen)
+
+    async def pause_schedule(self, name: str) -> bool:
+        return await self._offload.run(self.sync.pause_schedule, name)
+
+    async def resume_schedule(self, name: str) -> bool:
+        return await self._offload.run(self.sync.resume_schedule, name)
+
+    async def run_due_schedules(self) -> ScheduleRun:
+        return await self._offload.run(self.sync.run_due_schedules)

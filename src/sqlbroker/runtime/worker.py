@@ -31,6 +31,7 @@ from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
 from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRecorder
 from sqlbroker.runtime.pump import Pump
+from sqlbroker.runtime.scheduler import Scheduler
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
 from sqlbroker.storage.base import Backend
 
@@ -56,6 +57,8 @@ class BrokerLike(Protocol):
 
     def stats(self) -> list[Any]: ...
 
+    def run_due_schedules(self) -> Any: ...
+
 
 class Worker:
     def __init__(
@@ -70,6 +73,7 @@ class Worker:
         name: str | None = None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         observers: Sequence[WorkerObserver] = (),
+        schedules: bool = True,
     ) -> None:
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
@@ -82,6 +86,7 @@ class Worker:
         self._reap_interval = validate.seconds(reap_interval, "reap_interval", allow_zero=False)
         self._poll_max = validate.seconds(poll_interval, "poll_interval", allow_zero=False)
         self._install_signals = install_signal_handlers
+        self._schedules = bool(schedules)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat_interval = validate.seconds(
             heartbeat_interval, "heartbeat_interval", allow_zero=False, maximum=3600.0
@@ -229,6 +234,13 @@ class Worker:
                     interval=self._heartbeat_interval,
                 )
                 group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
+                if self._schedules:
+                    scheduler = Scheduler(
+                        self._broker.run_due_schedules, poll_interval=self._poll_max
+                    )
+                    group.create_task(
+                        self._guard("scheduler", scheduler.run(self._stop, run_blocking))
+                    )
                 if until_idle:
                     group.create_task(
                         self._guard("idle watch", self._watch_idle(writeback, run_blocking))

@@ -33,6 +33,12 @@ from sqlbroker.core.observability import (
     WorkerBeat,
     WorkerInfo,
 )
+from sqlbroker.storage.schedules import (
+    DueSchedules,
+    ScheduleDefinition,
+    ScheduleFire,
+    ScheduleRecord,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,3 +328,28 @@ class Backend(Protocol):
 
     def audit_list(self, *, limit: int, before_id: int | None) -> list[AuditEntry]:
         """Audit entries, newest first; page with ``before_id``."""
+
+    # --- schedules -------------------------------------------------------------------------
+    def schedule_upsert(self, *, definition: ScheduleDefinition) -> ScheduleRecord:
+        """Create the schedule, or redefine the one of that name. An identical definition
+        changes nothing; one with the same timing keeps its next run and anchor; any other
+        takes ``next_run_at`` and ``anchor_at`` from ``definition``. Pausing survives."""
+
+    def schedule_list(self, *, names: Sequence[str] | None) -> list[ScheduleRecord]:
+        """The named schedules (all with ``None``), by name."""
+
+    def schedule_delete(self, *, name: str) -> bool: ...
+
+    def schedule_set_paused(self, *, name: str, paused: bool, next_run_at: datetime | None) -> bool:
+        """Pause, or resume with ``next_run_at`` (a paused schedule only: resuming a
+        running one changes nothing). Returns whether the schedule exists."""
+
+    def schedule_due(self, *, limit: int) -> DueSchedules:
+        """Up to ``limit`` schedules, not paused, whose next run is at or before the
+        storage clock's now, earliest first; and the earliest next run of the others."""
+
+    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
+        """In one transaction: for each fire, advance its schedule by compare-and-set on
+        (next run, definition, not paused) and, only when that succeeded, publish its
+        messages as :meth:`message_insert_many` would. Returns the published message ids
+        of each schedule that advanced; a fire that lost the race is left out."""

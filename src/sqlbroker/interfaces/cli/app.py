@@ -9,6 +9,7 @@ from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
+from sqlbroker.interfaces.cli.schedules import scheduler, schedules
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
 from sqlbroker.interfaces.cli.worker import worker
@@ -62,6 +63,8 @@ for _command in (
     healthcheck,
     dashboard,
     audit,
+    schedules,
+    scheduler,
 ):
     cli.add_command(_command)
 

@@ -143,6 +143,12 @@ def configure_logging(level: str, fmt: str = "plain") -> None:
     default="info",
     show_default=True,
 )
+@click.option(
+    "--schedules/--no-schedules",
+    default=True,
+    show_default=True,
+    help="Also publish the due ticks of durable schedules.",
+)
 @observe_options
 @click.pass_context
 def worker(
@@ -155,6 +161,7 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    schedules: bool,
 ) -> None:
     """Run the subscribers of an application's broker until stopped.
 
@@ -201,7 +208,7 @@ def worker(
         ", ".join(chosen or broker.subscribers),
     )
     try:
-        broker.run(subscriptions=chosen, concurrency=concurrency, grace=grace)
+        broker.run(subscriptions=chosen, concurrency=concurrency, grace=grace, schedules=schedules)
     except WorkerCrashed as error:
         raise CliFailure(str(error)) from None
     finally:

@@ -50,6 +50,7 @@ from sqlbroker.storage.postgres.connection import (
 )
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
+from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -79,7 +80,7 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend(PostgresAdmin, PostgresProcessed, PostgresObservability):
+class PostgresBackend(PostgresAdmin, PostgresProcessed, PostgresObservability, PostgresSchedules):
     name = "postgresql"
     supports_notify = True
 

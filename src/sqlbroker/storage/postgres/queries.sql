@@ -662,3 +662,4 @@ UNION ALL SELECT 'sqlbroker_processed', count(*) FROM {schema}sqlbroker_processe
 UNION ALL SELECT 'sqlbroker_worker', count(*) FROM {schema}sqlbroker_worker
 UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM {schema}sqlbroker_metric_minute
 UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM {schema}sqlbroker_metric_total
+UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM {schema}sqlbroker_schedule

@@ -54,6 +54,7 @@ from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
+from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -65,7 +66,7 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqliteAdmin, SqliteProcessed, SqliteObservability):
+class SqliteBackend(SqliteAdmin, SqliteProcessed, SqliteObservability, SqliteSchedules):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""

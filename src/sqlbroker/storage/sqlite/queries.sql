@@ -410,3 +410,4 @@ UNION ALL SELECT 'sqlbroker_processed', count(*) FROM sqlbroker_processed
 UNION ALL SELECT 'sqlbroker_worker', count(*) FROM sqlbroker_worker
 UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM sqlbroker_metric_minute
 UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM sqlbroker_metric_total
+UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM sqlbroker_schedule

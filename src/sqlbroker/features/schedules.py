@@ -1,0 +1,447 @@
+"""Durable schedules: definitions, their validation, cron ticks and one scheduler pass.
+
+``broker.schedule(name, topic, payload, cron=… | every=…)`` stores a definition; any
+process calling :meth:`Schedules.run_due` (every worker does, see the runtime's scheduler
+task) publishes the due ticks. A tick is published exactly once however many schedulers
+run: each advances a schedule by compare-and-set on its next run, in the same transaction
+as the tick's publish, and the tick's message carries the idempotency key
+``schedule:<name>:<tick>`` as a second line of defence.
+
+croniter is imported only for cron schedules, so ``every=`` works without it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import ConfigurationError, InvalidHeaders, InvalidSchedule
+from sqlbroker.core.message import NORMAL, NewMessage, new_message_id
+from sqlbroker.core.schedules import (
+    DEFAULT_GRACE,
+    MIN_EVERY,
+    RESERVED_HEADERS,
+    SCHEDULE_HEADER,
+    TICK_HEADER,
+    EveryTicks,
+    Missed,
+    Schedule,
+    TickSource,
+    first_at_or_after,
+    plan_ticks,
+    tick_text,
+)
+from sqlbroker.core.serde import decode_payload, encode_json
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.publishing import PublishDefaults, build_message
+from sqlbroker.storage.base import Backend
+from sqlbroker.storage.rows import headers_of, payload_hash
+from sqlbroker.storage.schedules import ScheduleDefinition, ScheduleFire, ScheduleRecord
+
+log = logging.getLogger("sqlbroker.schedules")
+
+DUE_BATCH = 100
+"""Schedules fired per transaction in one scheduler pass."""
+_MAX_CRON = 200
+_MAX_TZ = 64
+_MAX_GRACE = 7 * 86400.0
+_MAX_EVERY = validate.MAX_DELAY
+
+
+def _croniter() -> Any:
+    try:
+        from croniter import croniter
+    except ImportError:
+        raise ConfigurationError(
+            "cron schedules need croniter: pip install 'sqlbroker[cron]'"
+            " (interval schedules, every=…, work without it)"
+        ) from None
+    return croniter
+
+
+@dataclass(frozen=True, slots=True)
+class CronTicks:
+    """The ticks of a cron expression in a time zone, as croniter computes them (so a
+    daylight-saving change is handled the way croniter handles it), from ``start_at`` on."""
+
+    expression: str
+    tz: ZoneInfo
+    start_at: datetime | None = None
+
+    def latest_at_or_before(self, moment: datetime) -> datetime | None:
+        croniter = _croniter()
+        local = (moment + timedelta(microseconds=1)).astimezone(self.tz)
+        found: datetime = croniter(self.expression, local).get_prev(datetime)
+        tick = found.astimezone(moment.tzinfo)
+        if self.start_at is not None and tick < self.start_at:
+            return None
+        return tick
+
+    def next_after(self, moment: datetime) -> datetime:
+        croniter = _croniter()
+        if self.start_at is not None and moment < self.start_at:
+            moment = self.start_at - timedelta(microseconds=1)
+        found: datetime = croniter(self.expression, moment.astimezone(self.tz)).get_next(datetime)
+        return found.astimezone(moment.tzinfo)
+
+
+def _zone(tz: object) -> ZoneInfo:
+    if not isinstance(tz, str) or not tz or len(tz) > _MAX_TZ or not tz.isprintable():
+        raise InvalidSchedule(
+            "tz", f"must be an IANA time zone name like 'Europe/Paris', not {tz!r}"
+        )
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidSchedule("tz", f"unknown time zone {tz!r}") from None
+
+
+def _cron(expression: object, zone: ZoneInfo) -> str:
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidSchedule("cron", f"must be a cron expression string, not {expression!r}")
+    if len(expression) > _MAX_CRON or not expression.isprintable():
+        raise InvalidSchedule("cron", "must be printable and at most 200 characters")
+    text = " ".join(expression.split())
+    croniter = _croniter()
+    from croniter import CroniterError
+
+    try:
+        croniter(text, datetime.now(zone)).get_next(datetime)
+    except CroniterError as error:
+        raise InvalidSchedule(
+            "cron", f"{text!r} is not a usable cron expression: {error}"
+        ) from None
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        raise InvalidSchedule("cron", f"{text!r} is not a cron expression: {error}") from None
+    return text
+
+
+def _missed(value: object) -> Missed:
+    if isinstance(value, str) and value in Missed.__members__.values():
+        return Missed(value)
+    choices = ", ".join(repr(m.value) for m in Missed)
+    raise InvalidSchedule("missed", f"must be one of {choices}, not {value!r}")
+
+
+def _headers(value: object) -> dict[str, str] | None:
+    checked = validate.headers(value)
+    if checked is None:
+        return None
+    reserved = sorted(RESERVED_HEADERS & set(checked))
+    if reserved:
+        raise InvalidHeaders("headers", f"{', '.join(reserved)} is set by the scheduler")
+    if len(checked) > validate.MAX_HEADERS - len(RESERVED_HEADERS):
+        raise InvalidHeaders(
+            "headers",
+            f"a schedule's message has at most {validate.MAX_HEADERS - len(RESERVED_HEADERS)}"
+            " headers of its own (the scheduler adds two)",
+        )
+    return checked
+
+
+def _digest(parts: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def ticks_of(record: ScheduleRecord) -> TickSource:
+    """The tick source of a stored schedule."""
+    if record.cron is not None:
+        return CronTicks(record.cron, ZoneInfo(record.tz), record.start_at)
+    assert record.every is not None
+    assert record.anchor_at is not None
+    return EveryTicks(record.anchor_at, record.every)
+
+
+def public_schedule(record: ScheduleRecord) -> Schedule:
+    return Schedule(
+        name=record.name,
+        topic=record.topic,
+        cron=record.cron,
+        every=record.every,
+        tz=record.tz,
+        missed=record.missed,
+        grace=record.grace,
+        start_at=record.start_at,
+        payload=decode_payload(record.payload, record.content_type),
+        content_type=record.content_type,
+        headers=headers_of(record.headers),
+        priority=record.priority,
+        key=record.ordering_key,
+        ttl=record.ttl,
+        max_attempts=record.max_attempts,
+        next_run_at=record.next_run_at,
+        last_run_at=record.last_run_at,
+        last_message_id=record.last_message_id,
+        paused=record.paused,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRun:
+    """What one scheduler pass did."""
+
+    now: datetime
+    """The storage clock's time the pass planned against."""
+    published: dict[str, list[str]]
+    """Message ids published, per schedule that this pass advanced."""
+    next_run_at: datetime | None
+    """The earliest next run of any schedule not paused, after this pass."""
+
+    @property
+    def wake_in(self) -> float | None:
+        """Seconds from ``now`` to ``next_run_at`` (``None``: no schedules to wait for)."""
+        if self.next_run_at is None:
+            return None
+        return max(0.0, (self.next_run_at - self.now).total_seconds())
+
+
+class Schedules:
+    """Define, list and run durable schedules over a backend."""
+
+    def __init__(self, backend: Callable[[], Backend], defaults: PublishDefaults) -> None:
+        self._backend = backend
+        self._defaults = defaults
+
+    def define(
+        self,
+        name: str,
+        topic: str,
+        payload: Any,
+        *,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        tz: str = "UTC",
+        missed: Missed | str = Missed.LATEST,
+        grace: float | timedelta = DEFAULT_GRACE,
+        start_at: datetime | None = None,
+        headers: Mapping[str, str] | None = None,
+        priority: int = NORMAL,
+        key: str | None = None,
+        ttl: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        content_type: str | None = None,
+    ) -> Schedule:
+        """Create or redefine the schedule ``name``; see ``Broker.schedule``."""
+        name_text = validate_topic(name, "name")
+        if (cron is None) == (every is None):
+            raise InvalidSchedule("cron", "give exactly one of cron=… or every=…")
+        zone = _zone(tz)
+        assert isinstance(tz, str)
+        cron_text = None if cron is None else _cron(cron, zone)
+        every_s = None
+        if every is not None:
+            every_s = validate.seconds(every, "every", maximum=_MAX_EVERY)
+            if every_s < MIN_EVERY:
+                raise InvalidSchedule("every", f"must be at least {MIN_EVERY:g} s, not {every_s:g}")
+            if tz != "UTC":
+                raise InvalidSchedule(
+                    "tz",
+                    "applies to cron schedules only: an interval is elapsed time"
+                    " (use cron=… for wall-clock times in a time zone)",
+                )
+        policy = _missed(missed)
+        grace_s = validate.seconds(grace, "grace", maximum=_MAX_GRACE)
+        start = None if start_at is None else validate.point_in_time(start_at, "start_at")
+        own_headers = _headers(headers)
+        message = build_message(
+            topic,
+            payload,
+            defaults=self._defaults,
+            key=key,
+            priority=priority,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            headers=own_headers,
+            content_type=content_type,
+        )
+        timing = {
+            "cron": cron_text,
+            "every": every_s,
+            "tz": tz,
+            "start_at": None if start is None else start.isoformat(),
+        }
+        definition_hash = _digest(
+            {
+                **timing,
+                "topic": message.topic,
+                "missed": policy.value,
+                "grace": grace_s,
+                "payload": payload_hash(message.payload, message.content_type),
+                "headers": message.headers,
+                "priority": message.priority,
+                "key": message.ordering_key,
+                "ttl": message.ttl,
+                "max_attempts": message.max_attempts,
+            }
+        )
+        backend = self._backend()
+        now = backend.now()
+        anchor: datetime | None = None
+        source: TickSource
+        if every_s is not None:
+            anchor = start or now + timedelta(seconds=every_s)
+            source = EveryTicks(anchor, every_s)
+        else:
+            assert cron_text is not None
+            source = CronTicks(cron_text, zone, start)
+        # Ticks at or after start_at that are still ahead: a schedule never fires for a
+        # moment before it was defined.
+        first = (
+            first_at_or_after(source, start)
+            if start is not None and start > now
+            else source.next_after(now)
+        )
+        record = backend.schedule_upsert(
+            definition=ScheduleDefinition(
+                name=name_text,
+                topic=message.topic,
+                cron=cron_text,
+                every=every_s,
+                tz=tz,
+                missed=policy,
+                grace=grace_s,
+                start_at=start,
+                anchor_at=anchor,
+                payload=message.payload,
+                content_type=message.content_type,
+                headers=message.headers,
+                priority=message.priority,
+                ordering_key=message.ordering_key,
+                ttl=message.ttl,
+                max_attempts=message.max_attempts,
+                definition_hash=definition_hash,
+                timing_hash=_digest(timing),
+                next_run_at=first,
+            )
+        )
+        return public_schedule(record)
+
+    def delete(self, name: str) -> bool:
+        """Delete the schedule ``name``; return whether it existed. Published ticks stay."""
+        return self._backend().schedule_delete(name=validate_topic(name, "name"))
+
+    def list(self, names: Iterable[str] | None = None) -> builtins.list[Schedule]:
+        """Every schedule (or the named ones), by name."""
+        chosen = None
+        if names is not None:
+            if isinstance(names, str):
+                raise InvalidSchedule("names", "must be a list of schedule names")
+            chosen = [validate_topic(name, "names") for name in names]
+        return [public_schedule(r) for r in self._backend().schedule_list(names=chosen)]
+
+    def get(self, name: str) -> Schedule | None:
+        found = self.list([name])
+        return found[0] if found else None
+
+    def pause(self, name: str) -> bool:
+        """Stop publishing ticks of ``name`` until resumed; return whether it exists."""
+        return self._backend().schedule_set_paused(
+            name=validate_topic(name, "name"), paused=True, next_run_at=None
+        )
+
+    def resume(self, name: str) -> bool:
+        """Publish ticks of ``name`` again, from the first tick after now: ticks that fell
+        while it was paused are not published. Return whether it exists."""
+        checked = validate_topic(name, "name")
+        backend = self._backend()
+        found = backend.schedule_list(names=[checked])
+        if not found:
+            return False
+        if not found[0].paused:
+            return True
+        following = ticks_of(found[0]).next_after(backend.now())
+        return backend.schedule_set_paused(name=checked, paused=False, next_run_at=following)
+
+    def run_due(self) -> ScheduleRun:
+        """One scheduler pass: publish the due ticks of every due schedule, under each
+        schedule's missed policy, and advance them. Safe to run from any number of
+        processes at once: each tick is published once."""
+        backend = self._backend()
+        published: dict[str, list[str]] = {}
+        upcoming: builtins.list[datetime] = []
+        while True:
+            due = backend.schedule_due(limit=DUE_BATCH)
+            fires = []
+            for record in due.due:
+                try:
+                    fires.append(self._plan(record, due.now))
+                except Exception:
+                    # One schedule that cannot compute its ticks (a croniter failure, a
+                    # time zone gone from this host) must not stop the others.
+                    log.exception(
+                        "schedule %s: cannot plan its ticks",
+                        record.name,
+                        extra={"schedule": record.name},
+                    )
+            published.update(backend.schedule_fire_many(fires=fires))
+            # A fire lost to another scheduler advanced at least as far as planned here.
+            upcoming.extend(fire.next_run_at for fire in fires)
+            if due.next_run_at is not None:
+                upcoming.append(due.next_run_at)
+            if len(due.due) < DUE_BATCH or not fires:
+                return ScheduleRun(
+                    now=due.now,
+                    published=published,
+                    next_run_at=min(upcoming) if upcoming else None,
+                )
+
+    def _plan(self, record: ScheduleRecord, now: datetime) -> ScheduleFire:
+        plan = plan_ticks(
+            ticks_of(record),
+            next_run_at=record.next_run_at,
+            now=now,
+            missed=record.missed,
+            grace=record.grace,
+        )
+        if plan.dropped:
+            # Dropping is the policy's job under latest and skip; under all it means the
+            # catch-up hit its bound, which deserves a warning.
+            log.log(
+                logging.WARNING if record.missed is Missed.ALL else logging.INFO,
+                "schedule %s: skipping missed ticks before %s (missed=%s)",
+                record.name,
+                tick_text(plan.ticks[0]) if plan.ticks else tick_text(plan.next_run_at),
+                record.missed.value,
+                extra={"schedule": record.name, "missed": record.missed.value},
+            )
+        own = headers_of(record.headers)
+        messages = []
+        for tick in plan.ticks:
+            when = tick_text(tick)
+            messages.append(
+                NewMessage(
+                    message_id=new_message_id(),
+                    topic=record.topic,
+                    payload=record.payload,
+                    content_type=record.content_type,
+                    headers=encode_json({**own, SCHEDULE_HEADER: record.name, TICK_HEADER: when}),
+                    priority=record.priority,
+                    ordering_key=record.ordering_key,
+                    idempotency_key=f"schedule:{record.name}:{when}",
+                    payload_hash=payload_hash(record.payload, record.content_type),
+                    delay=None,
+                    available_at=None,
+                    ttl=record.ttl,
+                    expires_at=None,
+                    max_attempts=record.max_attempts,
+                    dedupe_window=self._defaults.dedupe_window,
+                )
+            )
+        return ScheduleFire(
+            name=record.name,
+            expected_next_run_at=record.next_run_at,
+            definition_hash=record.definition_hash,
+            next_run_at=plan.next_run_at,
+            last_run_at=plan.ticks[-1] if plan.ticks else None,
+            messages=messages,
+        )
