@@ -148,11 +148,17 @@ def test_extension_pages_plug_in(board: Dashboard, broker: sqlbroker.Broker) -> 
     assert status == 200
     assert [(p["name"], p["available"]) for p in listed["pages"]] == [
         ("sagas", False),
-        ("schedules", False),
+        ("schedules", True),
     ]
     assert call(board, "/api/extensions/sagas")[1] == {"available": False, "name": "sagas"}
+    broker.schedule("nightly", "reports.nightly", {}, cron="0 3 * * *", tz="Europe/Paris")
+    status, schedules = call(board, "/api/extensions/schedules")
+    assert status == 200
+    assert [row[:4] for row in schedules["rows"]] == [
+        ["nightly", "reports.nightly", "0 3 * * *", "Europe/Paris"]
+    ]
     board.add_extension(
-        Extension("schedules", "Schedules", lambda b: Table(["name", "next run"], [["x", None]]))
+        Extension("sagas", "Sagas", lambda b: Table(["name", "next run"], [["x", None]]))
     )
-    status, page = call(board, "/api/extensions/schedules")
+    status, page = call(board, "/api/extensions/sagas")
     assert (status, page["columns"], page["rows"]) == (200, ["name", "next run"], [["x", None]])

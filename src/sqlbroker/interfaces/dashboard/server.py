@@ -39,6 +39,7 @@ from sqlbroker.core.errors import (
     ValidationError,
 )
 from sqlbroker.interfaces.dashboard.api import Api, Extension
+from sqlbroker.interfaces.dashboard.pages import BUILT_IN
 
 log = logging.getLogger("sqlbroker.dashboard")
 
@@ -96,7 +97,7 @@ class Dashboard:
             )
         if token is not None and len(token) < 16:
             raise InvalidOption("token", "must be at least 16 characters")
-        self.api = Api(broker, {e.name: e for e in extensions})
+        self.api = Api(broker, {e.name: e for e in (*BUILT_IN, *extensions)})
         self.token = token
         self.csrf = secrets.token_urlsafe(32)
         self.refresh = refresh
