@@ -38,9 +38,19 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.core.sagas import (
+    Saga,
+    SagaConflict,
+    SagaInstance,
+    SagaStatus,
+    SagaStep,
+    Step,
+    StepStatus,
+)
 from sqlbroker.features.processed import KeyInProgress, Once
 from sqlbroker.producer import AsyncBroker
 from sqlbroker.runtime import Message, Worker, WorkerCrashed
+from sqlbroker.runtime.sagas import StepContext
 
 __version__ = "0.1.0"
 
@@ -80,9 +90,17 @@ __all__ = [
     "ReservationLost",
     "Retry",
     "RetryPolicy",
+    "Saga",
+    "SagaConflict",
+    "SagaInstance",
+    "SagaStatus",
+    "SagaStep",
     "SchemaError",
     "SqlbrokerError",
     "State",
+    "Step",
+    "StepContext",
+    "StepStatus",
     "StorageError",
     "Subscription",
     "SubscriptionStats",

@@ -31,6 +31,7 @@ from sqlbroker.core.topics import validate_pattern, validate_topic
 from sqlbroker.features.dead_letters import DeadLetters
 from sqlbroker.features.processed import Once, make_once
 from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message, check_options
+from sqlbroker.features.sagas import Sagas
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, ReapResult, RetryRequest
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.url import parse_url, redact
@@ -434,7 +435,17 @@ class Broker:
             "unblocked": backend.key_repair(limit=count),
             "dedupe_trimmed": backend.dedupe_trim(limit=count),
             "processed_trimmed": backend.processed_trim(limit=count),
+            "sagas_swept": self.sagas.sweep(limit=count),
         }
+
+    # --- sagas -------------------------------------------------------------------------------
+
+    @property
+    def sagas(self) -> Sagas:
+        """Start, cancel and read sagas (``broker.sagas.start(saga, data)``); see
+        :mod:`sqlbroker.features.sagas`. Steps are handled by the app ``Broker``'s
+        ``saga_step`` and ``saga_compensation`` subscribers."""
+        return Sagas(self._checked(), self._defaults)
 
     # --- processed keys ----------------------------------------------------------------------
 

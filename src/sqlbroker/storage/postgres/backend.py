@@ -49,6 +49,7 @@ from sqlbroker.storage.postgres.connection import (
     run_plan_async,
 )
 from sqlbroker.storage.postgres.processed import PostgresProcessed
+from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -65,7 +66,7 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _MIGRATIONS = "sqlbroker.storage.postgres.migrations"
-_SQL_FILES = ("queries.sql", "processed.sql")
+_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
 
 
 def _qualifier(schema: str | None) -> str:
@@ -78,7 +79,7 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend(PostgresAdmin, PostgresProcessed):
+class PostgresBackend(PostgresAdmin, PostgresProcessed, PostgresSagas):
     name = "postgresql"
     supports_notify = True
 

@@ -659,3 +659,5 @@ UNION ALL SELECT 'sqlbroker_dead', count(*) FROM {schema}sqlbroker_dead
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM {schema}sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM {schema}sqlbroker_audit
 UNION ALL SELECT 'sqlbroker_processed', count(*) FROM {schema}sqlbroker_processed
+UNION ALL SELECT 'sqlbroker_saga', count(*) FROM {schema}sqlbroker_saga
+UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM {schema}sqlbroker_saga_step

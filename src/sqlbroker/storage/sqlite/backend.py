@@ -53,6 +53,7 @@ from sqlbroker.storage.sql import load_migrations, load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
+from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -64,7 +65,7 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqliteAdmin, SqliteProcessed):
+class SqliteBackend(SqliteAdmin, SqliteProcessed, SqliteSagas):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
@@ -84,7 +85,9 @@ class SqliteBackend(SqliteAdmin, SqliteProcessed):
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
-        self._sql = load_sql("sqlbroker.storage.sqlite", ("queries.sql", "processed.sql"))
+        self._sql = load_sql(
+            "sqlbroker.storage.sqlite", ("queries.sql", "processed.sql", "sagas.sql")
+        )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )

@@ -407,3 +407,5 @@ UNION ALL SELECT 'sqlbroker_dead', count(*) FROM sqlbroker_dead
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM sqlbroker_audit
 UNION ALL SELECT 'sqlbroker_processed', count(*) FROM sqlbroker_processed
+UNION ALL SELECT 'sqlbroker_saga', count(*) FROM sqlbroker_saga
+UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM sqlbroker_saga_step
