@@ -198,7 +198,9 @@ class _StepRunner:
         decision = self._retry.decide(msg.attempt, error, max_attempts=msg.max_attempts)
         if not isinstance(decision, DeadLetterNow):
             raise error
-        reason = f"{decision.reason} ({type(error).__name__}: {error})"
+        reason = decision.reason
+        if str(error) != reason:
+            reason = f"{reason} ({type(error).__name__}: {error})"
         if not self._undo:
             log.warning("saga %s: step %s failed for good: %s", saga_id, self._step.name, reason)
             await asyncio.to_thread(self._record, msg, "failed", saga_id, index, reason)
