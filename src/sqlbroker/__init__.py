@@ -39,10 +39,20 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.core.sagas import (
+    Saga,
+    SagaConflict,
+    SagaInstance,
+    SagaStatus,
+    SagaStep,
+    Step,
+    StepStatus,
+)
 from sqlbroker.core.schedules import Missed, Schedule
 from sqlbroker.features.processed import KeyInProgress, Once
 from sqlbroker.producer import AsyncBroker
 from sqlbroker.runtime import Message, Worker, WorkerCrashed
+from sqlbroker.runtime.sagas import StepContext
 
 __version__ = "0.1.0"
 
@@ -84,10 +94,18 @@ __all__ = [
     "ReservationLost",
     "Retry",
     "RetryPolicy",
+    "Saga",
+    "SagaConflict",
+    "SagaInstance",
+    "SagaStatus",
+    "SagaStep",
     "Schedule",
     "SchemaError",
     "SqlbrokerError",
     "State",
+    "Step",
+    "StepContext",
+    "StepStatus",
     "StorageError",
     "Subscription",
     "SubscriptionStats",

@@ -9,8 +9,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.errors import InvalidOption, SqlbrokerError
 from sqlbroker.core.policies import RetryPolicy
+from sqlbroker.core.sagas import Saga
 from sqlbroker.features.subscribers import (
     DEFAULT_CONCURRENCY,
     DEFAULT_TIMEOUT,
@@ -22,6 +23,7 @@ from sqlbroker.features.subscribers import (
 from sqlbroker.producer.broker import Broker as _ProducerBroker
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT
+from sqlbroker.runtime.sagas import saga_handler
 from sqlbroker.runtime.worker import Worker
 
 H = TypeVar("H", bound=Callable[..., Any])
@@ -96,6 +98,74 @@ class Broker(_ProducerBroker):
                 raise SqlbrokerError(f"a subscriber for {spec.name!r} is already registered")
             self.subscribers[spec.name] = spec
             return handler
+
+        return register
+
+    def saga_step(
+        self,
+        saga: Saga,
+        step: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        retry: RetryPolicy | None = None,
+        transactional: bool = False,
+    ) -> Callable[[H], H]:
+        """Register the decorated function as the action of ``saga``'s ``step``: called
+        with a :class:`~sqlbroker.runtime.sagas.StepContext`, it returns the step's output
+        (JSON). It runs as the subscriber of the queue ``saga.<saga>.<step>`` with the
+        step's timeout and the ``retry`` policy; on the attempt the policy would dead-letter
+        (or ``Reject``) the saga turns back. Actions run at least once; see
+        :mod:`sqlbroker.runtime.sagas` for ``transactional`` and ``broker.once``."""
+        return self._saga_handler(saga, step, concurrency, retry, transactional, undo=False)
+
+    def saga_compensation(
+        self,
+        saga: Saga,
+        step: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        retry: RetryPolicy | None = None,
+        transactional: bool = False,
+    ) -> Callable[[H], H]:
+        """Register the decorated function as the compensation of ``saga``'s ``step``
+        (queue ``saga.<saga>.<step>.undo``); the context's ``outputs`` hold the step's own
+        output. Failing for good marks the saga ``failed`` and dead-letters the message."""
+        return self._saga_handler(saga, step, concurrency, retry, transactional, undo=True)
+
+    def _saga_handler(
+        self,
+        saga: Saga,
+        step: str,
+        concurrency: int,
+        retry: RetryPolicy | None,
+        transactional: bool,
+        *,
+        undo: bool,
+    ) -> Callable[[H], H]:
+        if not isinstance(saga, Saga):
+            raise InvalidOption("saga", "must be a Saga")
+        definition = saga.step(step)
+        if undo and not definition.compensate:
+            raise InvalidOption("step", f"step {step!r} of saga {saga.name!r} has no compensation")
+        policy = retry if retry is not None else RetryPolicy()
+
+        def register(function: H) -> H:
+            handler = saga_handler(
+                lambda: self.sagas,
+                saga,
+                definition,
+                function,
+                undo=undo,
+                transactional=transactional,
+                retry=policy,
+            )
+            self.subscriber(
+                queue=saga.queue(step, undo=undo),
+                concurrency=concurrency,
+                timeout=definition.timeout,
+                retry=policy,
+            )(handler)
+            return function
 
         return register
 

@@ -147,10 +147,14 @@ def test_extension_pages_plug_in(board: Dashboard, broker: sqlbroker.Broker) -> 
     status, listed = call(board, "/api/extensions")
     assert status == 200
     assert [(p["name"], p["available"]) for p in listed["pages"]] == [
-        ("sagas", False),
+        ("sagas", True),
         ("schedules", True),
     ]
-    assert call(board, "/api/extensions/sagas")[1] == {"available": False, "name": "sagas"}
+    assert call(board, "/api/extensions/sagas")[1]["rows"] == []
+    checkout = sqlbroker.Saga("checkout", [sqlbroker.Step("reserve"), sqlbroker.Step("charge")])
+    saga_id = broker.sagas.start(checkout, {"order": 1})
+    (row,) = call(board, "/api/extensions/sagas")[1]["rows"]
+    assert row[:4] == [saga_id, "checkout", "running", "reserve: running → charge: pending"]
     broker.schedule("nightly", "reports.nightly", {}, cron="0 3 * * *", tz="Europe/Paris")
     status, schedules = call(board, "/api/extensions/schedules")
     assert status == 200
@@ -158,7 +162,7 @@ def test_extension_pages_plug_in(board: Dashboard, broker: sqlbroker.Broker) -> 
         ["nightly", "reports.nightly", "0 3 * * *", "Europe/Paris"]
     ]
     board.add_extension(
-        Extension("sagas", "Sagas", lambda b: Table(["name", "next run"], [["x", None]]))
+        Extension("reports", "Reports", lambda b: Table(["name", "next run"], [["x", None]]))
     )
-    status, page = call(board, "/api/extensions/sagas")
+    status, page = call(board, "/api/extensions/reports")
     assert (status, page["columns"], page["rows"]) == (200, ["name", "next run"], [["x", None]])

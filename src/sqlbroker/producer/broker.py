@@ -40,6 +40,7 @@ from sqlbroker.features.publishing import (
     check_options,
     with_headers,
 )
+from sqlbroker.features.sagas import Sagas
 from sqlbroker.features.schedules import ScheduleRun, Schedules
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, ReapResult, RetryRequest
 from sqlbroker.storage.factory import open_backend
@@ -453,7 +454,17 @@ class Broker:
             "unblocked": backend.key_repair(limit=count),
             "dedupe_trimmed": backend.dedupe_trim(limit=count),
             "processed_trimmed": backend.processed_trim(limit=count),
+            "sagas_swept": self.sagas.sweep(limit=count),
         }
+
+    # --- sagas -------------------------------------------------------------------------------
+
+    @property
+    def sagas(self) -> Sagas:
+        """Start, cancel and read sagas (``broker.sagas.start(saga, data)``); see
+        :mod:`sqlbroker.features.sagas`. Steps are handled by the app ``Broker``'s
+        ``saga_step`` and ``saga_compensation`` subscribers."""
+        return Sagas(self._checked(), self._defaults)
 
     # --- processed keys ----------------------------------------------------------------------
 

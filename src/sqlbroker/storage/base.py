@@ -33,6 +33,7 @@ from sqlbroker.core.observability import (
     WorkerBeat,
     WorkerInfo,
 )
+from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
@@ -292,6 +293,59 @@ class Backend(Protocol):
 
     def processed_trim(self, *, limit: int) -> int:
         """Delete up to ``limit`` keys past their window; return how many."""
+
+    # --- sagas (multi-step workflows; see features/sagas.py) --------------------------------
+
+    def saga_insert(self, *, saga: NewSaga, conn: Any = None) -> bool:
+        """Create a ``running`` saga at step 0 with its steps ``pending`` and its deadline
+        ``timeout`` seconds away; False (and nothing written) when the id exists.
+        With ``conn`` inside that connection's transaction."""
+
+    def saga_get(
+        self, *, id: str, steps: bool = True, lock: bool = False, conn: Any = None
+    ) -> SagaInstance | None:
+        """The saga (with its steps unless ``steps`` is false). ``lock`` inside ``conn``'s
+        transaction holds the saga against other transitions until it ends."""
+
+    def saga_update(
+        self,
+        *,
+        id: str,
+        version: int,
+        status: str,
+        step: int,
+        error: str | None,
+        message_id: str | None,
+        restart_deadline: bool = False,
+        conn: Any = None,
+    ) -> bool:
+        """Compare-and-set: when the saga is still at ``version``, set its fields and bump
+        the version (``restart_deadline``: the deadline becomes now + its timeout; a
+        terminal status clears it and stamps ``finished_at``). False if it moved on."""
+
+    def saga_step_update(
+        self,
+        *,
+        saga_id: str,
+        index: int,
+        status: str,
+        attempts: int = 0,
+        output: str | None = None,
+        error: str | None = None,
+        conn: Any = None,
+    ) -> bool:
+        """Set a step's status (stamping the time that status stands for), raise its
+        attempts to at least ``attempts``, and set ``output`` (JSON text) and ``error`` when
+        given."""
+
+    def saga_list(self, *, name: str | None, status: str | None, limit: int) -> list[SagaInstance]:
+        """Sagas, newest first, without their steps."""
+
+    def saga_due(self, *, limit: int) -> list[DueSaga]:
+        """Non-terminal sagas whose deadline passed or whose awaited message is dead."""
+
+    def saga_counts(self) -> dict[str, int]:
+        """How many sagas there are in each status."""
 
     def stats_collect(self) -> list[SubscriptionStats]: ...
 

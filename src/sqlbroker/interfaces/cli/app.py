@@ -9,6 +9,7 @@ from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
+from sqlbroker.interfaces.cli.sagas import saga
 from sqlbroker.interfaces.cli.schedules import scheduler, schedules
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
@@ -58,6 +59,7 @@ for _command in (
     pending,
     archive,
     dlq,
+    saga,
     worker,
     metrics,
     healthcheck,

@@ -50,6 +50,7 @@ from sqlbroker.storage.postgres.connection import (
 )
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
+from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.rows import (
     delivery_of,
@@ -67,7 +68,7 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _MIGRATIONS = "sqlbroker.storage.postgres.migrations"
-_SQL_FILES = ("queries.sql", "processed.sql")
+_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
 
 
 def _qualifier(schema: str | None) -> str:
@@ -80,7 +81,9 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend(PostgresAdmin, PostgresProcessed, PostgresObservability, PostgresSchedules):
+class PostgresBackend(
+    PostgresAdmin, PostgresProcessed, PostgresObservability, PostgresSchedules, PostgresSagas
+):
     name = "postgresql"
     supports_notify = True
 

@@ -663,3 +663,5 @@ UNION ALL SELECT 'sqlbroker_worker', count(*) FROM {schema}sqlbroker_worker
 UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM {schema}sqlbroker_metric_minute
 UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM {schema}sqlbroker_metric_total
 UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM {schema}sqlbroker_schedule
+UNION ALL SELECT 'sqlbroker_saga', count(*) FROM {schema}sqlbroker_saga
+UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM {schema}sqlbroker_saga_step

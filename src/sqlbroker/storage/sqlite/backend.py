@@ -54,6 +54,7 @@ from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
+from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.url import DatabaseURL
 
@@ -66,7 +67,9 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqliteAdmin, SqliteProcessed, SqliteObservability, SqliteSchedules):
+class SqliteBackend(
+    SqliteAdmin, SqliteProcessed, SqliteObservability, SqliteSchedules, SqliteSagas
+):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
@@ -86,7 +89,9 @@ class SqliteBackend(SqliteAdmin, SqliteProcessed, SqliteObservability, SqliteSch
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
-        self._sql = load_sql("sqlbroker.storage.sqlite", ("queries.sql", "processed.sql"))
+        self._sql = load_sql(
+            "sqlbroker.storage.sqlite", ("queries.sql", "processed.sql", "sagas.sql")
+        )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )

@@ -411,3 +411,5 @@ UNION ALL SELECT 'sqlbroker_worker', count(*) FROM sqlbroker_worker
 UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM sqlbroker_metric_minute
 UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM sqlbroker_metric_total
 UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM sqlbroker_schedule
+UNION ALL SELECT 'sqlbroker_saga', count(*) FROM sqlbroker_saga
+UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM sqlbroker_saga_step

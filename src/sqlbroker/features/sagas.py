@@ -1,0 +1,497 @@
+"""The saga coordinator: start, advance, turn back, cancel and sweep, as transitions on the
+saga tables.
+
+Every transition runs in one transaction that first reads the saga under a lock
+(``saga_get(lock=True)``), checks that the message causing it is still the one the saga
+waits for (``message_id``, the step's index and status), then writes the new state, sends
+the next message through the same connection (the outbox) and — in the runtime — acks the
+causing message. A transition therefore happens exactly once however often its message is
+delivered: a redelivery after a commit finds the saga moved on and does nothing.
+
+The state machine:
+
+- ``running`` at step *k*: step *k*'s action message is out. Done → step *k+1* (or
+  ``completed``); failed for good → step *k* ``failed`` and the saga turns back.
+- turning back from *k*: the highest step below or at *k* that is ``done`` and compensates
+  gets its compensation message (``compensating``); when none is left, ``compensated``.
+- a compensation done → its step ``compensated``, turn back from the step below it; failed
+  for good → ``compensation_failed`` and the saga ``failed`` (its message is dead-lettered
+  for a person; replaying it runs the compensation again and, if it succeeds, resumes).
+- ``cancel`` or the saga's deadline switches a ``running`` saga to ``compensating`` while
+  step *k*'s action is still out; that message then decides: if the action had not started
+  it is ``cancelled``, if it completes it is ``done`` and compensated first. So a step that
+  completes after its saga turned back is still compensated, in reverse order.
+- the sweeper (``sweep``, run by every worker's reaper) handles what no handler will: the
+  awaited message was dead-lettered (the reaper gave up on a worker that kept dying, or a
+  timeout on the last attempt), or a deadline passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidOption, NotFound, SqlbrokerError
+from sqlbroker.core.sagas import (
+    NewSaga,
+    Saga,
+    SagaConflict,
+    SagaInstance,
+    SagaStatus,
+    StepStatus,
+    saga_queue,
+)
+from sqlbroker.core.serde import encode_json
+from sqlbroker.features.publishing import PublishDefaults, build_message
+from sqlbroker.storage.base import Backend
+
+log = logging.getLogger("sqlbroker.sagas")
+
+MAX_LIST = 10_000
+_DONE_LIKE = (StepStatus.DONE,)
+
+
+class SagaMoved(SqlbrokerError):
+    """A saga changed under a transition that held its lock (a bug, or a lock not held)."""
+
+
+def _json_text(value: Any, field: str) -> str:
+    try:
+        return encode_json(value)
+    except (TypeError, ValueError) as error:
+        raise InvalidOption(field, f"must be JSON-serializable: {error}") from None
+
+
+class Sagas:
+    """Sagas through one backend: ``broker.sagas``. See the module docstring."""
+
+    def __init__(self, backend: Backend, defaults: PublishDefaults) -> None:
+        self._backend = backend
+        self._defaults = defaults
+
+    # --- the public API ----------------------------------------------------------------------
+
+    def start(
+        self,
+        saga: Saga,
+        data: Any = None,
+        *,
+        saga_id: str | None = None,
+        conn: Any = None,
+    ) -> str:
+        """Start ``saga`` with ``data`` (JSON) and return its id.
+
+        Idempotent on ``saga_id``: starting the same saga with the same data again returns
+        the id and writes nothing; different data (or another saga's id) raises
+        :class:`SagaConflict`. With ``conn`` the saga and its first message are written in
+        the caller's transaction and exist only if the caller commits.
+        """
+        if not isinstance(saga, Saga):
+            raise InvalidOption("saga", "must be a Saga")
+        checked_id = validate.key(saga_id, "saga_id") if saga_id is not None else None
+        new = NewSaga(
+            id=checked_id or str(uuid.uuid4()),
+            name=saga.name,
+            data=_json_text(data, "data"),
+            steps=tuple((step.name, step.compensate) for step in saga.steps),
+            timeout=saga.timeout,
+        )
+        if conn is not None:
+            self._start(saga, new, conn)
+        else:
+            with self._backend.transaction() as own:
+                self._start(saga, new, own)
+        return new.id
+
+    def _start(self, saga: Saga, new: NewSaga, conn: Any) -> None:
+        if not self._backend.saga_insert(saga=new, conn=conn):
+            found = self._backend.saga_get(id=new.id, steps=False, conn=conn)
+            if found is None:  # deleted between the two statements: not ours to recreate
+                raise SagaConflict(new.id, "and removed meanwhile")
+            if found.name != saga.name:
+                raise SagaConflict(new.id, f"for saga {found.name!r}")
+            if _json_text(found.data, "data") != _json_text(_decoded(new.data), "data"):
+                raise SagaConflict(new.id, "with different data")
+            return
+        first = saga.steps[0]
+        message_id = self._send(conn, saga.name, first.name, new.id, 0)
+        self._backend.saga_step_update(
+            saga_id=new.id, index=0, status=StepStatus.RUNNING, conn=conn
+        )
+        self._update(conn, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
+
+    def get(self, saga_id: str) -> SagaInstance:
+        """The saga with its steps; ``NotFound`` when there is none."""
+        found = self._backend.saga_get(id=_checked_id(saga_id))
+        if found is None:
+            raise NotFound(f"no saga {saga_id!r}")
+        return found
+
+    def list(
+        self, *, name: str | None = None, status: str | None = None, limit: int = 100
+    ) -> list[SagaInstance]:
+        """Sagas, newest first (without their steps), of saga ``name`` and ``status``."""
+        if status is not None:
+            try:
+                status = SagaStatus(status).value
+            except ValueError:
+                known = ", ".join(item.value for item in SagaStatus)
+                raise InvalidOption("status", f"must be one of {known}") from None
+        count = validate.integer(limit, "limit", minimum=1, maximum=MAX_LIST)
+        return self._backend.saga_list(name=name, status=status, limit=count)
+
+    def counts(self) -> dict[str, int]:
+        """How many sagas there are in each status."""
+        return self._backend.saga_counts()
+
+    def cancel(self, saga_id: str, *, reason: str = "cancelled") -> bool:
+        """Turn a running saga back: what is done gets compensated (the step in flight
+        finishes or is skipped first). False when it is not running (any more)."""
+        text = validate.reason(reason)
+        with self._backend.transaction() as conn:
+            saga = self._backend.saga_get(id=_checked_id(saga_id), lock=True, conn=conn)
+            if saga is None:
+                raise NotFound(f"no saga {saga_id!r}")
+            if saga.status != SagaStatus.RUNNING:
+                return False
+            self._update(
+                conn,
+                saga,
+                SagaStatus.COMPENSATING,
+                saga.step,
+                text,
+                saga.message_id,
+                restart=True,
+            )
+            return True
+
+    # --- transitions driven by step messages (inside the message's transaction) ------------
+
+    def find(self, saga_id: str) -> SagaInstance | None:
+        """The saga with its steps, or ``None``."""
+        return self._backend.saga_get(id=saga_id)
+
+    def compensation_failed(
+        self, saga_id: str, index: int, message_id: str, reason: str, attempt: int
+    ) -> bool:
+        """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
+        separately, by the runtime's write-back)."""
+        with self._backend.transaction() as conn:
+            return self.undo_failed(conn, saga_id, index, message_id, reason, attempt)
+
+    def lock(self, conn: Any, saga_id: str) -> SagaInstance | None:
+        return self._backend.saga_get(id=saga_id, lock=True, conn=conn)
+
+    @staticmethod
+    def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
+        """What an action message should do: ``"run"`` its action, ``"skip"`` it (the saga
+        turned back before it started) or ``"stale"`` (it is no longer awaited: ack it)."""
+        if (
+            saga is None
+            or saga.message_id != message_id
+            or saga.step != index
+            or index >= len(saga.steps)
+            or saga.steps[index].status != StepStatus.RUNNING
+        ):
+            return "stale"
+        if saga.status == SagaStatus.RUNNING:
+            return "run"
+        return "skip" if saga.status == SagaStatus.COMPENSATING else "stale"
+
+    @staticmethod
+    def undo_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
+        """``"run"`` the compensation, or ``"stale"``. A saga ``failed`` on this very
+        compensation runs it again: that is a person replaying its dead letter."""
+        if (
+            saga is None
+            or saga.message_id != message_id
+            or saga.step != index
+            or index >= len(saga.steps)
+        ):
+            return "stale"
+        status = saga.steps[index].status
+        if saga.status == SagaStatus.COMPENSATING and status == StepStatus.COMPENSATING:
+            return "run"
+        if saga.status == SagaStatus.FAILED and status == StepStatus.COMPENSATION_FAILED:
+            return "run"
+        return "stale"
+
+    def action_done(
+        self, conn: Any, saga_id: str, index: int, message_id: str, output: str, attempt: int
+    ) -> bool:
+        """Record step ``index`` done with ``output`` (JSON text) and move on; False if the
+        message was stale and nothing changed."""
+        saga = self.lock(conn, saga_id)
+        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+            return False
+        assert saga is not None
+        self._backend.saga_step_update(
+            saga_id=saga_id,
+            index=index,
+            status=StepStatus.DONE,
+            attempts=attempt,
+            output=output,
+            conn=conn,
+        )
+        if saga.status == SagaStatus.COMPENSATING:
+            self._turn_back(conn, self._relock(conn, saga_id), index, saga.error)
+            return True
+        if index + 1 < len(saga.steps):
+            step = saga.steps[index + 1]
+            next_id = self._send(conn, saga.name, step.name, saga_id, index + 1)
+            self._backend.saga_step_update(
+                saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING, conn=conn
+            )
+            self._update(conn, saga, SagaStatus.RUNNING, index + 1, None, next_id)
+        else:
+            self._update(conn, saga, SagaStatus.COMPLETED, index, None, None)
+        return True
+
+    def action_failed(
+        self, conn: Any, saga_id: str, index: int, message_id: str, reason: str, attempt: int
+    ) -> bool:
+        """Record step ``index`` failed for good and turn the saga back."""
+        saga = self.lock(conn, saga_id)
+        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+            return False
+        assert saga is not None
+        self._fail_step(conn, saga, reason, attempt)
+        return True
+
+    def action_skipped(self, conn: Any, saga_id: str, index: int, message_id: str) -> bool:
+        """The saga turned back before step ``index``'s action ran: it never will."""
+        saga = self.lock(conn, saga_id)
+        if self.action_verdict(saga, index, message_id) != "skip":
+            return False
+        assert saga is not None
+        self._backend.saga_step_update(
+            saga_id=saga_id, index=index, status=StepStatus.CANCELLED, conn=conn
+        )
+        self._turn_back(conn, self._relock(conn, saga_id), index - 1, saga.error)
+        return True
+
+    def undo_done(self, conn: Any, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
+        """Record step ``index`` compensated and turn back to the step below."""
+        saga = self.lock(conn, saga_id)
+        if self.undo_verdict(saga, index, message_id) != "run":
+            return False
+        assert saga is not None
+        self._backend.saga_step_update(
+            saga_id=saga_id,
+            index=index,
+            status=StepStatus.COMPENSATED,
+            attempts=attempt,
+            conn=conn,
+        )
+        self._turn_back(conn, self._relock(conn, saga_id), index - 1, saga.error)
+        return True
+
+    def undo_failed(
+        self, conn: Any, saga_id: str, index: int, message_id: str, reason: str, attempt: int
+    ) -> bool:
+        """Record the compensation of step ``index`` failed for good: the saga ``failed``."""
+        saga = self.lock(conn, saga_id)
+        if self.undo_verdict(saga, index, message_id) != "run":
+            return False
+        assert saga is not None
+        self._fail_undo(conn, saga, reason, attempt)
+        return True
+
+    # --- the sweeper ---------------------------------------------------------------------------
+
+    def sweep(self, *, limit: int = 1000) -> int:
+        """Move on the sagas no handler will: the awaited message was dead-lettered (a step
+        fails, a compensation fails the saga), or the deadline passed (a running saga turns
+        back; a compensating one is marked ``failed``). Returns how many moved."""
+        moved = 0
+        for due in self._backend.saga_due(limit=limit):
+            try:
+                with self._backend.transaction() as conn:
+                    saga = self.lock(conn, due.id)
+                    if saga is None or saga.version != due.version or saga.status.terminal:
+                        continue
+                    self._sweep_one(conn, saga, due.dead_reason, due.expired)
+                    moved += 1
+            except SqlbrokerError as error:
+                log.warning("sweeping saga %s failed: %s", due.id, error)
+        return moved
+
+    def _sweep_one(
+        self, conn: Any, saga: SagaInstance, dead_reason: str | None, expired: bool
+    ) -> None:
+        step = saga.steps[saga.step]
+        if dead_reason is not None:
+            why = f"its message was dead-lettered: {dead_reason}"
+            if step.status == StepStatus.RUNNING:
+                self._fail_step(conn, saga, why, step.attempts)
+                return
+            if step.status == StepStatus.COMPENSATING:
+                self._fail_undo(conn, saga, why, step.attempts)
+                return
+        if expired and saga.status == SagaStatus.RUNNING:
+            log.warning("saga %s (%s) timed out at step %s", saga.id, saga.name, step.name)
+            self._update(
+                conn,
+                saga,
+                SagaStatus.COMPENSATING,
+                saga.step,
+                f"timed out at step {step.name}",
+                saga.message_id,
+                restart=True,
+            )
+        elif expired:
+            log.error("saga %s (%s): compensations timed out", saga.id, saga.name)
+            self._update(
+                conn,
+                saga,
+                SagaStatus.FAILED,
+                saga.step,
+                f"compensations timed out at step {step.name} (after: {saga.error})",
+                saga.message_id,
+            )
+
+    # --- shared moves ------------------------------------------------------------------------
+
+    def _fail_step(self, conn: Any, saga: SagaInstance, reason: str, attempt: int) -> None:
+        step = saga.steps[saga.step]
+        self._backend.saga_step_update(
+            saga_id=saga.id,
+            index=step.index,
+            status=StepStatus.FAILED,
+            attempts=attempt,
+            error=reason,
+            conn=conn,
+        )
+        error = saga.error or f"step {step.name} failed: {reason}"
+        self._turn_back(conn, self._relock(conn, saga.id), step.index - 1, error)
+
+    def _fail_undo(self, conn: Any, saga: SagaInstance, reason: str, attempt: int) -> None:
+        step = saga.steps[saga.step]
+        self._backend.saga_step_update(
+            saga_id=saga.id,
+            index=step.index,
+            status=StepStatus.COMPENSATION_FAILED,
+            attempts=attempt,
+            error=reason,
+            conn=conn,
+        )
+        log.error(
+            "saga %s (%s): the compensation of step %s failed: %s",
+            saga.id,
+            saga.name,
+            step.name,
+            reason,
+        )
+        self._update(
+            conn,
+            saga,
+            SagaStatus.FAILED,
+            step.index,
+            f"compensation of step {step.name} failed: {reason}",
+            saga.message_id,
+        )
+
+    def _turn_back(self, conn: Any, saga: SagaInstance, below: int, error: str | None) -> None:
+        """Send the compensation of the highest compensating ``done`` step at or below
+        ``below``; with none left, the saga is ``compensated``."""
+        for step in reversed(saga.steps[: below + 1]):
+            if step.status in _DONE_LIKE and step.compensate:
+                undo_id = self._send(conn, saga.name, step.name, saga.id, step.index, undo=True)
+                self._backend.saga_step_update(
+                    saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING, conn=conn
+                )
+                self._update(
+                    conn,
+                    saga,
+                    SagaStatus.COMPENSATING,
+                    step.index,
+                    error,
+                    undo_id,
+                    restart=saga.status != SagaStatus.COMPENSATING,
+                )
+                return
+        self._update(conn, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
+
+    def _relock(self, conn: Any, saga_id: str) -> SagaInstance:
+        saga = self.lock(conn, saga_id)
+        if saga is None:
+            raise SagaMoved(f"saga {saga_id} vanished inside its own transaction")
+        return saga
+
+    def _update(
+        self,
+        conn: Any,
+        saga: SagaInstance,
+        status: SagaStatus,
+        step: int,
+        error: str | None,
+        message_id: str | None,
+        *,
+        restart: bool = False,
+    ) -> None:
+        if not self._backend.saga_update(
+            id=saga.id,
+            version=saga.version,
+            status=status,
+            step=step,
+            error=error,
+            message_id=message_id,
+            restart_deadline=restart,
+            conn=conn,
+        ):
+            raise SagaMoved(f"saga {saga.id} moved on under a transition holding its lock")
+
+    def _send(
+        self,
+        conn: Any,
+        saga: str,
+        step: str,
+        saga_id: str,
+        index: int,
+        *,
+        undo: bool = False,
+    ) -> str:
+        queue = saga_queue(saga, step, undo=undo)
+        message = build_message(
+            queue,
+            {"saga_id": saga_id, "saga": saga, "step": index, "undo": undo},
+            defaults=self._defaults,
+        )
+        result = self._backend.message_insert_many(
+            messages=[message], subscription=queue, conn=conn
+        )
+        return result.message_ids[0]
+
+
+def _decoded(text: str) -> Any:
+    return json.loads(text)
+
+
+def _fresh(new: NewSaga, saga: Saga) -> SagaInstance:
+    """The instance ``saga_insert`` just wrote (version 1), for the first compare-and-set."""
+    epoch = datetime.fromtimestamp(0, UTC)
+    return SagaInstance(
+        id=new.id,
+        name=saga.name,
+        status=SagaStatus.RUNNING,
+        data=None,
+        step=0,
+        version=1,
+        error=None,
+        message_id=None,
+        created_at=epoch,
+        updated_at=epoch,
+        deadline=None,
+        finished_at=None,
+    )
+
+
+def _checked_id(saga_id: object) -> str:
+    checked = validate.key(saga_id, "saga_id")
+    if checked is None:
+        raise InvalidOption("saga_id", "is required")
+    return checked

@@ -1,0 +1,174 @@
+"""Sagas run by real workers on both backends: success, a compensated failure, a failing
+compensation, and worker processes SIGKILLed in a loop while many sagas run."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sqlbroker
+from runtime import sagaapp
+from runtime.support import TESTS_DIR, run_until_idle, wait_until
+from sqlbroker import SagaStatus, StepStatus
+
+
+@pytest.fixture
+def app(backend_url: str) -> Iterator[sqlbroker.Broker]:
+    broker = sagaapp.build(backend_url, max_attempts=3)
+    sagaapp.create_table(backend_url)
+    yield broker
+    broker.close()
+
+
+def test_a_saga_completes_and_its_steps_see_earlier_outputs(
+    app: sqlbroker.Broker, backend_url: str
+) -> None:
+    saga_id = app.sagas.start(sagaapp.CHECKOUT, {"order": 1})
+    run_until_idle(app)
+    saga = app.sagas.get(saga_id)
+    assert saga.status is SagaStatus.COMPLETED
+    assert saga.outputs()["ship"] == {"step": "ship", "after": ["charge", "reserve"]}
+    assert sagaapp.read_effects(backend_url) == [
+        (saga_id, "reserve", "do"),
+        (saga_id, "charge", "do"),
+        (saga_id, "ship", "do"),
+    ]
+
+
+def test_a_rejected_step_is_compensated_in_reverse(app: sqlbroker.Broker, backend_url: str) -> None:
+    saga_id = app.sagas.start(sagaapp.CHECKOUT, {"fail": "ship"})
+    run_until_idle(app)
+    saga = app.sagas.get(saga_id)
+    assert saga.status is SagaStatus.COMPENSATED
+    assert saga.error == "step ship failed: ship refused"
+    assert [step.status for step in saga.steps] == [
+        StepStatus.COMPENSATED,
+        StepStatus.COMPENSATED,
+        StepStatus.FAILED,
+    ]
+    assert sagaapp.read_effects(backend_url) == [
+        (saga_id, "reserve", "do"),
+        (saga_id, "charge", "do"),
+        (saga_id, "charge", "undo"),
+        (saga_id, "reserve", "undo"),
+    ]
+    assert app.dead_letters.list() == []
+
+
+def test_a_failing_compensation_fails_the_saga_and_dead_letters_it(
+    app: sqlbroker.Broker, backend_url: str
+) -> None:
+    saga_id = app.sagas.start(sagaapp.CHECKOUT, {"fail": "ship", "undo_fail": "charge"})
+    run_until_idle(app)
+    saga = app.sagas.get(saga_id)
+    assert saga.status is SagaStatus.FAILED
+    assert saga.error is not None
+    assert saga.error.startswith("compensation of step charge failed")
+    assert saga.steps[1].status is StepStatus.COMPENSATION_FAILED
+    assert saga.steps[1].attempts == 3
+    dead = app.dead_letters.list()
+    assert [letter.message_id for letter in dead] == [saga.message_id]
+    assert ("charge", "undo") not in {(s, k) for _, s, k in sagaapp.read_effects(backend_url)}
+
+
+def test_cancel_compensates_what_is_done(app: sqlbroker.Broker, backend_url: str) -> None:
+    saga_id = app.sagas.start(sagaapp.CHECKOUT, {})
+    run_until_idle(app, subscriptions=["saga.checkout.reserve"])
+    assert app.sagas.cancel(saga_id)
+    run_until_idle(app)
+    saga = app.sagas.get(saga_id)
+    assert saga.status is SagaStatus.COMPENSATED
+    assert [step.status for step in saga.steps] == [
+        StepStatus.COMPENSATED,
+        StepStatus.CANCELLED,
+        StepStatus.PENDING,
+    ]
+    assert [kind for _, _, kind in sagaapp.read_effects(backend_url)] == ["do", "undo"]
+
+
+class _SagaWorker:
+    def __init__(self, url: str, workdir: Path, number: int) -> None:
+        self.ready = workdir / f"saga-worker-{number}.ready"
+        self.log = workdir / f"saga-worker-{number}.log"
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(TESTS_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+            "SQLBROKER_URL": url,
+            "SQLBROKER_READY": str(self.ready),
+            "SQLBROKER_LEASE": "1.5",
+            "SQLBROKER_REAP_INTERVAL": "0.3",
+        }
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "runtime.sagaapp"],
+                env=env,
+                cwd=TESTS_DIR,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_every_saga_ends_with_workers_killed_in_a_loop(backend_url: str, tmp_path: Path) -> None:
+    sagaapp.create_table(backend_url)
+    rng = random.Random(8)
+    with sqlbroker.Broker(backend_url, migrate=True) as producer:
+        plans: dict[str, dict[str, object]] = {}
+        for number in range(40):
+            data: dict[str, object] = {"sleep": 0.05}
+            if number % 3 == 1:
+                data["fail"] = rng.choice(["charge", "ship"])
+            plans[producer.sagas.start(sagaapp.CHECKOUT, data, saga_id=f"s{number:02d}")] = data
+        workers = [_SagaWorker(backend_url, tmp_path, n) for n in range(2)]
+        spawned, kills = 2, 0
+
+        def open_sagas() -> int:
+            counts = producer.sagas.counts()
+            return counts.get("running", 0) + counts.get("compensating", 0)
+
+        try:
+            deadline = time.monotonic() + 30
+            while open_sagas() and time.monotonic() < deadline and kills < 12:
+                time.sleep(rng.uniform(0.3, 0.9))
+                victim = rng.randrange(len(workers))
+                workers[victim].kill()
+                kills += 1
+                workers[victim] = _SagaWorker(backend_url, tmp_path, spawned)
+                spawned += 1
+            wait_until(lambda: open_sagas() == 0, timeout=60, what="every saga to end")
+        finally:
+            for worker in workers:
+                worker.kill()
+        assert kills >= 3
+        retried = sum(step.attempts > 1 for sid in plans for step in producer.sagas.get(sid).steps)
+        print(f"kills={kills} steps retried after a kill={retried}")
+        effects = sagaapp.read_effects(backend_url)
+        for saga_id, data in plans.items():
+            saga = producer.sagas.get(saga_id)
+            mine = [(step, kind) for sid, step, kind in effects if sid == saga_id]
+            if "fail" not in data:
+                assert saga.status is SagaStatus.COMPLETED, saga
+                assert mine == [("reserve", "do"), ("charge", "do"), ("ship", "do")]
+                continue
+            assert saga.status is SagaStatus.COMPENSATED, saga
+            done = ["reserve", "charge", "ship"][: ["charge", "ship"].index(data["fail"]) + 1]
+            assert mine == [(s, "do") for s in done] + [(s, "undo") for s in reversed(done)]
+        counts = collections.Counter(producer.sagas.counts())
+        assert counts["completed"] + counts["compensated"] == len(plans)
