@@ -133,4 +133,5 @@ def test_hostile_text_is_shown_as_text(
     page.get_by_test_id("confirm-cancel").click()  # type: ignore[attr-defined]
     assert broker.dead_letters.list() != []
     page.goto(f"{board.url}#/x/sagas")  # type: ignore[attr-defined]
-    expect(page.get_by_test_id("not-available")).to_be_visible()  # type: ignore[attr-defined]
+    expect(page.get_by_test_id("extension-sagas")).to_be_visible()  # type: ignore[attr-defined]
+    expect(page.locator("main")).to_contain_text("No sagas yet")  # type: ignore[attr-defined]
