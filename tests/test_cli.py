@@ -25,6 +25,7 @@ from sqlbroker.interfaces.cli import cli
 from sqlbroker.interfaces.cli import dlq as dlq_module
 from sqlbroker.interfaces.cli.params import DURATION, PRIORITY, parse_headers
 from sqlbroker.interfaces.cli.render import human_age, jsonable
+from sqlbroker.storage.sql import load_migrations
 
 SECRET_URL = "postgresql://u:secret@127.0.0.1:1/x"
 _QUIET_ENV: Mapping[str, str | None] = {
@@ -491,7 +492,8 @@ def test_schema_print_postgresql_without_connecting() -> None:
 
 def test_schema_version(backend_url: str) -> None:
     ok(backend_url, "migrate")
-    assert "schema version 1" in ok(backend_url, "schema").stdout
+    latest = len(load_migrations("sqlbroker.storage.sqlite.migrations"))
+    assert f"schema version {latest}" in ok(backend_url, "schema").stdout
     assert_clean_error(run(backend_url, "schema", "--schema", "x"), 2, "--print")
 
 

@@ -40,6 +40,7 @@ from sqlbroker.storage.base import (
 )
 from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import Conn, PostgresPool
+from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -68,7 +69,7 @@ def _qualifier(schema: str | None) -> str:
     return f'"{schema}".'
 
 
-class PostgresBackend(PostgresAdmin):
+class PostgresBackend(PostgresAdmin, PostgresSpark):
     name = "postgresql"
     supports_notify = True
 

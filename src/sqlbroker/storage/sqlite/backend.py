@@ -47,6 +47,7 @@ from sqlbroker.storage.rows import (
 from sqlbroker.storage.sql import load_blocks, load_migrations
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
+from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -58,7 +59,7 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqliteAdmin):
+class SqliteBackend(SqliteAdmin, SqliteSpark):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
