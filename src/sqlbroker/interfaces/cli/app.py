@@ -7,6 +7,7 @@ import click
 from sqlbroker.interfaces.cli.admin import migrate, schema, subscribe
 from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
+from sqlbroker.interfaces.cli.pipeline import pipeline
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
 from sqlbroker.interfaces.cli.worker import worker
@@ -56,6 +57,7 @@ for _command in (
     archive,
     dlq,
     worker,
+    pipeline,
 ):
     cli.add_command(_command)
 
