@@ -217,3 +217,33 @@ def test_read_tables_with_filters(spark: Any, broker: sqlbroker.Broker) -> None:
     assert read(subscription="nobody").count() == 0
     with pytest.raises(Exception, match="table"):
         read(table="secrets").count()
+
+
+def test_arrow_reads_through_adbc_equal_reads_through_the_backend(
+    spark: Any, broker: sqlbroker.Broker
+) -> None:
+    broker.subscribe("alpha", "a.#")
+    broker.publish_many(
+        [{"topic": "a.x", "payload": {"n": n}, "headers": {"h": str(n)}} for n in range(25)]
+    )
+    claimed = broker.claim("alpha", limit=10)
+    broker.complete(claimed[:6])
+    for delivery in claimed[6:]:
+        broker.dead_letter(delivery, reason="nope", error=ValueError("bad"))
+
+    def rows(table: str, adbc: str) -> list[Any]:
+        frame = (
+            spark.read.format("sqlbroker")
+            .option("url", broker.url)
+            .option("table", table)
+            .option("topic", "a.*")
+            .option("adbc", adbc)
+            .option("partitions", "3")
+            .load()
+        )
+        return sorted(frame.collect(), key=lambda row: row.id)
+
+    for table, count in (("messages", 15), ("archive", 6), ("dead", 4)):
+        through_adbc = rows(table, "auto")
+        assert len(through_adbc) == count
+        assert through_adbc == rows(table, "false")

@@ -19,6 +19,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from sqlbroker.core.errors import InvalidOption
+from sqlbroker.spark import adbc
 from sqlbroker.spark import options as opt
 from sqlbroker.spark.schema import TABLE_SCHEMAS, record_batch
 from sqlbroker.spark.write import MessageWriter
@@ -48,6 +50,11 @@ class MessagesReader(DataSourceReader):
             options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000
         )
         self.fetch = opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
+        choice = opt.text(options, "adbc", "auto")
+        if choice not in ("auto", "false"):
+            raise InvalidOption("adbc", "must be auto or false")
+        self.adbc = choice == "auto" and adbc.available(self.connection.url)
+        self.schema = opt.text(options, "schema")
         low = opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1)
         high = opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1)
         self.where = SparkRowFilter(
@@ -79,6 +86,11 @@ class MessagesReader(DataSourceReader):
         assert isinstance(partition, IdSlice)
         names = SPARK_COLUMNS[self.where.table]
         if partition.upto_id <= partition.after_id:
+            return
+        if self.adbc:
+            yield from adbc.read_range(
+                self.connection.url, self.schema, self.where, partition.after_id, partition.upto_id
+            )
             return
         broker, backend = self.connection.open()
         try:
