@@ -40,12 +40,13 @@ def parse_age(text: str) -> timedelta:
 
 def session(app: str = "sqlbroker-pipeline") -> Any:
     """The active SparkSession, or a new one (``local[*]`` unless a master is configured)."""
-    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app)
-    if not SparkConf().contains("spark.master"):
+    # Under spark-submit the JVM is already up (its gateway port is in the environment)
+    # with the master it was given; a master set here would override it.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]").config("spark.ui.enabled", "false")
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -60,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--url", default=os.environ.get("SQLBROKER_URL"), required=False)
         command.add_argument("--out", required=True, help="export root (a path or URI)")
         command.add_argument("--older-than", type=parse_age, required=True, dest="older_than")
-        command.add_argument("--keep", action="store_true", help="export and verify only")
+        command.add_argument(
+            "--keep", action="store_true", help="a dry run: export and verify, then discard"
+        )
         command.add_argument("--partitions", type=int, default=4)
         command.add_argument("--schema", help="PostgreSQL schema")
 

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from sqlbroker.core.errors import InvalidOption, InvalidPayload
-from sqlbroker.core.message import NewMessage
+from sqlbroker.core.message import NORMAL, NewMessage
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.producer.broker import DEFAULT_DEDUPE_WINDOW, DEFAULT_MAX_ATTEMPTS
@@ -140,7 +140,7 @@ class MessageWriter(DataSourceWriter):
             payload,
             defaults=self.defaults,
             key=values[column["key_column"]] if column["key_column"] else None,
-            priority=2 if priority is None else priority,
+            priority=NORMAL if priority is None else priority,
             idempotency_key=(
                 values[column["idempotency_key_column"]]
                 if column["idempotency_key_column"]

@@ -42,7 +42,9 @@ def pipeline() -> None:
     required=True,
     help="Export rows finished (or dead) longer ago than this: 30d, 12h, 90s.",
 )
-@click.option("--keep", is_flag=True, help="Export and verify, but delete nothing.")
+@click.option(
+    "--keep", is_flag=True, help="A dry run: export and verify, then discard; delete nothing."
+)
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=4, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
