@@ -138,9 +138,17 @@ def test_task_failures_are_retried_and_publish_exactly_once(
     assert backend.spark_stage_discard(job=None, older_than=backend.now()) == 0
 
 
+@pytest.fixture
+def sqlite_broker(tmp_path: Path) -> Any:
+    """For the tests of Spark-side logic, which is the same whatever the backend."""
+    with sqlbroker.Broker(f"sqlite:///{tmp_path}/spark.db") as opened:
+        yield opened
+
+
 def test_a_failed_job_publishes_nothing_and_leaves_no_staged_rows(
-    spark: Any, broker: sqlbroker.Broker
+    spark: Any, sqlite_broker: sqlbroker.Broker
 ) -> None:
+    broker = sqlite_broker
     from pyspark.sql.functions import udf
 
     broker.subscribe("orders", "orders.#")
@@ -160,7 +168,8 @@ def test_a_failed_job_publishes_nothing_and_leaves_no_staged_rows(
     assert backend.spark_stage_discard(job=None, older_than=backend.now()) == 0
 
 
-def test_bad_options_fail_before_anything_runs(spark: Any, broker: sqlbroker.Broker) -> None:
+def test_bad_options_fail_before_anything_runs(spark: Any, sqlite_broker: sqlbroker.Broker) -> None:
+    broker = sqlite_broker
     df = _orders(spark, 3)
     with pytest.raises(Exception, match="topic"):
         _write(df, broker.url)
@@ -171,8 +180,9 @@ def test_bad_options_fail_before_anything_runs(spark: Any, broker: sqlbroker.Bro
 
 
 def test_a_row_with_an_invalid_value_fails_the_job_with_a_clear_error(
-    spark: Any, broker: sqlbroker.Broker
+    spark: Any, sqlite_broker: sqlbroker.Broker
 ) -> None:
+    broker = sqlite_broker
     broker.subscribe("everything", "#")
     df = spark.createDataFrame([("ok", 1), ("ok", 42)], "word STRING, p INT")
     with pytest.raises(Exception, match="priority"):

@@ -178,6 +178,7 @@ def test_a_database_that_changed_under_the_export_is_not_deleted_from(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_the_cli_exports_and_reports(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     with sqlbroker.Broker(url) as broker:

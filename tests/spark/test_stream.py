@@ -126,6 +126,7 @@ def test_stream_runs_beside_ordinary_workers(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_killed_query_restarted_from_its_checkpoint_loses_nothing(
     spark: Any, backend_url: str, tmp_path: Path
 ) -> None:

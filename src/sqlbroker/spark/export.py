@@ -88,6 +88,19 @@ def _checksums(frame: Any) -> dict[tuple[str, str], tuple[int, str]]:
     return {(r["date"], r["topic"]): (int(r["n"]), str(r["s"])) for r in rows.collect()}
 
 
+def read_parquet(spark: Any, path: str) -> Any:
+    """An export directory as a DataFrame, its partition values kept as strings (a topic
+    such as ``2024`` must not turn into a number)."""
+    setting = "spark.sql.sources.partitionColumnTypeInference.enabled"
+    previous = spark.conf.get(setting)
+    spark.conf.set(setting, "false")
+    try:
+        # Listing the files happens here, while the setting holds.
+        return spark.read.parquet(path)
+    finally:
+        spark.conf.set(setting, previous)
+
+
 def _with_date(frame: Any, table: str) -> Any:
     from pyspark.sql import functions as F
 
@@ -183,7 +196,7 @@ class ArchiveExport:
     def _verify(
         self, table: str, staging: str, cutoff: datetime, max_id: int, count: int
     ) -> list[PartitionCheck]:
-        written = _checksums(self.spark.read.parquet(f"{staging}/{table}"))
+        written = _checksums(read_parquet(self.spark, f"{staging}/{table}"))
         database = _checksums(_with_date(self._read(table, cutoff, max_id), table))
         total = sum(n for n, _ in written.values())
         if written != database or total != count:

@@ -35,17 +35,12 @@ def _rows(frame: Any) -> list[dict[str, Any]]:
 
 
 def _load(spark: Any, path: str) -> Any | None:
+    from sqlbroker.spark.export import read_parquet
     from sqlbroker.spark.files import Files
 
     if not Files(spark, path).exists(path):
         return None
-    previous = spark.conf.get("spark.sql.sources.partitionColumnTypeInference.enabled")
-    # Topics such as "2024" must stay strings.
-    spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
-    try:
-        return spark.read.parquet(path).cache()
-    finally:
-        spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", previous)
+    return read_parquet(spark, path).cache()
 
 
 def compute(spark: Any, root: str, *, step: Callable[[str], None] | None = None) -> Report:
