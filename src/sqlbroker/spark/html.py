@@ -125,8 +125,11 @@ def render_html(
     tables: dict[str, list[dict[str, Any]]], summary: dict[str, Any], *, title: str
 ) -> str:
     """The whole report page."""
+    shown = dict(summary)
+    if isinstance(shown.get("dlq_rate"), float):
+        shown["dlq_rate"] = f"{shown['dlq_rate']:.2%}"
     cards = "".join(
-        f'<div class="card"><b>{html.escape(_cell(summary.get(key)))}</b>'
+        f'<div class="card"><b>{html.escape(_cell(shown.get(key)))}</b>'
         f"<span>{html.escape(label)}</span></div>"
         for key, label in (
             ("completed", "completed"),
@@ -170,7 +173,10 @@ def render_html(
     if reasons:
         sections.append(
             _bars(
-                [f"{r['reason'][:60]} ({r['error_type']})" for r in reasons],
+                [
+                    r["reason"][:60] + (f" ({r['error_type']})" if r["error_type"] else "")
+                    for r in reasons
+                ],
                 [r["messages"] for r in reasons],
                 "dead letters",
                 horizontal=True,

@@ -48,6 +48,8 @@ def session(app: str = "sqlbroker-pipeline") -> Any:
     # with the master it was given; a master set here would override it.
     if "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]").config("spark.ui.enabled", "false")
+    # Our progress display replaces Spark's console progress bar, which would garble it.
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
