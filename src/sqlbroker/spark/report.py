@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlbroker.spark.html import render_html
+from sqlbroker.spark.charts import render_html
 
 TOP_REASONS = 10
 

@@ -1,4 +1,8 @@
-"""The HTML report: one self-contained page, its charts inline SVG drawn by matplotlib."""
+"""The HTML report: one self-contained page, its charts inline SVG drawn by matplotlib.
+
+(Not named html.py: spark-submit runs pipeline.py with this folder first on sys.path,
+where that name would hide the standard library's html module.)
+"""
 
 from __future__ import annotations
 
