@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[postgres,cron,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[postgres,cron,dev,spark]'
 	@touch $(STAMP)
 
 env: $(STAMP)

@@ -9,6 +9,7 @@ from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
+from sqlbroker.interfaces.cli.pipeline import pipeline
 from sqlbroker.interfaces.cli.sagas import saga
 from sqlbroker.interfaces.cli.schedules import scheduler, schedules
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
@@ -67,6 +68,7 @@ for _command in (
     audit,
     schedules,
     scheduler,
+    pipeline,
 ):
     cli.add_command(_command)
 

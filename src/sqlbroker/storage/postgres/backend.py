@@ -52,6 +52,7 @@ from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
+from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -82,7 +83,12 @@ def _qualifier(schema: str | None) -> str:
 
 
 class PostgresBackend(
-    PostgresAdmin, PostgresProcessed, PostgresObservability, PostgresSchedules, PostgresSagas
+    PostgresAdmin,
+    PostgresProcessed,
+    PostgresObservability,
+    PostgresSchedules,
+    PostgresSagas,
+    PostgresSpark,
 ):
     name = "postgresql"
     supports_notify = True

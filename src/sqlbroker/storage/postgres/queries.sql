@@ -665,3 +665,7 @@ UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM {schema}sqlbroker_metri
 UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM {schema}sqlbroker_schedule
 UNION ALL SELECT 'sqlbroker_saga', count(*) FROM {schema}sqlbroker_saga
 UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM {schema}sqlbroker_saga_step
+UNION ALL SELECT 'sqlbroker_spark_stage', count(*) FROM {schema}sqlbroker_spark_stage
+UNION ALL SELECT 'sqlbroker_spark_stream', count(*) FROM {schema}sqlbroker_spark_stream
+UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM {schema}sqlbroker_spark_claim
+UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM {schema}sqlbroker_spark_export

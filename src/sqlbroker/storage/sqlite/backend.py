@@ -56,6 +56,7 @@ from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
 from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
+from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -68,7 +69,12 @@ _WATCH_MAX = 0.05
 
 
 class SqliteBackend(
-    SqliteAdmin, SqliteProcessed, SqliteObservability, SqliteSchedules, SqliteSagas
+    SqliteAdmin,
+    SqliteProcessed,
+    SqliteObservability,
+    SqliteSchedules,
+    SqliteSagas,
+    SqliteSpark,
 ):
     name = "sqlite"
     supports_notify = False

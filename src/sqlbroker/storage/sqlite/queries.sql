@@ -413,3 +413,7 @@ UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM sqlbroker_metric_total
 UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM sqlbroker_schedule
 UNION ALL SELECT 'sqlbroker_saga', count(*) FROM sqlbroker_saga
 UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM sqlbroker_saga_step
+UNION ALL SELECT 'sqlbroker_spark_stage', count(*) FROM sqlbroker_spark_stage
+UNION ALL SELECT 'sqlbroker_spark_stream', count(*) FROM sqlbroker_spark_stream
+UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM sqlbroker_spark_claim
+UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM sqlbroker_spark_export

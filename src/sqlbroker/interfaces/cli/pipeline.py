@@ -1,0 +1,79 @@
+"""``sqlbroker pipeline export|report``: the Spark archive pipeline from the command line.
+
+The pipeline runs as its own program (``python -m sqlbroker.spark.pipeline``, the same one
+``spark-submit`` runs), so this command only checks its arguments, hands them over and
+passes the exit status back. It needs the ``spark`` extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import click
+
+from sqlbroker.interfaces.cli.params import DURATION
+from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
+
+_PROGRAM = "sqlbroker.spark.pipeline"
+
+
+def _launch(arguments: list[str]) -> None:
+    if importlib.util.find_spec("pyspark") is None:
+        raise CliFailure("the pipeline needs the spark extra: pip install 'sqlbroker[spark]'")
+    status = subprocess.call([sys.executable, "-m", _PROGRAM, *arguments])
+    if status:
+        # The pipeline printed its own error line.
+        sys.exit(status)
+
+
+@click.group()
+def pipeline() -> None:
+    """Export the archive to Parquet and report on it, with Spark (spark extra)."""
+
+
+@pipeline.command()
+@click.option("--out", required=True, metavar="ROOT", help="Export root: a directory or URI.")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=DURATION,
+    required=True,
+    help="Export rows finished (or dead) longer ago than this: 30d, 12h, 90s.",
+)
+@click.option(
+    "--keep", is_flag=True, help="A dry run: export and verify, then discard; delete nothing."
+)
+@click.option("--partitions", type=click.IntRange(1, 10_000), default=4, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+@pass_session
+def export(
+    session: Session,
+    out: str,
+    older_than: float,
+    keep: bool,
+    partitions: int,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Export archive and dead letters older than a cutoff to Parquet (partitioned by date
+    and topic), verify them against the database, then delete them there, all or nothing."""
+    arguments = ["export", "--url", session.url, "--out", out, "--older-than", f"{older_than}"]
+    arguments += ["--partitions", str(partitions)]
+    arguments += [flag for flag, on in (("--keep", keep), ("--json", as_json)) if on]
+    _launch([*arguments, *(["--quiet"] if quiet else [])])
+
+
+@pipeline.command()
+@click.option("--from", "source", required=True, metavar="ROOT", help="An export root.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Report folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def report(source: str, out: str, as_json: bool, quiet: bool) -> None:
+    """Throughput, latency percentiles, attempts, DLQ rate and top failure reasons from an
+    export, as CSV, JSON and a self-contained HTML page with charts."""
+    arguments = ["report", "--source", source, "--out", out]
+    arguments += [flag for flag, on in (("--json", as_json), ("--quiet", quiet)) if on]
+    _launch(arguments)

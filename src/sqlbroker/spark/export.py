@@ -1,0 +1,237 @@
+"""The archive export: archive and dead letters older than a cutoff into Parquet, verified
+against the database, and only then deleted from it, all or nothing.
+
+Layout under the export root::
+
+    archive/date=YYYY-MM-DD/topic=T/<run>-part-….parquet    finished copies
+    dead/date=YYYY-MM-DD/topic=T/<run>-part-….parquet       dead letters
+    _staging/<run>/…                                        a run not yet published
+
+A run writes into ``_staging/<run>``, compares per-partition counts and checksums of the
+written files with a fresh read of the database, deletes exactly the exported rows and
+records the run in one transaction, then moves its files into place. A run that dies before
+that transaction deleted nothing: the next run discards its staging directory and exports
+the rows again. A run that dies after it is recognised by its record, and the next run
+finishes moving its files. So no row is ever both deleted and missing from the Parquet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.spark.options import Connection
+from sqlbroker.storage.base import ExportRun, SparkRowFilter
+
+TIME_COLUMN = {"archive": "finished_at", "dead": "dead_at"}
+CHECKSUM_COLUMNS = ("id", "message_id", "topic", "payload", "attempts", "enqueued_at")
+
+Step = Callable[[str], None]
+
+
+class ExportMismatch(SqlbrokerError):
+    """The written Parquet differs from the database: nothing was deleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCheck:
+    table: str
+    date: str
+    topic: str
+    rows: int
+    checksum: str
+
+
+@dataclass
+class ExportResult:
+    run_id: str
+    root: str
+    cutoff: datetime
+    archive_rows: int = 0
+    dead_rows: int = 0
+    deleted: bool = False
+    partitions: list[PartitionCheck] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    discarded: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "root": self.root,
+            "cutoff": self.cutoff.isoformat(),
+            "archive_rows": self.archive_rows,
+            "dead_rows": self.dead_rows,
+            "deleted": self.deleted,
+            "recovered_runs": self.recovered,
+            "discarded_runs": self.discarded,
+            "partitions": [
+                {"table": p.table, "date": p.date, "topic": p.topic, "rows": p.rows}
+                for p in self.partitions
+            ],
+        }
+
+
+def _checksums(frame: Any) -> dict[tuple[str, str], tuple[int, str]]:
+    """Per (date, topic): the row count and the sum of a 64-bit hash of each row."""
+    from pyspark.sql import functions as F
+
+    hashed = frame.select(
+        F.col("date").cast("string").alias("date"),
+        F.col("topic"),
+        F.xxhash64(*[F.col(c) for c in CHECKSUM_COLUMNS]).cast("decimal(38,0)").alias("h"),
+    )
+    rows = hashed.groupBy("date", "topic").agg(F.count("*").alias("n"), F.sum("h").alias("s"))
+    return {(r["date"], r["topic"]): (int(r["n"]), str(r["s"])) for r in rows.collect()}
+
+
+def read_parquet(spark: Any, path: str) -> Any:
+    """An export directory as a DataFrame, its partition values kept as strings (a topic
+    such as ``2024`` must not turn into a number)."""
+    setting = "spark.sql.sources.partitionColumnTypeInference.enabled"
+    previous = spark.conf.get(setting)
+    spark.conf.set(setting, "false")
+    try:
+        # Listing the files happens here, while the setting holds.
+        return spark.read.parquet(path)
+    finally:
+        spark.conf.set(setting, previous)
+
+
+def _with_date(frame: Any, table: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return frame.withColumn("date", F.date_format(F.col(TIME_COLUMN[table]), "yyyy-MM-dd"))
+
+
+class ArchiveExport:
+    """One export run against one database and one export root."""
+
+    def __init__(
+        self,
+        spark: Any,
+        *,
+        url: str,
+        root: str,
+        partitions: int = 4,
+        step: Step | None = None,
+        backend_options: dict[str, str] | None = None,
+    ) -> None:
+        from sqlbroker.spark import register
+        from sqlbroker.spark.files import Files
+
+        register(spark)
+        self.spark = spark
+        self.url = url
+        self.root = root.rstrip("/")
+        self.partitions = partitions
+        self.step = step or (lambda _: None)
+        self.options = {"url": url, **(backend_options or {})}
+        self.files = Files(spark, self.root)
+
+    def _read(self, table: str, cutoff: datetime, max_id: int) -> Any:
+        reader = self.spark.read.format("sqlbroker")
+        for name, value in self.options.items():
+            reader = reader.option(name, value)
+        return (
+            reader.option("table", table)
+            .option("until", cutoff.isoformat())
+            .option("max_id", str(max_id))
+            .option("partitions", str(self.partitions))
+            .load()
+        )
+
+    def run(self, *, cutoff: datetime, delete: bool = True) -> ExportResult:
+        broker, backend = Connection.of(self.options).open()
+        try:
+            result = ExportResult(
+                run_id=_run_id(broker.backend.now()), root=self.root, cutoff=cutoff
+            )
+            self.step("recovering earlier runs")
+            self._recover(backend, result)
+            ranges = {}
+            for table in TIME_COLUMN:
+                found = backend.spark_id_range(where=SparkRowFilter(table=table, until=cutoff))
+                ranges[table] = (found.high, found.count) if found else (0, 0)
+            result.archive_rows = ranges["archive"][1]
+            result.dead_rows = ranges["dead"][1]
+            staging = f"{self.root}/_staging/{result.run_id}"
+            for table, (max_id, count) in ranges.items():
+                if count:
+                    self.step(f"writing {count} {table} rows to Parquet")
+                    (
+                        _with_date(self._read(table, cutoff, max_id), table)
+                        .write.partitionBy("date", "topic")
+                        .mode("error")
+                        .parquet(f"{staging}/{table}")
+                    )
+            self.step("verifying counts and checksums against the database")
+            for table, (max_id, count) in ranges.items():
+                if count:
+                    result.partitions += self._verify(table, staging, cutoff, max_id, count)
+            if not delete:
+                self.files.delete(staging)
+                return result
+            self.step("deleting the exported rows from the database")
+            backend.archive_export_commit(
+                run=ExportRun(
+                    run_id=result.run_id,
+                    cutoff=cutoff,
+                    archive_max_id=ranges["archive"][0],
+                    dead_max_id=ranges["dead"][0],
+                    archive_rows=result.archive_rows,
+                    dead_rows=result.dead_rows,
+                )
+            )
+            result.deleted = True
+            self.step("publishing the Parquet files")
+            self._publish(result.run_id)
+            return result
+        finally:
+            broker.close()
+
+    def _verify(
+        self, table: str, staging: str, cutoff: datetime, max_id: int, count: int
+    ) -> list[PartitionCheck]:
+        written = _checksums(read_parquet(self.spark, f"{staging}/{table}"))
+        database = _checksums(_with_date(self._read(table, cutoff, max_id), table))
+        total = sum(n for n, _ in written.values())
+        if written != database or total != count:
+            differing = sorted(set(written.items()) ^ set(database.items()))[:5]
+            raise ExportMismatch(
+                f"the Parquet export of {table} differs from the database"
+                f" ({total} rows written, {count} expected; first differing partitions:"
+                f" {differing}); nothing was deleted"
+            )
+        return [
+            PartitionCheck(table=table, date=date, topic=topic, rows=n, checksum=checksum)
+            for (date, topic), (n, checksum) in sorted(written.items())
+        ]
+
+    def _recover(self, backend: Any, result: ExportResult) -> None:
+        for path in self.files.children(f"{self.root}/_staging"):
+            run_id = path.rstrip("/").rsplit("/", 1)[-1]
+            if backend.archive_export_done(run_id=run_id):
+                self._publish(run_id)
+                result.recovered.append(run_id)
+            else:
+                # Its delete never committed: the rows are still in the database.
+                self.files.delete(path)
+                result.discarded.append(run_id)
+
+    def _publish(self, run_id: str) -> None:
+        staging = f"{self.root}/_staging/{run_id}"
+        for source in self.files.files(staging):
+            if not source.endswith(".parquet"):
+                continue
+            root, relative = source.split(f"/_staging/{run_id}/", 1)
+            folder, name = relative.rsplit("/", 1)
+            self.files.move(source, f"{root}/{folder}/{run_id}-{name}")
+        self.files.delete(staging)
+
+
+def _run_id(now: datetime) -> str:
+    return now.strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:8]

@@ -1,0 +1,69 @@
+"""The Spark schema of each readable table, and turning storage columns into Arrow batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sqlbroker.storage.base import Columns
+from sqlbroker.storage.spark_rows import SPARK_COLUMNS, TIME_COLUMNS
+
+_LONG = frozenset({"id", "delivery_id", "seq"})
+_INT = frozenset({"priority", "attempts", "max_attempts", "replay_count"})
+_BINARY = frozenset({"payload"})
+
+
+def _arrow_type(column: str) -> pa.DataType:
+    if column in _LONG:
+        return pa.int64()
+    if column in _INT:
+        return pa.int32()
+    if column in _BINARY:
+        return pa.binary()
+    if column in TIME_COLUMNS:
+        return pa.timestamp("us", tz="UTC")
+    return pa.string()
+
+
+def _spark_type(column: str) -> str:
+    if column in _LONG:
+        return "BIGINT"
+    if column in _INT:
+        return "INT"
+    if column in _BINARY:
+        return "BINARY"
+    if column in TIME_COLUMNS:
+        return "TIMESTAMP"
+    return "STRING"
+
+
+def _ddl(columns: tuple[str, ...]) -> str:
+    return ", ".join(f"{name} {_spark_type(name)}" for name in columns)
+
+
+TABLE_SCHEMAS: dict[str, str] = {table: _ddl(cols) for table, cols in SPARK_COLUMNS.items()}
+"""Spark DDL schema of a batch read of each table."""
+
+
+def arrow_schema(columns: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([pa.field(name, _arrow_type(name)) for name in columns])
+
+
+def _time_array(values: list[Any]) -> pa.Array:
+    seconds = pa.array(values, type=pa.float64())
+    micros = pc.round(pc.multiply(seconds, 1_000_000.0))
+    return pc.cast(pc.cast(micros, pa.int64()), pa.timestamp("us", tz="UTC"))
+
+
+def record_batch(columns: Columns, names: tuple[str, ...]) -> pa.RecordBatch:
+    """An Arrow batch of storage columns; times arrive as float Unix seconds."""
+    arrays = []
+    for name in names:
+        values = columns[name]
+        if name in TIME_COLUMNS:
+            arrays.append(_time_array(values))
+        else:
+            arrays.append(pa.array(values, type=_arrow_type(name)))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(names))

@@ -1,0 +1,132 @@
+"""The ``sqlbroker`` PySpark data source: batch reads, idempotent batch writes, streaming.
+
+Register it once per session with :func:`sqlbroker.spark.register`, then use
+``spark.read.format("sqlbroker")``, ``df.write.format("sqlbroker")`` and
+``spark.readStream.format("sqlbroker")``. Options are documented in ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+
+from sqlbroker.core.errors import InvalidOption
+from sqlbroker.spark import adbc
+from sqlbroker.spark import options as opt
+from sqlbroker.spark.schema import TABLE_SCHEMAS, record_batch
+from sqlbroker.spark.write import MessageWriter
+from sqlbroker.storage.base import SparkRowFilter
+from sqlbroker.storage.spark_rows import SPARK_COLUMNS
+
+DEFAULT_PARTITIONS = 4
+DEFAULT_FETCH = 10_000
+
+
+class IdSlice(InputPartition):
+    """Rows with ``after_id < id <= upto_id``."""
+
+    def __init__(self, after_id: int, upto_id: int) -> None:
+        super().__init__((after_id, upto_id))
+        self.after_id = after_id
+        self.upto_id = upto_id
+
+
+class MessagesReader(DataSourceReader):
+    """A batch read of one table, split into id ranges read in parallel."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.connection = opt.Connection.of(options)
+        self.where: SparkRowFilter = opt.row_filter(options)
+        self.parts = opt.integer(
+            options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000
+        )
+        self.fetch = opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
+        choice = opt.text(options, "adbc", "auto")
+        if choice not in ("auto", "false"):
+            raise InvalidOption("adbc", "must be auto or false")
+        self.adbc = choice == "auto" and adbc.available(self.connection.url)
+        self.schema = opt.text(options, "schema")
+        low = opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1)
+        high = opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1)
+        self.where = SparkRowFilter(
+            table=self.where.table,
+            subscription=self.where.subscription,
+            topic_regex=self.where.topic_regex,
+            since=self.where.since,
+            until=self.where.until,
+            min_id=low or None,
+            max_id=high or None,
+        )
+
+    def partitions(self) -> list[IdSlice]:
+        broker, backend = self.connection.open()
+        try:
+            found = backend.spark_id_range(where=self.where)
+        finally:
+            broker.close()
+        if found is None:
+            return [IdSlice(0, 0)]
+        first = found.low - 1
+        width = max(1, -(-(found.high - first) // self.parts))
+        return [
+            IdSlice(start, min(start + width, found.high))
+            for start in range(first, found.high, width)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, IdSlice)
+        names = SPARK_COLUMNS[self.where.table]
+        if partition.upto_id <= partition.after_id:
+            return
+        if self.adbc:
+            yield from adbc.read_range(
+                self.connection.url, self.schema, self.where, partition.after_id, partition.upto_id
+            )
+            return
+        broker, backend = self.connection.open()
+        try:
+            after = partition.after_id
+            while after < partition.upto_id:
+                columns = backend.spark_rows_read(
+                    where=self.where, after_id=after, upto_id=partition.upto_id, limit=self.fetch
+                )
+                if not columns["id"]:
+                    break
+                after = columns["id"][-1]
+                yield record_batch(columns, names)
+                if len(columns["id"]) < self.fetch:
+                    break
+        finally:
+            broker.close()
+
+
+class SqlbrokerDataSource(DataSource):
+    """``format("sqlbroker")``: messages, archive and dead letters of a sqlbroker database."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sqlbroker"
+
+    def schema(self) -> str:
+        """A batch read has the columns of its table; a streaming read, of messages."""
+        return TABLE_SCHEMAS[opt.row_filter(self.options).table]
+
+    def reader(self, schema: StructType) -> MessagesReader:
+        return MessagesReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return MessageWriter(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from sqlbroker.spark.stream import SubscriptionStreamReader
+
+        return SubscriptionStreamReader(dict(self.options))

@@ -1,0 +1,194 @@
+"""``spark.readStream.format("sqlbroker")``: a subscription as a Structured Streaming source.
+
+Offsets are claim sequence numbers of a named stream (option ``stream``, by default the
+subscription's name). ``latestOffset`` claims up to ``max_batch`` messages like any worker
+would, snapshots them under the next sequence number and returns it; ``read`` reads a
+sequence range back from the snapshot, so a batch replayed after a restart sees exactly the
+same rows; ``commit`` acknowledges them. A keeper thread on the driver extends the leases of
+every claim not yet acknowledged, so they stay valid while a batch is in flight.
+
+Spark asks for the latest offset only between micro-batches, so when that call finds the
+queue idle, the batch before it is done: it is acknowledged then, instead of waiting for a
+``commit`` that only the next batch would bring.
+
+Delivery into the sink is at least once: a claim snapshotted but not yet acknowledged when
+the query dies is read again after the restart; it may also reach an ordinary worker if the
+query stays down longer than the lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.producer.broker import Broker
+from sqlbroker.spark import options as opt
+from sqlbroker.spark.schema import record_batch
+from sqlbroker.storage.base import SparkBackend
+from sqlbroker.storage.spark_rows import STREAM_COLUMNS
+
+DEFAULT_MAX_BATCH = 1_000
+DEFAULT_LEASE = 300.0
+DEFAULT_PARTITIONS = 2
+
+
+class ClaimSlice(InputPartition):
+    """The claims ``after_seq < seq <= upto_seq`` whose delivery id is ``part`` mod ``parts``."""
+
+    def __init__(self, after_seq: int, upto_seq: int, part: int, parts: int) -> None:
+        super().__init__((after_seq, upto_seq, part, parts))
+        self.after_seq = after_seq
+        self.upto_seq = upto_seq
+        self.part = part
+        self.parts = parts
+
+
+def _seq(offset: Any) -> int:
+    return int(offset["seq"])
+
+
+class SubscriptionStreamReader(DataSourceStreamReader):
+    """Claims in ``latestOffset``, reads by claim sequence, acknowledges in ``commit``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.connection = opt.Connection.of(options)
+        self.subscription = validate_topic(opt.required(options, "subscription"), "subscription")
+        self.stream = validate_topic(opt.text(options, "stream", self.subscription), "stream")
+        self.max_batch = opt.integer(
+            options, "max_batch", DEFAULT_MAX_BATCH, minimum=1, maximum=1_000
+        )
+        self.lease = opt.number(options, "lease", DEFAULT_LEASE, minimum=5.0, maximum=86_400.0)
+        self.parts = opt.integer(
+            options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=1_000
+        )
+        self.worker = f"spark:{self.stream}:{Broker.worker_name()}"
+        self._reset()
+
+    def _reset(self) -> None:
+        self._broker: Broker | None = None
+        self._backend: SparkBackend | None = None
+        self._initial: int | None = None
+        self._handed_out: int | None = None
+        self._acked = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors need the options only; connections and threads stay on the driver.
+        return {
+            name: value
+            for name, value in self.__dict__.items()
+            if name in ("connection", "subscription", "stream", "max_batch", "lease", "parts")
+            or name == "worker"
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # --- the driver ---------------------------------------------------------------------------
+
+    def _open(self) -> SparkBackend:
+        if self._backend is None:
+            self._broker, self._backend = self.connection.open()
+            _, self._acked = self._backend.spark_stream_open(
+                stream=self.stream, subscription=self.subscription
+            )
+        return self._backend
+
+    def initialOffset(self) -> dict[str, int]:
+        """Where a query with a fresh checkpoint starts: after the last acknowledged claim,
+        so claims a previous query left unacknowledged are read first."""
+        if self._initial is None:
+            self._open()
+            self._initial = self._acked
+        return {"seq": self._initial}
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, int]:
+        backend = self._open()
+        count = self.max_batch
+        rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
+        if isinstance(rows, int) and rows > 0:
+            count = min(count, rows)
+        with self._lock:
+            latest = backend.spark_stream_claim(
+                stream=self.stream,
+                subscription=self.subscription,
+                limit=count,
+                lease=self.lease,
+                worker=self.worker,
+            )
+            finished = _seq(start) if start is not None else self._handed_out
+            if finished is not None and latest == finished:
+                self._ack(finished)
+            self._handed_out = latest
+        self._start_keeper()
+        return {"seq": latest}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ClaimSlice]:
+        after, upto = _seq(start), _seq(end)
+        if upto <= after:
+            return []
+        return [ClaimSlice(after, upto, part, self.parts) for part in range(self.parts)]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._open()
+        with self._lock:
+            self._ack(_seq(end))
+
+    def _ack(self, upto: int) -> None:
+        if upto > self._acked:
+            assert self._backend is not None
+            self._backend.spark_stream_ack(stream=self.stream, upto_seq=upto)
+            self._acked = upto
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None:
+            self._keeper = threading.Thread(
+                target=self._keep_leases, name=f"sqlbroker-lease-keeper-{self.stream}", daemon=True
+            )
+            self._keeper.start()
+
+    def _keep_leases(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            with self._lock:
+                if self._backend is None or self._handed_out is None:
+                    continue
+                # A failed round (database unreachable) is retried a third of a lease later.
+                with contextlib.suppress(Exception):
+                    self._backend.spark_stream_extend(
+                        stream=self.stream, upto_seq=self._handed_out, lease=self.lease
+                    )
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._broker is not None:
+            self._broker.close()
+        self._broker = self._backend = None
+
+    # --- the executors -----------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ClaimSlice)
+        broker, backend = self.connection.open()
+        try:
+            columns = backend.spark_stream_read(
+                stream=self.stream,
+                after_seq=partition.after_seq,
+                upto_seq=partition.upto_seq,
+                part=partition.part,
+                parts=partition.parts,
+            )
+        finally:
+            broker.close()
+        if columns["id"]:
+            yield record_batch(columns, STREAM_COLUMNS)

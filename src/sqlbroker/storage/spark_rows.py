@@ -1,0 +1,214 @@
+"""What both backends share for the Spark operations: column lists and staged-row logic."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.message import NewMessage, new_message_id
+from sqlbroker.storage.base import SPARK_TABLES, Columns, SparkRowFilter
+from sqlbroker.storage.rows import payload_hash
+
+SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
+    "messages": (
+        "id",
+        "message_id",
+        "subscription",
+        "topic",
+        "state",
+        "priority",
+        "ordering_key",
+        "idempotency_key",
+        "payload",
+        "content_type",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "replay_count",
+        "enqueued_at",
+        "available_at",
+        "expires_at",
+        "first_started_at",
+        "lease_expires_at",
+        "last_error",
+    ),
+    "archive": (
+        "id",
+        "delivery_id",
+        "message_id",
+        "subscription",
+        "topic",
+        "outcome",
+        "priority",
+        "ordering_key",
+        "idempotency_key",
+        "payload",
+        "content_type",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "replay_count",
+        "enqueued_at",
+        "first_started_at",
+        "finished_at",
+    ),
+    "dead": (
+        "id",
+        "delivery_id",
+        "message_id",
+        "subscription",
+        "topic",
+        "priority",
+        "ordering_key",
+        "idempotency_key",
+        "payload",
+        "content_type",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "replay_count",
+        "reason",
+        "error_type",
+        "error_message",
+        "traceback",
+        "enqueued_at",
+        "first_started_at",
+        "first_failed_at",
+        "last_failed_at",
+        "dead_at",
+    ),
+}
+"""The columns of a Spark batch read of each table, in order."""
+
+STREAM_COLUMNS: tuple[str, ...] = SPARK_COLUMNS["messages"]
+"""A streaming read yields the columns of a batch read of messages (``id`` is the
+delivery id), as they were when claimed."""
+
+TIME_COLUMNS = frozenset(
+    {
+        "enqueued_at",
+        "available_at",
+        "expires_at",
+        "first_started_at",
+        "lease_expires_at",
+        "finished_at",
+        "first_failed_at",
+        "last_failed_at",
+        "dead_at",
+    }
+)
+
+
+def check_table(where: SparkRowFilter) -> str:
+    if where.table not in SPARK_TABLES:
+        raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
+    return where.table
+
+
+def filter_params(where: SparkRowFilter, *, epoch: bool) -> dict[str, Any]:
+    """Bind parameters of a row filter; times as Unix seconds when ``epoch``."""
+
+    def time(value: Any) -> Any:
+        if value is None or not epoch:
+            return value
+        return value.timestamp()
+
+    return {
+        "subscription": where.subscription,
+        "topic_regex": where.topic_regex,
+        "since": time(where.since),
+        "until": time(where.until),
+        "min_id": where.min_id,
+        "max_id": where.max_id,
+    }
+
+
+def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
+    """Transpose rows into columns; payloads become ``bytes``."""
+    columns: Columns = {name: [] for name in names}
+    lists = [columns[name] for name in names]
+    for row in rows:
+        for target, value in zip(lists, row, strict=True):
+            target.append(value)
+    if "payload" in columns:
+        columns["payload"] = [bytes(value) for value in columns["payload"]]
+    return columns
+
+
+def content_hash(message: NewMessage) -> str:
+    """What makes two staged rows "the same message" for deterministic idempotency keys."""
+    digest = hashlib.sha256()
+    for part in (
+        message.topic,
+        message.content_type,
+        message.headers or "",
+        str(message.priority),
+        message.ordering_key or "",
+    ):
+        digest.update(part.encode())
+        digest.update(b"\x00")
+    digest.update(message.payload)
+    return digest.hexdigest()[:40]
+
+
+def stage_params(
+    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage], now: Any
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "job_id": job,
+            "partition_id": partition,
+            "attempt": attempt,
+            "seq": first_seq + index,
+            "topic": message.topic,
+            "payload": message.payload,
+            "content_type": message.content_type,
+            "headers": message.headers,
+            "priority": message.priority,
+            "ordering_key": message.ordering_key,
+            "idempotency_key": message.idempotency_key,
+            "content_hash": content_hash(message),
+            "max_attempts": message.max_attempts,
+            "dedupe_window": message.dedupe_window,
+            "now": now,
+        }
+        for index, message in enumerate(rows)
+    ]
+
+
+def messages_from_stage(rows: Iterable[Mapping[str, Any]], *, key_prefix: str) -> list[NewMessage]:
+    """Fresh messages for staged rows (in a stable order). A row without an idempotency key
+    gets ``key_prefix`` + content hash + its occurrence among identical rows: identical rows
+    stay distinct messages, and a re-run of the same job derives the same keys."""
+    seen: dict[tuple[str, str], int] = {}
+    messages = []
+    for row in rows:
+        key = row["idempotency_key"]
+        if key is None:
+            slot = (row["topic"], row["content_hash"])
+            occurrence = seen.get(slot, 0)
+            seen[slot] = occurrence + 1
+            key = f"{key_prefix}{row['content_hash']}.{occurrence}"
+        payload = bytes(row["payload"])
+        messages.append(
+            NewMessage(
+                message_id=new_message_id(),
+                topic=row["topic"],
+                payload=payload,
+                content_type=row["content_type"],
+                headers=row["headers"],
+                priority=row["priority"],
+                ordering_key=row["ordering_key"],
+                idempotency_key=key,
+                payload_hash=payload_hash(payload, row["content_type"]),
+                delay=None,
+                available_at=None,
+                ttl=None,
+                expires_at=None,
+                max_attempts=row["max_attempts"],
+                dedupe_window=float(row["dedupe_window"]),
+            )
+        )
+    return messages

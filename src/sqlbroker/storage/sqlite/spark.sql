@@ -1,0 +1,158 @@
+-- SQLite queries of the Spark data source and the archive pipeline. Times are REAL seconds.
+
+-- name: messages_where
+WHERE (:subscription IS NULL OR subscription = :subscription)
+  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
+  AND (:since IS NULL OR enqueued_at >= :since)
+  AND (:until IS NULL OR enqueued_at < :until)
+  AND (:min_id IS NULL OR id >= :min_id)
+  AND (:max_id IS NULL OR id <= :max_id)
+
+-- name: archive_where
+WHERE (:subscription IS NULL OR subscription = :subscription)
+  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
+  AND (:since IS NULL OR finished_at >= :since)
+  AND (:until IS NULL OR finished_at < :until)
+  AND (:min_id IS NULL OR id >= :min_id)
+  AND (:max_id IS NULL OR id <= :max_id)
+
+-- name: dead_where
+WHERE (:subscription IS NULL OR subscription = :subscription)
+  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
+  AND (:since IS NULL OR dead_at >= :since)
+  AND (:until IS NULL OR dead_at < :until)
+  AND (:min_id IS NULL OR id >= :min_id)
+  AND (:max_id IS NULL OR id <= :max_id)
+
+-- name: messages_range
+SELECT min(id), max(id), count(*) FROM sqlbroker_message
+-- include: messages_where
+
+-- name: archive_range
+SELECT min(id), max(id), count(*) FROM sqlbroker_archive
+-- include: archive_where
+
+-- name: dead_range
+SELECT min(id), max(id), count(*) FROM sqlbroker_dead
+-- include: dead_where
+
+-- name: messages_read
+SELECT id, message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
+       payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
+       available_at, expires_at, first_started_at, lease_expires_at, last_error
+FROM sqlbroker_message
+-- include: messages_where
+  AND id > :after_id AND id <= :upto_id
+ORDER BY id
+LIMIT :limit
+
+-- name: archive_read
+SELECT id, delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, first_started_at, finished_at
+FROM sqlbroker_archive
+-- include: archive_where
+  AND id > :after_id AND id <= :upto_id
+ORDER BY id
+LIMIT :limit
+
+-- name: dead_read
+SELECT id, delivery_id, message_id, subscription, topic, priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       reason, error_type, error_message, traceback, enqueued_at, first_started_at,
+       first_failed_at, last_failed_at, dead_at
+FROM sqlbroker_dead
+-- include: dead_where
+  AND id > :after_id AND id <= :upto_id
+ORDER BY id
+LIMIT :limit
+
+-- name: stage_insert
+INSERT INTO sqlbroker_spark_stage (
+    job_id, partition_id, attempt, seq, topic, payload, content_type, headers, priority,
+    ordering_key, idempotency_key, content_hash, max_attempts, dedupe_window, staged_at
+) VALUES (
+    :job_id, :partition_id, :attempt, :seq, :topic, :payload, :content_type, :headers,
+    :priority, :ordering_key, :idempotency_key, :content_hash, :max_attempts, :dedupe_window,
+    :now
+)
+
+-- name: stage_select
+-- The winning attempt's rows of each partition, in a stable order.
+SELECT s.topic, s.payload, s.content_type, s.headers, s.priority, s.ordering_key,
+       s.idempotency_key, s.content_hash, s.max_attempts, s.dedupe_window
+FROM sqlbroker_spark_stage s
+JOIN (SELECT json_extract(value, '$[0]') AS partition_id,
+             json_extract(value, '$[1]') AS attempt
+      FROM json_each(:winners)) w
+  ON w.partition_id = s.partition_id AND w.attempt = s.attempt
+WHERE s.job_id = :job_id
+ORDER BY s.partition_id, s.seq
+
+-- name: stage_delete_job
+DELETE FROM sqlbroker_spark_stage WHERE job_id = :job_id
+
+-- name: stage_delete_older
+DELETE FROM sqlbroker_spark_stage WHERE staged_at < :older_than
+
+-- name: stream_insert
+INSERT INTO sqlbroker_spark_stream (name, subscription, created_at)
+VALUES (:stream, :subscription, :now)
+ON CONFLICT (name) DO NOTHING
+
+-- name: stream_get
+SELECT last_seq, acked_seq FROM sqlbroker_spark_stream WHERE name = :stream
+
+-- name: stream_next_seq
+UPDATE sqlbroker_spark_stream SET last_seq = last_seq + 1 WHERE name = :stream
+RETURNING last_seq
+
+-- name: stream_claim_snapshot
+INSERT INTO sqlbroker_spark_claim (
+    stream, seq, delivery_id, lease_token, message_id, subscription, topic, priority,
+    ordering_key, idempotency_key, payload, content_type, headers, attempts, max_attempts,
+    replay_count, enqueued_at, available_at, expires_at, first_started_at, lease_expires_at,
+    last_error, claimed_at
+)
+SELECT :stream, :seq, m.id, m.lease_token, m.message_id, m.subscription, m.topic, m.priority,
+       m.ordering_key, m.idempotency_key, m.payload, m.content_type, m.headers, m.attempts,
+       m.max_attempts, m.replay_count, m.enqueued_at, m.available_at, m.expires_at,
+       m.first_started_at, m.lease_expires_at, m.last_error, :now
+FROM sqlbroker_message m
+JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
+      FROM json_each(:claimed)) c ON c.id = m.id AND c.token = m.lease_token
+
+-- name: stream_read
+-- The same columns as a batch read of messages, as they were when claimed.
+SELECT delivery_id, message_id, subscription, topic, 'running', priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, available_at, expires_at, first_started_at, lease_expires_at, last_error
+FROM sqlbroker_spark_claim
+WHERE stream = :stream AND seq > :after_seq AND seq <= :upto_seq
+  AND delivery_id % :parts = :part
+ORDER BY seq, delivery_id
+
+-- name: stream_leases
+SELECT delivery_id, lease_token FROM sqlbroker_spark_claim
+WHERE stream = :stream AND seq <= :upto_seq
+ORDER BY delivery_id
+
+-- name: stream_forget
+DELETE FROM sqlbroker_spark_claim WHERE stream = :stream AND seq <= :upto_seq
+
+-- name: stream_acked
+UPDATE sqlbroker_spark_stream SET acked_seq = max(acked_seq, :upto_seq) WHERE name = :stream
+
+-- name: export_delete_archive
+DELETE FROM sqlbroker_archive WHERE finished_at < :cutoff AND id <= :max_id
+
+-- name: export_delete_dead
+DELETE FROM sqlbroker_dead WHERE dead_at < :cutoff AND id <= :max_id
+
+-- name: export_record
+INSERT INTO sqlbroker_spark_export (
+    run_id, cutoff, archive_max_id, dead_max_id, archive_rows, dead_rows, finished_at
+) VALUES (:run_id, :cutoff, :archive_max_id, :dead_max_id, :archive_rows, :dead_rows, :now)
+
+-- name: export_get
+SELECT count(*) FROM sqlbroker_spark_export WHERE run_id = :run_id
