@@ -55,6 +55,21 @@ class Sizes:
     latency_rate: float
     """Messages per second published into an idle worker."""
     latency_seconds: float
+    backlogs: tuple[int, ...] = ()
+    """W4: backlogs under which single claims are timed (``claim.backlog.N``)."""
+    claim_samples: int = 300
+    """W4: claim → complete rounds timed under each backlog."""
+    processes: tuple[int, ...] = ()
+    """W4: worker process counts for ``drain.processes.N``."""
+    soak_seconds: float = 0.0
+    """W6: length of the soak (0: no soak)."""
+    soak_rate: float = 200.0
+    keys: int = 64
+    """Distinct ordering keys in ``drain.keyed10`` / ``drain.keyed100``."""
+    sqlite_modes: tuple[str, ...] = ("full", "normal")
+    """SQLite ``synchronous`` settings measured (one target each)."""
+    keyed_batches: tuple[int, ...] = (10, 100)
+    """Claim batches of the ordering-key drains."""
     warmup: int = 20
 
 
@@ -62,13 +77,15 @@ QUICK = Sizes(
     mode="quick",
     repeats=3,
     publish_single=600,
-    publish_batch=10_000,
+    publish_batch=5_000,
     batch_size=500,
-    drain=5_000,
+    drain=3_000,
     drain_threads=4,
     worker_concurrency=4,
     latency_rate=100.0,
     latency_seconds=2.0,
+    sqlite_modes=("full",),
+    keyed_batches=(10,),
 )
 DEFAULT = Sizes(
     mode="default",
@@ -81,6 +98,9 @@ DEFAULT = Sizes(
     worker_concurrency=4,
     latency_rate=150.0,
     latency_seconds=10.0,
+    backlogs=(10_000, 100_000, 1_000_000),
+    processes=(1, 2, 4, 8),
+    soak_seconds=600.0,
 )
 
 
@@ -301,6 +321,8 @@ class Case:
     target: Target
     workload: str
     run: Workload
+    repeats: int | None = None
+    """At most this many repetitions (default: the sizes' ``repeats``)."""
 
 
 @dataclass
@@ -365,9 +387,10 @@ def run_cases(
     repeats = sizes.repeats
     for repeat in range(1, repeats + 1):
         for case, result in zip(cases, results, strict=True):
-            if result.error is not None:
+            if result.error is not None or repeat > (case.repeats or repeats):
                 continue
-            label = f"[{repeat}/{repeats}] {case.system:<10} {case.target.name:<14} {case.workload}"
+            label = f"[{repeat}/{case.repeats or repeats}] {case.system:<10}"
+            label += f" {case.target.name:<14} {case.workload}"
             for attempt in range(NOISY_RETRIES + 1):
                 started = time.perf_counter()
                 try:
@@ -382,7 +405,8 @@ def run_cases(
                 shown = ", ".join(f"{k}={v:,.1f}" for k, v in sample.metrics.items())
                 took = time.perf_counter() - started
                 noisy = noise.other_cpu_pct + noise.steal_pct > max_noise
-                if noisy and attempt < NOISY_RETRIES:
+                # A single long run (the soak) is not measured again: it reports its noise.
+                if noisy and attempt < NOISY_RETRIES and case.repeats != 1:
                     log(f"{label}: {shown}  (other processes {noise.other_cpu_pct:.0f} %: again)")
                     continue
                 if noisy:
@@ -491,11 +515,12 @@ class Consumer:
     ``{"event": "ready"}`` once it handles the first message, then one ``{"event": "done",
     …}`` line when it finishes."""
 
-    def __init__(self, *args: str, timeout: float) -> None:
+    def __init__(self, *args: str, timeout: float, gate: bool = False) -> None:
         self.timeout = timeout
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [sys.executable, str(BENCH_DIR / "consumer.py"), *args],
+            stdin=subprocess.PIPE if gate else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
@@ -512,6 +537,12 @@ class Consumer:
         if event.get("event") != expected:
             raise BenchError(f"consumer said {event!r}, expected {expected!r}")
         return dict(event)
+
+    def go(self) -> None:
+        """Start a consumer started with ``gate=True`` (it waits for a line on stdin)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
 
     def finish(self) -> dict[str, Any]:
         event = self.read_event("done")
