@@ -300,8 +300,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     sizes = report["sizes"]
+    present = {r["workload"] for r in results}
     for name, info in WORKLOADS.items():
-        lines.append(f"- `{name}` ({info.unit}): {info.summary}.")
+        if name in present:
+            lines.append(f"- `{name}` ({info.unit or 'see metrics'}): {info.summary}.")
     lines += [
         "",
         f"Sizes: publish.single {sizes['publish_single']:,} messages, publish.batch "
