@@ -250,14 +250,16 @@ class PostgresBackend(PostgresAdmin):
             fresh = [m for m in messages if m.message_id not in originals]
             unrouted = 0
             if fresh:
+                # A queue publish without ordering keys needs no routing (message_insert_queue).
+                variant = "_queue" if subscription is not None and not ordering_keys else ""
                 if len(fresh) == 1:
-                    statement = self._sql["message_insert_one"]
+                    statement = self._sql[f"message_insert{variant}_one"]
                     params = {
                         name: value[0] if isinstance(value, list) else value
                         for name, value in self._insert_params(fresh, subscription, now).items()
                     }
                 else:
-                    statement = self._sql["message_insert"]
+                    statement = self._sql[f"message_insert{variant}"]
                     params = self._insert_params(fresh, subscription, now)
                 row = c.execute(statement, params).fetchone()
                 unrouted = int(row[0]) if row else 0
