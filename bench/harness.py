@@ -70,6 +70,9 @@ class Sizes:
     """SQLite ``synchronous`` settings measured (one target each)."""
     keyed_batches: tuple[int, ...] = (10, 100)
     """Claim batches of the ordering-key drains."""
+    pg_commit_modes: tuple[str, ...] = ("on", "off")
+    """PostgreSQL ``synchronous_commit`` settings measured (``off``: the
+    ``postgresql-async`` target, for every contender)."""
     warmup: int = 20
 
 
@@ -86,6 +89,7 @@ QUICK = Sizes(
     latency_seconds=2.0,
     sqlite_modes=("full",),
     keyed_batches=(10,),
+    pg_commit_modes=("on",),
 )
 DEFAULT = Sizes(
     mode="default",
@@ -175,13 +179,16 @@ class SqliteTarget:
 
 class PostgresTarget:
     """A new database per repetition on one durable throwaway server (``fsync``,
-    ``synchronous_commit`` and ``full_page_writes`` on, as PostgreSQL ships)."""
+    ``synchronous_commit`` and ``full_page_writes`` on, as PostgreSQL ships); with
+    ``synchronous_commit="off"`` the databases commit without waiting for the WAL flush
+    (``postgresql-async``: a crash may lose the last commits, never corrupt)."""
 
     backend = "postgresql"
 
-    def __init__(self, server: Any, name: str = "postgresql") -> None:
+    def __init__(self, server: Any, synchronous_commit: str = "on") -> None:
         self.server = server
-        self.name = name
+        self.synchronous_commit = synchronous_commit
+        self.name = "postgresql" if synchronous_commit == "on" else "postgresql-async"
         self._counter = 0
 
     def describe(self) -> dict[str, Any]:
@@ -198,6 +205,7 @@ class PostgresTarget:
         return {
             "backend": "postgresql",
             **settings,
+            "synchronous_commit": self.synchronous_commit,
             "data_dir_filesystem": filesystem_type(str(self.server.data_dir)),
             "connection": "TCP 127.0.0.1",
         }
@@ -207,8 +215,20 @@ class PostgresTarget:
         self._counter += 1
         name = f"bench_{os.getpid()}_{self._counter}"
         self.server.create_database(name)
+        options: dict[str, Any] = {}
+        if self.synchronous_commit != "on":
+            # Every contender's sessions get it from the database; sqlbroker sets its own
+            # per connection, so it is told through its option.
+            setting = self.synchronous_commit
+            self.server.execute(f"ALTER DATABASE {name} SET synchronous_commit = {setting}")
+            options["synchronous_commit"] = setting
         try:
-            yield Database(target=self.name, backend="postgresql", url=self.server.url(name))
+            yield Database(
+                target=self.name,
+                backend="postgresql",
+                url=self.server.url(name),
+                options=options,
+            )
         finally:
             self.server.drop_database(name, missing_ok=True)
 

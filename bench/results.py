@@ -265,8 +265,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             or "not run"
         ),
         "",
-        "Durable settings everywhere: PostgreSQL `fsync`, `synchronous_commit` and "
-        "`full_page_writes` on; SQLite WAL with `synchronous` FULL (and NORMAL for comparison). "
+        "Durable settings: PostgreSQL `fsync`, `synchronous_commit` and `full_page_writes` on "
+        "(`postgresql-async`, in full runs: `synchronous_commit` off for every contender); "
+        "SQLite WAL with `synchronous` FULL (and NORMAL in full runs, huey alike). "
         f"Each cell: **median** (min–max) of {report['sizes']['repeats']} runs, "
         "each on a fresh database. 2 shared cores: treat differences under ~15 % as noise.",
         "",

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend in ("postgresql", "all"):
             log("starting a durable PostgreSQL server …")
             server = harness.start_postgres()
-            targets.append(PostgresTarget(server))
+            targets += [PostgresTarget(server, mode) for mode in sizes.pg_commit_modes]
         chosen = args.system or list(systems.SYSTEMS)
         peer_versions = {}
         if any(name in systems.PEERS for name in chosen):
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             if target.backend in (module := systems.load(name)).BACKENDS
             for workload, run in module.WORKLOADS.items()
             if (workload in args.workload if args.workload else enabled(workload, sizes))
-            and getattr(module, "runs_on", lambda *_: True)(workload, target.backend)
+            and getattr(module, "runs_on", lambda *_: True)(workload, target.name)
         ]
         log(f"{len(cases)} cases × {sizes.repeats} repeats ({sizes.mode} sizes)")
         machine = harness.machine_info()

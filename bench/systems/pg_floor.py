@@ -268,6 +268,11 @@ def latency(database: Database, sizes: Sizes) -> Sample:
     return latency_sample(done["arrivals"], paced)
 
 
+def runs_on(workload: str, target: str) -> bool:
+    """The backlog claims (W4) run on the durable target only, as sqlbroker's do."""
+    return target == "postgresql" or not workload.startswith("claim.backlog.")
+
+
 WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.single": publish_single,
     "publish.batch": publish_batch,

@@ -452,12 +452,12 @@ WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "soak": soak,
 }
 POSTGRESQL_ONLY = ("claim.backlog.", "drain.processes.", "soak")
-"""W4 and W6 run on PostgreSQL (the production backend) only: on a 2-core box each takes
-minutes."""
+"""W4 and W6 run on the durable PostgreSQL target (the production setting) only: on a
+2-core box each takes minutes."""
 
 
-def runs_on(workload: str, backend: str) -> bool:
-    return backend == "postgresql" or not workload.startswith(POSTGRESQL_ONLY)
+def runs_on(workload: str, target: str) -> bool:
+    return target == "postgresql" or not workload.startswith(POSTGRESQL_ONLY)
 
 
 # --- the consumer process --------------------------------------------------------------------
