@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -99,9 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             server = harness.start_postgres()
             targets += [PostgresTarget(server, mode) for mode in sizes.pg_commit_modes]
         chosen = args.system or list(systems.SYSTEMS)
-        peer_versions = {}
+        peer_versions: dict[str, str] = {}
         if any(name in systems.PEERS for name in chosen):
-            peer_versions = peers.ensure_venv(log)
+            try:
+                peer_versions = peers.ensure_venv(log)
+            except (OSError, subprocess.CalledProcessError) as error:
+                # No package index (offline): measure what can be measured, and say so.
+                log(f"cannot install the peers ({error}): running without them")
+                peer_versions = {"not installed": str(error)}
+                chosen = [name for name in chosen if name not in systems.PEERS]
         cases = [
             Case(name, target, workload, run, WORKLOADS[workload].repeats)
             for target in targets
