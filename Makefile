@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck env postgres chromium bench clean
+.PHONY: demo test test-fast lint typecheck env postgres chromium bench bench-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ test-fast: $(STAMP) postgres chromium
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
 
-## Quick benchmark (bench/README.md): SQLite and a durable throwaway PostgreSQL, < 2 minutes.
+## Quick benchmark against the peers (bench/README.md): SQLite and a durable throwaway
+## PostgreSQL, the peers installed into bench/.peers-venv, < 3 minutes.
 bench: $(STAMP) postgres
 	$(BIN)/python bench/run.py --quick
+
+## The full comparison: default sizes, scale (W4) and a 10-minute soak (W6), ~45 minutes.
+bench-full: $(STAMP) postgres
+	$(BIN)/python bench/run.py

@@ -20,6 +20,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--prefetch", type=int, help="claim-ahead (default: the system's)")
     parser.add_argument("--expect", type=int, required=True, help="messages to handle")
+    parser.add_argument(
+        "--gate", action="store_true", help="report ready, then start on a line on stdin"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after (s)")
     args = parser.parse_args()
     systems.load(args.system).consume(args)

@@ -55,6 +55,24 @@ class Sizes:
     latency_rate: float
     """Messages per second published into an idle worker."""
     latency_seconds: float
+    backlogs: tuple[int, ...] = ()
+    """W4: backlogs under which single claims are timed (``claim.backlog.N``)."""
+    claim_samples: int = 300
+    """W4: claim → complete rounds timed under each backlog."""
+    processes: tuple[int, ...] = ()
+    """W4: worker process counts for ``drain.processes.N``."""
+    soak_seconds: float = 0.0
+    """W6: length of the soak (0: no soak)."""
+    soak_rate: float = 200.0
+    keys: int = 64
+    """Distinct ordering keys in ``drain.keyed10`` / ``drain.keyed100``."""
+    sqlite_modes: tuple[str, ...] = ("full", "normal")
+    """SQLite ``synchronous`` settings measured (one target each)."""
+    keyed_batches: tuple[int, ...] = (10, 100)
+    """Claim batches of the ordering-key drains."""
+    pg_commit_modes: tuple[str, ...] = ("on", "off")
+    """PostgreSQL ``synchronous_commit`` settings measured (``off``: the
+    ``postgresql-async`` target, for every contender)."""
     warmup: int = 20
 
 
@@ -62,13 +80,16 @@ QUICK = Sizes(
     mode="quick",
     repeats=3,
     publish_single=600,
-    publish_batch=10_000,
+    publish_batch=5_000,
     batch_size=500,
-    drain=5_000,
+    drain=3_000,
     drain_threads=4,
     worker_concurrency=4,
     latency_rate=100.0,
     latency_seconds=2.0,
+    sqlite_modes=("full",),
+    keyed_batches=(10,),
+    pg_commit_modes=("on",),
 )
 DEFAULT = Sizes(
     mode="default",
@@ -81,6 +102,9 @@ DEFAULT = Sizes(
     worker_concurrency=4,
     latency_rate=150.0,
     latency_seconds=10.0,
+    backlogs=(10_000, 100_000, 1_000_000),
+    processes=(1, 2, 4, 8),
+    soak_seconds=600.0,
 )
 
 
@@ -155,13 +179,16 @@ class SqliteTarget:
 
 class PostgresTarget:
     """A new database per repetition on one durable throwaway server (``fsync``,
-    ``synchronous_commit`` and ``full_page_writes`` on, as PostgreSQL ships)."""
+    ``synchronous_commit`` and ``full_page_writes`` on, as PostgreSQL ships); with
+    ``synchronous_commit="off"`` the databases commit without waiting for the WAL flush
+    (``postgresql-async``: a crash may lose the last commits, never corrupt)."""
 
     backend = "postgresql"
 
-    def __init__(self, server: Any, name: str = "postgresql") -> None:
+    def __init__(self, server: Any, synchronous_commit: str = "on") -> None:
         self.server = server
-        self.name = name
+        self.synchronous_commit = synchronous_commit
+        self.name = "postgresql" if synchronous_commit == "on" else "postgresql-async"
         self._counter = 0
 
     def describe(self) -> dict[str, Any]:
@@ -178,6 +205,7 @@ class PostgresTarget:
         return {
             "backend": "postgresql",
             **settings,
+            "synchronous_commit": self.synchronous_commit,
             "data_dir_filesystem": filesystem_type(str(self.server.data_dir)),
             "connection": "TCP 127.0.0.1",
         }
@@ -187,8 +215,20 @@ class PostgresTarget:
         self._counter += 1
         name = f"bench_{os.getpid()}_{self._counter}"
         self.server.create_database(name)
+        options: dict[str, Any] = {}
+        if self.synchronous_commit != "on":
+            # Every contender's sessions get it from the database; sqlbroker sets its own
+            # per connection, so it is told through its option.
+            setting = self.synchronous_commit
+            self.server.execute(f"ALTER DATABASE {name} SET synchronous_commit = {setting}")
+            options["synchronous_commit"] = setting
         try:
-            yield Database(target=self.name, backend="postgresql", url=self.server.url(name))
+            yield Database(
+                target=self.name,
+                backend="postgresql",
+                url=self.server.url(name),
+                options=options,
+            )
         finally:
             self.server.drop_database(name, missing_ok=True)
 
@@ -301,6 +341,8 @@ class Case:
     target: Target
     workload: str
     run: Workload
+    repeats: int | None = None
+    """At most this many repetitions (default: the sizes' ``repeats``)."""
 
 
 @dataclass
@@ -365,9 +407,10 @@ def run_cases(
     repeats = sizes.repeats
     for repeat in range(1, repeats + 1):
         for case, result in zip(cases, results, strict=True):
-            if result.error is not None:
+            if result.error is not None or repeat > (case.repeats or repeats):
                 continue
-            label = f"[{repeat}/{repeats}] {case.system:<10} {case.target.name:<14} {case.workload}"
+            label = f"[{repeat}/{case.repeats or repeats}] {case.system:<10}"
+            label += f" {case.target.name:<14} {case.workload}"
             for attempt in range(NOISY_RETRIES + 1):
                 started = time.perf_counter()
                 try:
@@ -382,7 +425,8 @@ def run_cases(
                 shown = ", ".join(f"{k}={v:,.1f}" for k, v in sample.metrics.items())
                 took = time.perf_counter() - started
                 noisy = noise.other_cpu_pct + noise.steal_pct > max_noise
-                if noisy and attempt < NOISY_RETRIES:
+                # A single long run (the soak) is not measured again: it reports its noise.
+                if noisy and attempt < NOISY_RETRIES and case.repeats != 1:
                     log(f"{label}: {shown}  (other processes {noise.other_cpu_pct:.0f} %: again)")
                     continue
                 if noisy:
@@ -491,11 +535,12 @@ class Consumer:
     ``{"event": "ready"}`` once it handles the first message, then one ``{"event": "done",
     …}`` line when it finishes."""
 
-    def __init__(self, *args: str, timeout: float) -> None:
+    def __init__(self, *args: str, timeout: float, gate: bool = False) -> None:
         self.timeout = timeout
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
             [sys.executable, str(BENCH_DIR / "consumer.py"), *args],
+            stdin=subprocess.PIPE if gate else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
@@ -512,6 +557,12 @@ class Consumer:
         if event.get("event") != expected:
             raise BenchError(f"consumer said {event!r}, expected {expected!r}")
         return dict(event)
+
+    def go(self) -> None:
+        """Start a consumer started with ``gate=True`` (it waits for a line on stdin)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
 
     def finish(self) -> dict[str, Any]:
         event = self.read_event("done")

@@ -9,41 +9,67 @@ from pathlib import Path
 from typing import Any
 
 from harness import CaseResult, Sizes
+from systems import PEERS
 from workloads import WORKLOADS
 
 FLOOR = "floor"
 SUBJECT = "sqlbroker"
 
 
-def ratios(results: list[CaseResult]) -> list[dict[str, Any]]:
-    """sqlbroker's median ÷ the floor's median, per PostgreSQL workload and metric.
+def _medians(results: list[CaseResult]) -> dict[tuple[str, str, str], dict[str, float]]:
+    return {
+        (r.system, r.target, r.workload): {k: s.median for k, s in r.summary().items()}
+        for r in results
+        if r.samples
+    }
 
-    For throughput above 1 is faster than the floor (expect below 1); for latency above 1
-    is slower.
+
+def ratios(results: list[CaseResult]) -> list[dict[str, Any]]:
+    """sqlbroker's median ÷ a reference median, per target, workload and metric: the floor's
+    (``versus: floor``), the best peer's in the same target (``versus: best peer``, naming
+    it) and, for a feature's cost, sqlbroker's own baseline workload (``versus: baseline``).
+
+    For throughput above 1 is faster than the reference; for latency above 1 is slower.
     """
-    by_key = {(r.system, r.target, r.workload): r for r in results if r.samples}
+    medians = _medians(results)
     found = []
-    for (system, target, workload), result in by_key.items():
-        info = WORKLOADS.get(workload)
-        if system != SUBJECT or info is None or info.reference is None:
-            continue
-        floor = by_key.get((FLOOR, target, info.reference))
-        if floor is None:
-            continue
-        ours, theirs = result.summary(), floor.summary()
-        for metric in info.metrics:
-            if metric in ours and metric in theirs and theirs[metric].median:
+
+    def add(key: tuple[str, str, str], versus: str, ref: tuple[str, str, str]) -> None:
+        target, workload = key[1], key[2]
+        ours, theirs = medians[key], medians[ref]
+        for metric in WORKLOADS[workload].metrics:
+            if metric in ours and theirs.get(metric):
                 found.append(
                     {
                         "target": target,
                         "workload": workload,
-                        "reference": f"{FLOOR}:{info.reference}",
                         "metric": metric,
-                        "sqlbroker": round(ours[metric].median, 3),
-                        "floor": round(theirs[metric].median, 3),
-                        "ratio": round(ours[metric].median / theirs[metric].median, 3),
+                        "versus": versus,
+                        "reference": f"{ref[0]}:{ref[2]}",
+                        "sqlbroker": round(ours[metric], 3),
+                        "other": round(theirs[metric], 3),
+                        "ratio": round(ours[metric] / theirs[metric], 3),
                     }
                 )
+
+    for key in medians:
+        system, target, workload = key
+        info = WORKLOADS.get(workload)
+        if system != SUBJECT or info is None:
+            continue
+        if info.reference is not None and (FLOOR, target, info.reference) in medians:
+            add(key, "floor", (FLOOR, target, info.reference))
+        if info.baseline is not None and (SUBJECT, target, info.baseline) in medians:
+            add(key, "baseline", (SUBJECT, target, info.baseline))
+        peer_workload = info.peer_reference or workload
+        candidates = [
+            k for k in medians if k[0] in PEERS and k[1] == target and k[2] == peer_workload
+        ]
+        if candidates:
+            metric = info.metrics[-1]
+            pick = max if info.higher_is_better else min
+            best = pick(candidates, key=lambda k: medians[k].get(metric, 0.0))
+            add(key, "best peer", best)
     return found
 
 
@@ -126,16 +152,95 @@ def _diagnostics(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+TARGETS = (
+    # (label, target, workload, metric, versus, bound, at_least)
+    ("W1 single ≥ 0.9× floor", "postgresql", "publish.single", "rate", "floor", 0.9, True),
+    ("W1 batch ≥ 0.9× floor", "postgresql", "publish.batch", "rate", "floor", 0.9, True),
+    ("W2 claim 10 ≥ 0.8× floor", "postgresql", "drain.claim10", "rate", "floor", 0.8, True),
+    ("W2 claim 10 ≥ 2× best peer", "postgresql", "drain.claim10", "rate", "best peer", 2, True),
+    ("W2 claim 100 ≥ 0.8× floor", "postgresql", "drain.claim100", "rate", "floor", 0.8, True),
+    (
+        "W2 claim 100 ≥ 2× best peer",
+        "postgresql",
+        "drain.claim100",
+        "rate",
+        "best peer",
+        2,
+        True,
+    ),
+    ("W3 p99 ≤ 1.5× floor", "postgresql", "latency", "p99", "floor", 1.5, False),
+)
+"""Issue 6's targets that are ratios in one run (sqlbroker with its defaults, PostgreSQL)."""
+
+
+def target_checks(report: dict[str, Any]) -> list[str]:
+    """One line per issue-6 target found in this run: the ratio and whether it is met."""
+    ratio_of = {(q["target"], q["workload"], q["metric"], q["versus"]): q for q in report["ratios"]}
+    lines = []
+    for label, target, workload, metric, versus, bound, at_least in TARGETS:
+        found = ratio_of.get((target, workload, metric, versus))
+        if found is None:
+            continue
+        met = found["ratio"] >= bound if at_least else found["ratio"] <= bound
+        against = found["reference"] if versus != "floor" else "floor"
+        lines.append(
+            f"- {label}: **{found['ratio']:.2f}×** ({against}) — {'met' if met else 'missed'}"
+        )
+    medians = {
+        (r["target"], r["workload"]): r["metrics"] for r in report["results"] if r["metrics"]
+    }
+    small = medians.get(("postgresql", "claim.backlog.10k"))
+    for label in ("100k", "1m"):
+        large = medians.get(("postgresql", f"claim.backlog.{label}"))
+        if small and large:
+            ratio = large["p99"]["median"] / small["p99"]["median"]
+            met = "met" if ratio <= 2 else "missed"
+            lines.append(
+                f"- W4 claim p99 at {label} ÷ at 10k ≤ 2: **{ratio:.2f}×** (sqlbroker) — {met}"
+            )
+    return lines
+
+
+def _target_table(
+    target: str, results: list[dict[str, Any]], ratios: list[dict[str, Any]]
+) -> list[str]:
+    """One table per target: a column per system, then sqlbroker's ratios."""
+    columns = []
+    for r in results:
+        if r["target"] == target and r["system"] not in columns:
+            columns.append(r["system"])
+    if not columns:
+        return []
+    by_key = {(r["system"], r["workload"]): r for r in results if r["target"] == target}
+    ratio_of = {
+        (q["workload"], q["metric"], q["versus"]): q for q in ratios if q["target"] == target
+    }
+    kinds = [v for v in ("floor", "best peer", "baseline") if any(k[2] == v for k in ratio_of)]
+    header = ["workload", "metric", *columns, *(f"sqlbroker ÷ {v}" for v in kinds)]
+    lines = [f"### {target}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, info in WORKLOADS.items():
+        if not any(key[1] == name for key in by_key):
+            continue
+        for metric in info.metrics:
+            label = f"{metric} {info.unit}" if len(info.metrics) > 1 else info.unit
+            row = [f"`{name}`", label]
+            row += [_cell(by_key.get((system, name)), metric, info.unit) for system in columns]
+            for versus in kinds:
+                found = ratio_of.get((name, metric, versus))
+                if found is None:
+                    row.append("—")
+                elif versus == "floor":
+                    row.append(f"{found['ratio']:.2f}×")
+                else:
+                    other = found["reference"].replace(":", " `") + "`"
+                    row.append(f"{found['ratio']:.2f}× ({other})")
+            lines.append("| " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     machine = report["machine"]
     results = report["results"]
-    columns: list[tuple[str, str]] = []
-    for r in results:
-        if (r["system"], r["target"]) not in columns:
-            columns.append((r["system"], r["target"]))
-    by_key = {(r["system"], r["target"], r["workload"]): r for r in results}
-    ratio_of = {(q["target"], q["workload"], q["metric"]): q for q in report["ratios"]}
-    ratio_targets = sorted({q["target"] for q in report["ratios"]})
 
     lines = [
         f"# sqlbroker benchmark — {report['mode']} run",
@@ -154,8 +259,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
         + f" · fsync probe {machine['fsync_probe_ms']} ms · payload {machine['payload_bytes']} B",
         "",
-        "Durable settings everywhere: PostgreSQL `fsync`, `synchronous_commit` and "
-        "`full_page_writes` on; SQLite WAL with `synchronous` FULL (and NORMAL for comparison). "
+        "Peers (from the package index, in their own environment `bench/.peers-venv`): "
+        + (
+            ", ".join(f"{name} {version}" for name, version in machine.get("peers", {}).items())
+            or "not run"
+        ),
+        "",
+        "Durable settings: PostgreSQL `fsync`, `synchronous_commit` and `full_page_writes` on "
+        "(`postgresql-async`, in full runs: `synchronous_commit` off for every contender); "
+        "SQLite WAL with `synchronous` FULL (and NORMAL in full runs, huey alike). "
         f"Each cell: **median** (min–max) of {report['sizes']['repeats']} runs, "
         "each on a fresh database. 2 shared cores: treat differences under ~15 % as noise.",
         "",
@@ -170,35 +282,29 @@ def render_markdown(report: dict[str, Any]) -> str:
             "measured again.",
             "",
         ]
-    header = ["workload", "metric"] + [f"{system} {target}" for system, target in columns]
-    header += [f"sqlbroker ÷ floor ({target})" for target in ratio_targets]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, info in WORKLOADS.items():
-        if not any(key[2] == name for key in by_key):
-            continue
-        for metric in info.metrics:
-            label = f"{metric} {info.unit}" if len(info.metrics) > 1 else info.unit
-            row = [f"`{name}`", label]
-            row += [
-                _cell(by_key.get((system, target, name)), metric, info.unit)
-                for system, target in columns
-            ]
-            for target in ratio_targets:
-                found = ratio_of.get((target, name, metric))
-                row.append(f"{found['ratio']:.2f}×" if found else "—")
-            lines.append("| " + " | ".join(row) + " |")
+    checks = target_checks(report)
+    if checks:
+        lines += ["## Issue 6 targets in this run", "", *checks, ""]
+    lines += ["## Results", ""]
+    for target in report["targets"]:
+        lines += _target_table(target, results, report["ratios"])
     lines += [
         "",
-        "Throughput ratios below 1 mean sqlbroker is slower than the raw-SQL floor; latency "
-        "ratios above 1 mean it is slower. `drain.runtime` is compared with the floor's "
-        "4-thread claim-10 loop.",
+        "Ratios divide sqlbroker's median by the other's: for throughput below 1 means "
+        "sqlbroker is slower, for latency above 1 means it is slower. *÷ best peer* takes the "
+        "best peer in the same target (named); *÷ baseline* divides by sqlbroker's own "
+        "workload without the feature (what the feature costs). `drain.runtime` is compared "
+        "with the 4-consumer claim-10 loop of the floor and the peers' claim-10 drains (their "
+        "workers, for pgqueuer, procrastinate and huey).",
         "",
         "## Workloads",
         "",
     ]
     sizes = report["sizes"]
+    present = {r["workload"] for r in results}
     for name, info in WORKLOADS.items():
-        lines.append(f"- `{name}` ({info.unit}): {info.summary}.")
+        if name in present:
+            lines.append(f"- `{name}` ({info.unit or 'see metrics'}): {info.summary}.")
     lines += [
         "",
         f"Sizes: publish.single {sizes['publish_single']:,} messages, publish.batch "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -17,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import peers
 import results
 import systems
 from harness import DEFAULT, QUICK, Case, PostgresTarget, SqliteTarget, Target
-from workloads import WORKLOADS
+from workloads import WORKLOADS, enabled
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,9 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--workload",
         action="append",
         choices=sorted(WORKLOADS),
-        help="only these workloads (repeatable; default all)",
+        help="only these workloads, even those the sizes leave out (repeatable; default: all"
+        " the sizes include)",
     )
     parser.add_argument("--repeats", type=int, help="override the number of repetitions (≥ 1)")
+    parser.add_argument(
+        "--soak-seconds", type=float, help="override the soak's length (0: no soak)"
+    )
     parser.add_argument(
         "--max-noise",
         type=float,
@@ -72,33 +79,48 @@ def log(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like an error, so that the PostgreSQL server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = QUICK if args.quick else DEFAULT
     if args.repeats is not None:
         if args.repeats < 1:
             raise SystemExit("--repeats must be at least 1")
         sizes = replace(sizes, repeats=args.repeats)
+    if args.soak_seconds is not None:
+        sizes = replace(sizes, soak_seconds=args.soak_seconds)
     harness.wait_for_quiet(args.wait_quiet, log)
     started = time.perf_counter()
     server: Any = None
     targets: list[Target] = []
     try:
         if args.backend in ("sqlite", "all"):
-            targets += [SqliteTarget("full"), SqliteTarget("normal")]
+            targets += [SqliteTarget(mode) for mode in sizes.sqlite_modes]
         if args.backend in ("postgresql", "all"):
             log("starting a durable PostgreSQL server …")
             server = harness.start_postgres()
-            targets.append(PostgresTarget(server))
+            targets += [PostgresTarget(server, mode) for mode in sizes.pg_commit_modes]
         chosen = args.system or list(systems.SYSTEMS)
+        peer_versions: dict[str, str] = {}
+        if any(name in systems.PEERS for name in chosen):
+            try:
+                peer_versions = peers.ensure_venv(log)
+            except (OSError, subprocess.CalledProcessError) as error:
+                # No package index (offline): measure what can be measured, and say so.
+                log(f"cannot install the peers ({error}): running without them")
+                peer_versions = {"not installed": str(error)}
+                chosen = [name for name in chosen if name not in systems.PEERS]
         cases = [
-            Case(name, target, workload, run)
+            Case(name, target, workload, run, WORKLOADS[workload].repeats)
             for target in targets
             for name in chosen
             if target.backend in (module := systems.load(name)).BACKENDS
             for workload, run in module.WORKLOADS.items()
-            if args.workload is None or workload in args.workload
+            if (workload in args.workload if args.workload else enabled(workload, sizes))
+            and getattr(module, "runs_on", lambda *_: True)(workload, target.name)
         ]
         log(f"{len(cases)} cases × {sizes.repeats} repeats ({sizes.mode} sizes)")
         machine = harness.machine_info()
+        machine["peers"] = peer_versions
         described = {target.name: target.describe() for target in targets}
         outcome = harness.run_cases(cases, sizes=sizes, log=log, max_noise=args.max_noise)
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 from harness import QUEUE, BenchError, Consumer, Database, Sample, Sizes, emit, payload, percentile
+from workloads import BACKLOGS
 
 from systems.sqlbroker_system import IDLE_SETTLE, call_timings, latency_sample, publish_paced
 
@@ -214,6 +215,38 @@ def drain_claim(batch: int) -> Callable[[Database, Sizes], Sample]:
     return drain
 
 
+# --- scale (W4) ------------------------------------------------------------------------------
+
+
+def claim_backlog(count: int) -> Callable[[Database, Sizes], Sample]:
+    """The time of one claim of 10 with ``count`` rows waiting (acked before the next)."""
+
+    def run(database: Database, sizes: Sizes) -> Sample:
+        prepublish(database, count)
+        claim_s: list[float] = []
+        seen: set[int] = set()
+        with connect(database) as conn:
+            for round_ in range(sizes.warmup + sizes.claim_samples):
+                started = time.perf_counter()
+                rows = conn.execute(CLAIM, {"queue": QUEUE, "limit": 10}).fetchall()
+                for _, body in rows:
+                    json.loads(body)
+                if round_ >= sizes.warmup:
+                    claim_s.append(time.perf_counter() - started)
+                if len(rows) != 10:
+                    raise BenchError(f"floor: claimed {len(rows)} of 10 with a backlog")
+                conn.execute(ACK, {"ids": [row[0] for row in rows]})
+                seen.update(row[0] for row in rows)
+        if len(seen) != 10 * (sizes.warmup + sizes.claim_samples):
+            raise BenchError("floor: a row was claimed twice")
+        return Sample(
+            {"p50": percentile(claim_s, 0.5) * 1000, "p99": percentile(claim_s, 0.99) * 1000},
+            {"backlog": count, "claims": len(claim_s)},
+        )
+
+    return run
+
+
 # --- latency ---------------------------------------------------------------------------------
 
 
@@ -235,12 +268,18 @@ def latency(database: Database, sizes: Sizes) -> Sample:
     return latency_sample(done["arrivals"], paced)
 
 
+def runs_on(workload: str, target: str) -> bool:
+    """The backlog claims (W4) run on the durable target only, as sqlbroker's do."""
+    return target == "postgresql" or not workload.startswith("claim.backlog.")
+
+
 WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.single": publish_single,
     "publish.batch": publish_batch,
     "drain.claim10": drain_claim(10),
     "drain.claim100": drain_claim(100),
     "latency": latency,
+    **{f"claim.backlog.{label}": claim_backlog(n) for n, label in BACKLOGS.items()},
 }
 
 

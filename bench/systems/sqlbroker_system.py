@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from harness import (
     percentile,
     publish_paced,
 )
+from workloads import BACKLOGS, PROCESSES
 
 from sqlbroker import Broker, Message
 
@@ -91,12 +93,19 @@ def _analyze(database: Database) -> None:
         _query(database, "ANALYZE sqlbroker_message", ())
 
 
-def prepublish(database: Database, count: int) -> list[str]:
+def prepublish(database: Database, count: int, keys: int = 0) -> list[str]:
+    """Publish ``count`` messages in batches; with ``keys``, message ``i`` gets the ordering
+    key ``k{i % keys}`` (published key by key, each key's messages in ``i`` order)."""
     with open_broker(database) as broker:
         ids: list[str] = []
-        for start in range(0, count, PREPUBLISH_BATCH):
-            size = min(PREPUBLISH_BATCH, count - start)
-            ids += broker.send_many(QUEUE, [payload(start + i) for i in range(size)])
+        if keys:
+            for k in range(keys):
+                seqs = range(k, count, keys)
+                ids += broker.send_many(QUEUE, [payload(i) for i in seqs], key=f"k{k}")
+        else:
+            for start in range(0, count, PREPUBLISH_BATCH):
+                size = min(PREPUBLISH_BATCH, count - start)
+                ids += broker.send_many(QUEUE, [payload(start + i) for i in range(size)])
     _analyze(database)
     return ids
 
@@ -189,9 +198,9 @@ def _call_summary(calls: dict[str, dict[str, float]]) -> dict[str, Any]:
     return summary
 
 
-def drain_claim(batch: int) -> Callable[[Database, Sizes], Sample]:
+def drain_claim(batch: int, *, keyed: bool = False) -> Callable[[Database, Sizes], Sample]:
     def drain(database: Database, sizes: Sizes) -> Sample:
-        published = prepublish(database, sizes.drain)
+        published = prepublish(database, sizes.drain, sizes.keys if keyed else 0)
         consumed: list[str] = []
         errors: list[BaseException] = []
         timings: dict[str, list[float]] = {"claim": [], "complete": []}
@@ -241,11 +250,171 @@ def drain_claim(batch: int) -> Callable[[Database, Sizes], Sample]:
                 "seconds": round(elapsed, 3),
                 "threads": sizes.drain_threads,
                 "claim_limit": batch,
+                "ordering_keys": sizes.keys if keyed else 0,
                 **call_timings(timings),
             },
         )
 
     return drain
+
+
+# --- scale (W4) ------------------------------------------------------------------------------
+
+
+def claim_backlog(count: int) -> Callable[[Database, Sizes], Sample]:
+    """The time of one ``claim(limit=10)`` with ``count`` messages waiting (each claimed
+    batch is completed before the next claim, so the backlog stays put)."""
+
+    def run(database: Database, sizes: Sizes) -> Sample:
+        prepublish(database, count)
+        claim_s: list[float] = []
+        complete_s: list[float] = []
+        seen: set[str] = set()
+        with open_broker(database) as broker:
+            for round_ in range(sizes.warmup + sizes.claim_samples):
+                started = time.perf_counter()
+                deliveries = broker.claim(QUEUE, limit=10)
+                claimed = time.perf_counter()
+                broker.complete(deliveries)
+                if round_ >= sizes.warmup:
+                    claim_s.append(claimed - started)
+                    complete_s.append(time.perf_counter() - claimed)
+                if len(deliveries) != 10:
+                    raise BenchError(f"claimed {len(deliveries)} of 10 with a backlog")
+                seen.update(d.message_id for d in deliveries)
+        if len(seen) != 10 * (sizes.warmup + sizes.claim_samples):
+            raise BenchError("a message was claimed twice")
+        return Sample(
+            {"p50": percentile(claim_s, 0.5) * 1000, "p99": percentile(claim_s, 0.99) * 1000},
+            {"backlog": count, "claims": len(claim_s), **call_timings({"complete": complete_s})},
+        )
+
+    return run
+
+
+def drain_processes(processes: int) -> Callable[[Database, Sizes], Sample]:
+    """``processes`` worker processes (concurrency 4 each) drain the queue together; they
+    connect first and start on one signal, the clock runs until the last one is idle."""
+
+    def run(database: Database, sizes: Sizes) -> Sample:
+        published = prepublish(database, sizes.drain)
+        args = [NAME, "drain", *_backend_args(database), "--gate"]
+        args += ["--concurrency", str(sizes.worker_concurrency), "--expect", str(sizes.drain)]
+        with contextlib.ExitStack() as stack:
+            consumers = [
+                stack.enter_context(Consumer(*args, timeout=600, gate=True))
+                for _ in range(processes)
+            ]
+            for consumer in consumers:
+                consumer.read_event("ready")
+            started = time.time()
+            for consumer in consumers:
+                consumer.go()
+            done = [consumer.finish() for consumer in consumers]
+        handled = sum(d["handled"] for d in done)
+        if handled != sizes.drain:
+            raise BenchError(f"the handlers ran {handled} times for {sizes.drain} messages")
+        verify_drained(database, published)
+        wall = max(d["t_end"] for d in done) - started
+        return Sample(
+            {"rate": sizes.drain / wall},
+            {
+                "messages": sizes.drain,
+                "seconds": round(wall, 3),
+                "processes": processes,
+                "per_process": [d["handled"] for d in done],
+                "rate_to_last_handler": round(
+                    sizes.drain / (max(d["t_last"] for d in done) - started), 1
+                ),
+            },
+        )
+
+    return run
+
+
+# --- soak (W6) -------------------------------------------------------------------------------
+
+SOAK_PROBE_SECONDS = 10.0
+SOAK_WINDOW_SECONDS = 60.0
+
+
+def _rss_mb(pid: int) -> float:
+    with contextlib.suppress(OSError, ValueError):
+        for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _table_probe(database: Database) -> tuple[float, int]:
+    """The hot table's size (kB, indexes and TOAST included) and its dead tuples."""
+    rows = _query(
+        database,
+        "SELECT pg_total_relation_size('sqlbroker_message') / 1024.0, n_dead_tup"
+        " FROM pg_stat_user_tables WHERE relname = 'sqlbroker_message'",
+        (),
+    )
+    return float(rows[0][0]), int(rows[0][1])
+
+
+def soak(database: Database, sizes: Sizes) -> Sample:
+    """A fixed publish rate into a running worker for ``soak_seconds``: nothing may grow
+    without bound (the hot table, its dead tuples, the worker's memory) and the latency
+    must not drift. The archive grows by design (retention trims it)."""
+    count = int(sizes.soak_rate * sizes.soak_seconds)
+    probes: list[dict[str, float]] = []
+    with open_broker(database) as broker:
+        broker.send(QUEUE, {"warmup": True, "t": time.time()})
+        args = [NAME, "latency", *_backend_args(database)]
+        args += ["--concurrency", str(sizes.worker_concurrency), "--expect", str(count)]
+        with Consumer(*args, timeout=sizes.soak_seconds + 120) as consumer:
+            consumer.read_event("ready")
+            stop = threading.Event()
+            began = time.monotonic()
+
+            def probe() -> None:
+                while not stop.wait(SOAK_PROBE_SECONDS):
+                    hot_kb, dead = _table_probe(database)
+                    probes.append(
+                        {
+                            "s": round(time.monotonic() - began, 1),
+                            "rss_mb": round(_rss_mb(consumer.process.pid), 1),
+                            "hot_kb": round(hot_kb, 1),
+                            "dead_tuples": dead,
+                        }
+                    )
+
+            prober = threading.Thread(target=probe, daemon=True)
+            prober.start()
+            paced = publish_paced(
+                lambda i: broker.send(QUEUE, payload(i)),
+                rate=sizes.soak_rate,
+                seconds=sizes.soak_seconds,
+            )
+            done = consumer.finish()
+            stop.set()
+            prober.join()
+    arrivals = done["arrivals"]
+    latency_sample(arrivals, paced)  # the same checks: all arrived, none twice
+    start = min(sent for _, sent, _ in arrivals)
+    end = max(sent for _, sent, _ in arrivals)
+    first = [(a - s) * 1000 for _, s, a in arrivals if s - start < SOAK_WINDOW_SECONDS]
+    last = [(a - s) * 1000 for _, s, a in arrivals if end - s < SOAK_WINDOW_SECONDS]
+    early = [p for p in probes if p["s"] >= SOAK_WINDOW_SECONDS] or probes
+    if not early:
+        raise BenchError("the soak is too short to probe")
+    return Sample(
+        {
+            "p99_first_ms": percentile(first, 0.99),
+            "p99_last_ms": percentile(last, 0.99),
+            "rss_first_mb": early[0]["rss_mb"],
+            "rss_last_mb": probes[-1]["rss_mb"],
+            "hot_first_kb": early[0]["hot_kb"],
+            "hot_last_kb": probes[-1]["hot_kb"],
+            "dead_tuples_max": max(p["dead_tuples"] for p in probes),
+        },
+        {**paced.details, "seconds": sizes.soak_seconds, "probes": probes},
+    )
 
 
 # --- latency ---------------------------------------------------------------------------------
@@ -275,8 +444,20 @@ WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "drain.runtime": drain_runtime,
     "drain.claim10": drain_claim(10),
     "drain.claim100": drain_claim(100),
+    "drain.keyed10": drain_claim(10, keyed=True),
+    "drain.keyed100": drain_claim(100, keyed=True),
     "latency": latency,
+    **{f"claim.backlog.{label}": claim_backlog(n) for n, label in BACKLOGS.items()},
+    **{f"drain.processes.{n}": drain_processes(n) for n in PROCESSES},
+    "soak": soak,
 }
+POSTGRESQL_ONLY = ("claim.backlog.", "drain.processes.", "soak")
+"""W4 and W6 run on the durable PostgreSQL target (the production setting) only: on a
+2-core box each takes minutes."""
+
+
+def runs_on(workload: str, target: str) -> bool:
+    return target == "postgresql" or not workload.startswith(POSTGRESQL_ONLY)
 
 
 # --- the consumer process --------------------------------------------------------------------
@@ -319,6 +500,10 @@ def consume(args: argparse.Namespace) -> None:
             handled.append(message.delivery_id)
             marks["last"] = time.time()
 
+        if args.gate:
+            broker.stats()  # connect and check the schema before the start signal
+            emit("ready")
+            sys.stdin.readline()
         marks["start"] = time.time()
         broker.run_until_idle(timeout=args.timeout)
         marks["end"] = time.time()

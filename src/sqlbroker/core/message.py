@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 import traceback as traceback_module
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum, StrEnum
@@ -55,7 +54,8 @@ def new_message_id() -> str:
     value |= (rand >> 68) << 64 & (0xFFF << 64)
     value |= 0b10 << 62
     value |= rand & ((1 << 62) - 1)
-    return str(uuid.UUID(int=value))
+    digits = f"{value:032x}"  # what str(uuid.UUID(int=value)) gives, without the object
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,30 +145,75 @@ def build_batch(
             "messages",
             f"a batch holds at most {validate.MAX_BATCH} messages, not {len(materialized)}",
         )
+    if topic is not None:
+        return _build_queue_batch(materialized, defaults=defaults, topic=topic, options=options)
     messages: list[NewMessage] = []
     for index, item in enumerate(materialized):
         prefix = f"messages[{index}]."
-        if topic is not None:
-            message = build_message(
-                topic, item, defaults=defaults, field_prefix=prefix, **dict(options or {})
+        if not isinstance(item, Mapping):
+            raise InvalidOption(
+                f"messages[{index}]", "must be a mapping with 'topic' and 'payload'"
             )
-        else:
-            if not isinstance(item, Mapping):
-                raise InvalidOption(
-                    f"messages[{index}]", "must be a mapping with 'topic' and 'payload'"
-                )
-            unknown = set(item) - PUBLISH_OPTIONS - {"topic", "payload"}
-            if unknown:
-                raise InvalidOption(
-                    f"messages[{index}]", f"unknown fields: {', '.join(sorted(map(str, unknown)))}"
-                )
-            if "topic" not in item or "payload" not in item:
-                raise InvalidOption(f"messages[{index}]", "needs both 'topic' and 'payload'")
-            fields = {k: v for k, v in item.items() if k not in ("topic", "payload")}
-            message = build_message(
-                item["topic"], item["payload"], defaults=defaults, field_prefix=prefix, **fields
+        unknown = set(item) - PUBLISH_OPTIONS - {"topic", "payload"}
+        if unknown:
+            raise InvalidOption(
+                f"messages[{index}]", f"unknown fields: {', '.join(sorted(map(str, unknown)))}"
             )
+        if "topic" not in item or "payload" not in item:
+            raise InvalidOption(f"messages[{index}]", "needs both 'topic' and 'payload'")
+        fields = {k: v for k, v in item.items() if k not in ("topic", "payload")}
+        message = build_message(
+            item["topic"], item["payload"], defaults=defaults, field_prefix=prefix, **fields
+        )
         messages.append(message)
+    return messages
+
+
+def _build_queue_batch(
+    payloads: list[Any],
+    *,
+    defaults: PublishDefaults,
+    topic: str,
+    options: Mapping[str, Any] | None,
+) -> list[NewMessage]:
+    """Bare payloads sharing one set of options: the options are validated once, with the
+    first message; every further message only encodes its payload (and gets its own id and,
+    with an idempotency key, its own payload hash). Errors name the same fields as
+    :func:`build_message` would."""
+    shared = dict(options or {})
+    first = build_message(
+        topic, payloads[0], defaults=defaults, field_prefix="messages[0].", **shared
+    )
+    messages = [first]
+    content_type = shared.get("content_type")
+    limit = defaults.payload_limit
+    keyed = first.idempotency_key is not None
+    for index in range(1, len(payloads)):
+        data, kind = encode_payload(
+            payloads[index],
+            content_type=content_type,
+            limit=limit,
+            field=f"messages[{index}].payload",
+        )
+        messages.append(
+            NewMessage(
+                message_id=new_message_id(),
+                topic=first.topic,
+                payload=data,
+                content_type=kind,
+                headers=first.headers,
+                priority=first.priority,
+                ordering_key=first.ordering_key,
+                idempotency_key=first.idempotency_key,
+                payload_hash=payload_hash(data, kind) if keyed else None,
+                delay=first.delay,
+                available_at=first.available_at,
+                ttl=first.ttl,
+                expires_at=first.expires_at,
+                max_attempts=first.max_attempts,
+                dedupe_window=first.dedupe_window,
+            )
+        )
     return messages
 
 

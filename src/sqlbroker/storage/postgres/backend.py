@@ -288,15 +288,17 @@ class PostgresBackend(
         fresh = [m for m in messages if m.message_id not in originals]
         unrouted = 0
         if fresh:
+            # A queue publish without ordering keys needs no routing (message_insert_queue).
+            variant = "_queue" if subscription is not None and not ordering_keys else ""
             params = self._insert_params(fresh, subscription, now)
             if len(fresh) == 1:
-                statement = self._sql["message_insert_one"]
+                statement = self._sql[f"message_insert{variant}_one"]
                 params = {
                     name: value[0] if isinstance(value, list) else value
                     for name, value in params.items()
                 }
             else:
-                statement = self._sql["message_insert"]
+                statement = self._sql[f"message_insert{variant}"]
             rows = yield statement, params
             unrouted = int(rows[0][0]) if rows else 0
         return InsertResult(

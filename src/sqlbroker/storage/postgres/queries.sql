@@ -203,6 +203,73 @@ SELECT (SELECT count(*) FROM unrouted) AS unrouted,
             FROM (SELECT DISTINCT subscription FROM ins WHERE state = 'available') s
        ) n) AS notified
 
+-- name: message_insert_queue
+-- message_insert for a queue publish without ordering keys (the common case): every copy
+-- goes to %(subscription)s, none is blocked or unrouted, so the routing join, the window
+-- over keys and the unrouted anti-join of message_insert_routing are left out.
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT b.*, t.now,
+           coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
+           coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
+    FROM t, unnest(%(message_id)s::uuid[], %(topic)s::text[], %(priority)s::smallint[],
+                   %(idempotency_key)s::text[], %(payload)s::bytea[], %(content_type)s::text[],
+                   %(headers)s::text[], %(max_attempts)s::integer[], %(at)s::timestamptz[],
+                   %(delay)s::float8[], %(expires)s::timestamptz[], %(ttl)s::float8[])
+        WITH ORDINALITY AS b(message_id, topic, priority, idempotency_key, payload,
+                             content_type, headers, max_attempts, at, delay, expires, ttl, seq)
+),
+-- include: message_insert_direct
+
+-- name: message_insert_queue_one
+-- message_insert_queue for one message, with scalar parameters (a cached generic plan).
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT %(message_id)s::uuid AS message_id, %(topic)s::text AS topic,
+           %(priority)s::smallint AS priority, %(idempotency_key)s::text AS idempotency_key,
+           %(payload)s::bytea AS payload, %(content_type)s::text AS content_type,
+           %(headers)s::text AS headers, %(max_attempts)s::integer AS max_attempts,
+           1::bigint AS seq, t.now,
+           coalesce(%(at)s::timestamptz,
+                    t.now + make_interval(secs => coalesce(%(delay)s::float8, 0))) AS ready_at,
+           coalesce(%(expires)s::timestamptz,
+                    t.now + make_interval(secs => %(ttl)s::float8)) AS expire_at
+    FROM t
+),
+-- include: message_insert_direct
+
+-- name: message_insert_direct
+-- (A fragment, included above.) The queue is created on first use, as in
+-- message_insert_routing; its workers are notified (at commit) when a copy is claimable.
+queue AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    SELECT %(subscription)s::text, t.now FROM t
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+queue_pattern AS (
+    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, %(queue_regex)s FROM queue
+),
+ins AS (
+    INSERT INTO {schema}sqlbroker_message (
+        message_id, subscription, topic, state, priority, idempotency_key, payload,
+        content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+    )
+    SELECT b.message_id, %(subscription)s::text, b.topic,
+           CASE WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
+           b.priority, b.idempotency_key, b.payload, b.content_type, b.headers,
+           b.max_attempts, b.now, b.ready_at, b.expire_at
+    FROM b
+    ORDER BY b.seq
+    RETURNING state
+)
+SELECT 0 AS unrouted,
+       (SELECT count(*) FROM (
+            SELECT pg_notify(%(channel)s, %(subscription)s::text)
+            WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'available')
+       ) n) AS notified
+
 -- name: message_promote_scheduled
 UPDATE {schema}sqlbroker_message m SET state = 'available'
 FROM (
