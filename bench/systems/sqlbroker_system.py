@@ -362,12 +362,13 @@ def soak(database: Database, sizes: Sizes) -> Sample:
     without bound (the hot table, its dead tuples, the worker's memory) and the latency
     must not drift. The archive grows by design (retention trims it)."""
     count = int(sizes.soak_rate * sizes.soak_seconds)
+    limit = sizes.soak_seconds * 1.5 + 60  # the consumer's own deadline (its default: 600 s)
     probes: list[dict[str, float]] = []
     with open_broker(database) as broker:
         broker.send(QUEUE, {"warmup": True, "t": time.time()})
-        args = [NAME, "latency", *_backend_args(database)]
+        args = [NAME, "latency", *_backend_args(database), "--timeout", str(limit)]
         args += ["--concurrency", str(sizes.worker_concurrency), "--expect", str(count)]
-        with Consumer(*args, timeout=sizes.soak_seconds + 120) as consumer:
+        with Consumer(*args, timeout=limit + 30) as consumer:
             consumer.read_event("ready")
             stop = threading.Event()
             began = time.monotonic()
