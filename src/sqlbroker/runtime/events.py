@@ -37,6 +37,10 @@ class WorkerObserver:
     def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
         """These outcomes were committed by the write-back (lost leases are not included)."""
 
+    def outcomes_lost(self, outcomes: Sequence[Outcome]) -> None:
+        """These outcomes were refused because their leases had been lost (expired and
+        perhaps claimed by another consumer): nothing of them was written."""
+
 
 class Observers(WorkerObserver):
     """Fans each event out to several observers, isolating their failures."""
@@ -75,3 +79,10 @@ class Observers(WorkerObserver):
                 observer.outcomes_written(outcomes)
             except Exception:
                 log.exception("observer %r failed on outcomes_written", observer)
+
+    def outcomes_lost(self, outcomes: Sequence[Outcome]) -> None:
+        for observer in self._observers:
+            try:
+                observer.outcomes_lost(outcomes)
+            except Exception:
+                log.exception("observer %r failed on outcomes_lost", observer)

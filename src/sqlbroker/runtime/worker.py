@@ -329,6 +329,8 @@ class Worker:
             self._observers.outcomes_written(report.done)
         for outcome in report.done:
             self._pumps[outcome.delivery.subscription].flushed(outcome, lost=False)
+        if report.lost:
+            self._observers.outcomes_lost(report.lost)
         for outcome in report.lost:
             self._pumps[outcome.delivery.subscription].flushed(outcome, lost=True)
 

@@ -1,0 +1,277 @@
+"""The checker: sorts a scenario's messages from the histories and the database's final state.
+
+The database is read with plain SQL through the drivers (not through sqlbroker's API), so the
+verdict does not depend on the code under test. A scenario is clean when:
+
+- **lost** = 0: every message whose publish returned ``ok`` ended, in every subscription
+  expected to get it, completed, dead-lettered, expired or cancelled;
+- **unexpected** = 0: nothing exists (in the database or delivered) that no producer tried
+  to publish, or whose every publish definitely failed;
+- **foreign errors** = 0: no caller saw an exception that is not a sqlbroker error;
+- every **duplicate** delivery (a message handled more than once) is explained: the earlier
+  attempt's worker was killed or paused, its handler failed (an explicit retry or a
+  timeout), its outcome was refused because the lease was lost, or the server was
+  restarted or its connection terminated while it ran. Unexplained ones are reported;
+- **double completions** = 0: no delivery's ``complete`` committed twice, and no tag has
+  two messages in one subscription (idempotent publish);
+- **overlaps** = 0: no attempt committed its outcome after another attempt of the same
+  copy had started (two valid leases at once);
+- **order**: per ordering key, completions follow publish order.
+
+**Recovered** counts messages whose publish was ambiguous but which exist: not a fault.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from reliability.history import Event
+
+TERMINAL = {"completed", "dead", "expired", "cancelled"}
+
+FINAL_SQL = (
+    "SELECT message_id, subscription, outcome, payload, content_type FROM sqlbroker_archive"
+    " UNION ALL SELECT message_id, subscription, 'dead', payload, content_type"
+    " FROM sqlbroker_dead"
+    " UNION ALL SELECT message_id, subscription, 'pending:' || state, payload, content_type"
+    " FROM sqlbroker_message"
+)
+
+
+@dataclass(frozen=True)
+class FinalRow:
+    message_id: str
+    subscription: str | None
+    state: str
+    tag: str | None
+
+
+def final_rows(url: str) -> list[FinalRow]:
+    """Every copy the database holds, in whichever table it ended."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1].split("?", 1)[0]
+        conn = sqlite3.connect(path)
+        try:
+            rows = conn.execute(FINAL_SQL).fetchall()
+        finally:
+            conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url) as pg:
+            rows = pg.execute(FINAL_SQL).fetchall()
+    result = []
+    for message_id, subscription, state, payload, content_type in rows:
+        tag = None
+        if content_type == "application/json":
+            value = json.loads(bytes(payload))
+            tag = value.get("tag") if isinstance(value, dict) else None
+        result.append(FinalRow(str(message_id), subscription, state, tag))
+    return result
+
+
+@dataclass
+class Verdict:
+    published: int = 0
+    completed: int = 0
+    lost: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    foreign_errors: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    duplicates: Counter[str] = field(default_factory=Counter)
+    unexplained: list[str] = field(default_factory=list)
+    double_completions: list[str] = field(default_factory=list)
+    overlaps: list[str] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    torn_lines: int = 0
+
+    @property
+    def clean(self) -> bool:
+        return not (
+            self.lost
+            or self.unexpected
+            or self.foreign_errors
+            or self.unexplained
+            or self.double_completions
+            or self.overlaps
+            or self.order
+        )
+
+    def summary(self) -> str:
+        def some(items: list[str]) -> str:
+            return f"{len(items)} {items[:5]}" if items else "0"
+
+        return (
+            f"published={self.published} completed={self.completed}"
+            f" lost={some(self.lost)} unexpected={some(self.unexpected)}"
+            f" foreign_errors={some(self.foreign_errors)} recovered={len(self.recovered)}"
+            f" duplicates={dict(self.duplicates)} unexplained={some(self.unexplained)}"
+            f" double_completions={some(self.double_completions)}"
+            f" overlaps={some(self.overlaps)} order={some(self.order)}"
+            f" torn_lines={self.torn_lines}"
+        )
+
+    def assert_clean(self) -> None:
+        assert self.clean, self.summary()
+
+
+def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]], list[float]]:
+    by_pid: dict[int, list[tuple[str, float]]] = defaultdict(list)
+    server: list[float] = []
+    for event in events:
+        if event["op"] != "fault":
+            continue
+        if event["target"] == "server":
+            server.append(event["mono"])
+        else:
+            by_pid[int(event["target"])].append((event["kind"], event["mono"]))
+    return by_pid, server
+
+
+def check(
+    events: list[Event],
+    rows: list[FinalRow],
+    *,
+    subscriptions: Collection[str],
+    allow_lease_expiry: bool = False,
+) -> Verdict:
+    """Judge one scenario. ``subscriptions`` are those every published message must reach.
+    ``allow_lease_expiry`` accepts a redelivery whose only cause is an expired lease (a
+    scenario where handlers hang past their lease on purpose)."""
+    verdict = Verdict(torn_lines=sum(1 for event in events if event["op"] == "torn"))
+    attempts: dict[str, list[Event]] = defaultdict(list)
+    for event in events:
+        if event["op"] == "publish":
+            attempts[event["tag"]].append(event)
+            if event["status"] == "foreign":
+                verdict.foreign_errors.append(f"{event['tag']}: {event.get('error')}")
+
+    rows_by_tag: dict[str | None, list[FinalRow]] = defaultdict(list)
+    for row in rows:
+        rows_by_tag[row.tag].append(row)
+
+    # Lost, unexpected, recovered, duplicate publishes.
+    for tag, tried in attempts.items():
+        statuses = {event["status"] for event in tried}
+        held = [row for row in rows_by_tag.get(tag, []) if row.subscription in subscriptions]
+        if "ok" in statuses:
+            verdict.published += 1
+            for subscription in subscriptions:
+                ended = [row for row in held if row.subscription == subscription]
+                if not any(row.state in TERMINAL for row in ended):
+                    states = sorted(row.state for row in ended) or ["missing"]
+                    verdict.lost.append(f"{tag}@{subscription}: {'/'.join(states)}")
+        elif held and statuses <= {"failed"}:
+            verdict.unexpected.append(f"{tag}: exists though every publish failed")
+        elif held:
+            verdict.recovered.append(tag)
+        per_subscription = Counter(row.subscription for row in held)
+        for subscription, count in per_subscription.items():
+            if count > 1:
+                verdict.double_completions.append(f"{tag}@{subscription}: {count} messages")
+    for tag, held in rows_by_tag.items():
+        if tag not in attempts:
+            verdict.unexpected.extend(f"{tag}: {row.message_id} never published" for row in held)
+    verdict.completed = sum(1 for row in rows if row.state == "completed")
+
+    # Deliveries, per copy (message id and subscription).
+    kills, server_faults = _faults(events)
+    copies: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    for event in events:
+        if event["op"] in {"deliver", "handled", "settled", "settle_lost"}:
+            copies[(event["id"], event["sub"])].append(event)
+    for (message_id, subscription), trail in copies.items():
+        deliveries = [event for event in trail if event["op"] == "deliver"]
+        tag = deliveries[0]["tag"] if deliveries else None
+        if tag is not None and tag not in attempts:
+            verdict.unexpected.append(f"{tag}: delivered but never published")
+        completes = [e for e in trail if e["op"] == "settled" and e["kind"] == "complete"]
+        if len({event["delivery"] for event in completes}) > 1 or len(completes) > 1:
+            verdict.double_completions.append(f"{message_id}@{subscription}: completed twice")
+        by_attempt: dict[int, list[Event]] = defaultdict(list)
+        for event in trail:
+            by_attempt[event["attempt"]].append(event)
+        starts = sorted(deliveries, key=lambda event: event["mono"])
+        for index, start in enumerate(starts):
+            mine = by_attempt[start["attempt"]]
+            handled = next((e for e in mine if e["op"] == "handled"), None)
+            settled = next((e for e in mine if e["op"] == "settled"), None)
+            later = starts[index + 1 :]
+            if settled is not None and handled is not None:
+                for other in later:
+                    if other["mono"] < handled["mono"]:
+                        verdict.overlaps.append(
+                            f"{message_id}@{subscription}: attempt {other['attempt']} started"
+                            f" while attempt {start['attempt']} ran, which then settled"
+                        )
+            if not later:
+                continue
+            reason = _explain(start, mine, later[0], kills, server_faults, allow_lease_expiry)
+            if reason is None:
+                verdict.unexplained.append(
+                    f"{message_id}@{subscription}: attempt {start['attempt']} (pid"
+                    f" {start['pid']}) redelivered as attempt {later[0]['attempt']}"
+                )
+            else:
+                verdict.duplicates[reason] += 1
+
+    # Per-key order: the completing deliveries of one key follow the keys' publish order.
+    seq_of: dict[str, tuple[str, int]] = {}
+    for tag, tried in attempts.items():
+        for event in tried:
+            if event.get("key") is not None:
+                seq_of[tag] = (event["key"], int(event["seq"]))
+    done: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+    for trail in copies.values():
+        completes = [e for e in trail if e["op"] == "settled" and e["kind"] == "complete"]
+        starts = {e["attempt"]: e for e in trail if e["op"] == "deliver"}
+        for event in completes:
+            start = starts.get(event["attempt"])
+            if start is None or start["tag"] not in seq_of:
+                continue
+            key, seq = seq_of[start["tag"]]
+            done[f"{key}@{event['sub']}"].append((start["mono"], seq, start["tag"]))
+    for key, finished in done.items():
+        finished.sort()
+        seqs = [seq for _, seq, _ in finished]
+        if seqs != sorted(seqs):
+            verdict.order.append(f"{key}: completed in order {seqs}")
+    return verdict
+
+
+def _explain(
+    start: Event,
+    mine: list[Event],
+    following: Event,
+    kills: dict[int, list[tuple[str, float]]],
+    server_faults: list[float],
+    allow_lease_expiry: bool,
+) -> str | None:
+    """Why the copy was delivered again after ``start``; ``None`` when nothing explains it."""
+    window = (start["mono"], following["mono"])
+    for kind, moment in kills.get(int(start["pid"]), []):
+        if window[0] <= moment <= window[1]:
+            return {"kill": "worker killed", "stop": "worker paused"}.get(kind, kind)
+    if any(e["op"] == "settled" and e["kind"] == "retry" for e in mine):
+        return "explicit retry"
+    if any(e["op"] == "handled" and e.get("error") for e in mine):
+        return "handler failed"
+    if any(e["op"] == "settle_lost" for e in mine):
+        return "lease lost before the ack"
+    if any(window[0] <= moment <= window[1] for moment in server_faults):
+        return "connection lost"
+    if allow_lease_expiry:
+        return "lease expired"
+    return None
+
+
+def verdict_for(
+    events: list[Event], url: str, *, subscriptions: Collection[str], **options: Any
+) -> Verdict:
+    """``check`` against the database's final state."""
+    return check(events, final_rows(url), subscriptions=subscriptions, **options)

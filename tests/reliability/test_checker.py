@@ -1,0 +1,80 @@
+"""The checker itself: each kind of fault it must catch, planted in a hand-written history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reliability.checker import FinalRow, check
+
+SUB = "jobs"
+
+
+def ev(op: str, mono: float, **fields: Any) -> dict[str, Any]:
+    return {"op": op, "mono": mono, "pid": fields.pop("pid", 10), "proc": "t", **fields}
+
+
+def publish(tag: str, mono: float, status: str = "ok", **fields: Any) -> dict[str, Any]:
+    return ev("publish", mono, tag=tag, status=status, id=f"m-{tag}", ikey=tag, **fields)
+
+
+def delivery(tag: str, attempt: int, mono: float, *, pid: int = 10, end: str = "complete"):
+    common = {"id": f"m-{tag}", "delivery": 1, "attempt": attempt, "sub": SUB, "pid": pid}
+    events = [ev("deliver", mono, tag=tag, key=None, token=f"t{attempt}", **common)]
+    if end in {"complete", "retry"}:
+        events.append(ev("handled", mono + 0.1, error=None if end == "complete" else "E", **common))
+        events.append(ev("settled", mono + 0.2, kind=end, **common))
+    return events
+
+
+def row(tag: str, state: str = "completed") -> FinalRow:
+    return FinalRow(f"m-{tag}", SUB, state, tag)
+
+
+def test_a_clean_history_is_clean() -> None:
+    events = [publish("a", 0), *delivery("a", 1, 1, end="retry"), *delivery("a", 2, 2)]
+    verdict = check(events, [row("a")], subscriptions=[SUB])
+    verdict.assert_clean()
+    assert verdict.duplicates == {"explicit retry": 1}
+
+
+def test_lost_unexpected_and_recovered() -> None:
+    events = [
+        publish("lost", 0),
+        publish("failed", 0, status="failed"),
+        publish("maybe", 0, status="ambiguous"),
+    ]
+    rows = [row("lost", "pending:available"), row("failed"), row("maybe"), row("stranger")]
+    verdict = check(events, rows, subscriptions=[SUB])
+    assert verdict.lost == ["lost@jobs: pending:available"]
+    assert len(verdict.unexpected) == 2
+    assert verdict.recovered == ["maybe"]
+
+
+def test_an_unexplained_redelivery_and_a_kill() -> None:
+    events = [publish("a", 0), *delivery("a", 1, 1, end="none"), *delivery("a", 2, 5)]
+    assert check(events, [row("a")], subscriptions=[SUB]).unexplained
+    killed = [*events, ev("fault", 2, kind="kill", target=10)]
+    verdict = check(killed, [row("a")], subscriptions=[SUB])
+    verdict.assert_clean()
+    assert verdict.duplicates == {"worker killed": 1}
+
+
+def test_two_completions_and_overlapping_leases() -> None:
+    events = [publish("a", 0), *delivery("a", 1, 1), *delivery("a", 2, 1.05, pid=11)]
+    verdict = check(events, [row("a")], subscriptions=[SUB])
+    assert verdict.double_completions
+    assert verdict.overlaps
+
+
+def test_order_per_key() -> None:
+    events = []
+    for seq, (tag, mono) in enumerate([("k0", 3.0), ("k1", 1.0)]):
+        events.append(publish(tag, seq, key="k", seq=seq))
+        events.extend(delivery(tag, 1, mono))
+    verdict = check(events, [row("k0"), row("k1")], subscriptions=[SUB])
+    assert verdict.order == ["k@jobs: completed in order [1, 0]"]
+
+
+def test_a_foreign_exception_is_reported() -> None:
+    events = [publish("a", 0, status="foreign", error="OperationalError: boom")]
+    assert check(events, [], subscriptions=[SUB]).foreign_errors
