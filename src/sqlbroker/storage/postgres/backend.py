@@ -53,6 +53,7 @@ from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.spark import PostgresSpark
+from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -118,6 +119,7 @@ class PostgresBackend(
             sql=self._sql,
         )
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
+        self._promotion = PromotionThrottle()
         self.dead_channel = f"{self.notify_channel}_dead"
 
     def __repr__(self) -> str:
@@ -405,24 +407,30 @@ class PostgresBackend(
         max_attempts: int | None = None,
     ) -> list[Delivery]:
         now = self._now_param()
+        claim = {
+            "subscription": subscription,
+            "now": now,
+            "lease": lease,
+            "limit": limit,
+            "worker": worker,
+            "max_attempts": max_attempts,
+        }
+        promote = self._promotion.due(subscription, None if now is None else now.timestamp())
         with self._db.connection(write=True) as conn:
-            # Both statements travel in one round trip; the promotion commits first, so the
-            # claim sees delayed messages that just became due.
-            with conn.pipeline():
-                conn.execute(
-                    self._sql["message_promote_scheduled"],
-                    {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
-                )
+            if promote:
+                # Both statements travel in one round trip; the promotion commits first, so
+                # the claim sees delayed messages that just became due.
+                with conn.pipeline():
+                    conn.execute(
+                        self._sql["message_promote_scheduled"],
+                        {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
+                    )
+                    cursor = conn.cursor(row_factory=dict_row).execute(
+                        self._sql["message_claim"], claim
+                    )
+            else:
                 cursor = conn.cursor(row_factory=dict_row).execute(
-                    self._sql["message_claim"],
-                    {
-                        "subscription": subscription,
-                        "now": now,
-                        "lease": lease,
-                        "limit": limit,
-                        "worker": worker,
-                        "max_attempts": max_attempts,
-                    },
+                    self._sql["message_claim"], claim
                 )
             rows = cursor.fetchall()
         deliveries = [delivery_of(row) for row in rows]

@@ -43,6 +43,7 @@ from sqlbroker.storage.base import (
     ReapResult,
     RetryRequest,
 )
+from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import (
     delivery_of,
     error_json,
@@ -92,6 +93,7 @@ class SqliteBackend(
         assert url.path is not None
         self._clock = clock
         self._url = url
+        self._promotion = PromotionThrottle()
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
@@ -327,12 +329,15 @@ class SqliteBackend(
         worker: str | None,
         max_attempts: int | None = None,
     ) -> list[Delivery]:
-        now = self._now()
+        injected = self._clock.now()
+        now = time.time() if injected is None else injected.timestamp()
+        promote = self._promotion.due(subscription, None if injected is None else now)
         with self._db.write() as conn:
-            conn.execute(
-                self._sql["message_promote_scheduled"],
-                {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
-            )
+            if promote:
+                conn.execute(
+                    self._sql["message_promote_scheduled"],
+                    {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
+                )
             rows = conn.execute(
                 self._sql["message_claim"],
                 {
