@@ -69,7 +69,10 @@ class Broker(_ProducerBroker):
         - ``concurrency``: handlers running at once in each worker process (plain functions
           run in a thread pool, never on the event loop);
         - ``prefetch``: extra messages claimed ahead of free slots, so that the next batch
-          is at hand when handlers finish (default: the concurrency);
+          is at hand when handlers finish. By default the worker sizes it from the handler's
+          recent run time: as many as finish within about 50 ms on the free slots, at least
+          the concurrency and at most 100, so fast handlers get one claim per batch and slow
+          ones hold no more leases than they can start soon;
         - ``lease``: seconds a claim is held before redelivery (kept alive while running);
         - ``timeout``: a handler running longer is cancelled and counts as failed
           (default 300 s; ``None`` for no limit);

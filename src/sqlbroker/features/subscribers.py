@@ -38,7 +38,8 @@ class SubscriberSpec:
     patterns: tuple[str, ...]
     is_queue: bool
     concurrency: int
-    prefetch: int
+    prefetch: int | None
+    """Extra claims ahead of free slots; ``None`` lets the pump size it (see runtime.pump)."""
     lease: float | None
     timeout: float | None
     retry: RetryPolicy
@@ -102,7 +103,7 @@ def make_spec(
         is_queue=queue is not None,
         concurrency=workers,
         prefetch=(
-            workers
+            None
             if prefetch is None
             else validate.integer(prefetch, "prefetch", minimum=0, maximum=10_000)
         ),

@@ -3,6 +3,9 @@
 Invariants:
 - a claim never asks for more than the free capacity (``concurrency + prefetch`` minus the
   deliveries claimed and not yet settled), so nothing is claimed that cannot start soon;
+  without an explicit ``prefetch`` it is sized so that a claimed message waits about
+  ``PREFETCH_WAIT`` in the buffer at the handlers' recent pace (at least the concurrency,
+  at most ``MAX_AUTO_PREFETCH``): fast handlers fetch a useful batch per round trip;
 - every delivery we hold a lease on is in ``_held`` until its outcome is written back, and
   the lease keeper extends all of them, so a long handler or a slow flush never loses one;
 - claimed-but-unstarted deliveries are released on shutdown without counting the attempt.
@@ -36,6 +39,9 @@ from sqlbroker.storage.base import Backend, Lease
 log = logging.getLogger("sqlbroker.runtime")
 T = TypeVar("T")
 RunBlocking = Callable[..., Awaitable[Any]]
+PREFETCH_WAIT = 0.05
+MAX_AUTO_PREFETCH = 100
+_PACE_WEIGHT = 0.2
 
 
 class HandlerTimeout(Exception):
@@ -77,6 +83,7 @@ class Pump:
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
         self.idle = False
+        self._pace: float | None = None  # recent handler seconds (moving average)
         self.background: set[asyncio.Task[Any]] = set()
 
     @property
@@ -98,7 +105,7 @@ class Pump:
         failures = 0
         limit_per_claim = validate.MAX_CLAIM
         while not stop.is_set():
-            room = self.spec.concurrency + self.spec.prefetch
+            room = self.spec.concurrency + self._prefetch()
             capacity = room - len(self._open)
             # While claimed messages still wait in the buffer the executors have work, so
             # wait until half the room is free: one claim then fetches a useful batch
@@ -134,6 +141,15 @@ class Pump:
             self.idle = not found and not self._open
             pause = self._poll_min if found else min(pause * 2, self._poll_max)
             await wait_any(self._wake, stop, timeout=pause * random.uniform(0.75, 1.0))
+
+    def _prefetch(self) -> int:
+        if self.spec.prefetch is not None:
+            return self.spec.prefetch
+        workers = self.spec.concurrency
+        if self._pace is None:
+            return workers
+        wanted = PREFETCH_WAIT * workers / max(self._pace, 1e-6)
+        return max(workers, min(MAX_AUTO_PREFETCH, int(wanted)))
 
     # --- execute -----------------------------------------------------------------------------
 
@@ -182,9 +198,10 @@ class Pump:
             error = raised
             raise
         finally:
-            self._observer.handler_finished(
-                delivery, seconds=time.monotonic() - started, error=error
-            )
+            seconds = time.monotonic() - started
+            pace = self._pace
+            self._pace = seconds if pace is None else pace + _PACE_WEIGHT * (seconds - pace)
+            self._observer.handler_finished(delivery, seconds=seconds, error=error)
 
     async def _call(self, message: Message) -> None:
         handler = self.spec.handler
