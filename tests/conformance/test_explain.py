@@ -112,3 +112,37 @@ def test_claim_uses_its_partial_index_without_scan_or_sort(
     # And the real claim still returns the most urgent message.
     delivery = claim_one(broker, "big")
     assert (delivery.priority, delivery.payload) == (0, 0)
+
+
+def test_settling_leases_probes_the_primary_key_not_every_running_copy(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """An ack (and a retry, dead-letter, extend or release) finds its copies by id: with
+    thousands of copies running it must not scan the lease index and hash-join them all."""
+    if broker.backend_name == "sqlite":
+        return  # SQLite's statements look the leases up by id from a JSON list.
+    import psycopg
+
+    broker.send_many("busy", range(5_000))
+    with psycopg.connect(backend_url, autocommit=True) as conn:
+        # Statistics taken while nothing ran (as autovacuum often finds a busy queue), then
+        # thousands of copies claimed: the estimate says one copy is running.
+        conn.execute("ANALYZE sqlbroker_message")
+    running = [d for _ in range(4) for d in broker.claim("busy", limit=500)]
+    sql: dict[str, str] = broker.backend._sql  # type: ignore[attr-defined]
+    params = {
+        "ids": [d.id for d in running[:10]],
+        "tokens": [d.lease_token for d in running[:10]],
+        "now": None,
+        "lease": 30.0,
+    }
+    with psycopg.connect(backend_url, autocommit=True) as conn:
+        for name in ("message_complete", "message_extend", "message_release"):
+            row = conn.execute(("EXPLAIN (FORMAT JSON) " + sql[name]).encode(), params).fetchone()
+            assert row is not None
+            nodes = list(_pg_nodes(row[0][0]["Plan"]))
+            scans = [n for n in nodes if n["Node Type"].endswith("Scan")]
+            indexes = {
+                n.get("Index Name") for n in scans if n.get("Relation Name") == "sqlbroker_message"
+            }
+            assert indexes == {"sqlbroker_message_pkey"}, (name, indexes)
