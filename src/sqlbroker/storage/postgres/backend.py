@@ -425,13 +425,9 @@ class PostgresBackend(
                         self._sql["message_promote_scheduled"],
                         {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
                     )
-                    cursor = conn.cursor(row_factory=dict_row).execute(
-                        self._sql["message_claim"], claim
-                    )
+                    cursor = conn.execute(self._sql["message_claim"], claim)
             else:
-                cursor = conn.cursor(row_factory=dict_row).execute(
-                    self._sql["message_claim"], claim
-                )
+                cursor = conn.execute(self._sql["message_claim"], claim)
             rows = cursor.fetchall()
         deliveries = [delivery_of(row) for row in rows]
         deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
