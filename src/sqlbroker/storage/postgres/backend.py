@@ -73,6 +73,12 @@ _MIGRATIONS = "sqlbroker.storage.postgres.migrations"
 _SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
 
 
+def _float_or_none(value: float | None) -> float | None:
+    # Array parameters travel in binary (``%(name)b`` in queries.sql: no quoting and
+    # escaping of every element), and a binary array must not mix int and float.
+    return None if value is None else float(value)
+
+
 def _qualifier(schema: str | None) -> str:
     if schema is None:
         return ""
@@ -327,9 +333,9 @@ class PostgresBackend(
             "headers": [m.headers for m in messages],
             "max_attempts": [m.max_attempts for m in messages],
             "at": [m.available_at for m in messages],
-            "delay": [m.delay for m in messages],
+            "delay": [_float_or_none(m.delay) for m in messages],
             "expires": [m.expires_at for m in messages],
-            "ttl": [m.ttl for m in messages],
+            "ttl": [_float_or_none(m.ttl) for m in messages],
         }
 
     def _dedupe_plan(
@@ -366,7 +372,7 @@ class PostgresBackend(
                         "idempotency_key": [m.idempotency_key for m in unique],
                         "message_id": [m.message_id for m in unique],
                         "payload_hash": [m.payload_hash for m in unique],
-                        "window": [m.dedupe_window for m in unique],
+                        "window": [float(m.dedupe_window) for m in unique],
                     },
                 )
             )
@@ -492,7 +498,7 @@ class PostgresBackend(
             return []
         params = {
             **self._lease_params([r.lease for r in retries]),
-            "afters": [r.after for r in retries],
+            "afters": [float(r.after) for r in retries],
             "errors": [error_json(r.error) for r in retries],
             "snoozes": [r.snooze for r in retries],
             "now": self._now_param(),

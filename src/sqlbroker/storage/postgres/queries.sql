@@ -43,7 +43,7 @@ DELETE FROM {schema}sqlbroker_subscription_pattern WHERE subscription = %(name)s
 -- name: subscription_pattern_insert
 INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
 SELECT %(name)s, p.pattern, p.regex
-FROM unnest(%(patterns)s::text[], %(regexes)s::text[]) AS p(pattern, regex)
+FROM unnest(%(patterns)b::text[], %(regexes)b::text[]) AS p(pattern, regex)
 ON CONFLICT (subscription, pattern) DO NOTHING
 
 -- name: subscription_get
@@ -77,8 +77,8 @@ SELECT name, name, %(regex)s FROM created
 
 -- name: dedupe_reserve
 WITH b AS (
-    SELECT * FROM unnest(%(topic)s::text[], %(idempotency_key)s::text[], %(message_id)s::uuid[],
-                         %(payload_hash)s::text[], %(window)s::float8[])
+    SELECT * FROM unnest(%(topic)b::text[], %(idempotency_key)b::text[], %(message_id)b::uuid[],
+                         %(payload_hash)b::text[], %(window)b::float8[])
         AS b(topic, idempotency_key, message_id, payload_hash, window_seconds)
 )
 INSERT INTO {schema}sqlbroker_dedupe AS d (topic, idempotency_key, message_id, payload_hash, created_at, expires_at)
@@ -98,7 +98,7 @@ RETURNING topic, idempotency_key
 -- name: dedupe_get
 SELECT d.topic, d.idempotency_key, d.message_id::text, d.payload_hash
 FROM {schema}sqlbroker_dedupe d
-JOIN unnest(%(topic)s::text[], %(idempotency_key)s::text[]) AS b(topic, idempotency_key)
+JOIN unnest(%(topic)b::text[], %(idempotency_key)b::text[]) AS b(topic, idempotency_key)
   ON d.topic = b.topic AND d.idempotency_key = b.idempotency_key
 
 -- name: dedupe_trim
@@ -116,11 +116,11 @@ b AS (
     SELECT b.*, t.now,
            coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
            coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
-    FROM t, unnest(%(message_id)s::uuid[], %(topic)s::text[], %(priority)s::smallint[],
-                   %(ordering_key)s::text[], %(idempotency_key)s::text[], %(payload)s::bytea[],
-                   %(content_type)s::text[], %(headers)s::text[], %(max_attempts)s::integer[],
-                   %(at)s::timestamptz[], %(delay)s::float8[], %(expires)s::timestamptz[],
-                   %(ttl)s::float8[])
+    FROM t, unnest(%(message_id)b::uuid[], %(topic)b::text[], %(priority)b::smallint[],
+                   %(ordering_key)b::text[], %(idempotency_key)b::text[], %(payload)b::bytea[],
+                   %(content_type)b::text[], %(headers)b::text[], %(max_attempts)b::integer[],
+                   %(at)b::timestamptz[], %(delay)b::float8[], %(expires)b::timestamptz[],
+                   %(ttl)b::float8[])
         WITH ORDINALITY AS b(message_id, topic, priority, ordering_key, idempotency_key, payload,
                              content_type, headers, max_attempts, at, delay, expires, ttl, seq)
 ),
@@ -212,10 +212,10 @@ b AS (
     SELECT b.*, t.now,
            coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
            coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
-    FROM t, unnest(%(message_id)s::uuid[], %(topic)s::text[], %(priority)s::smallint[],
-                   %(idempotency_key)s::text[], %(payload)s::bytea[], %(content_type)s::text[],
-                   %(headers)s::text[], %(max_attempts)s::integer[], %(at)s::timestamptz[],
-                   %(delay)s::float8[], %(expires)s::timestamptz[], %(ttl)s::float8[])
+    FROM t, unnest(%(message_id)b::uuid[], %(topic)b::text[], %(priority)b::smallint[],
+                   %(idempotency_key)b::text[], %(payload)b::bytea[], %(content_type)b::text[],
+                   %(headers)b::text[], %(max_attempts)b::integer[], %(at)b::timestamptz[],
+                   %(delay)b::float8[], %(expires)b::timestamptz[], %(ttl)b::float8[])
         WITH ORDINALITY AS b(message_id, topic, priority, idempotency_key, payload,
                              content_type, headers, max_attempts, at, delay, expires, ttl, seq)
 ),
@@ -313,7 +313,7 @@ RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.conten
 -- (only a running copy has one). Testing state = 'running' as well would let the planner
 -- pick the partial lease index and hash-join every running copy (0.42 ms instead of
 -- 0.07 ms with 540 copies running); without it, each copy is one primary-key probe.
-WITH l AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)),
+WITH l AS (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)),
 done AS (
     DELETE FROM {schema}sqlbroker_message m USING l
     WHERE m.id = l.id AND m.lease_token::text = l.token
@@ -335,8 +335,8 @@ SELECT id, subscription, ordering_key, state FROM done ORDER BY id
 
 -- name: message_retry
 WITH l AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(afters)s::float8[],
-                         %(errors)s::text[], %(snoozes)s::boolean[])
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(afters)b::float8[],
+                         %(errors)b::text[], %(snoozes)b::boolean[])
         AS l(id, token, after_seconds, last_error, snooze)
 ),
 retried AS (
@@ -362,8 +362,8 @@ FROM retried ORDER BY id
 
 -- name: message_dead
 WITH l AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::text[], %(reasons)s::text[],
-                         %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[])
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(reasons)b::text[],
+                         %(error_types)b::text[], %(error_messages)b::text[], %(tracebacks)b::text[])
         AS l(id, token, reason, error_type, error_message, traceback)
 ),
 gone AS (
@@ -396,7 +396,7 @@ ORDER BY d.delivery_id
 -- name: message_extend
 UPDATE {schema}sqlbroker_message m
 SET lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
+FROM unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
 WHERE m.id = l.id AND m.lease_token::text = l.token
 RETURNING m.id, m.lease_expires_at
 
@@ -407,7 +407,7 @@ SET state = 'available',
     lease_token = NULL,
     lease_expires_at = NULL,
     worker = NULL
-FROM unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS l(id, token)
+FROM unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
 WHERE m.id = l.id AND m.lease_token::text = l.token
 RETURNING m.id
 
@@ -494,7 +494,7 @@ SELECT id, subscription, ordering_key, state FROM gone
 -- name: message_cancel
 WITH c AS (
     SELECT id FROM {schema}sqlbroker_message
-    WHERE message_id = ANY (%(message_ids)s::uuid[]) AND state <> 'running'
+    WHERE message_id = ANY (%(message_ids)b::uuid[]) AND state <> 'running'
     FOR UPDATE SKIP LOCKED
 ),
 gone AS (
@@ -518,7 +518,7 @@ SELECT id, subscription, ordering_key, state FROM gone
 -- Publishers of one ordering key take turns, so that two copies of a key never both start
 -- as its head. Sorted, so that two batches never wait on each other's keys.
 SELECT pg_advisory_xact_lock(hashtextextended(k, 2305843009213693951))
-FROM (SELECT DISTINCT unnest(%(keys)s::text[]) AS k ORDER BY 1) keys
+FROM (SELECT DISTINCT unnest(%(keys)b::text[]) AS k ORDER BY 1) keys
 
 -- name: key_promote
 -- After a key's head left, its oldest blocked copy becomes the head (unless a head exists).
@@ -528,7 +528,7 @@ SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_
 FROM (
     SELECT DISTINCT ON (b.subscription, b.ordering_key) b.id
     FROM {schema}sqlbroker_message b
-    JOIN unnest(%(subscriptions)s::text[], %(keys)s::text[]) AS k(subscription, ordering_key)
+    JOIN unnest(%(subscriptions)b::text[], %(keys)b::text[]) AS k(subscription, ordering_key)
       ON b.subscription = k.subscription AND b.ordering_key = k.ordering_key
     WHERE b.state = 'blocked'
       AND NOT EXISTS (
@@ -581,7 +581,7 @@ SELECT id, message_id::text, subscription, topic, payload, content_type, headers
        error_type, error_message, traceback, enqueued_at, first_started_at, first_failed_at,
        last_failed_at, dead_at
 FROM {schema}sqlbroker_dead
-WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
   AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
   AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
@@ -595,14 +595,14 @@ LIMIT %(limit)s
 -- name: dead_replay_keys
 SELECT DISTINCT ordering_key FROM {schema}sqlbroker_dead
 WHERE ordering_key IS NOT NULL
-  AND (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+  AND (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
   AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
 
 -- name: dead_replay
 WITH chosen AS (
     SELECT id FROM {schema}sqlbroker_dead
-    WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+    WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
       AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
       AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
@@ -652,7 +652,7 @@ SELECT id, (SELECT pg_notify(%(channel)s, subscription))::text FROM replayed ORD
 -- name: dead_purge
 WITH chosen AS (
     SELECT id FROM {schema}sqlbroker_dead
-    WHERE (%(ids)s::bigint[] IS NULL OR id = ANY (%(ids)s::bigint[]))
+    WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
       AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
       AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
