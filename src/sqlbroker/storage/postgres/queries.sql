@@ -11,6 +11,9 @@ CREATE TABLE IF NOT EXISTS {schema}sqlbroker_schema_version (
 -- name: migrate_lock
 SELECT pg_advisory_xact_lock(7262706672350731337)
 
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
+
 -- name: schema_version_exists
 SELECT to_regclass(%(table)s) IS NOT NULL
 

@@ -1,0 +1,62 @@
+-- sqlbroker schema 7 (PostgreSQL): optional tenants, isolated by row-level security.
+--
+-- Nothing here changes behaviour: the policies only bind once `sqlbroker tenants enable`
+-- turns row-level security on (and sets the tenant column defaults). A tenant is bound to
+-- the login role (session_user), which the tenant's own code cannot change, not to a setting.
+
+-- Which login role belongs to which tenant. Each role sees only its own row.
+CREATE TABLE {schema}sqlbroker_tenant (
+    login_role text PRIMARY KEY,
+    tenant     text NOT NULL CHECK (tenant ~ '^[A-Za-z0-9_-]{1,64}$')
+);
+
+-- A subscription (and with it its messages, dead letters, archive rows and metrics) belongs
+-- to the tenant that created it; unrouted archive rows and idempotency keys, which have no
+-- subscription, carry the publisher's tenant themselves. NULL: no tenant.
+ALTER TABLE {schema}sqlbroker_subscription ADD COLUMN tenant text;
+ALTER TABLE {schema}sqlbroker_archive ADD COLUMN tenant text;
+ALTER TABLE {schema}sqlbroker_dedupe ADD COLUMN tenant text;
+
+-- The calling login role's tenant. The body is bound to this schema (search_path is pinned),
+-- so a temporary table named sqlbroker_tenant cannot stand in for the real one.
+DO $tenant$
+DECLARE
+    ns text := (SELECT c.relnamespace::regnamespace::text FROM pg_catalog.pg_class c
+                WHERE c.oid = '{schema}sqlbroker_tenant'::regclass);
+BEGIN
+    EXECUTE format(
+        'CREATE FUNCTION %s.sqlbroker_session_tenant() RETURNS text LANGUAGE sql STABLE'
+        ' SET search_path = pg_catalog, pg_temp AS %L',
+        ns,
+        format('SELECT tenant FROM %s.sqlbroker_tenant WHERE login_role = session_user', ns));
+END
+$tenant$;
+
+CREATE POLICY sqlbroker_tenant_own ON {schema}sqlbroker_tenant
+    USING (login_role = session_user);
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_subscription
+    USING (tenant IS NOT DISTINCT FROM (SELECT {schema}sqlbroker_session_tenant()));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_subscription_pattern
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_message
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_dead
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_archive
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s)
+           OR (subscription IS NULL
+               AND tenant IS NOT DISTINCT FROM (SELECT {schema}sqlbroker_session_tenant())));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_dedupe
+    USING (tenant IS NOT DISTINCT FROM (SELECT {schema}sqlbroker_session_tenant()));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_metric_minute
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
+
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_metric_total
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
