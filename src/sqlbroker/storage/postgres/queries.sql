@@ -90,7 +90,8 @@ SELECT b.topic, b.idempotency_key, b.message_id, b.payload_hash,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => b.window_seconds)
 FROM b
 ORDER BY b.topic, b.idempotency_key
-ON CONFLICT (topic, idempotency_key) DO UPDATE
+-- tenant: keys are per tenant (migration 0007; '' unless tenants are enabled)
+ON CONFLICT (topic, idempotency_key, tenant) DO UPDATE
     SET message_id = excluded.message_id,
         payload_hash = excluded.payload_hash,
         created_at = excluded.created_at,

@@ -75,7 +75,7 @@ BEGIN
             -- rights on the queue.
             ('consumer', 'sqlbroker_subscription',         'SELECT, INSERT'),
             ('consumer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_message',              'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT'),
             ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
@@ -94,7 +94,7 @@ BEGIN
             -- export (which deletes what it exported)
             ('operator', 'sqlbroker_subscription',         'SELECT, INSERT, DELETE'),
             ('operator', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_message',              'SELECT, INSERT, UPDATE, DELETE'),
+            ('operator', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
             ('operator', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
             ('operator', 'sqlbroker_dead',                 'SELECT, UPDATE, DELETE'),
             ('operator', 'sqlbroker_audit',                'SELECT, INSERT'),
@@ -127,6 +127,18 @@ BEGIN
         EXECUTE format('GRANT %s ON TABLE %I.%I TO %I',
                        entry.privileges, target, entry.table_name, prefix || '_' || entry.role_suffix);
     END LOOP;
+
+    -- Consumers and operators update messages (claim, ack, retry, release, promote) but
+    -- never move one to another subscription or tenant: UPDATE on every other column.
+    FOREACH group_name IN ARRAY ARRAY['consumer', 'operator'] LOOP
+        EXECUTE format('GRANT UPDATE (%s) ON TABLE %I.sqlbroker_message TO %I',
+                       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                        FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = format('%I.sqlbroker_message', target)::regclass
+                          AND a.attnum > 0 AND NOT a.attisdropped
+                          AND a.attname NOT IN ('id', 'message_id', 'subscription', 'topic', 'tenant')),
+                       target, prefix || '_' || group_name);
+    END LOOP;
 END
 $grant$
 
@@ -154,7 +166,8 @@ ORDER BY 1
 -- name: tenants_enable
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
@@ -168,7 +181,8 @@ ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY
 -- name: tenants_disable
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
-ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
