@@ -39,17 +39,22 @@ DECLARE
     ns text := (SELECT c.relnamespace::regnamespace::text FROM pg_catalog.pg_class c
                 WHERE c.oid = '{schema}sqlbroker_tenant'::regclass);
 BEGIN
+    -- PL/pgSQL keeps the plans of these bodies for the session; a plain SQL function would
+    -- plan its body again in every statement that calls it.
     EXECUTE format(
-        'CREATE FUNCTION %s.sqlbroker_session_tenant() RETURNS text LANGUAGE sql STABLE'
+        'CREATE FUNCTION %s.sqlbroker_session_tenant() RETURNS text LANGUAGE plpgsql STABLE'
         ' SET search_path = pg_catalog, pg_temp AS %L',
         ns,
-        format('SELECT tenant FROM %s.sqlbroker_tenant WHERE login_role = session_user', ns));
+        format('BEGIN RETURN (SELECT t.tenant FROM %s.sqlbroker_tenant t'
+               ' WHERE t.login_role = session_user); END', ns));
     EXECUTE format(
         'CREATE FUNCTION %s.sqlbroker_tenant_may_use(subscription text) RETURNS boolean'
-        ' LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS %L',
+        ' LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp'
+        ' AS %L',
         ns,
-        format('SELECT coalesce((SELECT s.tenant IS NOT DISTINCT FROM %1$s.sqlbroker_session_tenant()'
-               ' FROM %1$s.sqlbroker_subscription s WHERE s.name = $1), true)', ns));
+        format('BEGIN RETURN coalesce((SELECT s.tenant IS NOT DISTINCT FROM'
+               ' %1$s.sqlbroker_session_tenant() FROM %1$s.sqlbroker_subscription s'
+               ' WHERE s.name = subscription), true); END', ns));
 END
 $tenant$;
 
