@@ -34,6 +34,7 @@ from sqlbroker.core.observability import (
     WorkerInfo,
 )
 from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance
+from sqlbroker.core.validate import MAX_REASON
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
@@ -66,9 +67,15 @@ class RetryRequest:
 
 @dataclass(frozen=True, slots=True)
 class DeadRequest:
+    """To the dead letters; ``reason`` is cut to ``MAX_REASON`` characters (a handler's
+    ``Reject(reason)`` is not validated on the way)."""
+
     lease: Lease
     reason: str
     error: ErrorInfo | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", str(self.reason)[:MAX_REASON])
 
 
 @dataclass(frozen=True, slots=True)
