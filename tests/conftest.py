@@ -31,6 +31,11 @@ import sqlbroker  # noqa: E402
 from pgserver import PostgresServer, quote_ident  # noqa: E402
 
 TEMPLATE_DB = "sqlbroker_template"
+PG_ROLE_ENV = "SQLBROKER_TEST_PG_ROLE"
+"""``SQLBROKER_TEST_PG_ROLE=runtime``: ``pg_url`` (and so every PostgreSQL test database)
+connects as a login role holding only the runtime groups (producer, consumer, reader,
+operator) instead of the superuser; the schema is migrated and granted by the superuser."""
+RUNTIME_LOGIN = "sqlbroker_test_runtime"
 
 
 def _unavailable(reason: str) -> None:
@@ -54,9 +59,17 @@ class PgCluster:
         self._executor = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pg-clone")
         self._ahead: deque[Future[str]] = deque()
         self._drops: list[Future[None]] = []
+        self.login: str | None = None
+        """The login role of ``pg_url`` (None: the superuser); see ``PG_ROLE_ENV``."""
 
     def url(self, dbname: str) -> str:
         return self.server.url(dbname)
+
+    def login_url(self, dbname: str) -> str:
+        url = self.server.url(dbname)
+        if self.login is None:
+            return url
+        return url.replace(f"//{self.server.superuser}@", f"//{self.login}@", 1)
 
     def execute(self, sql: str) -> None:
         import psycopg
@@ -121,6 +134,9 @@ def pg_server() -> Iterator[PgCluster]:
         broker = sqlbroker.Broker(server.url(TEMPLATE_DB), migrate=True)
         try:
             broker.migrate()
+            role = os.environ.get(PG_ROLE_ENV)
+            if role:
+                cluster.login = _runtime_login(cluster, broker, role)
         finally:
             broker.close()
         # CREATE DATABASE … TEMPLATE refuses a template that still has sessions.
@@ -131,12 +147,30 @@ def pg_server() -> Iterator[PgCluster]:
         server.stop()
 
 
+def _runtime_login(cluster: PgCluster, broker: sqlbroker.Broker, role: str) -> str:
+    """Grant the group roles on the template and create the runtime login role."""
+    from sqlbroker.features.security import grant_roles, role_names
+
+    if role != "runtime":
+        pytest.fail(f"{PG_ROLE_ENV}={role!r}: the only value is 'runtime'", pytrace=False)
+    grant_roles(broker.backend, create=True)
+    groups = ", ".join(
+        quote_ident(name) for group, name in role_names().items() if group != "migrator"
+    )
+    cluster.execute(
+        f"DROP ROLE IF EXISTS {quote_ident(RUNTIME_LOGIN)};"
+        f" CREATE ROLE {quote_ident(RUNTIME_LOGIN)} LOGIN IN ROLE {groups}"
+    )
+    return RUNTIME_LOGIN
+
+
 @pytest.fixture
 def pg_url(pg_server: PgCluster) -> Iterator[str]:
-    """A fresh, migrated database for one test, dropped afterwards."""
+    """A fresh, migrated database for one test, dropped afterwards (connecting as the
+    runtime login role when ``SQLBROKER_TEST_PG_ROLE=runtime``)."""
     name = pg_server.take_clone()
     try:
-        yield pg_server.url(name)
+        yield pg_server.login_url(name)
     finally:
         pg_server.drop_later(name)
 

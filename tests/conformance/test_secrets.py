@@ -1,8 +1,13 @@
-"""A password in a PostgreSQL URL never shows up in a repr, a URL property or an error."""
+"""A password in a PostgreSQL URL never shows up in a repr, a URL property, an error, a log
+line, a metric, a dashboard response or the CLI's output; payloads are not logged."""
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
+import threading
+import time
 import traceback
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -111,3 +116,157 @@ def test_async_repr_hides_the_password(tmp_path: object) -> None:
         import asyncio
 
         asyncio.run(broker.close())
+
+
+# --- everything a running deployment says ---------------------------------------------------
+
+PAYLOAD_MARKER = "card-4111-1111-1111-1111"
+
+
+def _secret_url(backend_url: str) -> str:
+    """The test database's URL with a password in it where the backend has one (trust
+    authentication ignores it, so the broker still connects)."""
+    return backend_url if backend_url.startswith("sqlite") else _with_password(backend_url)
+
+
+def test_a_worker_run_logs_no_password_and_no_payload(
+    backend_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = _secret_url(backend_url)
+    app = sqlbroker.app.Broker(url, migrate=True, lease=30)
+
+    @app.subscriber(queue="charges", retry=sqlbroker.RetryPolicy(max_attempts=2, base=0.01))
+    def charge(message: Any) -> None:
+        if message.payload["fail"]:
+            raise ValueError("the card was declined")
+
+    try:
+        app.send("charges", {"card": PAYLOAD_MARKER, "fail": False})
+        app.send("charges", {"card": PAYLOAD_MARKER, "fail": True})
+        app.run_until_idle(timeout=60)
+        assert len(app.dead_letters.list()) == 1
+        said = [repr(app), app.url, repr(app.backend)]
+    finally:
+        app.close()
+    text = (
+        caplog.text + "\n".join(said) + "".join(str(record.__dict__) for record in caplog.records)
+    )
+    assert "dead-lettered" in caplog.text, "the run logged its outcomes"
+    assert SECRET not in text
+    assert PAYLOAD_MARKER not in text, "payloads are not logged by default"
+
+
+def test_json_logs_carry_no_payload(backend_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from sqlbroker.interfaces.logs import JsonFormatter
+
+    caplog.set_level(logging.DEBUG)
+    app = sqlbroker.app.Broker(_secret_url(backend_url), migrate=True)
+
+    @app.subscriber(queue="q", retry=sqlbroker.RetryPolicy(max_attempts=1))
+    def handle(message: Any) -> None:
+        raise sqlbroker.Reject("refused")
+
+    try:
+        app.send("q", {"secret": PAYLOAD_MARKER})
+        app.run_until_idle(timeout=60)
+    finally:
+        app.close()
+    formatted = "\n".join(JsonFormatter().format(record) for record in caplog.records)
+    assert PAYLOAD_MARKER not in formatted
+    assert SECRET not in formatted
+
+
+@pytest.mark.postgres
+def test_connection_failures_log_no_password(pg_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    dead_port = _with_password(pg_url).replace(f":{urlsplit(pg_url).port}/", f":{_closed_port()}/")
+    broker = sqlbroker.Broker(dead_port, connect_timeout=1)
+    try:
+        with pytest.raises(sqlbroker.ConnectionLost) as caught:
+            broker.send("q", 1)
+        assert SECRET not in _everything_said(caught.value)
+        stop = threading.Event()
+        listener = threading.Thread(target=_listen_briefly, args=(broker, stop), daemon=True)
+        listener.start()
+        deadline = time.monotonic() + 30
+        while "LISTEN connection lost" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        listener.join(10)
+    finally:
+        broker.close()
+    assert "LISTEN connection lost" in caplog.text
+    assert SECRET not in caplog.text
+    assert SECRET not in "".join(str(record.args) for record in caplog.records)
+
+
+def _listen_briefly(broker: sqlbroker.Broker, stop: threading.Event) -> None:
+    """The LISTEN loop of a backend that cannot connect: it logs its reconnects."""
+    from sqlbroker.storage.factory import open_backend
+
+    backend = open_backend(broker._url.raw, connect_timeout=1)
+    try:
+        backend.listen(on_hint=lambda _: None, stop=stop)
+    finally:
+        backend.close()
+
+
+@pytest.mark.postgres
+def test_reprs_of_brokers_and_backends_hide_the_password(pg_url: str) -> None:
+    import asyncio
+
+    url = _with_password(pg_url)
+    for made in (
+        sqlbroker.Broker(url),
+        sqlbroker.app.Broker(url),
+    ):
+        try:
+            assert SECRET not in repr(made)
+            assert SECRET not in repr(made.backend)
+            assert SECRET not in made.url
+        finally:
+            made.close()
+    async_broker = sqlbroker.AsyncBroker(url)
+    try:
+        assert SECRET not in repr(async_broker)
+        assert SECRET not in repr(async_broker.sync)
+    finally:
+        asyncio.run(async_broker.close())
+
+
+def test_prometheus_exposition_and_dashboard_carry_no_password(backend_url: str) -> None:
+    from sqlbroker.interfaces.dashboard.api import Api
+    from sqlbroker.interfaces.prometheus import exposition, registry_for
+
+    with sqlbroker.Broker(_secret_url(backend_url), migrate=True) as broker:
+        broker.send("q", {"card": PAYLOAD_MARKER})
+        text = exposition(registry_for(broker)).decode()
+        overview = json.dumps(Api(broker).overview(), default=str)
+    assert 'subscription="q"' in text
+    assert SECRET not in text
+    assert SECRET not in overview
+    assert PAYLOAD_MARKER not in text
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["reachable", "unreachable"])
+def test_the_cli_never_prints_the_password(live: bool, backend_url: str) -> None:
+    from click.testing import CliRunner
+
+    from sqlbroker.interfaces.cli import cli
+
+    if backend_url.startswith("sqlite"):
+        if live:
+            pytest.skip("SQLite URLs carry no password")
+        url = f"postgresql://app:{SECRET}@127.0.0.1:{_closed_port()}/db?connect_timeout=1"
+    else:
+        url = _with_password(backend_url)
+        if not live:
+            url = url.replace(f":{urlsplit(backend_url).port}/", f":{_closed_port()}/")
+    runner = CliRunner(env={"SQLBROKER_URL": None})
+    for args in (["stats"], ["migrate"], ["schema"], ["send", "q", "1"], ["roles", "show"]):
+        result = runner.invoke(cli, ["--url", url, *args])
+        assert SECRET not in result.output, (args, result.output)
+        if not live:
+            assert result.exit_code == 1, (args, result.output)
+            assert result.output.startswith("error:")

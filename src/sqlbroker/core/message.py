@@ -66,8 +66,20 @@ class ErrorInfo:
     message: str
     traceback: str | None = None
 
+    MAX_TYPE = 200
     MAX_MESSAGE = 2_000
     MAX_TRACEBACK = 8_000
+    TRUNCATED = "…(truncated)\n"
+
+    def __post_init__(self) -> None:
+        # Bounded however the ErrorInfo was made (from_exception, or by hand for
+        # dead_letter(error=…)): what is stored, shown and exported stays small.
+        object.__setattr__(self, "type", str(self.type)[: self.MAX_TYPE])
+        object.__setattr__(self, "message", str(self.message)[: self.MAX_MESSAGE])
+        text = self.traceback
+        if text is not None and len(text) > self.MAX_TRACEBACK + len(self.TRUNCATED):
+            # Keep the tail: the innermost frames and the exception line say the most.
+            object.__setattr__(self, "traceback", self.TRUNCATED + text[-self.MAX_TRACEBACK :])
 
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
@@ -78,10 +90,7 @@ class ErrorInfo:
             else f"{kind.__module__}.{kind.__qualname__}"
         )
         text = "".join(traceback_module.format_exception(error))
-        if len(text) > cls.MAX_TRACEBACK:
-            # Keep the tail: the innermost frames and the exception line say the most.
-            text = "…(truncated)\n" + text[-cls.MAX_TRACEBACK :]
-        return cls(type=name, message=str(error)[: cls.MAX_MESSAGE], traceback=text)
+        return cls(type=name, message=str(error), traceback=text)
 
     @classmethod
     def coerce(cls, error: BaseException | str | ErrorInfo | None) -> ErrorInfo | None:

@@ -34,6 +34,7 @@ from sqlbroker.core.observability import (
     WorkerInfo,
 )
 from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance
+from sqlbroker.core.validate import MAX_REASON
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
@@ -66,9 +67,15 @@ class RetryRequest:
 
 @dataclass(frozen=True, slots=True)
 class DeadRequest:
+    """To the dead letters; ``reason`` is cut to ``MAX_REASON`` characters (a handler's
+    ``Reject(reason)`` is not validated on the way)."""
+
     lease: Lease
     reason: str
     error: ErrorInfo | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", str(self.reason)[:MAX_REASON])
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,18 @@ class InsertResult:
     message_ids: list[str]
     duplicates: int
     unrouted: int
+
+
+ROLE_GROUPS = ("migrator", "producer", "consumer", "reader", "operator")
+"""The PostgreSQL group roles, ``<prefix>_<group>`` (see docs/security.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRole:
+    """A login role and the tenant it acts for."""
+
+    role: str
+    tenant: str
 
 
 class Backend(Protocol):
@@ -407,6 +426,36 @@ class Backend(Protocol):
         (next run, definition, not paused) and, only when that succeeded, publish its
         messages as :meth:`message_insert_many` would. Returns the published message ids
         of each schedule that advanced; a fire that lost the race is left out."""
+
+    # --- security: least-privilege roles and tenants (PostgreSQL; docs/security.md) ----------
+    # SQLite has no roles and no row-level security: every one of these raises
+    # ``ConfigurationError`` there. Names arrive validated (features/security.py).
+
+    def roles_grant(self, *, prefix: str, create: bool) -> dict[str, dict[str, str]]:
+        """Give the group roles ``<prefix>_<group>`` (``ROLE_GROUPS``) exactly their
+        privileges on this schema's tables, revoking anything else they held there; with
+        ``create``, create missing groups (NOLOGIN) first, else a missing one is a
+        ``ConfigurationError``. Idempotent; run it after every migration. Returns
+        :meth:`roles_show`."""
+
+    def roles_show(self, *, prefix: str) -> dict[str, dict[str, str]]:
+        """Role → table → privileges (``"DELETE, INSERT, SELECT"``) the groups hold."""
+
+    def tenant_enable(self, *, enabled: bool) -> None:
+        """Turn row-level security for tenants on or off (the schema owner's DDL)."""
+
+    def tenant_enabled(self) -> bool: ...
+
+    def tenant_set(self, *, role: str, tenant: str) -> None:
+        """Map the login role ``role`` (it must exist) to ``tenant``; replaces a mapping."""
+
+    def tenant_remove(self, *, role: str) -> bool: ...
+
+    def tenant_list(self) -> list[TenantRole]:
+        """The mappings the caller may see (the owner: all; a tenant role: its own)."""
+
+    def tenant_assign(self, *, subscription: str, tenant: str | None) -> bool:
+        """Hand an existing subscription to ``tenant`` (``None``: to no tenant)."""
 
 
 # --- Spark data source and archive pipeline ------------------------------------------------

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from sqlbroker.core.clock import Clock, DatabaseClock
-from sqlbroker.core.errors import ConfigurationError
+from sqlbroker.core.errors import ConfigurationError, InvalidOption
 from sqlbroker.storage.base import Backend
 from sqlbroker.storage.url import parse_url
 
@@ -22,6 +23,7 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     if parsed.scheme == "sqlite":
         from sqlbroker.storage.sqlite.backend import SqliteBackend
 
+        _check_options(SqliteBackend, "SQLite", options)
         return SqliteBackend(parsed, clock=clock, **options)
     try:
         from sqlbroker.storage.postgres.backend import PostgresBackend
@@ -30,4 +32,16 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
             "PostgreSQL support needs the postgres extra:"
             f" pip install 'sqlbroker[postgres]' ({error})"
         ) from None
+    _check_options(PostgresBackend, "PostgreSQL", options)
     return PostgresBackend(parsed, clock=clock, **options)
+
+
+def _check_options(backend: type, label: str, options: dict[str, Any]) -> None:
+    """An option the backend does not take (``schema=`` on SQLite) is bad input, not a
+    ``TypeError``."""
+    accepted = set(inspect.signature(backend).parameters) - {"url", "clock"}
+    for name in options:
+        if name not in accepted:
+            raise InvalidOption(
+                name, f"is not an option of the {label} backend ({', '.join(sorted(accepted))})"
+            )

@@ -12,6 +12,7 @@ from sqlbroker.interfaces.cli.observe import healthcheck, metrics
 from sqlbroker.interfaces.cli.pipeline import pipeline
 from sqlbroker.interfaces.cli.sagas import saga
 from sqlbroker.interfaces.cli.schedules import scheduler, schedules
+from sqlbroker.interfaces.cli.security import roles, tenants
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
 from sqlbroker.interfaces.cli.worker import worker
@@ -69,6 +70,8 @@ for _command in (
     schedules,
     scheduler,
     pipeline,
+    roles,
+    tenants,
 ):
     cli.add_command(_command)
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -52,6 +53,7 @@ from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
+from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import (
@@ -96,6 +98,7 @@ class PostgresBackend(
     PostgresSchedules,
     PostgresSagas,
     PostgresSpark,
+    PostgresSecurity,
 ):
     name = "postgresql"
     supports_notify = True
@@ -176,22 +179,47 @@ class PostgresBackend(
     # --- schema ------------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
+        migrations = load_migrations(_MIGRATIONS, schema=self._qualifier)
+        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
+        # current schema it must stay a read, so look before taking the lock.
+        if self.schema_version() >= len(migrations):
+            return []
         applied: list[int] = []
-        with self._db.connection(write=True) as conn, conn.transaction():
-            # Serialize concurrent migrators: the second waits, then finds nothing to do.
-            conn.execute(self._sql["migrate_lock"])
-            if self._schema is not None:
-                conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._qualifier[:-1]}")
-            conn.execute(self._sql["schema_version_table"])
-            row = conn.execute(self._sql["schema_version"]).fetchone()
-            current = int(row[0]) if row else 0
-            for version, name, script in load_migrations(_MIGRATIONS, schema=self._qualifier):
-                if version <= current:
-                    continue
-                conn.execute(script.encode())
-                conn.execute(self._sql["schema_version_insert"], {"version": version, "name": name})
-                applied.append(version)
+        with self._db.connection(write=True) as conn:
+            try:
+                with conn.transaction():
+                    # Serialize concurrent migrators: the second waits, then finds nothing.
+                    conn.execute(self._sql["migrate_lock"])
+                    # CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when
+                    # the schema exists, which a migrator owning just its schema lacks.
+                    if self._schema is not None and not self._schema_exists(conn):
+                        conn.execute(
+                            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                                sql.Identifier(self._schema)
+                            )
+                        )
+                    conn.execute(self._sql["schema_version_table"])
+                    row = conn.execute(self._sql["schema_version"]).fetchone()
+                    current = int(row[0]) if row else 0
+                    for version, name, script in migrations:
+                        if version <= current:
+                            continue
+                        conn.execute(script.encode())
+                        conn.execute(
+                            self._sql["schema_version_insert"], {"version": version, "name": name}
+                        )
+                        applied.append(version)
+            except psycopg.errors.InsufficientPrivilege as error:
+                raise SchemaError(
+                    f"the schema needs migrating (to version {len(migrations)}) but this role"
+                    f" may not change it ({redact(str(error)).strip().splitlines()[0]}): run"
+                    " `sqlbroker migrate` as the migrator role (see docs/security.md)"
+                ) from None
         return applied
+
+    def _schema_exists(self, conn: Conn) -> bool:
+        row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()
+        return bool(row and row[0])
 
     def schema_version(self) -> int:
         with self._db.connection(write=False) as conn:
@@ -208,7 +236,11 @@ class PostgresBackend(
         if found != expected:
             raise SchemaError(
                 f"the database schema is at version {found}, this sqlbroker needs {expected}:"
-                + (" run `sqlbroker migrate`" if found < expected else " upgrade sqlbroker")
+                + (
+                    " run `sqlbroker migrate` as the migrator role (the schema's owner)"
+                    if found < expected
+                    else " upgrade sqlbroker"
+                )
             )
 
     @staticmethod

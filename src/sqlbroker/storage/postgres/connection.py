@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
@@ -94,13 +96,25 @@ class PostgresPool:
         self._closed = False
 
     def connection_kwargs(self) -> dict[str, Any]:
-        """Settings for any connection sqlbroker opens (the pool and the listener)."""
+        """Settings for any connection sqlbroker opens (the pool and the listener).
+
+        ``options`` from the URL (e.g. ``?options=-c%20role%3Dsqlbroker_migrator``, so that
+        a migration creates objects owned by the migrator group) are kept, ours appended.
+        """
+        ours = f"-c synchronous_commit={self._settings['synchronous_commit']}"
         return {
             "autocommit": True,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
-            "options": f"-c synchronous_commit={self._settings['synchronous_commit']}",
+            "options": f"{self._url_options} {ours}" if self._url_options else ours,
         }
+
+    @functools.cached_property
+    def _url_options(self) -> str:
+        try:
+            return str(conninfo_to_dict(self.url.raw).get("options") or "")
+        except psycopg.Error:
+            return ""  # a malformed URL fails at connect, with the driver's (redacted) reason
 
     @property
     def conninfo(self) -> str:
@@ -162,7 +176,10 @@ class PostgresPool:
                 f"the sqlbroker schema is missing or old ({text}); run `sqlbroker migrate`"
             )
         if isinstance(error, psycopg.errors.InsufficientPrivilege):
-            return StorageError(f"PostgreSQL refused: {text}")
+            return StorageError(
+                f"PostgreSQL refused: {text} (the connecting role lacks this right; the roles"
+                " and their grants are in docs/security.md)"
+            )
         broken = (
             conn is None
             or conn.broken

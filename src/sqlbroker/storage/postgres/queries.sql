@@ -11,6 +11,9 @@ CREATE TABLE IF NOT EXISTS {schema}sqlbroker_schema_version (
 -- name: migrate_lock
 SELECT pg_advisory_xact_lock(7262706672350731337)
 
+-- name: schema_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
+
 -- name: schema_version_exists
 SELECT to_regclass(%(table)s) IS NOT NULL
 
@@ -87,7 +90,8 @@ SELECT b.topic, b.idempotency_key, b.message_id, b.payload_hash,
        coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => b.window_seconds)
 FROM b
 ORDER BY b.topic, b.idempotency_key
-ON CONFLICT (topic, idempotency_key) DO UPDATE
+-- tenant: keys are per tenant (migration 0007; '' unless tenants are enabled)
+ON CONFLICT (topic, idempotency_key, tenant) DO UPDATE
     SET message_id = excluded.message_id,
         payload_hash = excluded.payload_hash,
         created_at = excluded.created_at,
@@ -740,3 +744,4 @@ UNION ALL SELECT 'sqlbroker_spark_stage', count(*) FROM {schema}sqlbroker_spark_
 UNION ALL SELECT 'sqlbroker_spark_stream', count(*) FROM {schema}sqlbroker_spark_stream
 UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM {schema}sqlbroker_spark_claim
 UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM {schema}sqlbroker_spark_export
+UNION ALL SELECT 'sqlbroker_tenant', count(*) FROM {schema}sqlbroker_tenant

@@ -57,6 +57,7 @@ from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
 from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
+from sqlbroker.storage.sqlite.security import SqliteSecurity
 from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.url import DatabaseURL
 
@@ -76,6 +77,7 @@ class SqliteBackend(
     SqliteSchedules,
     SqliteSagas,
     SqliteSpark,
+    SqliteSecurity,
 ):
     name = "sqlite"
     supports_notify = False

@@ -75,6 +75,9 @@ def split_script(script: str) -> list[str]:
     return statements
 
 
+# PRAGMA takes no bound parameters: one literal statement per allowed level.
+_SYNCHRONOUS = {"full": "PRAGMA synchronous = FULL", "normal": "PRAGMA synchronous = NORMAL"}
+
 _WRITERS: dict[str, threading.RLock] = {}
 _WRITERS_LOCK = threading.Lock()
 
@@ -103,7 +106,7 @@ class SqlitePool:
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 256:
             raise InvalidOption("pool_size", "must be an integer from 1 to 256")
         self.memory = path == ":memory:"
-        self._synchronous = synchronous.upper()
+        self._synchronous = synchronous
         self._busy_timeout = float(busy_timeout)
         if self.memory:
             self.path = ":memory:"
@@ -134,14 +137,14 @@ class SqlitePool:
         )
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            # sqlite3.connect(timeout=) already set the busy timeout (sqlite3_busy_timeout).
             if not self.memory:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     raise ConfigurationError(f"SQLite refused WAL mode (got {mode!r})")
                 # Keep the WAL bounded: truncate it back to 64 MiB after each checkpoint.
                 conn.execute("PRAGMA journal_size_limit = 67108864")
-            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+            conn.execute(_SYNCHRONOUS[self._synchronous])
             conn.execute("PRAGMA foreign_keys = ON")
             self.register_functions(conn)
         except BaseException:

@@ -1,0 +1,213 @@
+-- Least privilege and tenants (PostgreSQL). Role and schema names never become part of the
+-- statement text: they travel as bound parameters into transaction-local settings, and the
+-- DO blocks below quote them with format('%I') when they build a GRANT.
+
+-- name: security_settings
+SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
+       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), true),
+       set_config('sqlbroker.create_roles', %(create)s::text, true)
+
+-- name: roles_grant
+-- The grant matrix: for each group role, the privileges it gets on each sqlbroker table.
+-- Every table of the schema must appear here for the reader at least (a test checks it),
+-- so a migration that adds a table cannot silently leave a role without access. The whole
+-- block runs in one transaction: privileges are first revoked, then granted again, so the
+-- result is exactly this matrix however often it runs.
+DO $grant$
+DECLARE
+    prefix text := current_setting('sqlbroker.role_prefix');
+    target text := current_setting('sqlbroker.grant_schema');
+    create_roles boolean := current_setting('sqlbroker.create_roles')::boolean;
+    groups text[] := ARRAY['migrator', 'producer', 'consumer', 'reader', 'operator'];
+    runtime text[] := ARRAY['producer', 'consumer', 'reader', 'operator'];
+    group_name text;
+    entry record;
+    tables text[];
+BEGIN
+    FOREACH group_name IN ARRAY groups LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = prefix || '_' || group_name) THEN
+            IF NOT create_roles THEN
+                RAISE EXCEPTION 'sqlbroker: the role % does not exist', prefix || '_' || group_name
+                    USING ERRCODE = 'undefined_object',
+                          HINT = 'create the group roles first, or grant with --create as a role allowed to create roles';
+            END IF;
+            EXECUTE format('CREATE ROLE %I NOLOGIN', prefix || '_' || group_name);
+        END IF;
+    END LOOP;
+
+    SELECT array_agg(c.relname::text ORDER BY c.relname) INTO tables
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = target AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%';
+    IF tables IS NULL THEN
+        RAISE EXCEPTION 'sqlbroker: no sqlbroker tables in schema %', target
+            USING ERRCODE = 'undefined_table', HINT = 'run sqlbroker migrate first';
+    END IF;
+
+    FOREACH group_name IN ARRAY runtime LOOP
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', target, prefix || '_' || group_name);
+        EXECUTE format('REVOKE ALL ON TABLE %s FROM %I',
+                       (SELECT string_agg(format('%I.%I', target, t), ', ') FROM unnest(tables) t),
+                       prefix || '_' || group_name);
+    END LOOP;
+
+    FOR entry IN
+        SELECT g.role_suffix, g.table_name, g.privileges
+        FROM (VALUES
+            -- every runtime role reads the schema version and the subscriptions
+            ('producer', 'sqlbroker_schema_version', 'SELECT'),
+            ('consumer', 'sqlbroker_schema_version', 'SELECT'),
+            ('reader',   'sqlbroker_schema_version', 'SELECT'),
+            ('operator', 'sqlbroker_schema_version', 'SELECT'),
+            -- producer: publish, send (creates the queue), outbox, idempotency, sagas.start,
+            -- Spark's staged writes
+            ('producer', 'sqlbroker_subscription',         'SELECT, INSERT'),
+            ('producer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT'),
+            ('producer', 'sqlbroker_message',              'SELECT, INSERT'),
+            ('producer', 'sqlbroker_archive',              'INSERT'),
+            ('producer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE'),
+            ('producer', 'sqlbroker_saga',                 'SELECT, INSERT, UPDATE'),
+            ('producer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
+            ('producer', 'sqlbroker_spark_stage',          'SELECT, INSERT, DELETE'),
+            ('producer', 'sqlbroker_tenant',               'SELECT'),
+            -- consumer: claim, ack, retry, dead-letter, extend, reap, subscribe, schedules
+            -- (register, tick), saga moves, processed keys, heartbeats and metrics, the
+            -- Spark stream. Schedules and sagas publish, so it also holds the producer's
+            -- rights on the queue.
+            ('consumer', 'sqlbroker_subscription',         'SELECT, INSERT'),
+            ('consumer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
+            ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
+            ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
+            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT'),
+            ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_worker',               'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_metric_minute',        'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_metric_total',         'SELECT, INSERT, UPDATE'),
+            ('consumer', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE'),
+            ('consumer', 'sqlbroker_saga',                 'SELECT, INSERT, UPDATE'),
+            ('consumer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
+            ('consumer', 'sqlbroker_spark_stream',         'SELECT, INSERT, UPDATE'),
+            ('consumer', 'sqlbroker_spark_claim',          'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_tenant',               'SELECT'),
+            -- operator: the dashboard's and CLI's actions: dead-letter replay and purge
+            -- (audited), cancel, subscription and schedule administration, the archive
+            -- export (which deletes what it exported)
+            ('operator', 'sqlbroker_subscription',         'SELECT, INSERT, DELETE'),
+            ('operator', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
+            ('operator', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
+            ('operator', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
+            ('operator', 'sqlbroker_dead',                 'SELECT, UPDATE, DELETE'),
+            ('operator', 'sqlbroker_audit',                'SELECT, INSERT'),
+            ('operator', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE, DELETE'),
+            ('operator', 'sqlbroker_spark_export',         'SELECT, INSERT'),
+            ('operator', 'sqlbroker_tenant',               'SELECT'),
+            -- reader: every read view (dashboard, metrics, CLI), no writes at all
+            ('reader',   'sqlbroker_subscription',         'SELECT'),
+            ('reader',   'sqlbroker_subscription_pattern', 'SELECT'),
+            ('reader',   'sqlbroker_message',              'SELECT'),
+            ('reader',   'sqlbroker_archive',              'SELECT'),
+            ('reader',   'sqlbroker_dead',                 'SELECT'),
+            ('reader',   'sqlbroker_dedupe',               'SELECT'),
+            ('reader',   'sqlbroker_audit',                'SELECT'),
+            ('reader',   'sqlbroker_processed',            'SELECT'),
+            ('reader',   'sqlbroker_worker',               'SELECT'),
+            ('reader',   'sqlbroker_metric_minute',        'SELECT'),
+            ('reader',   'sqlbroker_metric_total',         'SELECT'),
+            ('reader',   'sqlbroker_schedule',             'SELECT'),
+            ('reader',   'sqlbroker_saga',                 'SELECT'),
+            ('reader',   'sqlbroker_saga_step',            'SELECT'),
+            ('reader',   'sqlbroker_spark_stage',          'SELECT'),
+            ('reader',   'sqlbroker_spark_stream',         'SELECT'),
+            ('reader',   'sqlbroker_spark_claim',          'SELECT'),
+            ('reader',   'sqlbroker_spark_export',         'SELECT'),
+            ('reader',   'sqlbroker_tenant',               'SELECT')
+        ) AS g(role_suffix, table_name, privileges)
+        WHERE g.table_name = ANY (tables)
+    LOOP
+        EXECUTE format('GRANT %s ON TABLE %I.%I TO %I',
+                       entry.privileges, target, entry.table_name, prefix || '_' || entry.role_suffix);
+    END LOOP;
+
+    -- Consumers and operators update messages (claim, ack, retry, release, promote) but
+    -- never move one to another subscription or tenant: UPDATE on every other column.
+    FOREACH group_name IN ARRAY ARRAY['consumer', 'operator'] LOOP
+        EXECUTE format('GRANT UPDATE (%s) ON TABLE %I.sqlbroker_message TO %I',
+                       (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                        FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = format('%I.sqlbroker_message', target)::regclass
+                          AND a.attnum > 0 AND NOT a.attisdropped
+                          AND a.attname NOT IN ('id', 'message_id', 'subscription', 'topic', 'tenant')),
+                       target, prefix || '_' || group_name);
+    END LOOP;
+END
+$grant$
+
+-- name: roles_table_grants
+-- What the grant matrix gave each group role, per table (for tests and `roles show`).
+SELECT r.rolname::text AS role, c.relname::text AS table_name,
+       string_agg(p.privilege_type, ', ' ORDER BY p.privilege_type) AS privileges
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL aclexplode(c.relacl) AS p
+JOIN pg_catalog.pg_roles r ON r.oid = p.grantee
+WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
+  AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%%'
+  AND r.rolname LIKE %(prefix)s::text || '\_%%'
+GROUP BY r.rolname, c.relname
+ORDER BY r.rolname, c.relname
+
+-- name: roles_tables
+SELECT c.relname::text
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
+  AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%%'
+ORDER BY 1
+
+-- name: tenants_enable
+ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_message ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY
+
+-- name: tenants_disable
+ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_message DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY
+
+-- name: tenants_enabled
+SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = to_regclass(%(table)s)
+
+-- name: tenant_role_exists
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(role)s::text)
+
+-- name: tenant_set
+INSERT INTO {schema}sqlbroker_tenant (login_role, tenant) VALUES (%(role)s, %(tenant)s)
+ON CONFLICT (login_role) DO UPDATE SET tenant = excluded.tenant
+
+-- name: tenant_remove
+DELETE FROM {schema}sqlbroker_tenant WHERE login_role = %(role)s
+
+-- name: tenant_list
+SELECT login_role, tenant FROM {schema}sqlbroker_tenant ORDER BY tenant, login_role
+
+-- name: tenant_assign
+UPDATE {schema}sqlbroker_subscription SET tenant = %(tenant)s::text WHERE name = %(subscription)s

@@ -1,0 +1,220 @@
+"""Tenant isolation with row-level security, on the real server with two tenant logins.
+
+Each tenant's login role holds every runtime group, so only the row-level policies stand
+between them; the tenant is bound to the login role, so even SQL the tenant writes itself on
+its own connection cannot see or touch the other tenant's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import sqlbroker
+from pgserver import quote_ident
+from sqlbroker.features import security
+from sqlbroker.storage.base import Lease, TenantRole
+
+ACME, GLOBEX = "ten_acme_login", "ten_globex_login"
+
+
+class Tenants:
+    def __init__(self, cluster: Any, name: str) -> None:
+        self.cluster, self.name = cluster, name
+        self.admin_url = str(cluster.url(name))
+
+    def url(self, login: str) -> str:
+        return self.admin_url.replace(f"//{self.cluster.server.superuser}@", f"//{login}@", 1)
+
+    def broker(self, login: str, **options: Any) -> sqlbroker.Broker:
+        return sqlbroker.Broker(self.url(login), **options)
+
+
+@pytest.fixture
+def tenants(pg_server: Any) -> Iterator[Tenants]:
+    name = pg_server.take_clone()
+    db = Tenants(pg_server, name)
+    try:
+        with sqlbroker.Broker(db.admin_url) as admin:
+            security.grant_roles(admin.backend, create=True)
+            groups = ", ".join(
+                quote_ident(role)
+                for group, role in security.role_names().items()
+                if group != "migrator"
+            )
+            for login in (ACME, GLOBEX):
+                pg_server.execute(
+                    f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{login}')"
+                    f" THEN CREATE ROLE {quote_ident(login)} LOGIN IN ROLE {groups}; END IF; END $$"
+                )
+            security.set_tenant_role(admin.backend, tenant="acme", role=ACME)
+            security.set_tenant_role(admin.backend, tenant="globex", role=GLOBEX)
+            security.enable_tenants(admin.backend)
+            assert security.tenants_enabled(admin.backend)
+        yield db
+    finally:
+        pg_server.drop_later(name)
+
+
+@pytest.mark.postgres
+def test_tenants_never_see_or_touch_each_others_messages(tenants: Tenants) -> None:
+    with tenants.broker(ACME) as acme, tenants.broker(GLOBEX) as globex:
+        acme.subscribe("acme-orders", ["orders.#"])
+        globex.subscribe("globex-orders", ["orders.#"])
+        acme.publish("orders.created", {"by": "acme"})
+        globex.publish("orders.created", {"by": "globex"})
+        acme.send("acme-jobs", "secret-1", idempotency_key="same-key")
+        acme.send("acme-jobs", "secret-2")
+
+        assert {s.name for s in acme.subscriptions()} == {"acme-orders", "acme-jobs"}
+        assert {s.name for s in globex.subscriptions()} == {"globex-orders"}
+        assert {s.subscription for s in globex.stats()} == {"globex-orders"}
+        assert globex.pending("acme-jobs") == []
+        assert globex.claim("acme-jobs") == []
+        assert globex.claim("acme-orders") == []
+        (mine,) = globex.claim("globex-orders")
+        assert mine.payload == {"by": "globex"}
+        globex.complete(mine)
+
+        # A lease from the other tenant is no lease at all.
+        stolen = acme.claim("acme-jobs")[0]
+        with pytest.raises(sqlbroker.LeaseLost):
+            globex.complete(stolen)
+        assert not globex.backend.message_extend_leases(leases=[Lease.of(stolen)], lease=60)
+        acme.dead_letter(stolen, reason="acme only")
+
+        # Dead letters and the archive: neither listed, counted, replayed nor purged.
+        assert globex.dead_letters.list() == []
+        assert globex.dead_letters.replay(subscription="acme-jobs", actor="globex") == []
+        assert globex.dead_letters.purge(subscription="acme-jobs", actor="globex") == 0
+        assert [d.payload for d in acme.dead_letters.list()] == ["secret-1"]
+        assert all(row.subscription == "globex-orders" for row in globex.archive())
+        assert globex.dead_letters.replay(subscription="acme-jobs", actor="x") == []
+
+        # Writing into the other tenant's queue is refused, not silently routed.
+        with pytest.raises(sqlbroker.StorageError, match="row-level security"):
+            globex.send("acme-jobs", "intruder")
+        assert sorted(d.payload for d in acme.claim("acme-jobs", limit=10)) == ["secret-2"]
+        assert acme.backend.tenant_list() == [TenantRole(role=ACME, tenant="acme")]
+
+
+@pytest.mark.postgres
+def test_the_tenants_own_sql_cannot_cross_the_boundary(tenants: Tenants) -> None:
+    with tenants.broker(ACME) as acme:
+        acme.send("acme-jobs", "payload of acme")
+    with psycopg.connect(tenants.url(GLOBEX), autocommit=True) as conn:
+        count = "SELECT count(*) FROM sqlbroker_message"
+        assert conn.execute(count).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM sqlbroker_subscription").fetchone() == (0,)
+        # A stand-in mapping table in pg_temp (searched first) changes nothing.
+        conn.execute("CREATE TEMP TABLE sqlbroker_tenant (login_role text, tenant text)")
+        conn.execute("INSERT INTO sqlbroker_tenant VALUES (session_user, 'acme')")
+        conn.execute("SET search_path = pg_temp, public")
+        assert conn.execute(count).fetchone() == (0,)
+        conn.execute("RESET search_path")
+        # Acting as a group role leaves session_user, and so the tenant, as it was.
+        conn.execute("SET ROLE sqlbroker_consumer")
+        assert conn.execute(count).fetchone() == (0,)
+        conn.execute("RESET ROLE")
+        # Settings are not the binding.
+        conn.execute("SELECT set_config('sqlbroker.tenant', 'acme', false)")
+        assert conn.execute(count).fetchone() == (0,)
+        for attack in (
+            "UPDATE public.sqlbroker_tenant SET tenant = 'acme'",
+            "INSERT INTO public.sqlbroker_tenant VALUES ('ten_globex_login', 'acme')",
+            "UPDATE sqlbroker_subscription SET tenant = 'globex'",
+            "DELETE FROM sqlbroker_message",
+            "ALTER TABLE sqlbroker_message DISABLE ROW LEVEL SECURITY",
+        ):
+            try:
+                with conn.transaction():
+                    conn.execute(attack)
+            except psycopg.errors.InsufficientPrivilege:
+                continue
+    with tenants.broker(ACME) as acme:
+        assert [d.payload for d in acme.claim("acme-jobs")] == ["payload of acme"]
+    with psycopg.connect(tenants.admin_url) as admin:
+        rows = admin.execute(
+            "SELECT login_role, tenant FROM sqlbroker_tenant ORDER BY 1"
+        ).fetchall()
+    assert rows == [(ACME, "acme"), (GLOBEX, "globex")]
+
+
+@pytest.mark.postgres
+def test_idempotency_keys_are_per_tenant(tenants: Tenants) -> None:
+    with tenants.broker(ACME) as acme, tenants.broker(GLOBEX) as globex:
+        subscribed = [acme.subscribe("acme-orders", ["orders.#"])]
+        subscribed.append(globex.subscribe("globex-orders", ["orders.#"]))
+        first = acme.publish("orders.paid", {"n": 1}, idempotency_key="order-1")
+        other = globex.publish("orders.paid", {"n": 2}, idempotency_key="order-1")
+        assert other != first  # neither a collision nor the other tenant's message id
+        assert globex.publish("orders.paid", {"n": 2}, idempotency_key="order-1") == other
+        with pytest.raises(sqlbroker.IdempotencyConflict):
+            acme.publish("orders.paid", {"n": 3}, idempotency_key="order-1")
+        assert [d.payload for d in acme.claim("acme-orders")] == [{"n": 1}]
+        assert [d.payload for d in globex.claim("globex-orders")] == [{"n": 2}]
+
+
+@pytest.mark.postgres
+def test_claims_stay_index_driven_under_the_policies(tenants: Tenants) -> None:
+    with tenants.broker(ACME) as acme:
+        acme.send_many("acme-jobs", list(range(50)))
+    with psycopg.connect(tenants.url(ACME)) as conn:
+        conn.execute("SET enable_seqscan = off")  # the table is tiny; ask what the index gives
+        with sqlbroker.Broker(tenants.url(ACME)) as acme:
+            claim = acme.backend._sql["message_claim"]  # type: ignore[attr-defined]
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                b"EXPLAIN " + claim.encode(),
+                {"subscription": "acme-jobs", "now": None, "lease": 30, "limit": 10}
+                | {"worker": None, "max_attempts": None},
+            )
+        )
+    assert "sqlbroker_message_claim" in plan, plan
+    assert "Seq Scan on sqlbroker_message" not in plan, plan
+
+
+@pytest.mark.postgres
+def test_disabling_tenants_lifts_the_policies(tenants: Tenants) -> None:
+    with tenants.broker(ACME) as acme:
+        acme.send("acme-jobs", 1)
+    with sqlbroker.Broker(tenants.admin_url) as admin:
+        security.disable_tenants(admin.backend)
+        assert not security.tenants_enabled(admin.backend)
+    with tenants.broker(GLOBEX) as globex:
+        assert [s.subscription for s in globex.stats()] == ["acme-jobs"]
+
+
+@pytest.mark.postgres
+def test_a_subscription_can_be_handed_to_a_tenant(tenants: Tenants) -> None:
+    with sqlbroker.Broker(tenants.admin_url) as admin:
+        admin.send("legacy", "from before tenants")
+        assert security.assign_subscription(admin.backend, subscription="legacy", tenant="acme")
+        assert not security.assign_subscription(admin.backend, subscription="nope", tenant="a")
+        with pytest.raises(sqlbroker.NotFound):
+            security.set_tenant_role(admin.backend, tenant="acme", role="no_such_role")
+        with pytest.raises(sqlbroker.InvalidOption):
+            security.set_tenant_role(admin.backend, tenant="acme corp", role=ACME)
+    with tenants.broker(GLOBEX) as globex:
+        assert globex.claim("legacy") == []
+    with tenants.broker(ACME) as acme:
+        assert [d.payload for d in acme.claim("legacy")] == ["from before tenants"]
+
+
+def test_sqlite_refuses_tenants_and_roles_clearly(tmp_path: Path) -> None:
+    with sqlbroker.Broker(f"sqlite:///{tmp_path}/t.db") as broker:
+        backend = broker.backend
+        for operation in (
+            lambda: security.enable_tenants(backend),
+            lambda: security.set_tenant_role(backend, tenant="acme", role="x"),
+            lambda: security.tenants(backend),
+            lambda: security.grant_roles(backend),
+        ):
+            with pytest.raises(sqlbroker.ConfigurationError, match="PostgreSQL"):
+                operation()
+        assert not security.tenants_enabled(backend)
