@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck env postgres chromium bench bench-full clean
+.PHONY: demo test test-fast lint typecheck env postgres chromium faketime bench bench-full faults-long clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,14 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "Chromium missing: sudo apt-get install chromium chromium-driver" >&2; exit 1; fi
 
+## libfaketime for the clock-skew fault tests (Debian's package faketime).
+faketime:
+	@if command -v faketime >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing libfaketime (Debian package faketime)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null; \
+	else echo "faketime missing: sudo apt-get install faketime" >&2; exit 1; fi
+
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
@@ -45,12 +53,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 ## The whole suite, PostgreSQL included (slow suites too; CI runs exactly this).
-test: $(STAMP) postgres chromium lint typecheck
+test: $(STAMP) postgres chromium faketime lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Everything but the slow suites, for a quick local loop.
-test-fast: $(STAMP) postgres chromium
+test-fast: $(STAMP) postgres chromium faketime
 	$(BIN)/python -m pytest -m "not slow and not spark" $(PYTEST_ARGS)
+
+## The fault-injection suites as a longer soak: ten times the messages and durations.
+faults-long: $(STAMP) postgres faketime
+	SQLBROKER_FAULTS_SCALE=10 $(BIN)/python -m pytest -m slow tests/reliability --timeout 3600 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

@@ -140,9 +140,10 @@ def check(
     subscriptions: Collection[str],
     allow_lease_expiry: bool = False,
 ) -> Verdict:
-    """Judge one scenario. ``subscriptions`` are those every published message must reach.
-    ``allow_lease_expiry`` accepts a redelivery whose only cause is an expired lease (a
-    scenario where handlers hang past their lease on purpose)."""
+    """Judge one scenario. ``subscriptions`` are those every published message must reach,
+    unless its publish names its own (``subs``). ``allow_lease_expiry`` accepts a
+    redelivery whose only cause is an expired lease (a scenario where handlers hang past
+    their lease on purpose)."""
     verdict = Verdict(torn_lines=sum(1 for event in events if event["op"] == "torn"))
     attempts: dict[str, list[Event]] = defaultdict(list)
     for event in events:
@@ -158,10 +159,11 @@ def check(
     # Lost, unexpected, recovered, duplicate publishes.
     for tag, tried in attempts.items():
         statuses = {event["status"] for event in tried}
-        held = [row for row in rows_by_tag.get(tag, []) if row.subscription in subscriptions]
+        expected = next((e["subs"] for e in tried if e.get("subs")), None) or subscriptions
+        held = [row for row in rows_by_tag.get(tag, []) if row.subscription in expected]
         if "ok" in statuses:
             verdict.published += 1
-            for subscription in subscriptions:
+            for subscription in expected:
                 ended = [row for row in held if row.subscription == subscription]
                 if not any(row.state in TERMINAL for row in ended):
                     states = sorted(row.state for row in ended) or ["missing"]
@@ -196,7 +198,9 @@ def check(
         by_attempt: dict[int, list[Event]] = defaultdict(list)
         for event in trail:
             by_attempt[event["attempt"]].append(event)
-        starts = sorted(deliveries, key=lambda event: event["mono"])
+        # Claim order is attempt order: a worker paused between its claim and its handler's
+        # start begins a stale attempt after the newer one it lost the lease to.
+        starts = sorted(deliveries, key=lambda event: (event["attempt"], event["mono"]))
         for index, start in enumerate(starts):
             mine = by_attempt[start["attempt"]]
             handled = next((e for e in mine if e["op"] == "handled"), None)
@@ -254,9 +258,23 @@ def _explain(
 ) -> str | None:
     """Why the copy was delivered again after ``start``; ``None`` when nothing explains it."""
     window = (start["mono"], following["mono"])
-    for kind, moment in kills.get(int(start["pid"]), []):
+    faults = kills.get(int(start["pid"]), [])
+    for kind, moment in faults:
         if window[0] <= moment <= window[1]:
-            return {"kill": "worker killed", "stop": "worker paused"}.get(kind, kind)
+            return {
+                "kill": "worker killed",
+                "stop": "worker paused",
+                "cont": "worker paused",
+                "exit": "worker exited",
+            }.get(kind, kind)
+    if following["mono"] < start["mono"]:
+        # The newer attempt began first: this one was claimed before it but started after,
+        # which a worker paused while holding it unstarted does.
+        before = [
+            kind for kind, moment in faults if kind in {"stop", "cont"} and moment <= window[1]
+        ]
+        if before and before[-1] == "stop":
+            return "worker paused"
     if any(e["op"] == "settled" and e["kind"] == "retry" for e in mine):
         return "explicit retry"
     if any(e["op"] == "handled" and e.get("error") for e in mine):

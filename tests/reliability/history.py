@@ -12,15 +12,18 @@ Events (``op``) and their fields:
 - ``publish``: ``tag`` (the producer's own unique name for the message, also put in its
   payload), ``key``, ``seq`` (position within the key, from 0), ``ikey`` (idempotency key),
   ``status`` (``ok``; ``failed``: definitely not applied; ``ambiguous``: a commit whose fate
-  is unknown), ``id`` (the message id when ``ok``), ``error``.
+  is unknown), ``id`` (the message id when ``ok``), ``error``, and optionally ``subs``: the
+  subscriptions the message must reach (when absent, every one the checker is given).
 - ``deliver``: a handler started: ``id``, ``delivery``, ``attempt``, ``token``, ``sub``,
-  ``tag``, ``key``.
+  ``tag``, ``key``, and the database's times of the delivery: ``enqueued_at``,
+  ``available_at``, ``expires_at`` (or ``None``) and ``leased_until`` (the lease's end as
+  the claim set it), each in seconds since the epoch.
 - ``handled``: the handler returned or raised (``error``).
 - ``settled``: the runtime committed the outcome (``kind``: ``complete``, ``retry``,
   ``dead``).
 - ``settle_lost``: the outcome was refused because the lease had been lost.
-- ``fault``: ``kind`` (``kill``, ``stop``, ``cont``, ``restart``, ``terminate``, ...) and
-  ``target`` (a process id, or ``"server"``).
+- ``fault``: ``kind`` (``kill``, ``stop``, ``cont``, ``restart``, ``terminate``, ``exit``
+  (a process about to end itself), ...) and ``target`` (a process id, or ``"server"``).
 
 The checker (``checker.py``) reads every file of a scenario's directory together.
 """
@@ -68,9 +71,19 @@ class HistoryWriter:
     # --- producers ---------------------------------------------------------------------------
 
     def published(
-        self, tag: str, message_id: str, *, key: str | None = None, seq: int = 0, ikey: str | None
+        self,
+        tag: str,
+        message_id: str,
+        *,
+        key: str | None = None,
+        seq: int = 0,
+        ikey: str | None,
+        subs: Sequence[str] | None = None,
     ) -> None:
-        self.record("publish", tag=tag, key=key, seq=seq, ikey=ikey, status="ok", id=message_id)
+        extra = {} if subs is None else {"subs": list(subs)}
+        self.record(
+            "publish", tag=tag, key=key, seq=seq, ikey=ikey, status="ok", id=message_id, **extra
+        )
 
     def publish_failed(
         self,
@@ -80,6 +93,7 @@ class HistoryWriter:
         key: str | None = None,
         seq: int = 0,
         ikey: str | None,
+        subs: Sequence[str] | None = None,
     ) -> None:
         """Record a failed publish, ambiguous when the error says its commit's fate is
         unknown (``ConnectionLost(ambiguous=True)``) or when it is not a sqlbroker error at
@@ -90,6 +104,7 @@ class HistoryWriter:
             status = "failed"
         else:
             status = "foreign"
+        extra = {} if subs is None else {"subs": list(subs)}
         self.record(
             "publish",
             tag=tag,
@@ -98,6 +113,7 @@ class HistoryWriter:
             ikey=ikey,
             status=status,
             error=f"{type(error).__name__}: {error}",
+            **extra,
         )
 
     # --- fault injectors ---------------------------------------------------------------------
@@ -141,7 +157,16 @@ class HistoryObserver(WorkerObserver):
 
     @contextmanager
     def _scope(self, delivery: Delivery) -> Iterator[object]:
-        self._record("deliver", delivery, tag=_tag(delivery.payload), key=delivery.key)
+        self._record(
+            "deliver",
+            delivery,
+            tag=_tag(delivery.payload),
+            key=delivery.key,
+            enqueued_at=delivery.enqueued_at.timestamp(),
+            available_at=delivery.available_at.timestamp(),
+            expires_at=None if delivery.expires_at is None else delivery.expires_at.timestamp(),
+            leased_until=delivery.lease_expires_at.timestamp(),
+        )
         yield None
 
     def handler_finished(

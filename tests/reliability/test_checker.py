@@ -78,3 +78,49 @@ def test_order_per_key() -> None:
 def test_a_foreign_exception_is_reported() -> None:
     events = [publish("a", 0, status="foreign", error="OperationalError: boom")]
     assert check(events, [], subscriptions=[SUB]).foreign_errors
+
+
+def test_a_publish_names_the_subscriptions_it_must_reach() -> None:
+    other = FinalRow("m-b", "later", "cancelled", "b")
+    events = [publish("a", 0), publish("b", 0, subs=["later"])]
+    verdict = check(events, [row("a"), other], subscriptions=[SUB])
+    verdict.assert_clean()
+    assert verdict.published == 2
+    lost = check(events, [row("a"), row("b")], subscriptions=[SUB])
+    assert lost.lost == ["b@later: missing"]
+
+
+def test_a_worker_that_ends_itself_explains_the_redelivery() -> None:
+    events = [publish("a", 0), *delivery("a", 1, 1, end="none"), *delivery("a", 2, 5, pid=11)]
+    exited = [*events, ev("fault", 1.5, kind="exit", target=10)]
+    verdict = check(exited, [row("a")], subscriptions=[SUB])
+    verdict.assert_clean()
+    assert verdict.duplicates == {"worker exited": 1}
+
+
+def test_a_stale_attempt_started_after_a_pause() -> None:
+    """Attempt 1 was claimed, its worker paused before the handler began; attempt 2 ran on
+    another worker meanwhile; attempt 1's handler starts after the resume and its ack is
+    refused. Without the pause the late start is unexplained; had attempt 1 settled, two
+    leases would have overlapped."""
+    stale = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10}
+    late_start = [
+        ev("deliver", 4.0, tag="a", key=None, token="t1", **stale),
+        ev("handled", 4.1, error=None, **stale),
+    ]
+    events = [publish("a", 0), *delivery("a", 2, 3.0, pid=11), *late_start]
+    refused = [*events, ev("settle_lost", 4.2, kind="complete", **stale)]
+    paused = [
+        *events,
+        ev("fault", 1.0, kind="stop", target=10),
+        ev("fault", 3.5, kind="cont", target=10),
+    ]
+    assert check(events, [row("a")], subscriptions=[SUB]).unexplained
+    verdict = check(paused, [row("a")], subscriptions=[SUB])
+    verdict.assert_clean()
+    assert verdict.duplicates == {"worker paused": 1}
+    assert check(refused, [row("a")], subscriptions=[SUB]).clean
+    settled = [*paused, ev("settled", 4.2, kind="complete", **stale)]
+    verdict = check(settled, [row("a")], subscriptions=[SUB])
+    assert verdict.overlaps
+    assert verdict.double_completions

@@ -46,30 +46,45 @@ def run_until_idle(broker: sqlbroker.Broker, **options: Any) -> float:
     return elapsed
 
 
-class WorkerProcess:
-    """One ``python -m runtime.workerapp`` process (see workerapp.py for its options)."""
+class ModuleProcess:
+    """One ``python -m <module>`` process with ``tests/`` on its path, its output in
+    ``workdir/<name>.log``, configured by environment variables: ``env`` as given, and each
+    keyword option ``x=value`` as ``SQLBROKER_X`` (``None`` leaves it unset). It reports
+    readiness by creating the file named by ``SQLBROKER_READY``. ``preload`` goes into
+    ``LD_PRELOAD`` (libfaketime, say) for this process only."""
 
-    def __init__(self, url: str, workdir: Path, name: str, effects: Path, **options: Any) -> None:
+    def __init__(
+        self,
+        module: str,
+        workdir: Path,
+        name: str,
+        *,
+        env: dict[str, str] | None = None,
+        preload: str | None = None,
+        **options: Any,
+    ) -> None:
         self.name = name
+        self.module = module
         self.ready_path = workdir / f"{name}.ready"
         self.log_path = workdir / f"{name}.log"
         python_path = [str(TESTS_DIR)]
         if os.environ.get("PYTHONPATH"):
             python_path.append(os.environ["PYTHONPATH"])
-        env = {
+        full_env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(python_path),
-            "SQLBROKER_URL": url,
-            "SQLBROKER_EFFECTS": str(effects),
             "SQLBROKER_READY": str(self.ready_path),
+            **(env or {}),
         }
+        if preload is not None:
+            full_env["LD_PRELOAD"] = preload
         for option, value in options.items():
             if value is not None:
-                env[f"SQLBROKER_{option.upper()}"] = str(value)
-        with self.log_path.open("wb") as log:
+                full_env[f"SQLBROKER_{option.upper()}"] = str(value)
+        with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "runtime.workerapp"],
-                env=env,
+                [sys.executable, "-m", module],
+                env=full_env,
                 cwd=TESTS_DIR,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -77,7 +92,8 @@ class WorkerProcess:
             )
 
     def __repr__(self) -> str:
-        return f"WorkerProcess({self.name!r}, pid={self.pid}, rc={self.process.poll()})"
+        kind = type(self).__name__
+        return f"{kind}({self.name!r}, pid={self.pid}, rc={self.process.poll()})"
 
     @property
     def pid(self) -> int:
@@ -97,12 +113,12 @@ class WorkerProcess:
         def ready() -> bool:
             if not self.alive:
                 raise AssertionError(
-                    f"worker {self.name} exited ({self.process.returncode}) before it was"
+                    f"{self.name} exited ({self.process.returncode}) before it was"
                     f" ready:\n{self.log()}"
                 )
             return self.ready_path.exists()
 
-        wait_until(ready, timeout=timeout, what=f"worker {self.name} to be ready")
+        wait_until(ready, timeout=timeout, what=f"{self.name} to be ready")
 
     def send(self, signum: signal.Signals) -> None:
         self.process.send_signal(signum)
@@ -112,13 +128,26 @@ class WorkerProcess:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(
-                f"worker {self.name} still running after {timeout:g} s:\n{self.log()}"
+                f"{self.name} still running after {timeout:g} s:\n{self.log()}"
             ) from None
 
     def kill(self) -> None:
         if self.alive:
             self.process.kill()
         self.process.wait(timeout=30)
+
+
+class WorkerProcess(ModuleProcess):
+    """One ``python -m runtime.workerapp`` process (see workerapp.py for its options)."""
+
+    def __init__(self, url: str, workdir: Path, name: str, effects: Path, **options: Any) -> None:
+        super().__init__(
+            "runtime.workerapp",
+            workdir,
+            name,
+            env={"SQLBROKER_URL": url, "SQLBROKER_EFFECTS": str(effects)},
+            **options,
+        )
 
 
 def read_effects(path: Path) -> list[dict[str, Any]]:
