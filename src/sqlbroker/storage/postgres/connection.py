@@ -151,7 +151,9 @@ class PostgresPool:
                 f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
             ) from None
 
-    def translate(self, error: psycopg.Error, *, write: bool, conn: Conn | None) -> Exception:
+    def translate(
+        self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
+    ) -> Exception:
         text = (
             redact(str(error)).strip().splitlines()[0]
             if str(error).strip()
@@ -187,11 +189,14 @@ class PostgresPool:
                 "a PostgreSQL broker needs a psycopg 3 connection (or SQLAlchemy / Django"
                 f" over psycopg 3), not {caller.describe(raw)}",
             )
+        # Only a transaction of our own commits here; a connection lost inside the
+        # caller's transaction takes that transaction with it, so nothing was applied.
+        ours = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
         try:
             with self._joined(raw):
                 yield raw
         except psycopg.Error as error:
-            raise self.translate(error, write=True, conn=raw) from None
+            raise self.translate(error, write=ours, conn=raw) from None
 
     @contextmanager
     def _joined(self, raw: Conn) -> Iterator[None]:
@@ -220,6 +225,7 @@ class PostgresPool:
         transaction on a connection of the async pool, opened on first use."""
         if conn is None:
             pool = await self._open_async_pool()
+            own: AsyncConn | None = None
             try:
                 async with pool.connection() as own, own.transaction():
                     yield own
@@ -229,7 +235,8 @@ class PostgresPool:
                     ambiguous=False,
                 ) from None
             except psycopg.Error as error:
-                raise self.translate(error, write=True, conn=None) from None
+                # No connection yet: nothing was sent, so nothing can have committed.
+                raise self.translate(error, write=own is not None, conn=own) from None
             return
         try:
             raw = await caller.unwrap_async(conn)
@@ -241,9 +248,11 @@ class PostgresPool:
                 "an async publish on PostgreSQL needs a psycopg.AsyncConnection (or"
                 f" SQLAlchemy's asyncio over psycopg 3), not {caller.describe(raw)}",
             )
+        ours = False
         try:
             status = self._caller_status(raw)
             if raw.autocommit and status == TransactionStatus.IDLE:
+                ours = True
                 async with raw.transaction():
                     yield raw
                 return
@@ -256,7 +265,7 @@ class PostgresPool:
                 raise
             await raw.execute(self._sql["savepoint_release"])
         except psycopg.Error as error:
-            raise self.translate(error, write=True, conn=None) from None
+            raise self.translate(error, write=ours, conn=raw) from None
 
     def _caller(self, unwrap: Callable[[Any], Any], conn: Any) -> Any:
         try:
