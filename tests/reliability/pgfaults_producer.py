@@ -18,8 +18,9 @@ Environment: ``SQLBROKER_URL``, ``SQLBROKER_HISTORY``, ``SQLBROKER_NAME``, ``SQL
 and ``SQLBROKER_ROLLBACK_EVERY`` (0: never), ``SQLBROKER_APPLICATION_NAME``,
 ``SQLBROKER_GIVE_UP`` (seconds one message is retried before the producer exits 4; 120),
 ``SQLBROKER_BATCH`` (1: each message alone with ``send``; more: that many in one
-``publish_many``), ``SQLBROKER_STOP_FILE`` (stop early, cleanly, once this file exists).
-Exit status 0 once every message was published.
+``publish_many``), ``SQLBROKER_BURST`` (publish that many back to back, then pause: the
+same rate on average, with quiet gaps), ``SQLBROKER_STOP_FILE`` (stop early, cleanly,
+once this file exists). Exit status 0 once every message was published.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class Producer:
         tx_every = int(env("SQLBROKER_TX_EVERY", "0"))
         rollback_every = int(env("SQLBROKER_ROLLBACK_EVERY", "0"))
         batch = int(env("SQLBROKER_BATCH", "1"))
+        burst = int(env("SQLBROKER_BURST", "1"))
         stop_file = Path(env("SQLBROKER_STOP_FILE") or "/nonexistent/stop")
         Path(os.environ["SQLBROKER_READY"]).touch()
         started = time.monotonic()
@@ -141,7 +143,7 @@ class Producer:
         for index in range(count):
             if not pending and stop_file.exists():
                 break
-            wait = started + index / rate - time.monotonic()
+            wait = started + (index - index % burst) / rate - time.monotonic()
             if wait > 0 and not pending:
                 time.sleep(wait)
             tag = f"{prefix}-{index}"
