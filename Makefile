@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck env postgres chromium bench bench-full clean
+.PHONY: demo test test-fast lint typecheck env postgres chromium bench bench-full clean faults-long
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ test: $(STAMP) postgres chromium lint typecheck
 ## Everything but the slow suites, for a quick local loop.
 test-fast: $(STAMP) postgres chromium
 	$(BIN)/python -m pytest -m "not slow and not spark" $(PYTEST_ARGS)
+
+## The fault-injection scenarios (docs/reliability.md) at ten times their CI size.
+faults-long: $(STAMP) postgres
+	SQLBROKER_FAULTS_SCALE=10 $(BIN)/python -m pytest -m slow --timeout=3600 -rP tests/reliability $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
