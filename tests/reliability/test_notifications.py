@@ -10,11 +10,13 @@ pickup (publish committed → handler started) must stay within the poll bound.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import sqlbroker
 from reliability.checker import final_rows, verdict_for
 from reliability.history import HistoryWriter, read_histories
 from reliability.pgfaults import (
@@ -30,8 +32,7 @@ from reliability.pgfaults import (
     wait_all,
     wait_drained,
 )
-
-pytestmark = pytest.mark.slow
+from runtime.support import wait_until
 
 RATE = 20.0  # messages per second, on average
 BURST = 20  # published back to back once a second: workers go quiet, their polls slow down
@@ -123,6 +124,7 @@ def judge(url: str, events: list[dict[str, object]], *, poll: float, slack: floa
     return report
 
 
+@pytest.mark.slow
 def test_without_a_listener_the_poll_finds_everything(backend_url: str, tmp_path: Path) -> None:
     poll = 0.5
     events, _ = run_scenario(backend_url, tmp_path, poll=poll, listen=False, seconds=scaled(6.0))
@@ -132,6 +134,7 @@ def test_without_a_listener_the_poll_finds_everything(backend_url: str, tmp_path
     judge(backend_url, events, poll=poll, slack=3)
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_a_listener_terminated_every_few_seconds_misses_nothing(
     pg_url: str, tmp_path: Path
@@ -147,3 +150,35 @@ def test_a_listener_terminated_every_few_seconds_misses_nothing(
     report = judge(pg_url, events, poll=poll, slack=1.5)
     print(f"terminations={terminated}")
     assert report
+
+
+def test_listen_false_opens_no_listener(backend_url: str) -> None:
+    """``listen=False``: no listener thread (nor LISTEN session); another broker's message
+    is found by the poll."""
+    handled = threading.Event()
+
+    def listeners() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "sqlbroker-listen"}
+
+    earlier = listeners()  # an earlier test's, still on its way out
+    with sqlbroker.Broker(backend_url, migrate=True) as worker_broker:
+
+        @worker_broker.subscriber(queue="jobs")
+        def handle(msg: sqlbroker.Message) -> None:
+            handled.set()
+
+        runner = threading.Thread(
+            target=worker_broker.run,
+            kwargs={"install_signal_handlers": False, "poll_interval": 0.2, "listen": False},
+        )
+        runner.start()
+        try:
+            with sqlbroker.Broker(backend_url, migrate=True) as other:
+                other.send("jobs", {"tag": "a"})
+            wait_until(handled.is_set, timeout=30, what="the message to be handled")
+            assert not listeners() - earlier
+            if not backend_url.startswith("sqlite"):
+                assert listening_backends(backend_url) == 0
+        finally:
+            worker_broker.stop()
+            runner.join(timeout=30)
