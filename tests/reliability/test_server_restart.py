@@ -11,6 +11,7 @@ be clean.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from reliability.pgfaults import (
     wait_drained,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = pytest.mark.postgres
 
 POLL = 1.0  # the default poll interval
 INTERVAL = 2.0  # seconds of load between two faults; the scale multiplies their number
@@ -52,6 +53,7 @@ def own_server() -> OwnServer:
     server.stop()
 
 
+@pytest.mark.slow
 def test_immediate_restarts_and_terminated_sessions_lose_nothing(
     own_server: OwnServer, tmp_path: Path
 ) -> None:
@@ -185,3 +187,19 @@ def test_a_publish_in_the_callers_transaction_across_a_terminated_session(
     asyncio.run(publish_async())
     with sqlbroker.Broker(pg_url) as broker:
         assert broker.pending("jobs") == []
+
+
+def test_after_its_sessions_are_terminated_the_pool_fails_once(pg_url: str) -> None:
+    """Every idle connection of the pool died at once (a restart, sessions terminated): the
+    first operation fails with ``ConnectionLost`` and the pool tests the others, so the
+    next operation succeeds instead of failing on each dead connection in turn. Before,
+    a claim loop retrying every 5 s on a pool of ten met a dead connection ten times."""
+    with sqlbroker.Broker(pg_url, application_name="pool-under-test") as broker:
+        with contextlib.ExitStack() as stack:  # four connections at once, then idle
+            for _ in range(4):
+                stack.enter_context(broker.backend.transaction())
+        assert terminate_backends(pg_url, application_prefix="pool-under-test") == 4
+        with pytest.raises(sqlbroker.ConnectionLost):
+            broker.send("jobs", {"tag": "first"})
+        broker.send("jobs", {"tag": "second"})
+        assert len(broker.pending("jobs")) == 1

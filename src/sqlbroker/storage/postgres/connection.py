@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
@@ -140,6 +141,9 @@ class PostgresPool:
                     yield conn
                 except psycopg.Error as error:
                     raise self.translate(error, write=write, conn=conn) from None
+        except ConnectionLost:
+            _check_idle(pool)
+            raise
         except PoolTimeout:
             raise ConnectionLost(
                 f"no PostgreSQL connection within {self._connect_timeout:g} s"
@@ -229,6 +233,9 @@ class PostgresPool:
             try:
                 async with pool.connection() as own, own.transaction():
                     yield own
+            except ConnectionLost:
+                await _check_idle_async(pool)
+                raise
             except PoolTimeout:
                 raise ConnectionLost(
                     f"no PostgreSQL connection within {self._connect_timeout:g} s",
@@ -236,7 +243,10 @@ class PostgresPool:
                 ) from None
             except psycopg.Error as error:
                 # No connection yet: nothing was sent, so nothing can have committed.
-                raise self.translate(error, write=own is not None, conn=own) from None
+                lost = self.translate(error, write=own is not None, conn=own)
+                if isinstance(lost, ConnectionLost):
+                    await _check_idle_async(pool)
+                raise lost from None
             return
         try:
             raw = await caller.unwrap_async(conn)
@@ -324,3 +334,18 @@ class PostgresPool:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+
+def _check_idle(pool: ConnectionPool[Conn]) -> None:
+    """One connection died under us: the server restarted or ended sessions, so the
+    pool's idle connections are likely dead too. The pool hands them out unchecked (a
+    check on every checkout costs a round trip on the hot path), so test them now: the
+    next operations get live ones instead of each failing on a dead one in turn."""
+    with contextlib.suppress(Exception):  # a closed pool, a server still down: no matter
+        pool.check()
+
+
+async def _check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
+    """:func:`_check_idle` for the async pool."""
+    with contextlib.suppress(Exception):
+        await pool.check()
