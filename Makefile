@@ -62,7 +62,7 @@ test-fast: $(STAMP) postgres chromium faketime
 
 ## The fault-injection suites as a longer soak: ten times the messages and durations.
 faults-long: $(STAMP) postgres faketime
-	SQLBROKER_FAULTS_SCALE=10 $(BIN)/python -m pytest -m slow tests/reliability --timeout 3600 $(PYTEST_ARGS)
+	SQLBROKER_FAULTS_SCALE=10 $(BIN)/python -m pytest -m slow --timeout=3600 -rP tests/reliability $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

@@ -183,9 +183,13 @@ class Broker(_ProducerBroker):
         install_signal_handlers: bool = True,
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         schedules: bool = True,
+        listen: bool = True,
     ) -> Worker:
         """A worker for all registered subscribers (or the named ones). It also publishes
-        the ticks of durable schedules unless ``schedules=False``."""
+        the ticks of durable schedules unless ``schedules=False``. ``listen=False`` opens no
+        wake-up listener (PostgreSQL's LISTEN connection, which a transaction-pooling proxy
+        such as PgBouncer cannot carry; SQLite's commit watcher): other processes' messages
+        are then found by the poll alone, within ``poll_interval`` seconds."""
         chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
         unknown = [name for name in chosen if name not in self.subscribers]
         if unknown:
@@ -205,6 +209,7 @@ class Broker(_ProducerBroker):
             heartbeat_interval=heartbeat_interval,
             observers=self._observers,
             schedules=schedules,
+            listen=listen,
         )
 
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:

@@ -74,6 +74,7 @@ class Worker:
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         observers: Sequence[WorkerObserver] = (),
         schedules: bool = True,
+        listen: bool = True,
     ) -> None:
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
@@ -87,6 +88,7 @@ class Worker:
         self._poll_max = validate.seconds(poll_interval, "poll_interval", allow_zero=False)
         self._install_signals = install_signal_handlers
         self._schedules = bool(schedules)
+        self._listen = bool(listen)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat_interval = validate.seconds(
             heartbeat_interval, "heartbeat_interval", allow_zero=False, maximum=3600.0
@@ -190,13 +192,14 @@ class Worker:
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(self._hint, subscription)
 
-            listener = threading.Thread(
-                target=backend.listen,
-                kwargs={"on_hint": on_hint, "stop": listen_stop},
-                name="sqlbroker-listen",
-                daemon=True,
-            )
-            listener.start()
+            if self._listen:
+                listener = threading.Thread(
+                    target=backend.listen,
+                    kwargs={"on_hint": on_hint, "stop": listen_stop},
+                    name="sqlbroker-listen",
+                    daemon=True,
+                )
+                listener.start()
             if self._install_signals and threading.current_thread() is threading.main_thread():
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(signum, self._on_signal, signum)

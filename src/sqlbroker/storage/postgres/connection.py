@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
 import weakref
@@ -154,6 +155,9 @@ class PostgresPool:
                     yield conn
                 except psycopg.Error as error:
                     raise self.translate(error, write=write, conn=conn) from None
+        except ConnectionLost:
+            _check_idle(pool)
+            raise
         except PoolTimeout:
             raise ConnectionLost(
                 f"no PostgreSQL connection within {self._connect_timeout:g} s"
@@ -165,7 +169,9 @@ class PostgresPool:
                 f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
             ) from None
 
-    def translate(self, error: psycopg.Error, *, write: bool, conn: Conn | None) -> Exception:
+    def translate(
+        self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
+    ) -> Exception:
         text = (
             redact(str(error)).strip().splitlines()[0]
             if str(error).strip()
@@ -204,11 +210,14 @@ class PostgresPool:
                 "a PostgreSQL broker needs a psycopg 3 connection (or SQLAlchemy / Django"
                 f" over psycopg 3), not {caller.describe(raw)}",
             )
+        # Only a transaction of our own commits here; a connection lost inside the
+        # caller's transaction takes that transaction with it, so nothing was applied.
+        ours = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
         try:
             with self._joined(raw):
                 yield raw
         except psycopg.Error as error:
-            raise self.translate(error, write=True, conn=raw) from None
+            raise self.translate(error, write=ours, conn=raw) from None
 
     @contextmanager
     def _joined(self, raw: Conn) -> Iterator[None]:
@@ -237,16 +246,24 @@ class PostgresPool:
         transaction on a connection of the async pool, opened on first use."""
         if conn is None:
             pool = await self._open_async_pool()
+            own: AsyncConn | None = None
             try:
                 async with pool.connection() as own, own.transaction():
                     yield own
+            except ConnectionLost:
+                await _check_idle_async(pool)
+                raise
             except PoolTimeout:
                 raise ConnectionLost(
                     f"no PostgreSQL connection within {self._connect_timeout:g} s",
                     ambiguous=False,
                 ) from None
             except psycopg.Error as error:
-                raise self.translate(error, write=True, conn=None) from None
+                # No connection yet: nothing was sent, so nothing can have committed.
+                lost = self.translate(error, write=own is not None, conn=own)
+                if isinstance(lost, ConnectionLost):
+                    await _check_idle_async(pool)
+                raise lost from None
             return
         try:
             raw = await caller.unwrap_async(conn)
@@ -258,9 +275,11 @@ class PostgresPool:
                 "an async publish on PostgreSQL needs a psycopg.AsyncConnection (or"
                 f" SQLAlchemy's asyncio over psycopg 3), not {caller.describe(raw)}",
             )
+        ours = False
         try:
             status = self._caller_status(raw)
             if raw.autocommit and status == TransactionStatus.IDLE:
+                ours = True
                 async with raw.transaction():
                     yield raw
                 return
@@ -273,7 +292,7 @@ class PostgresPool:
                 raise
             await raw.execute(self._sql["savepoint_release"])
         except psycopg.Error as error:
-            raise self.translate(error, write=True, conn=None) from None
+            raise self.translate(error, write=ours, conn=raw) from None
 
     def _caller(self, unwrap: Callable[[Any], Any], conn: Any) -> Any:
         try:
@@ -332,3 +351,18 @@ class PostgresPool:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+
+def _check_idle(pool: ConnectionPool[Conn]) -> None:
+    """One connection died under us: the server restarted or ended sessions, so the
+    pool's idle connections are likely dead too. The pool hands them out unchecked (a
+    check on every checkout costs a round trip on the hot path), so test them now: the
+    next operations get live ones instead of each failing on a dead one in turn."""
+    with contextlib.suppress(Exception):  # a closed pool, a server still down: no matter
+        pool.check()
+
+
+async def _check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
+    """:func:`_check_idle` for the async pool."""
+    with contextlib.suppress(Exception):
+        await pool.check()
