@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from sqlbroker.core.clock import Clock, DatabaseClock
-from sqlbroker.core.errors import ConfigurationError
+from sqlbroker.core.errors import ConfigurationError, InvalidOption
 from sqlbroker.storage.base import Backend
 from sqlbroker.storage.url import parse_url
 
@@ -18,10 +20,13 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     (``"on"``/``"off"``), ``connect_timeout`` (s).
     """
     parsed = parse_url(url)
+    if clock is not None and not callable(getattr(clock, "now", None)):
+        raise InvalidOption("clock", f"must be a Clock (with a now() method), not {clock!r}")
     clock = clock or DatabaseClock()
     if parsed.scheme == "sqlite":
         from sqlbroker.storage.sqlite.backend import SqliteBackend
 
+        _check_options(SqliteBackend, options, "SQLite")
         return SqliteBackend(parsed, clock=clock, **options)
     try:
         from sqlbroker.storage.postgres.backend import PostgresBackend
@@ -30,4 +35,14 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
             "PostgreSQL support needs the postgres extra:"
             f" pip install 'sqlbroker[postgres]' ({error})"
         ) from None
+    _check_options(PostgresBackend, options, "PostgreSQL")
     return PostgresBackend(parsed, clock=clock, **options)
+
+
+def _check_options(backend: type, options: Mapping[str, Any], name: str) -> None:
+    """An option the backend does not take is bad input, not a ``TypeError``."""
+    accepted = set(inspect.signature(backend).parameters) - {"url", "clock"}
+    for option in sorted(set(options) - accepted):
+        raise InvalidOption(
+            option, f"is not an option of the {name} backend ({', '.join(sorted(accepted))})"
+        )
