@@ -168,6 +168,7 @@ class BrokerMachine(RuleBasedStateMachine):
         return options
 
     @rule(
+        via=st.sampled_from(["publish", "send"]),
         topic=st.sampled_from(TOPICS),
         payload=payloads,
         priority=priorities,
@@ -178,24 +179,17 @@ class BrokerMachine(RuleBasedStateMachine):
         idempotency_key=idempotency_keys,
         dedupe_window=windows,
     )
-    def publish(self, topic: str, payload: int, **options: Any) -> None:
+    def publish(self, via: str, topic: str, payload: int, **options: Any) -> None:
+        """``publish`` to a topic (fan-out), or ``send`` to the queue ``q``."""
+        if via == "send":
+            item = PublishItem("q", payload, queue="q", **options)
+            self._publish([item], lambda: [self.broker.send("q", payload, **self._options(item))])
+            return
         item = PublishItem(topic, payload, **options)
         self._publish([item], lambda: [self.broker.publish(topic, payload, **self._options(item))])
 
     @rule(
-        payload=payloads,
-        priority=priorities,
-        key=keys,
-        delay=delays,
-        ttl=ttls,
-        max_attempts=attempt_limits,
-        idempotency_key=idempotency_keys,
-    )
-    def send(self, payload: int, **options: Any) -> None:
-        item = PublishItem("q", payload, queue="q", **options)
-        self._publish([item], lambda: [self.broker.send("q", payload, **self._options(item))])
-
-    @rule(
+        via=st.sampled_from(["publish_many", "send_many"]),
         batch=st.lists(
             st.builds(
                 PublishItem,
@@ -209,21 +203,28 @@ class BrokerMachine(RuleBasedStateMachine):
             ),
             min_size=1,
             max_size=4,
-        )
+        ),
     )
-    def publish_many(self, batch: list[PublishItem]) -> None:
+    def publish_batch(self, via: str, batch: list[PublishItem]) -> None:
+        """``publish_many`` of mixed items, or ``send_many`` of their payloads with the
+        first item's options."""
+        if via == "send_many":
+            first = batch[0]
+            items = [
+                PublishItem("q", i.payload, queue="q", key=first.key, delay=first.delay)
+                for i in batch
+            ]
+            options = self._options(items[0])
+            payload_list = [i.payload for i in items]
+            self._publish(items, lambda: self.broker.send_many("q", payload_list, **options))
+            return
+
         def call() -> list[str]:
             return self.broker.publish_many(
                 [{"topic": i.topic, "payload": i.payload, **self._options(i)} for i in batch]
             )
 
         self._publish(batch, call)
-
-    @rule(payload_list=st.lists(payloads, min_size=1, max_size=3), key=keys, delay=delays)
-    def send_many(self, payload_list: list[int], key: str | None, delay: int | None) -> None:
-        items = [PublishItem("q", p, queue="q", key=key, delay=delay) for p in payload_list]
-        options = self._options(items[0])
-        self._publish(items, lambda: self.broker.send_many("q", payload_list, **options))
 
     # --- consuming -----------------------------------------------------------------------------
 
@@ -234,6 +235,15 @@ class BrokerMachine(RuleBasedStateMachine):
         consumer=st.sampled_from(CONSUMERS),
     )
     def claim(self, subscription: str, limit: int, lease: int, consumer: str) -> None:
+        self._claim(subscription, limit, lease, consumer)
+
+    @rule(limit=st.sampled_from([1, 3]), consumer=st.sampled_from(CONSUMERS))
+    def claim_everywhere(self, limit: int, consumer: str) -> None:
+        """One consumer claims from every subscription in turn."""
+        for subscription in CLAIMABLE:
+            self._claim(subscription, limit, 10, consumer)
+
+    def _claim(self, subscription: str, limit: int, lease: int, consumer: str) -> None:
         candidates = self.model.claimable(subscription)
         required, free = allowed_claim(candidates, limit)
         deliveries = self.broker.claim(subscription, limit=limit, lease=lease, worker=consumer)
@@ -375,6 +385,9 @@ class BrokerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.published)
     @rule(pick=indexes)
     def cancel(self, pick: int) -> None:
+        """Cancel a message (in one pick of four: a cancel ends a message's story early)."""
+        if pick % 4:
+            return
         # Insertion order, not sorted ids: ids carry random bits, and the step must be the
         # same on every replay of the example.
         message_ids = list(self.published)

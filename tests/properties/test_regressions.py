@@ -23,6 +23,7 @@ def test_a_duplicate_send_does_not_create_its_queue(backend_url: str) -> None:
     state = BrokerMachine.for_url(backend_url)()
     try:
         state.publish(
+            via="publish",
             topic="q",
             payload=0,
             priority=2,
@@ -34,7 +35,9 @@ def test_a_duplicate_send_does_not_create_its_queue(backend_url: str) -> None:
             dedupe_window=None,
         )
         state.database_matches_the_model()
-        state.send(
+        state.publish(
+            via="send",
+            topic="q",
             payload=0,
             priority=2,
             key=None,
