@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck env postgres chromium faketime bench bench-full faults-long clean
+.PHONY: demo test test-fast lint typecheck env postgres chromium faketime bench bench-full faults-long fuzz clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -65,7 +65,16 @@ faults-long: $(STAMP) postgres faketime
 	SQLBROKER_FAULTS_SCALE=10 $(BIN)/python -m pytest -m slow --timeout=3600 -rP tests/reliability $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo .fuzz
+
+## A long fuzzing run: each atheris harness for FUZZ_SECONDS (corpus kept in .fuzz/, crashes
+## saved there), then the property tests under the long Hypothesis profile.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP) postgres
+	@mkdir -p .fuzz/serde .fuzz/topics
+	$(BIN)/python tests/fuzz/harness_serde.py .fuzz/serde -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -artifact_prefix=.fuzz/
+	$(BIN)/python tests/fuzz/harness_topics.py .fuzz/topics -max_total_time=$(FUZZ_SECONDS) -max_len=1024 -artifact_prefix=.fuzz/
+	SQLBROKER_HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest tests/properties --timeout=0 -p no:cacheprovider $(PYTEST_ARGS)
 
 ## Quick benchmark against the peers (bench/README.md): SQLite and a durable throwaway
 ## PostgreSQL, the peers installed into bench/.peers-venv, < 3 minutes.

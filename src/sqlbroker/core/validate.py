@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,7 +49,10 @@ def seconds(
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        result = float(value)
+        try:
+            result = float(value)
+        except OverflowError:  # an int beyond any float
+            raise InvalidDuration(field, f"is longer than the limit of {maximum:g} s") from None
     else:
         raise InvalidDuration(field, f"must be seconds or a timedelta, not {type(value).__name__}")
     if not math.isfinite(result):
@@ -96,6 +99,14 @@ def integer(value: object, field: str, *, minimum: int, maximum: int) -> int:
     if not minimum <= value <= maximum:
         raise InvalidOption(field, f"must be from {minimum} to {maximum}, not {value}")
     return int(value)
+
+
+def items(value: object, field: str, what: str) -> list[Any]:
+    """A list of arguments read from any iterable except ``str``, ``bytes`` and mappings
+    (a string is not a list of its characters, nor a dict a list of its keys)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidOption(field, f"must be a list of {what}, not {type(value).__name__}")
+    return list(value)
 
 
 def _printable(value: str) -> bool:

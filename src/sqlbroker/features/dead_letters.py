@@ -38,10 +38,9 @@ def make_filter(
     """Validate filter arguments into a :class:`DeadFilter`."""
     id_tuple: tuple[int, ...] | None = None
     if ids is not None:
-        if isinstance(ids, int | str | bytes):
-            raise InvalidOption("ids", "must be a list of dead-letter ids")
         id_tuple = tuple(
-            validate.integer(value, "ids", minimum=1, maximum=2**63 - 1) for value in ids
+            validate.integer(value, "ids", minimum=1, maximum=2**63 - 1)
+            for value in validate.items(ids, "ids", "dead-letter ids")
         )
     for field, value in (("error_type", error_type), ("reason_contains", reason_contains)):
         if value is not None and (

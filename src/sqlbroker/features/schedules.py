@@ -336,7 +336,10 @@ class Schedules:
         if names is not None:
             if isinstance(names, str):
                 raise InvalidSchedule("names", "must be a list of schedule names")
-            chosen = [validate_topic(name, "names") for name in names]
+            chosen = [
+                validate_topic(name, "names")
+                for name in validate.items(names, "names", "schedule names")
+            ]
         return [public_schedule(r) for r in self._backend().schedule_list(names=chosen)]
 
     def get(self, name: str) -> Schedule | None:

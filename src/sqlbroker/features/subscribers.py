@@ -79,7 +79,9 @@ def make_spec(
         if name != queue:
             raise InvalidOption("name", "a queue subscriber is named after its queue")
     else:
-        topic_list = [topics] if isinstance(topics, str) else list(topics or [])
+        topic_list = (
+            [topics] if isinstance(topics, str) else validate.items(topics, "topics", "patterns")
+        )
         if not topic_list:
             raise InvalidOption("topics", "give at least one topic pattern")
         patterns = tuple(validate_pattern(p, "topics") for p in topic_list)

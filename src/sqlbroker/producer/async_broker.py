@@ -33,12 +33,21 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.processed import Once
 from sqlbroker.features.publishing import build_batch, build_message, check_options
 from sqlbroker.features.schedules import ScheduleRun
-from sqlbroker.producer.broker import DEFAULT_URL, Broker
+from sqlbroker.producer.broker import DEFAULT_URL, Broker, _deliveries
 from sqlbroker.storage import caller
 from sqlbroker.storage.base import Lease
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def _materialized(items: Any) -> Any:
+    """A batch read into a list on the caller's thread (a generator may not be thread-safe);
+    anything that is not a plain iterable goes through as it is, for the broker to refuse
+    with the same error as the sync API (a ``str`` is not a batch of characters)."""
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        return items
+    return list(items)
 
 
 class _Offloader:
@@ -155,7 +164,7 @@ class AsyncBroker:
         self, messages: Iterable[Mapping[str, Any]], *, conn: Any = None
     ) -> builtins.list[str]:
         if conn is None:
-            return await self._offload.run(self.sync.publish_many, list(messages))
+            return await self._offload.run(self.sync.publish_many, _materialized(messages))
         if not caller.is_async(conn):
             return self.sync.publish_many(messages, conn=conn)
         batch = build_batch(messages, defaults=self.sync.publish_defaults)
@@ -174,7 +183,9 @@ class AsyncBroker:
         self, queue: str, payloads: Iterable[Any], *, conn: Any = None, **options: Any
     ) -> builtins.list[str]:
         if conn is None:
-            return await self._offload.run(self.sync.send_many, queue, list(payloads), **options)
+            return await self._offload.run(
+                self.sync.send_many, queue, _materialized(payloads), **options
+            )
         if not caller.is_async(conn):
             return self.sync.send_many(queue, payloads, conn=conn, **options)
         validate_topic(queue, "queue")
@@ -235,7 +246,7 @@ class AsyncBroker:
     async def complete(
         self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None
     ) -> None:
-        items = [deliveries] if isinstance(deliveries, Delivery) else list(deliveries)
+        items = _deliveries(deliveries)
         if conn is None:
             await self._offload.run(self.sync.complete, items)
         elif not caller.is_async(conn):
@@ -269,7 +280,7 @@ class AsyncBroker:
         return await self._offload.run(self.sync.extend, delivery, lease=lease)
 
     async def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
-        items = [deliveries] if isinstance(deliveries, Delivery) else list(deliveries)
+        items = _deliveries(deliveries)
         await self._offload.run(self.sync.release, items)
 
     async def cancel(self, message_id: str) -> int:

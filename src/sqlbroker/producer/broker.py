@@ -52,18 +52,24 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
 
 
-def _deliveries(value: Delivery | Iterable[Delivery]) -> list[Delivery]:
+def _deliveries(value: Delivery | Iterable[Delivery], field: str = "deliveries") -> list[Delivery]:
     if isinstance(value, Delivery):
         return [value]
-    if isinstance(value, str | bytes | Mapping):
-        raise InvalidOption("deliveries", "must be a Delivery or a list of them")
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidOption(field, "must be a Delivery or a list of them")
     items = list(value)
     for item in items:
         if not isinstance(item, Delivery):
-            raise InvalidOption(
-                "deliveries", f"must hold Delivery objects, not {type(item).__name__}"
-            )
+            raise InvalidOption(field, f"must hold Delivery objects, not {type(item).__name__}")
     return items
+
+
+def _one(value: Delivery | Iterable[Delivery]) -> Delivery:
+    """The one delivery that retry, dead_letter and extend act on."""
+    items = _deliveries(value, "delivery")
+    if len(items) != 1:
+        raise InvalidOption("delivery", f"must be one Delivery, not {len(items)}")
+    return items[0]
 
 
 class Broker:
@@ -325,7 +331,11 @@ class Broker:
         own copy of every message published to a matching topic. ``replace=True`` sets the
         patterns to exactly ``patterns``."""
         validate_topic(name, "name")
-        pattern_list = [patterns] if isinstance(patterns, str) else list(patterns)
+        pattern_list = (
+            [patterns]
+            if isinstance(patterns, str)
+            else validate.items(patterns, "patterns", "patterns")
+        )
         if not pattern_list:
             raise InvalidOption("patterns", "give at least one pattern")
         if len(pattern_list) > 100:
@@ -394,7 +404,7 @@ class Broker:
     ) -> None:
         """Give a delivery back to be tried again after ``after`` seconds. When its attempts
         are spent it is dead-lettered instead (reason ``max attempts exhausted``)."""
-        (item,) = _deliveries(delivery)
+        item = _one(delivery)
         delay = validate.seconds(after, "after")
         info = ErrorInfo.coerce(error)
         if item.attempt >= item.max_attempts:
@@ -411,7 +421,7 @@ class Broker:
         self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
     ) -> None:
         """Move a delivery to the dead letters now, keeping the whole message and why."""
-        (item,) = _deliveries(delivery)
+        item = _one(delivery)
         self._dead(item, validate.reason(reason), ErrorInfo.coerce(error))
 
     def _dead(self, item: Delivery, reason: str, info: ErrorInfo | None) -> None:
@@ -420,7 +430,7 @@ class Broker:
 
     def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
         """Push the delivery's lease to now + ``lease``; return the new expiry."""
-        (item,) = _deliveries(delivery)
+        item = _one(delivery)
         seconds = self._lease if lease is None else validate.lease_seconds(lease)
         extended = self._checked().message_extend_leases(leases=[Lease.of(item)], lease=seconds)
         self._raise_lost([item.id], extended)

@@ -19,6 +19,8 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     (``"on"``/``"off"``), ``connect_timeout`` (s).
     """
     parsed = parse_url(url)
+    if clock is not None and not callable(getattr(clock, "now", None)):
+        raise InvalidOption("clock", f"must be a Clock (with a now() method), not {clock!r}")
     clock = clock or DatabaseClock()
     if parsed.scheme == "sqlite":
         from sqlbroker.storage.sqlite.backend import SqliteBackend

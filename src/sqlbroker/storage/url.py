@@ -62,6 +62,8 @@ def parse_url(url: object) -> DatabaseURL:
             )
         location, _, query = rest[1:].partition("?")
         location = unquote(location)
+        if "\x00" in location:
+            raise ConfigurationError("the SQLite URL's file name contains a NUL character")
         if not location:
             raise ConfigurationError(
                 "the SQLite URL names no file (use sqlite:///:memory: for a temporary database)"

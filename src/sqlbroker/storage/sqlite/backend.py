@@ -239,8 +239,6 @@ class SqliteBackend(
         unrouted: list[dict[str, Any]] = []
         duplicates = 0
         with self._db.write(conn) as c:
-            if subscription is not None:
-                self._ensure_queue(c, subscription, now)
             routes: dict[str, list[str]] = {}
             for message in messages:
                 if message.idempotency_key is not None:
@@ -288,6 +286,9 @@ class SqliteBackend(
                 if not targets:
                     unrouted.append(values)
                 rows.extend({**values, "subscription": target} for target in targets)
+            # A queue is created by its first message, not by a duplicate that writes nothing.
+            if subscription is not None and rows:
+                self._ensure_queue(c, subscription, now)
             c.executemany(self._sql["message_insert"], rows)
             c.executemany(self._sql["archive_insert_unrouted"], unrouted)
         return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=len(unrouted))

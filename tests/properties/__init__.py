@@ -1,0 +1,1 @@
+"""Property-based tests: the broker state machine and the fuzzing of the public API."""
