@@ -5,7 +5,7 @@ sqlbroker's (histories and worker logs), the WAL stayed bounded, and the checker
 
 Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 3 producers of 1,000 messages each (batches of 20,
 0.1 s apart, so that publishing lasts while the kills go on) and 3 workers of 4 handlers
-(10 ms each), lease 1 s; one process killed every 0.3–0.6 s, producers and workers in
+(50 ms each), lease 1 s; one process killed every 0.3–0.6 s, producers and workers in
 turn, until the producers are done and at least 20 kills happened; each killed process is
 replaced at once (a producer by one that resumes its predecessor's work).
 """
@@ -13,6 +13,7 @@ replaced at once (a producer by one that resumes its predecessor's work).
 from __future__ import annotations
 
 import collections
+import json
 import random
 import re
 import sqlite3
@@ -26,6 +27,10 @@ from reliability.processes import Fleet, SizeSampler, scaled, sqlite_path, wait_
 from runtime.support import ModuleProcess
 
 QUEUE = "jobs"
+# Handlers take 50 ms: 3 workers of 4 then handle at most 240 msg/s, less than the
+# producers' 600, so the workers stay busy and a kill nearly always interrupts handlers
+# (the test asserts at least one such redelivery).
+HANDLER = json.dumps({"sleep": 0.05})
 PRODUCERS = 3
 WORKER = {
     "concurrency": 4,
@@ -62,7 +67,9 @@ class KillLoop:
         self.next_step = time.monotonic() + 0.5
 
     def _producer(self, name: str) -> ModuleProcess:
-        return self.fleet.producer(name, count=self.per_producer, batch=20, pause=0.1)
+        return self.fleet.producer(
+            name, count=self.per_producer, batch=20, pause=0.1, payload=HANDLER
+        )
 
     @property
     def publishing(self) -> list[str]:
