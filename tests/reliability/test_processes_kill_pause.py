@@ -56,8 +56,15 @@ class FaultLoop:
             self.paused = None
         if now < self.next_step:
             return
+        # Only workers at work: a fault while one still starts tests little.
+        running = [
+            worker
+            for worker in self.workers
+            if worker.ready_path.exists() and (self.paused is None or worker is not self.paused[0])
+        ]
+        if not running:
+            return
         self.next_step = now + self.rng.uniform(0.4, 0.8)
-        running = [w for w in self.workers if self.paused is None or w is not self.paused[0]]
         victim = self.rng.choice(running)
         if self.paused is None and self.rng.random() < 1 / 3:
             self.fleet.inject(victim, "stop")
