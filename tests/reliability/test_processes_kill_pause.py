@@ -3,7 +3,7 @@ than their lease: nothing is lost, a resumed worker's acks are refused (``LeaseL
 recorded as ``settle_lost``), and each message whose ack was refused completes exactly once,
 by the consumer that took it over.
 
-Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 2,000 messages of 50 ms handlers, 3 workers of 4
+Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 1,500 messages of 50 ms handlers, 3 workers of 4
 handlers, lease 1 s, reaper every 0.2 s; a fault every 0.4–0.8 s while the backlog lasts,
 a third of them pauses of 2.5 leases.
 """
@@ -89,7 +89,7 @@ def refused_acks(events: list[Event]) -> list[Event]:
 def test_kills_and_pauses_lose_nothing_and_refuse_stale_acks(
     broker: sqlbroker.Broker, backend_url: str, tmp_path: Path
 ) -> None:
-    total = scaled(2000)
+    total = scaled(1500)
     broker.backend.subscription_ensure(name=QUEUE)
     with Fleet(backend_url, tmp_path) as fleet:
         producer = fleet.producer("producer", count=total, batch=500, payload='{"sleep": 0.05}')
