@@ -258,23 +258,9 @@ def _explain(
 ) -> str | None:
     """Why the copy was delivered again after ``start``; ``None`` when nothing explains it."""
     window = (start["mono"], following["mono"])
-    faults = kills.get(int(start["pid"]), [])
-    for kind, moment in faults:
-        if window[0] <= moment <= window[1]:
-            return {
-                "kill": "worker killed",
-                "stop": "worker paused",
-                "cont": "worker paused",
-                "exit": "worker exited",
-            }.get(kind, kind)
-    if following["mono"] < start["mono"]:
-        # The newer attempt began first: this one was claimed before it but started after,
-        # which a worker paused while holding it unstarted does.
-        before = [
-            kind for kind, moment in faults if kind in {"stop", "cont"} and moment <= window[1]
-        ]
-        if before and before[-1] == "stop":
-            return "worker paused"
+    cause = _process_fault(kills.get(int(start["pid"]), []), start["mono"], following["mono"])
+    if cause is not None:
+        return cause
     if any(e["op"] == "settled" and e["kind"] == "retry" for e in mine):
         return "explicit retry"
     if any(e["op"] == "handled" and e.get("error") for e in mine):
@@ -285,6 +271,38 @@ def _explain(
         return "connection lost"
     if allow_lease_expiry:
         return "lease expired"
+    return None
+
+
+ENDINGS = {"kill": "worker killed", "exit": "worker exited"}
+
+
+def _process_fault(faults: list[tuple[str, float]], started: float, following: float) -> str | None:
+    """The fault of the worker that ran an attempt starting at ``started`` which explains
+    the next attempt starting at ``following``, if any.
+
+    A process ends at a ``kill`` (or its own ``exit``), so one recorded before the next
+    attempt began explains it, even when recorded a moment before ``started``: the fault is
+    recorded just before the signal is sent, and a handler may start in between. A pause
+    (``stop`` until the next ``cont``) explains it when it overlaps the attempts' span; the
+    newer attempt may even have started first, when the worker was paused between its
+    claim and the start of its handler.
+    """
+    low, high = min(started, following), max(started, following)
+    paused_at: float | None = None
+    for kind, moment in faults:
+        if kind in ENDINGS and moment <= following:
+            return ENDINGS[kind]
+        if kind == "stop":
+            paused_at = moment if paused_at is None else paused_at
+        elif kind == "cont" and paused_at is not None:
+            if paused_at <= high and moment >= low:
+                return "worker paused"
+            paused_at = None
+        elif kind not in {"stop", "cont"} and low <= moment <= high:
+            return kind
+    if paused_at is not None and paused_at <= high:
+        return "worker paused"
     return None
 
 

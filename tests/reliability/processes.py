@@ -46,8 +46,10 @@ def scale() -> float:
     return value
 
 
-def scaled(count: int, *, minimum: int = 1) -> int:
-    return max(minimum, round(count * scale()))
+def scaled(count: int, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """``count`` times the scale, within ``minimum`` and ``maximum``."""
+    value = max(minimum, round(count * scale()))
+    return value if maximum is None else min(value, maximum)
 
 
 def scaled_seconds(seconds: float) -> float:

@@ -124,3 +124,14 @@ def test_a_stale_attempt_started_after_a_pause() -> None:
     verdict = check(settled, [row("a")], subscriptions=[SUB])
     assert verdict.overlaps
     assert verdict.double_completions
+
+
+def test_a_handler_started_between_the_kill_record_and_the_signal() -> None:
+    """The fault is recorded just before the signal is sent: a handler may start between."""
+    events = [publish("a", 0), *delivery("a", 1, 1.001, end="none"), *delivery("a", 2, 5)]
+    killed = [*events, ev("fault", 1.0, kind="kill", target=10)]
+    verdict = check(killed, [row("a")], subscriptions=[SUB])
+    verdict.assert_clean()
+    assert verdict.duplicates == {"worker killed": 1}
+    late = [*events, ev("fault", 6.0, kind="kill", target=10)]
+    assert check(late, [row("a")], subscriptions=[SUB]).unexplained

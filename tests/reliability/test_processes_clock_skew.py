@@ -110,8 +110,11 @@ def test_skewed_hosts_follow_the_database_clock(pg_url: str, tmp_path: Path) -> 
             nonlocal kills, next_kill
             if time.monotonic() < next_kill or kills >= scaled(6):
                 return
+            ready = [n for n, worker in enumerate(workers) if worker.ready_path.exists()]
+            if not ready:
+                return
             next_kill = time.monotonic() + rng.uniform(0.8, 1.4)
-            index = rng.randrange(len(workers))
+            index = rng.choice(ready)
             fleet.inject(workers[index], "kill")
             workers[index] = fleet.worker(faketime=skews[index], **WORKER)
             kills += 1
