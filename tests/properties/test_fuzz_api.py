@@ -184,6 +184,13 @@ async def _async_handler(message: Any) -> None:
     """An async subscriber handler (never run by these tests)."""
 
 
+@dataclass(frozen=True)
+class PolicyRecipe:
+    """The arguments of a ``RetryPolicy``, built inside the call (it is fuzzed too)."""
+
+    options: dict[str, Any]
+
+
 policy_options = values_of(
     {
         "max_attempts": st.one_of(st.none(), st.integers(-1, 1002), junk),
@@ -212,7 +219,7 @@ policy_options = values_of(
             "prefetch": st.one_of(st.none(), small_ints),
             "lease": durations,
             "timeout": durations,
-            "retry": st.one_of(st.none(), policy_options, junk),
+            "retry": st.one_of(st.none(), st.builds(PolicyRecipe, policy_options), junk),
             "ack": st.one_of(st.sampled_from(["auto", "manual", "AUTO"]), junk),
             "on_dead_letter": st.one_of(st.none(), st.just(_handler), junk),
         }
@@ -225,8 +232,8 @@ def test_subscriber_options(
 
     def call(target: Target) -> None:
         chosen = dict(options)
-        if isinstance(chosen.get("retry"), dict):
-            chosen["retry"] = sqlbroker.RetryPolicy(**chosen["retry"])
+        if isinstance(chosen.get("retry"), PolicyRecipe):
+            chosen["retry"] = sqlbroker.RetryPolicy(**chosen["retry"].options)
         before = dict(target.broker.subscribers)
         try:
             target.broker.subscriber(name, **where, **chosen)(handler)
