@@ -300,7 +300,7 @@ SET state = 'running',
     lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease)s),
     first_started_at = coalesce(m.first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
     worker = %(worker)s,
-    max_attempts = least(m.max_attempts, %(max_attempts)s::integer)
+    max_attempts = coalesce(%(max_attempts)s::integer, m.max_attempts)
 FROM c
 WHERE m.id = c.id
 RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
