@@ -5,7 +5,7 @@ sqlbroker's (histories and worker logs), the WAL stayed bounded, and the checker
 
 Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 3 producers of 1,000 messages each (batches of 20,
 0.1 s apart, so that publishing lasts while the kills go on) and 3 workers of 4 handlers
-(10 ms each), lease 1 s; one process killed every 0.3–0.6 s, producers and workers in
+(30 ms each), lease 1 s; one process killed every 0.3–0.6 s, producers and workers in
 turn, until the producers are done and at least 20 kills happened; each killed process is
 replaced at once (a producer by one that resumes its predecessor's work).
 """
@@ -62,7 +62,9 @@ class KillLoop:
         self.next_step = time.monotonic() + 0.5
 
     def _producer(self, name: str) -> ModuleProcess:
-        return self.fleet.producer(name, count=self.per_producer, batch=20, pause=0.1)
+        return self.fleet.producer(
+            name, count=self.per_producer, batch=20, pause=0.1, payload='{"sleep": 0.03}'
+        )
 
     @property
     def publishing(self) -> list[str]:
@@ -89,7 +91,11 @@ class KillLoop:
             self.producers[name] = self._producer(name)
             self.kills["producer"] += 1
         else:
-            index = self.rng.randrange(len(self.workers))
+            # A worker at work: one still starting holds nothing to redeliver.
+            ready = [n for n, worker in enumerate(self.workers) if worker.ready_path.exists()]
+            if not ready:
+                return False
+            index = self.rng.choice(ready)
             self.fleet.inject(self.workers[index], "kill")
             self.workers[index] = self.fleet.worker(**WORKER)
             self.kills["worker"] += 1
