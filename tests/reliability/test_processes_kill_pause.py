@@ -20,7 +20,7 @@ import pytest
 
 import sqlbroker
 from reliability.history import Event
-from reliability.processes import Fleet, scaled, wait_finished
+from reliability.processes import Fleet, scaled, scaled_seconds, wait_finished
 from runtime.support import ModuleProcess
 
 QUEUE = "jobs"
@@ -98,7 +98,7 @@ def test_kills_and_pauses_lose_nothing_and_refuse_stale_acks(
     broker.backend.subscription_ensure(name=QUEUE)
     with Fleet(backend_url, tmp_path) as fleet:
         producer = fleet.producer("producer", count=total, batch=500, payload='{"sleep": 0.05}')
-        assert producer.wait(timeout=120) == 0, producer.log()
+        assert producer.wait(timeout=scaled_seconds(120)) == 0, producer.log()
         faults = FaultLoop(fleet, workers=3, seed=20)
         wait_finished(backend_url, [QUEUE], total, timeout=300, while_waiting=faults.step)
         faults.finish()

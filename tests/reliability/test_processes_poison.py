@@ -50,18 +50,20 @@ WORKER = {
 def publish(
     broker: sqlbroker.Broker, writer: HistoryWriter, queue: str, messages: list[dict[str, Any]]
 ) -> None:
-    """One batch from the test itself, recorded in its history."""
-    items = [
-        {
-            "topic": queue,
-            "payload": payload,
-            "idempotency_key": payload["tag"],
-            "max_attempts": POISON_ATTEMPTS if "poison" in payload else HEALTHY_ATTEMPTS,
-        }
-        for payload in messages
-    ]
-    for payload, message_id in zip(messages, broker.publish_many(items), strict=True):
-        writer.published(payload["tag"], message_id, ikey=payload["tag"], subs=[queue])
+    """Publish from the test itself, in batches of 5,000, recorded in its history."""
+    for start in range(0, len(messages), 5000):
+        batch = messages[start : start + 5000]
+        items = [
+            {
+                "topic": queue,
+                "payload": payload,
+                "idempotency_key": payload["tag"],
+                "max_attempts": POISON_ATTEMPTS if "poison" in payload else HEALTHY_ATTEMPTS,
+            }
+            for payload in batch
+        ]
+        for payload, message_id in zip(batch, broker.publish_many(items), strict=True):
+            writer.published(payload["tag"], message_id, ikey=payload["tag"], subs=[queue])
 
 
 class Supervisor:

@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 
 import sqlbroker
-from reliability.processes import Fleet, SizeSampler, scaled, sqlite_path, wait_finished
+from reliability.processes import (
+    Fleet,
+    SizeSampler,
+    scaled,
+    scaled_seconds,
+    sqlite_path,
+    wait_finished,
+)
 from runtime.support import ModuleProcess
 
 QUEUE = "jobs"
@@ -109,7 +116,7 @@ def test_sqlite_survives_processes_killed_in_a_loop(sqlite_url: str, tmp_path: P
     path = sqlite_path(sqlite_url)
     with Fleet(sqlite_url, tmp_path) as fleet, SizeSampler(path + "-wal") as wal:
         loop = KillLoop(fleet, per_producer, seed=3)
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + scaled_seconds(600)
         while not loop.step():
             assert time.monotonic() < deadline, "the kill loop did not finish"
             time.sleep(0.05)
