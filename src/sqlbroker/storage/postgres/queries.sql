@@ -534,7 +534,9 @@ FROM (
       )
     ORDER BY b.subscription, b.ordering_key, b.id
 ) nxt
-WHERE m.id = nxt.id
+-- The state again on the row itself: a concurrent statement may have promoted and claimed
+-- the copy since this statement's snapshot, and only this condition is checked again.
+WHERE m.id = nxt.id AND m.state = 'blocked'
 
 -- name: key_repair
 -- Keys left with blocked copies and no head (a crash between a head's removal and the
@@ -554,7 +556,8 @@ FROM (
     ORDER BY b.subscription, b.ordering_key, b.id
     LIMIT %(limit)s
 ) nxt
-WHERE m.id = nxt.id
+-- As in key_promote: never reopen a copy promoted and claimed since the snapshot.
+WHERE m.id = nxt.id AND m.state = 'blocked'
 
 -- name: message_list
 SELECT * FROM (
