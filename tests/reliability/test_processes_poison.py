@@ -176,7 +176,8 @@ def test_poison_is_quarantined_after_max_attempts_and_healthy_work_goes_on(
     verdict.assert_clean()
     assert verdict.published == 2 * healthy + 3 * per_kind
     assert verdict.completed == 2 * healthy
-    assert replaced == POISON_ATTEMPTS * per_kind
+    exits = sum(1 for e in events if e["op"] == "fault" and e["kind"] == "exit")
+    assert replaced == exits
 
     dead = dead_rows(backend_url, "jobs")
     poison_tags = {m["tag"] for m in mixed if "poison" in m}
@@ -185,7 +186,15 @@ def test_poison_is_quarantined_after_max_attempts_and_healthy_work_goes_on(
     deliveries = collections.Counter(
         e["tag"] for e in events if e["op"] == "deliver" and e["tag"] in poison_tags
     )
-    assert deliveries == dict.fromkeys(poison_tags, POISON_ATTEMPTS)
+    for tag in poison_tags:
+        if tag.startswith("poison-exit") and per_kind > 1:
+            # Two such poisons held by one worker: the first ends the process before the
+            # other's handler starts, yet the other's attempt was counted at its claim.
+            assert 1 <= deliveries[tag] <= POISON_ATTEMPTS, (tag, deliveries[tag])
+        else:
+            assert deliveries[tag] == POISON_ATTEMPTS, (tag, deliveries[tag])
+    if per_kind == 1:
+        assert exits == POISON_ATTEMPTS
     assert verdict.duplicates["worker exited"] > 0
     assert verdict.duplicates["handler failed"] + verdict.duplicates["explicit retry"] > 0
     # A ratio against the same run's baseline, not a time limit (the bound).
