@@ -119,3 +119,64 @@ def test_keys_are_independent_and_unkeyed_messages_flow(broker: sqlbroker.Broker
     assert sorted(d.message_id for d in broker.claim("q", limit=10)) == sorted([a1, b1, free])
     stats = {s.subscription: s for s in broker.stats()}["q"]
     assert (stats.running, stats.blocked) == (3, 1)
+
+
+MINE = "6d696e65-0000-4000-8000-000000000000"
+
+
+def test_key_repair_never_reopens_a_head_claimed_meanwhile(pg_url: str) -> None:
+    """PostgreSQL, two statements racing: the reaper's key repair picks a headless key's
+    next copy from its snapshot; before it reaches the row, the copy is promoted and
+    claimed by another transaction. The repair must then leave it alone: it used to set the
+    running copy back to ``available``, so a second consumer claimed it while the first
+    still held a valid lease (found by the per-key kill loop in tests/reliability)."""
+    import threading
+
+    import psycopg
+
+    with sqlbroker.Broker(pg_url) as broker:
+        broker.send("q", 1, key="k")
+        second = broker.send("q", 2, key="k")
+        head = claim_one(broker, "q")
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            # The head leaves without its promotion: the key is headless, as after a crash.
+            admin.execute("DELETE FROM sqlbroker_message WHERE id = %s", (head.id,))
+            claimer = psycopg.connect(pg_url)
+            try:
+                claimer.execute(
+                    "SELECT id FROM sqlbroker_message WHERE message_id = %s FOR UPDATE",
+                    (second,),
+                )
+                repaired: list[int] = []
+                repair = threading.Thread(
+                    target=lambda: repaired.append(broker.backend.key_repair(limit=100))
+                )
+                repair.start()
+                # Wait until the repair waits for the row that the claimer holds.
+                for _ in range(600):
+                    waiting = admin.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    ).fetchone()
+                    if waiting and waiting[0]:
+                        break
+                    threading.Event().wait(0.05)
+                else:
+                    raise AssertionError("the key repair never waited for the row")
+                claimer.execute(
+                    "UPDATE sqlbroker_message SET state = 'running', lease_token = %s,"
+                    " lease_expires_at = now() + interval '1 minute', attempts = attempts + 1"
+                    " WHERE message_id = %s",
+                    (MINE, second),
+                )
+                claimer.commit()
+                repair.join(timeout=30)
+            finally:
+                claimer.close()
+            row = admin.execute(
+                "SELECT state, lease_token::text FROM sqlbroker_message WHERE message_id = %s",
+                (second,),
+            ).fetchone()
+        assert repaired == [0]
+        assert row == ("running", MINE)
+        assert broker.claim("q") == []

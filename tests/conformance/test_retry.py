@@ -199,6 +199,26 @@ def test_retried_message_stats(
     assert (stats.ready, stats.scheduled, stats.running) == ((1, 0, 0) if after == 0 else (0, 1, 0))
 
 
+def test_a_consumer_limit_above_the_message_limit_also_holds_for_lost_workers(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
+) -> None:
+    """A subscriber's ``RetryPolicy(max_attempts=4)`` retries a failing message 4 times
+    whatever the message's own limit; a message whose worker dies must get as many
+    attempts before the reaper quarantines it, not the message's 2."""
+    clocked_broker.send("q", "kills workers", max_attempts=2)
+    for attempt in range(1, 5):
+        assert clocked_broker.dead_letters.list() == []
+        (delivery,) = clocked_broker.backend.message_claim_many(
+            subscription="q", limit=1, lease=5, worker="w", max_attempts=4
+        )
+        assert (delivery.attempt, delivery.max_attempts) == (attempt, 4)
+        clock.advance(6)
+        clocked_broker.reap()
+    (dead,) = clocked_broker.dead_letters.list()
+    assert dead.attempts == 4
+    assert "worker lost" in dead.reason
+
+
 def test_a_consumer_limit_lowers_the_message_limit_at_claim(broker: sqlbroker.Broker) -> None:
     broker.send("q", 1, max_attempts=5)
     (delivery,) = broker.backend.message_claim_many(

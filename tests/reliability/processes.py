@@ -214,14 +214,16 @@ def wait_finished(
     while_waiting: Callable[[], None] | None = None,
 ) -> None:
     """Wait until ``total`` copies of ``subscriptions`` have ended, calling
-    ``while_waiting`` (a fault loop's step, say) between looks."""
+    ``while_waiting`` (a fault loop's step, say) between looks. ``timeout`` is for scale 1
+    and grows with the scale."""
 
     def done() -> bool:
         if while_waiting is not None:
             while_waiting()
         return finished_count(url, subscriptions) >= total
 
-    wait_until(done, timeout=timeout, what=f"{total} messages to finish", interval=0.2)
+    limit = timeout * max(1.0, scale())
+    wait_until(done, timeout=limit, what=f"{total} messages to finish", interval=0.2)
 
 
 class SizeSampler:

@@ -40,7 +40,7 @@ import pytest
 
 import sqlbroker
 from reliability.history import Event
-from reliability.processes import Fleet, faketime_library, scaled, wait_finished
+from reliability.processes import Fleet, faketime_library, scaled, scaled_seconds, wait_finished
 from runtime.support import ModuleProcess
 
 LEASE = 1.0
@@ -101,7 +101,7 @@ def test_skewed_hosts_follow_the_database_clock(pg_url: str, tmp_path: Path) -> 
         workers = [fleet.worker(faketime=skew, **WORKER) for skew in skews]
         publishing = producers(fleet)
         for producer in publishing.values():
-            assert producer.wait(timeout=120) == 0, producer.log()
+            assert producer.wait(timeout=scaled_seconds(120)) == 0, producer.log()
         consumed = scaled(600) + scaled(12) + scaled(100)  # the copies the workers finish
         kills = 0
         next_kill = time.monotonic() + 0.8

@@ -4,8 +4,9 @@ recorded as ``settle_lost``), and each message whose ack was refused completes e
 by the consumer that took it over.
 
 Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 1,500 messages of 50 ms handlers, 3 workers of 4
-handlers, lease 1 s, reaper every 0.2 s; a fault every 0.4–0.8 s while the backlog lasts,
-a third of them pauses of 2.5 leases.
+handlers, lease 1 s, reaper every 0.2 s; a fault every 0.4–0.8 s while the backlog lasts:
+a pause of 2.5 leases first, then kills, and a pause again after each pause ended and two
+kills followed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 
 import sqlbroker
 from reliability.history import Event
-from reliability.processes import Fleet, scaled, wait_finished
+from reliability.processes import Fleet, scaled, scaled_seconds, wait_finished
 from runtime.support import ModuleProcess
 
 QUEUE = "jobs"
@@ -38,8 +39,9 @@ WORKER = {
 
 
 class FaultLoop:
-    """Kills a random running worker (and starts a replacement) or pauses one, one fault
-    per step; at most one worker is paused at a time and the others keep running."""
+    """One fault per step against a random worker at work: a pause first, then kills (each
+    killed worker replaced at once), and another pause once the last one ended and two
+    kills followed it. At most one worker is paused at a time; the others keep running."""
 
     def __init__(self, fleet: Fleet, workers: int, seed: int) -> None:
         self.fleet = fleet
@@ -48,6 +50,7 @@ class FaultLoop:
         self.paused: tuple[ModuleProcess, float] | None = None
         self.next_step = time.monotonic() + 1.0
         self.counts: collections.Counter[str] = collections.Counter()
+        self.kills_since_pause = 2  # the first fault is a pause
 
     def step(self) -> None:
         now = time.monotonic()
@@ -66,14 +69,16 @@ class FaultLoop:
             return
         self.next_step = now + self.rng.uniform(0.4, 0.8)
         victim = self.rng.choice(running)
-        if self.paused is None and self.rng.random() < 1 / 3:
+        if self.paused is None and self.kills_since_pause >= 2:
             self.fleet.inject(victim, "stop")
             self.paused = (victim, now + PAUSE)
             self.counts["stop"] += 1
+            self.kills_since_pause = 0
         else:
             self.fleet.inject(victim, "kill")
             self.workers[self.workers.index(victim)] = self.fleet.worker(**WORKER)
             self.counts["kill"] += 1
+            self.kills_since_pause += 1
 
     def finish(self) -> None:
         if self.paused is not None:
@@ -93,7 +98,7 @@ def test_kills_and_pauses_lose_nothing_and_refuse_stale_acks(
     broker.backend.subscription_ensure(name=QUEUE)
     with Fleet(backend_url, tmp_path) as fleet:
         producer = fleet.producer("producer", count=total, batch=500, payload='{"sleep": 0.05}')
-        assert producer.wait(timeout=120) == 0, producer.log()
+        assert producer.wait(timeout=scaled_seconds(120)) == 0, producer.log()
         faults = FaultLoop(fleet, workers=3, seed=20)
         wait_finished(backend_url, [QUEUE], total, timeout=300, while_waiting=faults.step)
         faults.finish()
@@ -102,7 +107,7 @@ def test_kills_and_pauses_lose_nothing_and_refuse_stale_acks(
         events = fleet.events()
 
     verdict = fleet.verdict([QUEUE], events=events)
-    print(dict(faults.counts), verdict.summary())
+    print(dict(faults.counts), f"{len(refused_acks(events))} refused acks;", verdict.summary())
     verdict.assert_clean()
     assert verdict.published == verdict.completed == total
     assert faults.counts["kill"] >= 5

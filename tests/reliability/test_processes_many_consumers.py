@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import sqlbroker
-from reliability.processes import Fleet, scaled, wait_finished
+from reliability.processes import Fleet, scaled, scaled_seconds, wait_finished
 
 QUEUE = "jobs"
 
@@ -43,7 +43,7 @@ def test_many_consumers_and_producers_make_no_duplicates(
             for n in range(producers)
         ]
         for producer in publishing:
-            assert producer.wait(timeout=600) == 0, producer.log()
+            assert producer.wait(timeout=scaled_seconds(600)) == 0, producer.log()
         wait_finished(backend_url, [QUEUE], total, timeout=900)
         statuses = fleet.stop_all()
         assert set(statuses.values()) == {0}, fleet.logs()

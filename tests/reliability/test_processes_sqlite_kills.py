@@ -5,7 +5,7 @@ sqlbroker's (histories and worker logs), the WAL stayed bounded, and the checker
 
 Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 3 producers of 1,000 messages each (batches of 20,
 0.1 s apart, so that publishing lasts while the kills go on) and 3 workers of 4 handlers
-(50 ms each), lease 1 s; one process killed every 0.3–0.6 s, producers and workers in
+(30 ms each), lease 1 s; one process killed every 0.3–0.6 s, producers and workers in
 turn, until the producers are done and at least 20 kills happened; each killed process is
 replaced at once (a producer by one that resumes its predecessor's work).
 """
@@ -13,7 +13,6 @@ replaced at once (a producer by one that resumes its predecessor's work).
 from __future__ import annotations
 
 import collections
-import json
 import random
 import re
 import sqlite3
@@ -23,14 +22,17 @@ from pathlib import Path
 import pytest
 
 import sqlbroker
-from reliability.processes import Fleet, SizeSampler, scaled, sqlite_path, wait_finished
+from reliability.processes import (
+    Fleet,
+    SizeSampler,
+    scaled,
+    scaled_seconds,
+    sqlite_path,
+    wait_finished,
+)
 from runtime.support import ModuleProcess
 
 QUEUE = "jobs"
-# Handlers take 50 ms: 3 workers of 4 then handle at most 240 msg/s, less than the
-# producers' 600, so the workers stay busy and a kill nearly always interrupts handlers
-# (the test asserts at least one such redelivery).
-HANDLER = json.dumps({"sleep": 0.05})
 PRODUCERS = 3
 WORKER = {
     "concurrency": 4,
@@ -68,7 +70,7 @@ class KillLoop:
 
     def _producer(self, name: str) -> ModuleProcess:
         return self.fleet.producer(
-            name, count=self.per_producer, batch=20, pause=0.1, payload=HANDLER
+            name, count=self.per_producer, batch=20, pause=0.1, payload='{"sleep": 0.03}'
         )
 
     @property
@@ -96,7 +98,11 @@ class KillLoop:
             self.producers[name] = self._producer(name)
             self.kills["producer"] += 1
         else:
-            index = self.rng.randrange(len(self.workers))
+            # A worker at work: one still starting holds nothing to redeliver.
+            ready = [n for n, worker in enumerate(self.workers) if worker.ready_path.exists()]
+            if not ready:
+                return False
+            index = self.rng.choice(ready)
             self.fleet.inject(self.workers[index], "kill")
             self.workers[index] = self.fleet.worker(**WORKER)
             self.kills["worker"] += 1
@@ -110,7 +116,7 @@ def test_sqlite_survives_processes_killed_in_a_loop(sqlite_url: str, tmp_path: P
     path = sqlite_path(sqlite_url)
     with Fleet(sqlite_url, tmp_path) as fleet, SizeSampler(path + "-wal") as wal:
         loop = KillLoop(fleet, per_producer, seed=3)
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + scaled_seconds(600)
         while not loop.step():
             assert time.monotonic() < deadline, "the kill loop did not finish"
             time.sleep(0.05)

@@ -73,7 +73,7 @@ class Step:
     """One step: its ``name`` (a topic-like word, unique in its saga), whether it has a
     compensation, and ``timeout``: seconds one attempt of its action or compensation may
     run before it counts as failed (``None``: no limit). Its messages allow the broker's
-    ``max_attempts``, which the step's retry policy may lower."""
+    ``max_attempts``, which the step's retry policy may replace."""
 
     name: str
     compensate: bool = True

@@ -204,7 +204,7 @@ class Backend(Protocol):
     ) -> list[Delivery]:
         """Lease up to ``limit`` available copies, most urgent first; count the attempt.
 
-        ``max_attempts`` (a consumer's retry policy) lowers a copy's own limit, so that the
+        ``max_attempts`` (a consumer's retry policy) replaces a copy's own limit, so that the
         reaper's quarantine of crashing messages follows the same limit as retries."""
 
     def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:

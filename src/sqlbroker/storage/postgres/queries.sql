@@ -304,7 +304,7 @@ SET state = 'running',
     lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease)s),
     first_started_at = coalesce(m.first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
     worker = %(worker)s,
-    max_attempts = least(m.max_attempts, %(max_attempts)s::integer)
+    max_attempts = coalesce(%(max_attempts)s::integer, m.max_attempts)
 FROM c
 WHERE m.id = c.id
 RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
@@ -542,7 +542,9 @@ FROM (
       )
     ORDER BY b.subscription, b.ordering_key, b.id
 ) nxt
-WHERE m.id = nxt.id
+-- The state again on the row itself: a concurrent statement may have promoted and claimed
+-- the copy since this statement's snapshot, and only this condition is checked again.
+WHERE m.id = nxt.id AND m.state = 'blocked'
 
 -- name: key_repair
 -- Keys left with blocked copies and no head (a crash between a head's removal and the
@@ -562,7 +564,8 @@ FROM (
     ORDER BY b.subscription, b.ordering_key, b.id
     LIMIT %(limit)s
 ) nxt
-WHERE m.id = nxt.id
+-- As in key_promote: never reopen a copy promoted and claimed since the snapshot.
+WHERE m.id = nxt.id AND m.state = 'blocked'
 
 -- name: message_list
 SELECT * FROM (

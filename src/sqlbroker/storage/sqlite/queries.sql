@@ -119,7 +119,7 @@ SET state = 'running',
     lease_expires_at = :now + :lease,
     first_started_at = coalesce(first_started_at, :now),
     worker = :worker,
-    max_attempts = coalesce(min(max_attempts, :max_attempts), max_attempts)
+    max_attempts = coalesce(:max_attempts, max_attempts)
 WHERE id IN (
     SELECT id FROM sqlbroker_message
     WHERE subscription = :subscription
