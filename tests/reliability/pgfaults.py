@@ -8,12 +8,9 @@ writing its own history file (see ``history.py``) into the scenario's directory.
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,100 +21,31 @@ from urllib.parse import unquote, urlsplit
 
 from pgserver import PostgresServer
 from reliability.history import Event
-from runtime.support import TESTS_DIR, wait_until
-
-SCALE = float(os.environ.get("SQLBROKER_FAULTS_SCALE", "1") or 1)
-"""Multiplies message counts and durations: 1 in CI, 10 under ``make faults-long``."""
+from reliability.processes import sqlite_path
+from runtime.support import ModuleProcess, wait_until
 
 
-def scaled(value: float, *, minimum: float = 1) -> float:
-    return max(minimum, value * SCALE)
-
-
-def scaled_count(value: int, *, minimum: int = 1) -> int:
-    return max(minimum, round(value * SCALE))
-
-
-class Agent:
-    """One ``python -m reliability.<module>`` process of a scenario.
-
-    ``options`` become ``SQLBROKER_<NAME>`` environment variables; the process is told its
-    name, the database URL, the history directory and a ready file to create."""
+class Agent(ModuleProcess):
+    """One ``python -m reliability.<module>`` process of a scenario, told its name, the
+    database URL and the history directory; ``options`` become ``SQLBROKER_<NAME>``."""
 
     def __init__(self, module: str, *, url: str, workdir: Path, name: str, **options: Any) -> None:
-        self.name = name
-        self.ready_path = workdir / f"{name}.ready"
-        self.log_path = workdir / f"{name}.log"
-        python_path = [str(TESTS_DIR)]
-        if os.environ.get("PYTHONPATH"):
-            python_path.append(os.environ["PYTHONPATH"])
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(python_path),
-            "SQLBROKER_URL": url,
-            "SQLBROKER_HISTORY": str(workdir),
-            "SQLBROKER_NAME": name,
-            "SQLBROKER_READY": str(self.ready_path),
-        }
-        for option, value in options.items():
-            if value is not None:
-                env[f"SQLBROKER_{option.upper()}"] = str(value)
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", f"reliability.{module}"],
-                env=env,
-                cwd=TESTS_DIR,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def __repr__(self) -> str:
-        return f"Agent({self.name!r}, pid={self.pid}, rc={self.process.poll()})"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def log(self, tail: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-tail:]
-        except FileNotFoundError:
-            return ""
+        super().__init__(
+            f"reliability.{module}",
+            workdir,
+            name,
+            env={"SQLBROKER_URL": url, "SQLBROKER_HISTORY": str(workdir), "SQLBROKER_NAME": name},
+            **options,
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        def ready() -> bool:
-            if not self.alive:
-                raise AssertionError(
-                    f"{self.name} exited ({self.process.returncode}) before it was ready:\n"
-                    f"{self.log()}"
-                )
-            return self.ready_path.exists()
-
-        wait_until(ready, timeout=timeout, what=f"{self.name} to be ready", interval=0.1)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"{self.name} still running after {timeout:g} s:\n{self.log()}"
-            ) from None
+        super().wait_ready(timeout)
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, then wait for the exit status."""
         if self.alive:
-            self.process.send_signal(signal.SIGTERM)
+            self.send(signal.SIGTERM)
         return self.wait(timeout)
-
-    def kill(self) -> None:
-        if self.alive:
-            self.process.kill()
-        self.process.wait(timeout=30)
 
 
 @contextmanager
@@ -150,10 +78,6 @@ def wait_all(processes: Iterable[Agent], *, timeout: float) -> None:
 
 
 # --- the database, read with plain drivers ---------------------------------------------------
-
-
-def sqlite_path(url: str) -> str:
-    return url.split("///", 1)[1].split("?", 1)[0]
 
 
 def dbname(url: str) -> str:

@@ -39,11 +39,10 @@ from reliability.pgfaults import (
     consumer,
     describe,
     producer,
-    scaled,
-    sqlite_path,
     wait_all,
     wait_drained,
 )
+from reliability.processes import scaled_seconds, sqlite_path
 
 pytestmark = pytest.mark.slow
 
@@ -170,7 +169,7 @@ def test_postgresql_dead_tuples_recover_after_a_long_transaction(
             yield pg
             pg.rollback()
 
-    hold = scaled(8.0)
+    hold = scaled_seconds(8.0)
     run = soak(
         pg_url,
         tmp_path,
@@ -251,7 +250,7 @@ def test_sqlite_the_wal_is_checkpointed_back_after_a_long_reader(tmp_path: Path)
 
     probe = WalProbe(database)
     try:
-        run = soak(url, workdir, hold_open=reader, probe=probe, hold=scaled(6.0))
+        run = soak(url, workdir, hold_open=reader, probe=probe, hold=scaled_seconds(6.0))
     finally:
         probe.close()
     verdict = verdict_for(run.events, url, subscriptions=["jobs"])

@@ -27,11 +27,11 @@ from reliability.pgfaults import (
     listening_backends,
     pickup_latencies,
     producer,
-    scaled,
     terminate_backends,
     wait_all,
     wait_drained,
 )
+from reliability.processes import scaled_seconds
 from runtime.support import wait_until
 
 RATE = 20.0  # messages per second, on average
@@ -127,7 +127,9 @@ def judge(url: str, events: list[dict[str, object]], *, poll: float, slack: floa
 @pytest.mark.slow
 def test_without_a_listener_the_poll_finds_everything(backend_url: str, tmp_path: Path) -> None:
     poll = 0.5
-    events, _ = run_scenario(backend_url, tmp_path, poll=poll, listen=False, seconds=scaled(6.0))
+    events, _ = run_scenario(
+        backend_url, tmp_path, poll=poll, listen=False, seconds=scaled_seconds(6.0)
+    )
     # The poll alone finds a message within one interval (the pump waits at most `poll`
     # between claims); the rest is slack for a loaded two-core machine, where a process
     # can be descheduled for hundreds of milliseconds: three intervals in all.
@@ -141,7 +143,7 @@ def test_a_listener_terminated_every_few_seconds_misses_nothing(
 ) -> None:
     poll = 2.0
     events, terminated = run_scenario(
-        pg_url, tmp_path, poll=poll, listen=True, seconds=scaled(8.0), terminate_every=1.5
+        pg_url, tmp_path, poll=poll, listen=True, seconds=scaled_seconds(8.0), terminate_every=1.5
     )
     assert sum(terminated) >= len(terminated), f"terminations hit {terminated} sessions"
     # A long poll interval, so a hint lost while the listener reconnects would show: yet

@@ -30,11 +30,11 @@ from reliability.pgfaults import (
     consumer,
     first_after,
     producer,
-    scaled_count,
     terminate_backends,
     wait_all,
     wait_drained,
 )
+from reliability.processes import scaled
 from runtime.support import wait_until
 
 pytestmark = pytest.mark.postgres
@@ -60,7 +60,7 @@ def test_immediate_restarts_and_terminated_sessions_lose_nothing(
     own_server: OwnServer, tmp_path: Path
 ) -> None:
     url = own_server.start()
-    restarts_wanted = scaled_count(3)
+    restarts_wanted = scaled(3)
     stop_file = tmp_path / "stop"
     faults = HistoryWriter(tmp_path, "faults")
     restarts: list[Restart] = []
