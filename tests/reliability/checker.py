@@ -10,8 +10,10 @@ verdict does not depend on the code under test. A scenario is clean when:
 - **foreign errors** = 0: no caller saw an exception that is not a sqlbroker error;
 - every **duplicate** delivery (a message handled more than once) is explained: the earlier
   attempt's worker was killed or paused, its handler failed (an explicit retry or a
-  timeout), its outcome was refused because the lease was lost, or the server was
-  restarted or its connection terminated while it ran. Unexplained ones are reported;
+  timeout), the server was restarted or its connection terminated while it ran, or its
+  lease expired, shown by the database's times: the next claim came after that lease's end.
+  A refused ack (``settle_lost``) is no explanation by itself: the lease it lost needs one
+  of those causes, or two leases were valid at once. Unexplained ones are reported;
 - **double completions** = 0: no delivery's ``complete`` committed twice, and no tag has
   two messages in one subscription (idempotent publish);
 - **overlaps** = 0: no attempt committed its outcome after another attempt of the same
@@ -138,12 +140,11 @@ def check(
     rows: list[FinalRow],
     *,
     subscriptions: Collection[str],
-    allow_lease_expiry: bool = False,
+    lease: float | None = None,
 ) -> Verdict:
     """Judge one scenario. ``subscriptions`` are those every published message must reach,
-    unless its publish names its own (``subs``). ``allow_lease_expiry`` accepts a
-    redelivery whose only cause is an expired lease (a scenario where handlers hang past
-    their lease on purpose)."""
+    unless its publish names its own (``subs``). ``lease`` is the lease (seconds) every claim
+    of the scenario took; without it no redelivery is put down to an expired lease."""
     verdict = Verdict(torn_lines=sum(1 for event in events if event["op"] == "torn"))
     attempts: dict[str, list[Event]] = defaultdict(list)
     for event in events:
@@ -215,7 +216,7 @@ def check(
                         )
             if not later:
                 continue
-            reason = _explain(start, mine, later[0], kills, server_faults, allow_lease_expiry)
+            reason = _explain(start, mine, later[0], kills, server_faults, lease)
             if reason is None:
                 verdict.unexplained.append(
                     f"{message_id}@{subscription}: attempt {start['attempt']} (pid"
@@ -254,9 +255,14 @@ def _explain(
     following: Event,
     kills: dict[int, list[tuple[str, float]]],
     server_faults: list[float],
-    allow_lease_expiry: bool,
+    lease: float | None,
 ) -> str | None:
-    """Why the copy was delivered again after ``start``; ``None`` when nothing explains it."""
+    """Why the copy was delivered again after ``start``; ``None`` when nothing explains it.
+
+    An expired lease is shown on the database's clock: the next claim's time (its lease's
+    end less the lease) is at or after the end of the earlier lease as its claim set it.
+    Heartbeats only move that end later, so a claim before it found the lease still valid.
+    """
     window = (start["mono"], following["mono"])
     cause = _process_fault(kills.get(int(start["pid"]), []), start["mono"], following["mono"])
     if cause is not None:
@@ -265,11 +271,11 @@ def _explain(
         return "explicit retry"
     if any(e["op"] == "handled" and e.get("error") for e in mine):
         return "handler failed"
-    if any(e["op"] == "settle_lost" for e in mine):
-        return "lease lost before the ack"
     if any(window[0] <= moment <= window[1] for moment in server_faults):
         return "connection lost"
-    if allow_lease_expiry:
+    if lease is not None and float(following["leased_until"]) - lease >= float(
+        start["leased_until"]
+    ):
         return "lease expired"
     return None
 

@@ -119,7 +119,8 @@ def test_a_stale_attempt_started_after_a_pause() -> None:
     verdict = check(paused, [row("a")], subscriptions=[SUB])
     verdict.assert_clean()
     assert verdict.duplicates == {"worker paused": 1}
-    assert check(refused, [row("a")], subscriptions=[SUB]).clean
+    # A refused ack is the system doing right, but it needs a cause of its own.
+    assert check(refused, [row("a")], subscriptions=[SUB]).unexplained
     settled = [*paused, ev("settled", 4.2, kind="complete", **stale)]
     verdict = check(settled, [row("a")], subscriptions=[SUB])
     assert verdict.overlaps
@@ -135,3 +136,31 @@ def test_a_handler_started_between_the_kill_record_and_the_signal() -> None:
     assert verdict.duplicates == {"worker killed": 1}
     late = [*events, ev("fault", 6.0, kind="kill", target=10)]
     assert check(late, [row("a")], subscriptions=[SUB]).unexplained
+
+
+def test_an_expired_lease_is_shown_by_the_database_times() -> None:
+    """Attempt 1's lease (1 s, claimed at 100.0) ended at 101.0; its ack was refused. A
+    next claim at 101.2 shows the lease expired; one at 100.5 found it still valid: two
+    leases at once (the signature of the key-repair race), unexplained however the ack
+    went. Without the lease, no redelivery is put down to expiry."""
+    first = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10}
+    second = {"id": "m-a", "delivery": 1, "attempt": 2, "sub": SUB, "pid": 11}
+
+    def history(next_claim: float) -> list[dict[str, Any]]:
+        return [
+            publish("a", 0),
+            ev("deliver", 1.0, tag="a", key=None, token="t1", leased_until=101.0, **first),
+            ev(
+                "deliver", 2.0, tag="a", key=None, token="t2", leased_until=next_claim + 1, **second
+            ),
+            ev("handled", 2.1, error=None, **first),
+            ev("settle_lost", 2.2, kind="complete", **first),
+            ev("handled", 2.3, error=None, **second),
+            ev("settled", 2.4, kind="complete", **second),
+        ]
+
+    verdict = check(history(101.2), [row("a")], subscriptions=[SUB], lease=1.0)
+    verdict.assert_clean()
+    assert verdict.duplicates == {"lease expired": 1}
+    assert check(history(100.5), [row("a")], subscriptions=[SUB], lease=1.0).unexplained
+    assert check(history(101.2), [row("a")], subscriptions=[SUB]).unexplained

@@ -180,7 +180,7 @@ def test_skewed_hosts_follow_the_database_clock(pg_url: str, tmp_path: Path) -> 
     with sqlbroker.Broker(url) as broker:
         for message_id, _, _ in waiting:
             assert broker.cancel(str(message_id)) == 1
-    verdict = fleet.verdict(["jobs"], events=events)
+    verdict = fleet.verdict(["jobs"], events=events, lease=LEASE)
     print(f"{kills} kills, {redeliveries} redeliveries;", verdict.summary())
     verdict.assert_clean()
     assert verdict.published == len(tag_subs)

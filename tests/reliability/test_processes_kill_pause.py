@@ -106,7 +106,7 @@ def test_kills_and_pauses_lose_nothing_and_refuse_stale_acks(
         assert set(statuses.values()) == {0}, fleet.logs()
         events = fleet.events()
 
-    verdict = fleet.verdict([QUEUE], events=events)
+    verdict = fleet.verdict([QUEUE], events=events, lease=LEASE)
     print(dict(faults.counts), f"{len(refused_acks(events))} refused acks;", verdict.summary())
     verdict.assert_clean()
     assert verdict.published == verdict.completed == total

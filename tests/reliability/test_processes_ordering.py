@@ -86,7 +86,7 @@ def test_keys_keep_their_order_with_workers_killed_in_a_loop(
         assert set(statuses.values()) == {0}, fleet.logs()
         events = fleet.events()
 
-    verdict = fleet.verdict([QUEUE], events=events)
+    verdict = fleet.verdict([QUEUE], events=events, lease=WORKER["lease"])
     print(f"{kills} kills;", verdict.summary())
     verdict.assert_clean()
     assert verdict.published == verdict.completed == 2 * per_producer

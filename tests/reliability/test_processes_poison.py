@@ -167,7 +167,7 @@ def test_poison_is_quarantined_after_max_attempts_and_healthy_work_goes_on(
         events = fleet.events()
     writer.close()
 
-    verdict = fleet.verdict(["jobs"], events=events)
+    verdict = fleet.verdict(["jobs"], events=events, lease=WORKER["lease"])
     clean, poisoned = healthy_seconds(events, "baseline"), healthy_seconds(events, "jobs")
     print(
         f"healthy: {clean:.2f} s clean, {poisoned:.2f} s with poison; {replaced} workers"

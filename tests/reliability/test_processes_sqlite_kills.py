@@ -130,7 +130,7 @@ def test_sqlite_survives_processes_killed_in_a_loop(sqlite_url: str, tmp_path: P
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         conn.close()
-    verdict = fleet.verdict([QUEUE], events=events)
+    verdict = fleet.verdict([QUEUE], events=events, lease=WORKER["lease"])
     print(dict(loop.kills), f"max WAL {wal.maximum} B in {wal.samples} samples", verdict.summary())
     verdict.assert_clean()
     assert verdict.published == verdict.completed == total

@@ -128,7 +128,7 @@ def test_immediate_restarts_and_terminated_sessions_lose_nothing(
             assert agent.stop() == 0, agent.log()
 
     events = read_histories(tmp_path)
-    verdict = verdict_for(events, url, subscriptions=["jobs"])
+    verdict = verdict_for(events, url, subscriptions=["jobs"], lease=LEASE)
     finished = completions(events)
     gaps = []
     for restart in restarts:
