@@ -288,11 +288,28 @@ class BrokerMachine(RuleBasedStateMachine):
     @rule(picks=st.lists(indexes, min_size=1, max_size=3))
     def complete(self, picks: list[int]) -> None:
         chosen = [self._pick(i) for i in picks]
-        self._complete(chosen)
-        for delivery in chosen:
+        if self._complete(chosen):
+            for delivery in chosen:
+                self._settled(delivery)
+
+    @precondition(lambda self: self.held and self.zombies)
+    @rule(pick=indexes, zombie=indexes)
+    def complete_with_a_zombie(self, pick: int, zombie: int) -> None:
+        """One batch of a held delivery and an old one, perhaps of the same copy (a stale
+        delivery and its re-claim)."""
+        delivery = self._pick(pick)
+        if self._complete([self.zombies[zombie % len(self.zombies)], delivery]):
             self._settled(delivery)
 
-    def _complete(self, chosen: list[sqlbroker.Delivery]) -> None:
+    def _complete(self, chosen: list[sqlbroker.Delivery]) -> bool:
+        """Complete ``chosen`` as the model says; ``False`` when the call is refused."""
+        if len({d.id for d in chosen}) < len(chosen):
+            # Two deliveries of one copy (the same one twice, or a stale one and its
+            # re-claim) are refused before any write: a refusal of the stale one could not
+            # be told from the other's success.
+            with pytest.raises(sqlbroker.InvalidOption):
+                self.broker.complete(chosen)
+            return False
         valid = {}
         for delivery in chosen:
             copy = self._holder(delivery)
@@ -308,6 +325,7 @@ class BrokerMachine(RuleBasedStateMachine):
             self.broker.complete(chosen)
         for _, copy in valid.values():
             self.model.finish(copy, "completed")
+        return True
 
     def _retry(self, delivery: sqlbroker.Delivery, after: int) -> None:
         copy = self._holder(delivery)

@@ -58,9 +58,17 @@ def _deliveries(value: Delivery | Iterable[Delivery], field: str = "deliveries")
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise InvalidOption(field, "must be a Delivery or a list of them")
     items = list(value)
+    seen: set[int] = set()
     for item in items:
         if not isinstance(item, Delivery):
             raise InvalidOption(field, f"must hold Delivery objects, not {type(item).__name__}")
+        # Two deliveries of one copy (a stale one and its re-claim) cannot be told apart by
+        # the write, which matches on the copy: the stale one's refusal would go unreported.
+        if item.id in seen:
+            raise InvalidOption(
+                field, f"holds two deliveries of copy {item.id}: settle each copy once per call"
+            )
+        seen.add(item.id)
     return items
 
 

@@ -97,12 +97,21 @@ class WriteBack:
 
         Completes, retries and dead-letters are written by one call each, in that order;
         a call that fails keeps its outcomes (and those not yet tried) for the next flush.
+        A second outcome for one copy (a stale delivery's and its re-claim's) waits for the
+        next flush: a write reports valid leases by copy, so one call must hold each copy once.
         """
         batch, self._items = self._items, []
         self._has_items.clear()
         self._full.clear()
         report = FlushReport()
         kept: list[Outcome] = []
+        seen: set[int] = set()
+        now: list[Outcome] = []
+        later: list[Outcome] = []
+        for outcome in batch:
+            (later if outcome.delivery.id in seen else now).append(outcome)
+            seen.add(outcome.delivery.id)
+        batch = now
         for kind in (Complete, RetryLater, SendToDead):
             group = [o for o in batch if isinstance(o, kind)]
             if not group:
@@ -119,8 +128,8 @@ class WriteBack:
             assert isinstance(ids, set)
             for outcome in group:
                 (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
-        if kept:
-            self._items[:0] = kept
+        if kept or later:
+            self._items[:0] = kept + later
             self._has_items.set()
         if report.done or report.lost:
             self._on_flushed(report)

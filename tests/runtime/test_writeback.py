@@ -1,0 +1,70 @@
+"""The write-back buffer against a real database: a stale delivery's outcome and its
+re-claim's, buffered together, are each reported as what they were."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import sqlbroker
+from sqlbroker.runtime.message import Complete
+from sqlbroker.runtime.writeback import FlushReport, WriteBack
+
+
+def test_a_stale_outcome_and_its_reclaims_are_told_apart(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
+) -> None:
+    """The first lease expires and is reaped; the same copy is claimed again. Both
+    completes wait in one buffer: the stale one is reported lost, the current one done,
+    and the copy is completed once."""
+    broker = clocked_broker
+    broker.send("jobs", {"n": 1})
+    (stale,) = broker.claim("jobs", lease=5)
+    clock.advance(6)
+    broker.reap()
+    (current,) = broker.claim("jobs", lease=5)
+    assert current.id == stale.id
+    assert current.lease_token != stale.lease_token
+
+    reports: list[FlushReport] = []
+
+    async def run_blocking(function: Any, *args: Any) -> Any:
+        return function(*args)
+
+    async def flush_all() -> None:
+        buffer = WriteBack(broker.backend, run_blocking=run_blocking, on_flushed=reports.append)
+        buffer.add(Complete(stale))
+        buffer.add(Complete(current))
+        assert await buffer.drain(timeout=5)
+
+    asyncio.run(flush_all())
+    lost = [o.delivery.lease_token for report in reports for o in report.lost]
+    done = [o.delivery.lease_token for report in reports for o in report.done]
+    assert lost == [stale.lease_token]
+    assert done == [current.lease_token]
+    assert [m.attempts for m in broker.archive("jobs")] == [2]
+
+
+def test_one_call_may_not_settle_a_copy_twice(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
+) -> None:
+    """``complete([stale, current])`` cannot say which was refused: it is refused whole,
+    before any write (the same delivery twice as well)."""
+    broker = clocked_broker
+    broker.send("jobs", {"n": 1})
+    (stale,) = broker.claim("jobs", lease=5)
+    clock.advance(6)
+    broker.reap()
+    (current,) = broker.claim("jobs", lease=5)
+    for batch in ([stale, current], [current, current]):
+        with pytest.raises(sqlbroker.InvalidOption, match="two deliveries of copy"):
+            broker.complete(batch)
+        with pytest.raises(sqlbroker.InvalidOption, match="two deliveries of copy"):
+            broker.release(batch)
+    assert broker.archive("jobs") == []
+    broker.complete(current)
+    with pytest.raises(sqlbroker.LeaseLost):
+        broker.complete(stale)
+    assert len(broker.archive("jobs")) == 1
