@@ -54,7 +54,8 @@ def read_effects(url: str) -> list[tuple[str, str, str]]:
         return [tuple(row) for row in conn.execute(query)]  # type: ignore[misc]
 
 
-def build(url: str, **options: Any) -> sqlbroker.Broker:
+def build(url: str, *, undo_attempts: int = 3, **options: Any) -> sqlbroker.Broker:
+    """The checkout saga's app; compensations retry fast, ``undo_attempts`` times at most."""
     broker = sqlbroker.Broker(url, migrate=True, **options)
     mark = "?" if url.startswith("sqlite") else "%s"
     insert = f"INSERT INTO saga_effects (saga_id, step, kind, pid) VALUES ({mark}, {mark}, {mark}, {mark})"  # noqa: E501
@@ -74,7 +75,7 @@ def build(url: str, **options: Any) -> sqlbroker.Broker:
             raise RuntimeError(f"cannot undo {ctx.step}")
         record(ctx, "undo")
 
-    fast = sqlbroker.RetryPolicy(base=0.01, cap=0.05, max_attempts=3)
+    fast = sqlbroker.RetryPolicy(base=0.01, cap=0.05, max_attempts=undo_attempts)
     for step in CHECKOUT.steps:
         broker.saga_step(CHECKOUT, step.name, transactional=True, concurrency=4)(action)
         broker.saga_compensation(
@@ -100,7 +101,14 @@ def main() -> int:
         logger = logging.getLogger("sqlbroker")
         logger.setLevel(logging.INFO)
         logger.addHandler(_Ready(os.environ["SQLBROKER_READY"]))
-    broker = build(url, lease=float(os.environ.get("SQLBROKER_LEASE", "2")), max_attempts=100)
+    # A killed worker charges an attempt to every copy it held (prefetched ones too), so
+    # under a kill loop compensations need more than the in-process tests' three.
+    broker = build(
+        url,
+        lease=float(os.environ.get("SQLBROKER_LEASE", "2")),
+        max_attempts=100,
+        undo_attempts=int(os.environ.get("SQLBROKER_UNDO_ATTEMPTS", "100")),
+    )
     broker.run(reap_interval=float(os.environ.get("SQLBROKER_REAP_INTERVAL", "0.5")))
     return 0
 

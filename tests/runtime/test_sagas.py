@@ -167,7 +167,7 @@ def test_every_saga_ends_with_workers_killed_in_a_loop(backend_url: str, tmp_pat
                 assert saga.status is SagaStatus.COMPLETED, saga
                 assert mine == [("reserve", "do"), ("charge", "do"), ("ship", "do")]
                 continue
-            assert saga.status is SagaStatus.COMPENSATED, saga
+            assert saga.status is SagaStatus.COMPENSATED, (saga.error, saga.steps)
             done = ["reserve", "charge", "ship"][: ["charge", "ship"].index(data["fail"]) + 1]
             assert mine == [(s, "do") for s in done] + [(s, "undo") for s in reversed(done)]
         counts = collections.Counter(producer.sagas.counts())
