@@ -19,6 +19,8 @@ from sqlbroker.runtime.message import Outcome
 
 log = logging.getLogger("sqlbroker.runtime")
 
+_NO_SCOPE: AbstractContextManager[object] = contextlib.nullcontext()
+
 
 class WorkerObserver:
     """Override what you need; every default does nothing."""
@@ -46,16 +48,24 @@ class Observers(WorkerObserver):
     """Fans each event out to several observers, isolating their failures."""
 
     def __init__(self, observers: Sequence[WorkerObserver] = ()) -> None:
-        self._observers = list(observers)
+        self._observers: list[WorkerObserver] = []
+        self._scoped = False
+        for observer in observers:
+            self.add(observer)
 
     def __bool__(self) -> bool:
         return bool(self._observers)
 
     def add(self, observer: WorkerObserver) -> None:
         self._observers.append(observer)
+        # Most observers open no scope; without one, a message skips the exit stack.
+        self._scoped |= type(observer).handler_scope is not WorkerObserver.handler_scope
+
+    def handler_scope(self, delivery: Delivery) -> AbstractContextManager[object]:
+        return self._scopes(delivery) if self._scoped else _NO_SCOPE
 
     @contextlib.contextmanager
-    def handler_scope(self, delivery: Delivery) -> Iterator[object]:
+    def _scopes(self, delivery: Delivery) -> Iterator[object]:
         with contextlib.ExitStack() as stack:
             for observer in self._observers:
                 try:

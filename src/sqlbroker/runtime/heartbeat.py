@@ -48,14 +48,20 @@ class MetricsRecorder(WorkerObserver):
         self._minutes: dict[MinuteKey, MinuteCounts] = {}
         self._dirty: set[MinuteKey] = set()
         self._totals: Counter[tuple[str, str]] = Counter()
+        self._minute_number = -1
+        self._minute = datetime.fromtimestamp(0, UTC)
 
     def synced(self, storage_now: datetime) -> None:
         """Align minutes with the storage clock, as read at a heartbeat."""
         self._offset = storage_now.timestamp() - self._wall()
 
     def _row(self, subscription: str) -> MinuteCounts:
-        moment = datetime.fromtimestamp(self._wall() + self._offset, UTC)
-        key = (subscription, moment.replace(second=0, microsecond=0))
+        # Called per handler and per outcome: the minute's datetime is built once a minute.
+        minute = int((self._wall() + self._offset) // 60)
+        if minute != self._minute_number:
+            self._minute_number = minute
+            self._minute = datetime.fromtimestamp(minute * 60, UTC)
+        key = (subscription, self._minute)
         row = self._minutes.get(key)
         if row is None:
             row = self._minutes[key] = MinuteCounts(

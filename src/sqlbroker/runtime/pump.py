@@ -156,12 +156,17 @@ class Pump:
     async def execute(self, stop: asyncio.Event) -> None:
         """Run handlers one at a time until ``stop``; the current one always finishes."""
         while not stop.is_set():
-            getter = asyncio.ensure_future(self._queue.get())
-            await wait_any(stop, futures=[getter])
-            if not getter.done():
-                getter.cancel()
-                return
-            await self._handle(getter.result())
+            try:
+                # With a backlog buffered, take it without a task and a wait per message.
+                delivery = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                getter = asyncio.ensure_future(self._queue.get())
+                await wait_any(stop, futures=[getter])
+                if not getter.done():
+                    getter.cancel()
+                    return
+                delivery = getter.result()
+            await self._handle(delivery)
 
     async def _handle(self, delivery: Delivery) -> None:
         manual = self.spec.ack == "manual"
