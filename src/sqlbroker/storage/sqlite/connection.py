@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -139,7 +140,7 @@ class SqlitePool:
             conn.row_factory = sqlite3.Row
             # sqlite3.connect(timeout=) already set the busy timeout (sqlite3_busy_timeout).
             if not self.memory:
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = self._wal_mode(conn)
                 if str(mode).lower() != "wal":
                     raise ConfigurationError(f"SQLite refused WAL mode (got {mode!r})")
                 # Keep the WAL bounded: truncate it back to 64 MiB after each checkpoint.
@@ -151,6 +152,25 @@ class SqlitePool:
             conn.close()
             raise
         return conn
+
+    def _wal_mode(self, conn: sqlite3.Connection) -> str:
+        """Switch the file to WAL (a no-op once it is) and return the journal mode.
+
+        While another connection opens the same new file, this pragma can fail with
+        SQLITE_BUSY at once, without calling the busy handler: wait for it here, up to the
+        busy timeout, as for any other lock.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.001
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as error:
+                busy = "locked" in str(error) or "busy" in str(error)
+                if not busy or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     @staticmethod
     def register_functions(conn: sqlite3.Connection) -> None:
