@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -67,6 +68,21 @@ RETURNING id, payload
 ACK = "DELETE FROM floor_job WHERE id = ANY(%(ids)s)"
 
 
+@dataclass(frozen=True)
+class FloorSql:
+    """The floor's schema and statements for a drain; ``bench/floor_costs.py`` adds
+    sqlbroker's durable state to them piece by piece. A claim returns ``(id, payload)``,
+    then optionally a lease token the ack gets back as ``tokens``."""
+
+    schema: str = SCHEMA
+    insert_many: str = INSERT_MANY
+    claim: str = CLAIM
+    ack: str = ACK
+
+
+FLOOR = FloorSql()
+
+
 def encode(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -75,9 +91,9 @@ def connect(database: Database) -> psycopg.Connection[Any]:
     return psycopg.connect(database.conninfo, autocommit=True)
 
 
-def create_schema(database: Database) -> None:
+def create_schema(database: Database, sql: FloorSql = FLOOR) -> None:
     with connect(database) as conn:
-        conn.execute(SCHEMA)
+        conn.execute(sql.schema)
 
 
 def _count(database: Database) -> int:
@@ -87,13 +103,13 @@ def _count(database: Database) -> int:
     return int(row[0])
 
 
-def prepublish(database: Database, count: int) -> None:
-    create_schema(database)
+def prepublish(database: Database, count: int, sql: FloorSql = FLOOR) -> None:
+    create_schema(database, sql)
     with connect(database) as conn:
         for start in range(0, count, 1000):
             size = min(1000, count - start)
             conn.execute(
-                INSERT_MANY,
+                sql.insert_many,
                 {"queue": QUEUE, "payloads": [encode(payload(start + i)) for i in range(size)]},
             )
         conn.execute("ANALYZE floor_job")
@@ -151,9 +167,9 @@ def publish_batch(database: Database, sizes: Sizes) -> Sample:
 # --- drain -----------------------------------------------------------------------------------
 
 
-def drain_claim(batch: int) -> Callable[[Database, Sizes], Sample]:
+def drain_claim(batch: int, sql: FloorSql = FLOOR) -> Callable[[Database, Sizes], Sample]:
     def drain(database: Database, sizes: Sizes) -> Sample:
-        prepublish(database, sizes.drain)
+        prepublish(database, sizes.drain, sql)
         consumed: list[int] = []
         errors: list[BaseException] = []
         timings: dict[str, list[float]] = {"claim": [], "complete": []}
@@ -168,15 +184,16 @@ def drain_claim(batch: int) -> Callable[[Database, Sizes], Sample]:
                 gate.wait()
                 while True:
                     started = time.perf_counter()
-                    rows = conn.execute(CLAIM, {"queue": QUEUE, "limit": batch}).fetchall()
-                    for _, body in rows:
-                        json.loads(body)
+                    rows = conn.execute(sql.claim, {"queue": QUEUE, "limit": batch}).fetchall()
+                    for row in rows:
+                        json.loads(row[1])
                     claim_s.append(time.perf_counter() - started)
                     if not rows:
                         break
                     ids = [row[0] for row in rows]
+                    tokens = [row[2] for row in rows] if len(rows[0]) > 2 else None
                     started = time.perf_counter()
-                    conn.execute(ACK, {"ids": ids})
+                    conn.execute(sql.ack, {"ids": ids, "tokens": tokens})
                     complete_s.append(time.perf_counter() - started)
                     mine += ids
             except BaseException as error:
