@@ -23,12 +23,23 @@ APP_TABLE = "CREATE TABLE IF NOT EXISTS app_orders (id integer)"
 
 
 @pytest.fixture
-def ready(make_broker: Any, backend_url: str) -> sqlbroker.Broker:
+def ready(make_broker: Any, backend_url: str, request: pytest.FixtureRequest) -> sqlbroker.Broker:
     options = {"busy_timeout": 2} if backend_url.startswith("sqlite") else {}
     broker: sqlbroker.Broker = make_broker(**options)
     broker.subscribe("sub", "orders.#")
-    with _driver(backend_url, autocommit=True) as conn:
+    if backend_url.startswith("sqlite"):
+        with _driver(backend_url, autocommit=True) as conn:
+            conn.execute(APP_TABLE)
+        return broker
+    # The application's table is the application's: created by the superuser, so that the
+    # suite also runs as a runtime login, which may not create tables.
+    import psycopg
+
+    cluster = request.getfixturevalue("pg_server")
+    dbname = psycopg.conninfo.conninfo_to_dict(backend_url)["dbname"]
+    with psycopg.connect(cluster.url(str(dbname)), autocommit=True) as conn:
         conn.execute(APP_TABLE)
+        conn.execute("GRANT ALL ON app_orders TO PUBLIC")
     return broker
 
 

@@ -104,7 +104,8 @@ class StorageError(SqlbrokerError):
 
 
 class DatabaseBusy(StorageError):
-    """The database stayed locked longer than the busy timeout; nothing was written."""
+    """The database was locked: longer than the busy timeout, or in a conflict SQLite
+    answers at once (the message says which); nothing was written."""
 
 
 class ConnectionLost(StorageError):
