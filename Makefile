@@ -52,9 +52,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## The whole suite, PostgreSQL included (slow suites too; CI runs exactly this).
+## The whole suite, PostgreSQL included (slow suites too; CI runs exactly this), then the
+## PostgreSQL conformance suite again as a runtime login without DDL rights (~1 minute).
 test: $(STAMP) postgres chromium faketime lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	SQLBROKER_TEST_PG_ROLE=runtime $(BIN)/python -m pytest -m postgres tests/conformance $(PYTEST_ARGS)
 
 ## Everything but the slow suites, for a quick local loop.
 test-fast: $(STAMP) postgres chromium faketime
