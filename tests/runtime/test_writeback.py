@@ -13,13 +13,10 @@ from sqlbroker.runtime.message import Complete
 from sqlbroker.runtime.writeback import FlushReport, WriteBack
 
 
-def test_a_stale_outcome_and_its_reclaims_are_told_apart(
-    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
-) -> None:
-    """The first lease expires and is reaped; the same copy is claimed again. Both
-    completes wait in one buffer: the stale one is reported lost, the current one done,
-    and the copy is completed once."""
-    broker = clocked_broker
+def _reclaimed(
+    broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
+) -> tuple[sqlbroker.Delivery, sqlbroker.Delivery]:
+    """One copy claimed, its lease expired and reaped, and claimed again: (stale, current)."""
     broker.send("jobs", {"n": 1})
     (stale,) = broker.claim("jobs", lease=5)
     clock.advance(6)
@@ -27,6 +24,17 @@ def test_a_stale_outcome_and_its_reclaims_are_told_apart(
     (current,) = broker.claim("jobs", lease=5)
     assert current.id == stale.id
     assert current.lease_token != stale.lease_token
+    return stale, current
+
+
+def test_a_stale_outcome_and_its_reclaims_are_told_apart(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock
+) -> None:
+    """The first lease expires and is reaped; the same copy is claimed again. Both
+    completes wait in one buffer: the stale one is reported lost, the current one done,
+    and the copy is completed once."""
+    broker = clocked_broker
+    stale, current = _reclaimed(broker, clock)
 
     reports: list[FlushReport] = []
 
@@ -53,11 +61,7 @@ def test_one_call_may_not_settle_a_copy_twice(
     """``complete([stale, current])`` cannot say which was refused: it is refused whole,
     before any write (the same delivery twice as well)."""
     broker = clocked_broker
-    broker.send("jobs", {"n": 1})
-    (stale,) = broker.claim("jobs", lease=5)
-    clock.advance(6)
-    broker.reap()
-    (current,) = broker.claim("jobs", lease=5)
+    stale, current = _reclaimed(broker, clock)
     for batch in ([stale, current], [current, current]):
         with pytest.raises(sqlbroker.InvalidOption, match="two deliveries of copy"):
             broker.complete(batch)
