@@ -124,6 +124,24 @@ def test_keys_are_independent_and_unkeyed_messages_flow(broker: sqlbroker.Broker
 MINE = "6d696e65-0000-4000-8000-000000000000"
 
 
+def test_the_reaper_gives_a_headless_key_its_next_copy_once(broker: sqlbroker.Broker) -> None:
+    """A crash between a head's removal and its key's promotion leaves the key with blocked
+    copies and no head; the reaper's repair promotes the oldest, once, and leaves a key
+    that has a head alone."""
+    lost = [broker.send("q", n, key="lost") for n in range(5)]
+    kept = [broker.send("q", n, key="kept") for n in range(3)]
+    heads = broker.claim("q", limit=10)
+    assert sorted(d.message_id for d in heads) == sorted([lost[0], kept[0]])
+    gone = next(d for d in heads if d.key == "lost")
+    mark = "?" if broker.backend_name == "sqlite" else "%s"
+    with broker.backend.transaction() as conn:  # the head leaves; the promotion never runs
+        conn.execute(f"DELETE FROM sqlbroker_message WHERE id = {mark}", (gone.id,))
+    assert broker.claim("q", limit=10) == []
+    assert broker.reap()["unblocked"] == 1
+    assert broker.reap()["unblocked"] == 0
+    assert [d.message_id for d in broker.claim("q", limit=10)] == [lost[1]]
+
+
 def test_key_repair_never_reopens_a_head_claimed_meanwhile(pg_url: str) -> None:
     """PostgreSQL, two statements racing: the reaper's key repair picks a headless key's
     next copy from its snapshot; before it reaches the row, the copy is promoted and

@@ -163,22 +163,26 @@ WHERE id IN (SELECT value FROM json_each(:ids))
   AND ordering_key IS NOT NULL AND state <> 'blocked'
 
 -- name: key_promote
--- After a key's head left, the oldest blocked copy of the key becomes its head.
+-- After a key's head left, the oldest blocked copy of the key becomes its head (unless a
+-- head exists). The head is looked for once per key: tested for every blocked copy, as it
+-- was, a promotion cost the square of the key's backlog (644 msg/s draining 12,000 keyed
+-- messages against 3,930 for 3,000).
 UPDATE sqlbroker_message
 SET state = CASE WHEN available_at > :now THEN 'scheduled' ELSE 'available' END
 WHERE id IN (
-    SELECT min(b.id) FROM sqlbroker_message b
-    JOIN (SELECT json_extract(value, '$[0]') AS subscription,
-                 json_extract(value, '$[1]') AS ordering_key
+    SELECT (SELECT b.id FROM sqlbroker_message b
+            WHERE b.subscription = k.subscription AND b.ordering_key = k.ordering_key
+              AND b.state = 'blocked'
+            ORDER BY b.id
+            LIMIT 1)
+    FROM (SELECT DISTINCT json_extract(value, '$[0]') AS subscription,
+                          json_extract(value, '$[1]') AS ordering_key
           FROM json_each(:keys)) k
-      ON b.subscription = k.subscription AND b.ordering_key = k.ordering_key
-    WHERE b.state = 'blocked'
-      AND NOT EXISTS (
-          SELECT 1 FROM sqlbroker_message o
-          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
-            AND o.state <> 'blocked'
-      )
-    GROUP BY b.subscription, b.ordering_key
+    WHERE NOT EXISTS (
+        SELECT 1 FROM sqlbroker_message o
+        WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
+          AND o.state <> 'blocked'
+    )
 )
 
 -- name: key_repair
@@ -189,12 +193,13 @@ SET state = CASE WHEN available_at > :now THEN 'scheduled' ELSE 'available' END
 WHERE id IN (
     SELECT min(b.id) FROM sqlbroker_message b
     WHERE b.state = 'blocked'
-      AND NOT EXISTS (
-          SELECT 1 FROM sqlbroker_message o
-          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
-            AND o.state <> 'blocked'
-      )
     GROUP BY b.subscription, b.ordering_key
+    -- Once per key, as in key_promote.
+    HAVING NOT EXISTS (
+        SELECT 1 FROM sqlbroker_message o
+        WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
+          AND o.state <> 'blocked'
+    )
     LIMIT :limit
 )
 
