@@ -530,17 +530,23 @@ UPDATE {schema}sqlbroker_message m
 SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
                  THEN 'scheduled' ELSE 'available' END
 FROM (
-    SELECT DISTINCT ON (b.subscription, b.ordering_key) b.id
-    FROM {schema}sqlbroker_message b
-    JOIN unnest(%(subscriptions)b::text[], %(keys)b::text[]) AS k(subscription, ordering_key)
-      ON b.subscription = k.subscription AND b.ordering_key = k.ordering_key
-    WHERE b.state = 'blocked'
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}sqlbroker_message o
-          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
-            AND o.state <> 'blocked'
-      )
-    ORDER BY b.subscription, b.ordering_key, b.id
+    -- Per key: no head (one probe of the key-head index), then the oldest blocked copy.
+    SELECT b.id
+    FROM (SELECT DISTINCT subscription, ordering_key
+          FROM unnest(%(subscriptions)b::text[], %(keys)b::text[]) AS k(subscription, ordering_key)
+    ) k
+    CROSS JOIN LATERAL (
+        SELECT b.id FROM {schema}sqlbroker_message b
+        WHERE b.subscription = k.subscription AND b.ordering_key = k.ordering_key
+          AND b.state = 'blocked'
+        ORDER BY b.id
+        LIMIT 1
+    ) b
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}sqlbroker_message o
+        WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
+          AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
+    )
 ) nxt
 -- The state again on the row itself: a concurrent statement may have promoted and claimed
 -- the copy since this statement's snapshot, and only this condition is checked again.
@@ -559,7 +565,7 @@ FROM (
       AND NOT EXISTS (
           SELECT 1 FROM {schema}sqlbroker_message o
           WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
-            AND o.state <> 'blocked'
+            AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
       )
     ORDER BY b.subscription, b.ordering_key, b.id
     LIMIT %(limit)s

@@ -181,7 +181,7 @@ WHERE id IN (
     WHERE NOT EXISTS (
         SELECT 1 FROM sqlbroker_message o
         WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
-          AND o.state <> 'blocked'
+          AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
     )
 )
 
@@ -198,7 +198,7 @@ WHERE id IN (
     HAVING NOT EXISTS (
         SELECT 1 FROM sqlbroker_message o
         WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
-          AND o.state <> 'blocked'
+          AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
     )
     LIMIT :limit
 )
