@@ -123,6 +123,19 @@ WORKLOADS: dict[str, WorkloadInfo] = {
         ),
         *(
             WorkloadInfo(
+                f"claim.backlog.keyed.{label}",
+                ("p50", "p99"),
+                "ms",
+                False,
+                None,
+                f"as claim.backlog.{label} with an ordering key on every message (64 keys):"
+                " each ack promotes its key's next copy",
+                baseline=f"claim.backlog.{label}",
+            )
+            for label in BACKLOGS.values()
+        ),
+        *(
+            WorkloadInfo(
                 f"drain.processes.{n}",
                 THROUGHPUT,
                 "msg/s",

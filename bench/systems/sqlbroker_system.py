@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import sqlite3
 import sys
 import threading
@@ -102,7 +103,9 @@ def prepublish(database: Database, count: int, keys: int = 0) -> list[str]:
         if keys:
             for k in range(keys):
                 seqs = range(k, count, keys)
-                ids += broker.send_many(QUEUE, [payload(i) for i in seqs], key=f"k{k}")
+                for start in range(0, len(seqs), PREPUBLISH_BATCH):
+                    chunk = seqs[start : start + PREPUBLISH_BATCH]
+                    ids += broker.send_many(QUEUE, [payload(i) for i in chunk], key=f"k{k}")
         else:
             for start in range(0, count, PREPUBLISH_BATCH):
                 size = min(PREPUBLISH_BATCH, count - start)
@@ -190,7 +193,8 @@ def drain_runtime(database: Database, sizes: Sizes) -> Sample:
 
 def _call_summary(calls: dict[str, dict[str, float]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for name, short in (("message_claim_many", "claim"), ("message_complete_many", "complete")):
+    names = (("message_claim_many_async", "claim"), ("message_complete_many", "complete"))
+    for name, short in names:
         stats = calls.get(name)
         if stats and stats["calls"]:
             summary[f"{short}_calls"] = int(stats["calls"])
@@ -262,12 +266,13 @@ def drain_claim(batch: int, *, keyed: bool = False) -> Callable[[Database, Sizes
 # --- scale (W4) ------------------------------------------------------------------------------
 
 
-def claim_backlog(count: int) -> Callable[[Database, Sizes], Sample]:
+def claim_backlog(count: int, *, keyed: bool = False) -> Callable[[Database, Sizes], Sample]:
     """The time of one ``claim(limit=10)`` with ``count`` messages waiting (each claimed
-    batch is completed before the next claim, so the backlog stays put)."""
+    batch is completed before the next claim, so the backlog stays put); ``keyed``: every
+    message has one of ``sizes.keys`` ordering keys, so each ack promotes its key's next."""
 
     def run(database: Database, sizes: Sizes) -> Sample:
-        prepublish(database, count)
+        prepublish(database, count, sizes.keys if keyed else 0)
         claim_s: list[float] = []
         complete_s: list[float] = []
         seen: set[str] = set()
@@ -287,7 +292,12 @@ def claim_backlog(count: int) -> Callable[[Database, Sizes], Sample]:
             raise BenchError("a message was claimed twice")
         return Sample(
             {"p50": percentile(claim_s, 0.5) * 1000, "p99": percentile(claim_s, 0.99) * 1000},
-            {"backlog": count, "claims": len(claim_s), **call_timings({"complete": complete_s})},
+            {
+                "backlog": count,
+                "ordering_keys": sizes.keys if keyed else 0,
+                "claims": len(claim_s),
+                **call_timings({"complete": complete_s}),
+            },
         )
 
     return run
@@ -450,6 +460,10 @@ WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "drain.keyed100": drain_claim(100, keyed=True),
     "latency": latency,
     **{f"claim.backlog.{label}": claim_backlog(n) for n, label in BACKLOGS.items()},
+    **{
+        f"claim.backlog.keyed.{label}": claim_backlog(n, keyed=True)
+        for n, label in BACKLOGS.items()
+    },
     **{f"drain.processes.{n}": drain_processes(n) for n in PROCESSES},
     "soak": soak,
 }
@@ -474,15 +488,28 @@ def count_calls(broker: Broker, names: list[str]) -> dict[str, dict[str, float]]
         original = getattr(backend, name)
         stats = counts.setdefault(name, {"calls": 0, "rows": 0, "seconds": 0.0})
 
-        def counted(*a: Any, _original: Any = original, _stats: Any = stats, **k: Any) -> Any:
-            started = time.perf_counter()
-            found = _original(*a, **k)
-            _stats["seconds"] += time.perf_counter() - started
-            _stats["calls"] += 1
-            _stats["rows"] += len(found)
+        def tally(found: Any, started: float, stats: dict[str, float]) -> Any:
+            stats["seconds"] += time.perf_counter() - started
+            stats["calls"] += 1
+            stats["rows"] += len(found)
             return found
 
-        setattr(backend, name, counted)
+        if inspect.iscoroutinefunction(original):
+
+            async def counted_async(
+                *a: Any, _original: Any = original, _stats: Any = stats, **k: Any
+            ) -> Any:
+                started = time.perf_counter()
+                return tally(await _original(*a, **k), started, _stats)
+
+            setattr(backend, name, counted_async)
+        else:
+
+            def counted(*a: Any, _original: Any = original, _stats: Any = stats, **k: Any) -> Any:
+                started = time.perf_counter()
+                return tally(_original(*a, **k), started, _stats)
+
+            setattr(backend, name, counted)
     return counts
 
 
@@ -496,7 +523,7 @@ def consume(args: argparse.Namespace) -> None:
     marks: dict[str, float] = {}
 
     if args.mode == "drain":
-        calls = count_calls(broker, ["message_claim_many", "message_complete_many"])
+        calls = count_calls(broker, ["message_claim_many_async", "message_complete_many"])
 
         @broker.subscriber(queue=QUEUE, concurrency=args.concurrency, prefetch=args.prefetch)
         async def drain(message: Message) -> None:

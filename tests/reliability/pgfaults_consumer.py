@@ -31,16 +31,16 @@ from runtime.workerapp import _ReadyMarker
 
 def _timed_claims(backend: Any, writer: HistoryWriter) -> None:
     """Wrap the backend's claim (the real call, on the real database) to time it."""
-    claim = backend.message_claim_many
+    claim = backend.message_claim_many_async
 
     @functools.wraps(claim)
-    def timed(**options: Any) -> Any:
+    async def timed(**options: Any) -> Any:
         started = time.perf_counter()
-        found = claim(**options)
+        found = await claim(**options)
         writer.record("claim", seconds=time.perf_counter() - started, found=len(found))
         return found
 
-    backend.message_claim_many = timed
+    backend.message_claim_many_async = timed
 
 
 def main() -> int:

@@ -44,6 +44,11 @@ MAX_AUTO_PREFETCH = 100
 _PACE_WEIGHT = 0.2
 
 
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class HandlerTimeout(Exception):
     """The handler ran longer than its subscriber's ``timeout``."""
 
@@ -77,10 +82,11 @@ class Pump:
         self._threads = handler_threads
         self._poll_min = poll_min
         self._poll_max = poll_max
-        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue()
         self._open: set[int] = set()
         self._held: dict[int, Delivery] = {}
-        self._wake = asyncio.Event()
+        self._hinted = False
+        self._hint_waiter: asyncio.Future[None] | None = None
         self._capacity = asyncio.Event()
         self.idle = False
         self._pace: float | None = None  # recent handler seconds (moving average)
@@ -91,7 +97,11 @@ class Pump:
         return self.spec.name
 
     def wake(self) -> None:
-        self._wake.set()
+        """A hint that copies are claimable (or the stop): end the fetch's sleep now."""
+        self._hinted = True
+        waiter = self._hint_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     @property
     def busy(self) -> bool:
@@ -114,10 +124,9 @@ class Pump:
                 self._capacity.clear()
                 await wait_any(self._capacity, stop)
                 continue
-            self._wake.clear()
+            self._hinted = False
             try:
-                found: list[Delivery] = await self._run_blocking(
-                    self._backend.message_claim_many,
+                found = await self._backend.message_claim_many_async(
                     subscription=self.spec.name,
                     limit=min(capacity, limit_per_claim),
                     lease=self._lease,
@@ -140,7 +149,22 @@ class Pump:
                 continue
             self.idle = not found and not self._open
             pause = self._poll_min if found else min(pause * 2, self._poll_max)
-            await wait_any(self._wake, stop, timeout=pause * random.uniform(0.75, 1.0))
+            await self._sleep_until_hint(pause * random.uniform(0.75, 1.0))
+
+    async def _sleep_until_hint(self, seconds: float) -> None:
+        """Sleep ``seconds`` or until :meth:`wake`: one future and one timer, the shortest
+        path from a notification to the next claim."""
+        if self._hinted:
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, waiter)
+        self._hint_waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._hint_waiter = None
+            timer.cancel()
 
     def _prefetch(self) -> int:
         if self.spec.prefetch is not None:
@@ -154,19 +178,26 @@ class Pump:
     # --- execute -----------------------------------------------------------------------------
 
     async def execute(self, stop: asyncio.Event) -> None:
-        """Run handlers one at a time until ``stop``; the current one always finishes."""
+        """Run handlers one at a time until ``stop``; the current one always finishes.
+
+        An idle slot waits on the buffer alone, the cheapest wake-up a claim can give it;
+        :meth:`stop_idle` ends that wait with a ``None`` per slot."""
         while not stop.is_set():
             try:
-                # With a backlog buffered, take it without a task and a wait per message.
+                # With a backlog buffered, take it without a wait per message.
                 delivery = self._queue.get_nowait()
             except asyncio.QueueEmpty:
-                getter = asyncio.ensure_future(self._queue.get())
-                await wait_any(stop, futures=[getter])
-                if not getter.done():
-                    getter.cancel()
-                    return
-                delivery = getter.result()
+                delivery = await self._queue.get()
+            if delivery is None:
+                return
             await self._handle(delivery)
+
+    def stop_idle(self) -> None:
+        """After the stop: end the wait of every idle handler slot (busy ones see the stop
+        when their handler returns and leave the ``None`` for :meth:`release_unstarted`)."""
+        for _ in range(self.spec.concurrency):
+            self._queue.put_nowait(None)
+        self.wake()  # and the fetch's sleep
 
     async def _handle(self, delivery: Delivery) -> None:
         manual = self.spec.ack == "manual"
@@ -399,7 +430,9 @@ class Pump:
         """Give back claimed deliveries no handler started; returns how many."""
         unstarted: list[Delivery] = []
         while not self._queue.empty():
-            unstarted.append(self._queue.get_nowait())
+            delivery = self._queue.get_nowait()
+            if delivery is not None:
+                unstarted.append(delivery)
         if not unstarted:
             return 0
         try:

@@ -290,6 +290,8 @@ class Worker:
         assert self._stop is not None
         assert self._hard is not None
         await self._stop.wait()
+        for pump in self._pumps.values():
+            pump.stop_idle()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._grace
         pending: set[asyncio.Future[Any]] = {task for task in executors if not task.done()}

@@ -207,6 +207,19 @@ class Backend(Protocol):
         ``max_attempts`` (a consumer's retry policy) replaces a copy's own limit, so that the
         reaper's quarantine of crashing messages follows the same limit as retries."""
 
+    async def message_claim_many_async(
+        self,
+        *,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None = None,
+    ) -> list[Delivery]:
+        """:meth:`message_claim_many` for the worker's event loop: PostgreSQL claims on a
+        connection of the loop's async pool, with no thread between the wake-up and the
+        claim; SQLite's driver blocks, so its claim runs in a thread."""
+
     def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
         """Archive the copies as completed; return the ids whose lease was still valid.
         With ``conn`` inside that connection's transaction (see :meth:`transaction`)."""

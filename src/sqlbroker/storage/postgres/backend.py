@@ -46,6 +46,7 @@ from sqlbroker.storage.postgres.connection import (
     Conn,
     Plan,
     PostgresPool,
+    Statement,
     run_plan,
     run_plan_async,
 )
@@ -73,6 +74,12 @@ _WORKER_LOST = encode_json(
 )
 _MIGRATIONS = "sqlbroker.storage.postgres.migrations"
 _SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
+
+
+def _deliveries(rows: Sequence[Any]) -> list[Delivery]:
+    deliveries = [delivery_of(row) for row in rows]
+    deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+    return deliveries
 
 
 def _float_or_none(value: float | None) -> float | None:
@@ -444,6 +451,48 @@ class PostgresBackend(
         worker: str | None,
         max_attempts: int | None = None,
     ) -> list[Delivery]:
+        promote, claim = self._claim_statements(subscription, limit, lease, worker, max_attempts)
+        with self._db.connection(write=True) as conn:
+            if promote is not None:
+                # Both statements travel in one round trip; the promotion commits first, so
+                # the claim sees delayed messages that just became due.
+                with conn.pipeline():
+                    conn.execute(*promote)
+                    cursor = conn.execute(*claim)
+            else:
+                cursor = conn.execute(*claim)
+            rows = cursor.fetchall()
+        return _deliveries(rows)
+
+    async def message_claim_many_async(
+        self,
+        *,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None = None,
+    ) -> list[Delivery]:
+        promote, claim = self._claim_statements(subscription, limit, lease, worker, max_attempts)
+        async with self._db.connection_async(write=True) as conn:
+            if promote is not None:
+                async with conn.pipeline():
+                    await conn.execute(*promote)
+                    cursor = await conn.execute(*claim)
+            else:
+                cursor = await conn.execute(*claim)
+            rows = await cursor.fetchall()
+        return _deliveries(rows)
+
+    def _claim_statements(
+        self,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None,
+    ) -> tuple[Statement | None, Statement]:
+        """The claim, and before it the promotion of due delayed copies when one is due."""
         now = self._now_param()
         claim = {
             "subscription": subscription,
@@ -453,23 +502,13 @@ class PostgresBackend(
             "worker": worker,
             "max_attempts": max_attempts,
         }
-        promote = self._promotion.due(subscription, None if now is None else now.timestamp())
-        with self._db.connection(write=True) as conn:
-            if promote:
-                # Both statements travel in one round trip; the promotion commits first, so
-                # the claim sees delayed messages that just became due.
-                with conn.pipeline():
-                    conn.execute(
-                        self._sql["message_promote_scheduled"],
-                        {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
-                    )
-                    cursor = conn.execute(self._sql["message_claim"], claim)
-            else:
-                cursor = conn.execute(self._sql["message_claim"], claim)
-            rows = cursor.fetchall()
-        deliveries = [delivery_of(row) for row in rows]
-        deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
-        return deliveries
+        promote: Statement | None = None
+        if self._promotion.due(subscription, None if now is None else now.timestamp()):
+            promote = (
+                self._sql["message_promote_scheduled"],
+                {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
+            )
+        return promote, (self._sql["message_claim"], claim)
 
     @staticmethod
     def _lease_params(leases: Sequence[Lease]) -> dict[str, Any]:

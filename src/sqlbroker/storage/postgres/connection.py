@@ -241,29 +241,38 @@ class PostgresPool:
         raw.execute(self._sql["savepoint_release"])
 
     @asynccontextmanager
+    async def connection_async(self, *, write: bool) -> AsyncIterator[AsyncConn]:
+        """:meth:`connection` from the running loop's async pool, opened on first use."""
+        pool = await self._open_async_pool()
+        try:
+            async with pool.connection() as conn:
+                try:
+                    yield conn
+                except psycopg.Error as error:
+                    raise self.translate(error, write=write, conn=conn) from None
+        except ConnectionLost:
+            await _check_idle_async(pool)
+            raise
+        except PoolTimeout:
+            raise ConnectionLost(
+                f"no PostgreSQL connection within {self._connect_timeout:g} s"
+                f" (pool of {self._pool_size})",
+                ambiguous=False,
+            ) from None
+        except psycopg.OperationalError as error:
+            # No connection yet: nothing was sent, so nothing can have committed.
+            await _check_idle_async(pool)
+            raise ConnectionLost(
+                f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
+            ) from None
+
+    @asynccontextmanager
     async def transaction_async(self, conn: Any = None) -> AsyncIterator[AsyncConn]:
         """:meth:`transaction` for an async caller's connection, or (``conn=None``) a
         transaction on a connection of the async pool, opened on first use."""
         if conn is None:
-            pool = await self._open_async_pool()
-            own: AsyncConn | None = None
-            try:
-                async with pool.connection() as own, own.transaction():
-                    yield own
-            except ConnectionLost:
-                await _check_idle_async(pool)
-                raise
-            except PoolTimeout:
-                raise ConnectionLost(
-                    f"no PostgreSQL connection within {self._connect_timeout:g} s",
-                    ambiguous=False,
-                ) from None
-            except psycopg.Error as error:
-                # No connection yet: nothing was sent, so nothing can have committed.
-                lost = self.translate(error, write=own is not None, conn=own)
-                if isinstance(lost, ConnectionLost):
-                    await _check_idle_async(pool)
-                raise lost from None
+            async with self.connection_async(write=True) as own, own.transaction():
+                yield own
             return
         try:
             raw = await caller.unwrap_async(conn)

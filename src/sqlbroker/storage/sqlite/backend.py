@@ -379,6 +379,24 @@ class SqliteBackend(
             keys = json.dumps([[row[0], row[1]] for row in heads])
             conn.execute(self._sql["key_promote"], {"keys": keys, "now": now})
 
+    async def message_claim_many_async(
+        self,
+        *,
+        subscription: str,
+        limit: int,
+        lease: float,
+        worker: str | None,
+        max_attempts: int | None = None,
+    ) -> list[Delivery]:
+        return await asyncio.to_thread(
+            self.message_claim_many,
+            subscription=subscription,
+            limit=limit,
+            lease=lease,
+            worker=worker,
+            max_attempts=max_attempts,
+        )
+
     def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
         if not leases:
             return []
