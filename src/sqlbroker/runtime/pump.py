@@ -140,6 +140,12 @@ class Pump:
                 await wait_any(stop, timeout=wait)
                 continue
             failures = 0
+            if stop.is_set():
+                # The stop came while the claim ran: the shutdown may have released the
+                # buffer already, so these go back at once instead of into it.
+                if await self._release(found):
+                    log.info("released %d message(s) claimed during the stop", len(found))
+                return
             for delivery in found:
                 self._open.add(delivery.id)
                 self._held[delivery.id] = delivery
@@ -433,6 +439,9 @@ class Pump:
             delivery = self._queue.get_nowait()
             if delivery is not None:
                 unstarted.append(delivery)
+        return await self._release(unstarted)
+
+    async def _release(self, unstarted: list[Delivery]) -> int:
         if not unstarted:
             return 0
         try:
