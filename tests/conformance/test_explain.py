@@ -53,6 +53,7 @@ def _params(broker: sqlbroker.Broker) -> dict[str, Any]:
         "limit": 10,
         "worker": "explain",
         "max_attempts": None,
+        "claim_commit": "off",
     }
 
 

@@ -172,7 +172,7 @@ def test_claims_stay_index_driven_under_the_policies(tenants: Tenants) -> None:
             for row in conn.execute(
                 b"EXPLAIN " + claim.encode(),
                 {"subscription": "acme-jobs", "now": None, "lease": 30, "limit": 10}
-                | {"worker": None, "max_attempts": None},
+                | {"worker": None, "max_attempts": None, "claim_commit": "off"},
             )
         )
     assert "sqlbroker_message_claim" in plan, plan

@@ -16,7 +16,8 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
 
     SQLite options: ``synchronous`` (``"full"``/``"normal"``), ``busy_timeout`` (s),
     ``pool_size``. PostgreSQL options: ``schema``, ``pool_size``, ``synchronous_commit``
-    (``"on"``/``"off"``), ``connect_timeout`` (s).
+    (``"on"``/``"off"``), ``durable_claims`` (``False``: a claim's commit does not wait for
+    the WAL flush), ``connect_timeout`` (s).
     """
     parsed = parse_url(url)
     if clock is not None and not callable(getattr(clock, "now", None)):

@@ -118,9 +118,12 @@ class PostgresBackend(
         schema: str | None = None,
         pool_size: int = 10,
         synchronous_commit: str = "on",
+        durable_claims: bool = False,
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
     ) -> None:
+        if not isinstance(durable_claims, bool):
+            raise InvalidOption("durable_claims", "must be True or False")
         self._url = url
         self._clock = clock
         self._schema = schema
@@ -136,6 +139,8 @@ class PostgresBackend(
         )
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
         self._promotion = PromotionThrottle()
+        # A claim's own commit: see message_claim in queries.sql.
+        self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
 
     def __repr__(self) -> str:
@@ -501,6 +506,7 @@ class PostgresBackend(
             "limit": limit,
             "worker": worker,
             "max_attempts": max_attempts,
+            "claim_commit": self._claim_commit,
         }
         promote: Statement | None = None
         if self._promotion.due(subscription, None if now is None else now.timestamp()):

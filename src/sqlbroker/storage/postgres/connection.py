@@ -121,6 +121,11 @@ class PostgresPool:
     def conninfo(self) -> str:
         return self.url.raw
 
+    @property
+    def synchronous_commit(self) -> str:
+        """The sessions' ``synchronous_commit``: how durable a commit is before it returns."""
+        return self._settings["synchronous_commit"]
+
     def _open_pool(self) -> ConnectionPool[Conn]:
         with self._pool_lock:
             if self._closed:

@@ -287,6 +287,10 @@ FROM (
 WHERE m.id = due.id
 
 -- name: message_claim
+-- The claim_commit parameter is this transaction's synchronous_commit: 'off' unless the backend keeps
+-- durable claims. A claim's commit then does not wait for the WAL flush: a server crash
+-- can forget only the lease itself (the copy comes back available, its attempt uncounted),
+-- and the ack's durable commit flushes the claim's record before its own.
 WITH c AS MATERIALIZED (
     SELECT id FROM {schema}sqlbroker_message
     WHERE subscription = %(subscription)s
@@ -306,7 +310,7 @@ SET state = 'running',
     worker = %(worker)s,
     max_attempts = coalesce(%(max_attempts)s::integer, m.max_attempts)
 FROM c
-WHERE m.id = c.id
+WHERE m.id = c.id AND set_config('synchronous_commit', %(claim_commit)s, true) IS NOT NULL
 RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
           m.priority, m.ordering_key, m.idempotency_key, m.attempts, m.max_attempts,
           m.replay_count, m.enqueued_at, m.available_at, m.expires_at, m.lease_token::text,

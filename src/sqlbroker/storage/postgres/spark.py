@@ -185,6 +185,8 @@ class PostgresSpark:
                         "limit": limit,
                         "worker": worker,
                         "max_attempts": None,
+                        # durable as the stream's snapshot it commits with
+                        "claim_commit": self._db.synchronous_commit,
                     },
                 )
                 .fetchall()
