@@ -163,16 +163,20 @@ class PostgresPool:
         except ConnectionLost:
             _check_idle(pool)
             raise
-        except PoolTimeout:
-            raise ConnectionLost(
+        except psycopg.OperationalError as error:  # PoolTimeout among them
+            raise self._not_connected(error) from None
+
+    def _not_connected(self, error: psycopg.OperationalError) -> ConnectionLost:
+        """The pool gave no connection: nothing was sent, so nothing can have committed."""
+        if isinstance(error, PoolTimeout):
+            return ConnectionLost(
                 f"no PostgreSQL connection within {self._connect_timeout:g} s"
                 f" (pool of {self._pool_size})",
                 ambiguous=False,
-            ) from None
-        except psycopg.OperationalError as error:
-            raise ConnectionLost(
-                f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
-            ) from None
+            )
+        return ConnectionLost(
+            f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
+        )
 
     def translate(
         self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
@@ -258,18 +262,10 @@ class PostgresPool:
         except ConnectionLost:
             await _check_idle_async(pool)
             raise
-        except PoolTimeout:
-            raise ConnectionLost(
-                f"no PostgreSQL connection within {self._connect_timeout:g} s"
-                f" (pool of {self._pool_size})",
-                ambiguous=False,
-            ) from None
-        except psycopg.OperationalError as error:
-            # No connection yet: nothing was sent, so nothing can have committed.
-            await _check_idle_async(pool)
-            raise ConnectionLost(
-                f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
-            ) from None
+        except psycopg.OperationalError as error:  # PoolTimeout among them
+            if not isinstance(error, PoolTimeout):
+                await _check_idle_async(pool)
+            raise self._not_connected(error) from None
 
     @asynccontextmanager
     async def transaction_async(self, conn: Any = None) -> AsyncIterator[AsyncConn]:
