@@ -287,10 +287,10 @@ FROM (
 WHERE m.id = due.id
 
 -- name: message_claim
--- The claim_commit parameter is this transaction's synchronous_commit: 'off' unless the backend keeps
--- durable claims. A claim's commit then does not wait for the WAL flush: a server crash
--- can forget only the lease itself (the copy comes back available, its attempt uncounted),
--- and the ack's durable commit flushes the claim's record before its own.
+-- The claim_commit parameter is this transaction's synchronous_commit: 'off' unless the
+-- backend keeps durable claims. A claim's commit then does not wait for the WAL flush: a
+-- server crash can forget only the lease itself (the copy comes back available, its
+-- attempt uncounted), and the ack's durable commit flushes the claim's record first.
 WITH c AS MATERIALIZED (
     SELECT id FROM {schema}sqlbroker_message
     WHERE subscription = %(subscription)s
