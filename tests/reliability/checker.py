@@ -12,6 +12,9 @@ verdict does not depend on the code under test. A scenario is clean when:
   attempt's worker was killed or paused, its handler failed (an explicit retry or a
   timeout), the server was restarted or its connection terminated while it ran, or its
   lease expired, shown by the database's times: the next claim came after that lease's end.
+  On PostgreSQL a restart may also forget a claim made just before it (claims do not wait
+  for the WAL flush): the next delivery then repeats the attempt number, and the forgotten
+  claim's time lies within ``CLAIM_FORGOTTEN`` seconds of a restart.
   A refused ack (``settle_lost``) is no explanation by itself: the lease it lost needs one
   of those causes, or two leases were valid at once. Unexplained ones are reported;
 - **double completions** = 0: no delivery's ``complete`` committed twice, and no tag has
@@ -122,14 +125,29 @@ class Verdict:
         assert self.clean, self.summary()
 
 
-def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]], list[float]]:
+# How far (s) a claim the restart forgot may lie from the restart's record: the WAL
+# writer flushes an unflushed commit within 0.6 s; the rest is slack for a busy machine.
+CLAIM_FORGOTTEN = 2.0
+
+
+@dataclass
+class ServerFaults:
+    """Monotonic times of every fault of the server; wall times of its restarts."""
+
+    moments: list[float] = field(default_factory=list)
+    restarts: list[float] = field(default_factory=list)
+
+
+def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]], ServerFaults]:
     by_pid: dict[int, list[tuple[str, float]]] = defaultdict(list)
-    server: list[float] = []
+    server = ServerFaults()
     for event in events:
         if event["op"] != "fault":
             continue
         if event["target"] == "server":
-            server.append(event["mono"])
+            server.moments.append(event["mono"])
+            if event["kind"] == "restart":
+                server.restarts.append(event["wall"])
         else:
             by_pid[int(event["target"])].append((event["kind"], event["mono"]))
     return by_pid, server
@@ -196,14 +214,15 @@ def check(
         completes = [e for e in trail if e["op"] == "settled" and e["kind"] == "complete"]
         if len({event["delivery"] for event in completes}) > 1 or len(completes) > 1:
             verdict.double_completions.append(f"{message_id}@{subscription}: completed twice")
-        by_attempt: dict[int, list[Event]] = defaultdict(list)
+        # One lease per claim: a forgotten claim's attempt number comes again.
+        by_lease: dict[str, list[Event]] = defaultdict(list)
         for event in trail:
-            by_attempt[event["attempt"]].append(event)
+            by_lease[event["token"]].append(event)
         # Claim order is attempt order: a worker paused between its claim and its handler's
         # start begins a stale attempt after the newer one it lost the lease to.
         starts = sorted(deliveries, key=lambda event: (event["attempt"], event["mono"]))
         for index, start in enumerate(starts):
-            mine = by_attempt[start["attempt"]]
+            mine = by_lease[start["token"]]
             handled = next((e for e in mine if e["op"] == "handled"), None)
             settled = next((e for e in mine if e["op"] == "settled"), None)
             later = starts[index + 1 :]
@@ -254,7 +273,7 @@ def _explain(
     mine: list[Event],
     following: Event,
     kills: dict[int, list[tuple[str, float]]],
-    server_faults: list[float],
+    server_faults: ServerFaults,
     lease: float | None,
 ) -> str | None:
     """Why the copy was delivered again after ``start``; ``None`` when nothing explains it.
@@ -271,8 +290,14 @@ def _explain(
         return "explicit retry"
     if any(e["op"] == "handled" and e.get("error") for e in mine):
         return "handler failed"
-    if any(window[0] <= moment <= window[1] for moment in server_faults):
+    if any(window[0] <= moment <= window[1] for moment in server_faults.moments):
         return "connection lost"
+    if following["attempt"] == start["attempt"]:
+        # The database did not count the claim: a restart forgot it. The claim was before
+        # its handler started (on the database's clock, from its lease when known).
+        claimed = start["wall"] if lease is None else float(start["leased_until"]) - lease
+        if any(abs(claimed - restart) <= CLAIM_FORGOTTEN for restart in server_faults.restarts):
+            return "claim forgotten by a restart"
     if lease is not None and float(following["leased_until"]) - lease >= float(
         start["leased_until"]
     ):

@@ -17,9 +17,12 @@ def publish(tag: str, mono: float, status: str = "ok", **fields: Any) -> dict[st
     return ev("publish", mono, tag=tag, status=status, id=f"m-{tag}", ikey=tag, **fields)
 
 
-def delivery(tag: str, attempt: int, mono: float, *, pid: int = 10, end: str = "complete"):
+def delivery(
+    tag: str, attempt: int, mono: float, *, pid: int = 10, end: str = "complete", token: str = ""
+):
     common = {"id": f"m-{tag}", "delivery": 1, "attempt": attempt, "sub": SUB, "pid": pid}
-    events = [ev("deliver", mono, tag=tag, key=None, token=f"t{attempt}", **common)]
+    common["token"] = token or f"t{attempt}"
+    events = [ev("deliver", mono, tag=tag, key=None, **common)]
     if end in {"complete", "retry"}:
         events.append(ev("handled", mono + 0.1, error=None if end == "complete" else "E", **common))
         events.append(ev("settled", mono + 0.2, kind=end, **common))
@@ -103,9 +106,9 @@ def test_a_stale_attempt_started_after_a_pause() -> None:
     another worker meanwhile; attempt 1's handler starts after the resume and its ack is
     refused. Without the pause the late start is unexplained; had attempt 1 settled, two
     leases would have overlapped."""
-    stale = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10}
+    stale = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10, "token": "t1"}
     late_start = [
-        ev("deliver", 4.0, tag="a", key=None, token="t1", **stale),
+        ev("deliver", 4.0, tag="a", key=None, **stale),
         ev("handled", 4.1, error=None, **stale),
     ]
     events = [publish("a", 0), *delivery("a", 2, 3.0, pid=11), *late_start]
@@ -143,16 +146,14 @@ def test_an_expired_lease_is_shown_by_the_database_times() -> None:
     next claim at 101.2 shows the lease expired; one at 100.5 found it still valid: two
     leases at once (the signature of the key-repair race), unexplained however the ack
     went. Without the lease, no redelivery is put down to expiry."""
-    first = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10}
-    second = {"id": "m-a", "delivery": 1, "attempt": 2, "sub": SUB, "pid": 11}
+    first = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10, "token": "t1"}
+    second = {"id": "m-a", "delivery": 1, "attempt": 2, "sub": SUB, "pid": 11, "token": "t2"}
 
     def history(next_claim: float) -> list[dict[str, Any]]:
         return [
             publish("a", 0),
-            ev("deliver", 1.0, tag="a", key=None, token="t1", leased_until=101.0, **first),
-            ev(
-                "deliver", 2.0, tag="a", key=None, token="t2", leased_until=next_claim + 1, **second
-            ),
+            ev("deliver", 1.0, tag="a", key=None, leased_until=101.0, **first),
+            ev("deliver", 2.0, tag="a", key=None, leased_until=next_claim + 1, **second),
             ev("handled", 2.1, error=None, **first),
             ev("settle_lost", 2.2, kind="complete", **first),
             ev("handled", 2.3, error=None, **second),
@@ -164,3 +165,30 @@ def test_an_expired_lease_is_shown_by_the_database_times() -> None:
     assert verdict.duplicates == {"lease expired": 1}
     assert check(history(100.5), [row("a")], subscriptions=[SUB], lease=1.0).unexplained
     assert check(history(101.2), [row("a")], subscriptions=[SUB]).unexplained
+
+
+def test_a_claim_a_restart_forgot() -> None:
+    """A claim at 100.0 (database clock, lease 1 s) is not flushed when the server is
+    restarted at 100.3: the next claim is attempt 1 again, under a new lease. That restart
+    explains it; one long before, or a terminated session (the server kept running), does
+    not."""
+    first = {"id": "m-a", "delivery": 1, "attempt": 1, "sub": SUB, "pid": 10, "token": "t1"}
+    events = [
+        publish("a", 0),
+        ev("deliver", 1.0, tag="a", key=None, leased_until=101.0, **first),
+        ev("handled", 1.1, error=None, **first),
+        ev("settle_lost", 2.0, kind="complete", **first),
+        *delivery("a", 1, 3.0, pid=11, token="t2"),
+    ]
+    events[-3]["leased_until"] = 101.5  # claimed at 100.5: the first lease was still valid
+
+    def restart(kind: str, wall: float) -> dict[str, Any]:
+        return ev("fault", 0.5, kind=kind, target="server", wall=wall)
+
+    verdict = check(
+        [*events, restart("restart", 100.3)], [row("a")], subscriptions=[SUB], lease=1.0
+    )
+    verdict.assert_clean()
+    assert verdict.duplicates == {"claim forgotten by a restart": 1}
+    for other in (restart("restart", 90.0), restart("terminate", 100.3)):
+        assert check([*events, other], [row("a")], subscriptions=[SUB], lease=1.0).unexplained
