@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
@@ -32,12 +32,19 @@ statement with its parameters and is sent back the rows it returned. The same pl
 a sync connection (:func:`run_plan`) or an async one (:func:`run_plan_async`)."""
 
 
+def returned_rows(cursor: psycopg.Cursor[TupleRow] | psycopg.AsyncCursor[TupleRow]) -> bool:
+    """Whether the statement just executed returned rows (``cursor.description`` tells
+    too, but builds a column list to do it)."""
+    result = cursor.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
+
+
 def run_plan(conn: Conn, plan: Plan[T]) -> T:
     try:
         statement, params = next(plan)
         while True:
             cursor = conn.execute(statement, params)
-            rows = cursor.fetchall() if cursor.description is not None else []
+            rows = cursor.fetchall() if returned_rows(cursor) else []
             statement, params = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
@@ -48,7 +55,7 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T]) -> T:
         statement, params = next(plan)
         while True:
             cursor = await conn.execute(statement, params)
-            rows = await cursor.fetchall() if cursor.description is not None else []
+            rows = await cursor.fetchall() if returned_rows(cursor) else []
             statement, params = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
@@ -153,18 +160,25 @@ class PostgresPool:
 
     @contextmanager
     def connection(self, *, write: bool) -> Iterator[Conn]:
+        # getconn/putconn rather than the pool's own context manager, which also enters
+        # the connection's (a commit that has nothing to do in autocommit): on every
+        # statement that is a tenth of a send's client time. A connection returned inside
+        # a transaction is still rolled back by the pool.
         pool = self._pool if self._pool is not None else self._open_pool()
         try:
-            with pool.connection() as conn:
-                try:
-                    yield conn
-                except psycopg.Error as error:
-                    raise self.translate(error, write=write, conn=conn) from None
+            conn = pool.getconn()
+        except psycopg.OperationalError as error:  # PoolTimeout among them
+            raise self._not_connected(error) from None
+        try:
+            try:
+                yield conn
+            except psycopg.Error as error:
+                raise self.translate(error, write=write, conn=conn) from None
+            finally:
+                pool.putconn(conn)
         except ConnectionLost:
             _check_idle(pool)
             raise
-        except psycopg.OperationalError as error:  # PoolTimeout among them
-            raise self._not_connected(error) from None
 
     def _not_connected(self, error: psycopg.OperationalError) -> ConnectionLost:
         """The pool gave no connection: nothing was sent, so nothing can have committed."""
@@ -254,18 +268,21 @@ class PostgresPool:
         """:meth:`connection` from the running loop's async pool, opened on first use."""
         pool = await self._open_async_pool()
         try:
-            async with pool.connection() as conn:
-                try:
-                    yield conn
-                except psycopg.Error as error:
-                    raise self.translate(error, write=write, conn=conn) from None
-        except ConnectionLost:
-            await _check_idle_async(pool)
-            raise
+            conn = await pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             if not isinstance(error, PoolTimeout):
                 await _check_idle_async(pool)
             raise self._not_connected(error) from None
+        try:
+            try:
+                yield conn
+            except psycopg.Error as error:
+                raise self.translate(error, write=write, conn=conn) from None
+            finally:
+                await pool.putconn(conn)
+        except ConnectionLost:
+            await _check_idle_async(pool)
+            raise
 
     @asynccontextmanager
     async def transaction_async(self, conn: Any = None) -> AsyncIterator[AsyncConn]:
