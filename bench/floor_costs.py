@@ -1,9 +1,11 @@
-"""What stands between sqlbroker's drain and the raw-SQL floor's, measured in one run.
+"""What stands between sqlbroker and the raw-SQL floor, measured in one run.
 
 The floor (``systems/pg_floor.py``) keeps no lease token, no message id and no archive.
 This adds sqlbroker's durable state to it one piece at a time, still as raw SQL driven by
-the floor's 4-thread claim → ack loop, and runs sqlbroker's own ``drain.claim10`` (or
-``drain.claim100``) beside them, interleaved, each on a fresh database:
+the floor's own loop, and runs sqlbroker's workload beside them, interleaved, each on a
+fresh database.
+
+For a drain (``--workload claim10`` or ``claim100``: the floor's 4-thread claim → ack loop):
 
 - ``floor``: the benchmark's floor;
 - ``+lease``: a claim sets a state, a lease token and a lease end (indexed while running,
@@ -13,10 +15,20 @@ the floor's 4-thread claim → ack loop, and runs sqlbroker's own ``drain.claim1
   message id indexed) in the same statement: what "archive on" costs;
 - ``sqlbroker``: the real thing, with its defaults.
 
-    .venv/bin/python bench/floor_costs.py [--batch 10] [--repeats 5] [--messages 3000]
+For a single publish (``--workload publish``: one message per transaction, one thread):
+
+- ``floor``: the benchmark's floor;
+- ``+sqlbroker's table``: the same INSERT with NOTIFY, into sqlbroker's own hot table (its
+  columns, its indexes), with the values sqlbroker writes for a plain send;
+- ``+queue on first use``: as sqlbroker's statement does, the INSERT also creates the queue
+  when it is missing (``INSERT … ON CONFLICT DO NOTHING`` into the subscription tables) and
+  notifies only when the copy is claimable;
+- ``sqlbroker``: ``Broker.send``, with its validation, its 17 bound parameters and its pool.
+
+    .venv/bin/python bench/floor_costs.py [--workload claim10] [--repeats 5] [--messages 3000]
 
 Prints each variant's median rate and its ratio to the floor, and writes
-``bench/results/floor_costs_claim<batch>.md``.
+``bench/results/floor_costs_<workload>.md``.
 """
 
 from __future__ import annotations
@@ -31,6 +43,8 @@ import harness
 from harness import QUICK, Case, PostgresTarget, run_cases
 from systems import pg_floor, sqlbroker_system
 from systems.pg_floor import FloorSql
+
+from sqlbroker.storage.postgres.backend import PostgresBackend
 
 LEASE_SCHEMA = """
 CREATE TABLE floor_job (
@@ -101,29 +115,80 @@ ARCHIVE = dataclasses.replace(
     MESSAGE_IDS, schema=MESSAGE_IDS.schema + ARCHIVE_SCHEMA, ack=ARCHIVE_ACK
 )
 
-VARIANTS = {
+DRAIN_VARIANTS = {
     "floor": pg_floor.FLOOR,
     "+lease": LEASE,
     "+message id": MESSAGE_IDS,
     "+archive": ARCHIVE,
 }
 
+# The values a plain send writes: priority NORMAL (2), 5 attempts, a JSON payload.
+TABLE_INSERT = """
+WITH i AS (
+    INSERT INTO sqlbroker_message (
+        message_id, subscription, topic, state, priority, payload, content_type,
+        max_attempts, enqueued_at, available_at
+    )
+    VALUES (gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, %(payload)s,
+            'application/json', 5, now(), now())
+    RETURNING 1
+)
+SELECT pg_notify('sqlbroker', %(queue)s) FROM i
+"""
+
+QUEUE_INSERT = """
+WITH queue AS (
+    INSERT INTO sqlbroker_subscription (name, created_at) VALUES (%(queue)s, now())
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+queue_pattern AS (
+    INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, '^\\.' || name || '$' FROM queue
+),
+i AS (
+    INSERT INTO sqlbroker_message (
+        message_id, subscription, topic, state, priority, payload, content_type,
+        max_attempts, enqueued_at, available_at
+    )
+    VALUES (gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, %(payload)s,
+            'application/json', 5, now(), now())
+    RETURNING state
+)
+SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT 1 FROM i WHERE state = 'available')
+"""
+
+TABLE = pg_floor.FloorSql(
+    schema=PostgresBackend.schema_sql(), table="sqlbroker_message", insert_one=TABLE_INSERT
+)
+PUBLISH_VARIANTS = {
+    "floor": pg_floor.FLOOR,
+    "+sqlbroker's table": TABLE,
+    "+queue on first use": dataclasses.replace(TABLE, insert_one=QUEUE_INSERT),
+}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=10, choices=[10, 100])
+    parser.add_argument("--workload", default="claim10", choices=["claim10", "claim100", "publish"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--messages", type=int, default=3000)
     args = parser.parse_args()
     sizes = dataclasses.replace(QUICK, repeats=args.repeats, drain=args.messages)
-    workload = f"drain.claim{args.batch}"
+    if args.workload == "publish":
+        workload, what = "publish.single", "messages, one per transaction, 1 thread"
+        sizes = dataclasses.replace(sizes, publish_single=args.messages)
+        variants = {
+            name: pg_floor.publish_single_with(sql) for name, sql in PUBLISH_VARIANTS.items()
+        }
+    else:
+        batch = int(args.workload.removeprefix("claim"))
+        workload, what = f"drain.{args.workload}", "messages, 4 threads"
+        variants = {name: pg_floor.drain_claim(batch, sql) for name, sql in DRAIN_VARIANTS.items()}
     server = harness.start_postgres()
     try:
         target = PostgresTarget(server)
-        cases = [
-            Case(name, target, workload, pg_floor.drain_claim(args.batch, sql))
-            for name, sql in VARIANTS.items()
-        ]
+        cases = [Case(name, target, workload, run) for name, run in variants.items()]
         cases.append(Case("sqlbroker", target, workload, sqlbroker_system.WORKLOADS[workload]))
         results = run_cases(cases, sizes=sizes, log=lambda line: print(line, file=sys.stderr))
     finally:
@@ -133,7 +198,7 @@ def main() -> None:
     lines = [
         f"# {workload}: the floor with sqlbroker's durable state added piece by piece",
         "",
-        f"{args.messages:,} messages, 4 threads, median of {args.repeats} interleaved runs,"
+        f"{args.messages:,} {what}, median of {args.repeats} interleaved runs,"
         " PostgreSQL with `synchronous_commit=on`. Produced by `bench/floor_costs.py`.",
         "",
         "| variant | msg/s | ÷ floor | ÷ previous |",
@@ -145,7 +210,7 @@ def main() -> None:
         previous = rate
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(__file__).resolve().parent / "results" / f"floor_costs_claim{args.batch}.md"
+    out = Path(__file__).resolve().parent / "results" / f"floor_costs_{args.workload}.md"
     out.write_text(text)
 
 

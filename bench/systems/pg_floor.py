@@ -21,6 +21,7 @@ import psycopg
 from harness import QUEUE, BenchError, Consumer, Database, Sample, Sizes, emit, payload, percentile
 from workloads import BACKLOGS
 
+from systems.peer_common import encode, timed_single
 from systems.sqlbroker_system import IDLE_SETTLE, call_timings, latency_sample, publish_paced
 
 NAME = "floor"
@@ -70,21 +71,20 @@ ACK = "DELETE FROM floor_job WHERE id = ANY(%(ids)s)"
 
 @dataclass(frozen=True)
 class FloorSql:
-    """The floor's schema and statements for a drain; ``bench/floor_costs.py`` adds
-    sqlbroker's durable state to them piece by piece. A claim returns ``(id, payload)``,
-    then optionally a lease token the ack gets back as ``tokens``."""
+    """The floor's schema and statements; ``bench/floor_costs.py`` adds sqlbroker's durable
+    state to them piece by piece. An insert takes ``queue`` and ``payload`` (``payloads``);
+    a claim returns ``(id, payload)``, then optionally a lease token the ack gets back as
+    ``tokens``."""
 
     schema: str = SCHEMA
+    table: str = "floor_job"
+    insert_one: str = INSERT_ONE
     insert_many: str = INSERT_MANY
     claim: str = CLAIM
     ack: str = ACK
 
 
 FLOOR = FloorSql()
-
-
-def encode(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def connect(database: Database) -> psycopg.Connection[Any]:
@@ -96,9 +96,9 @@ def create_schema(database: Database, sql: FloorSql = FLOOR) -> None:
         conn.execute(sql.schema)
 
 
-def _count(database: Database) -> int:
+def _count(database: Database, table: str = FLOOR.table) -> int:
     with connect(database) as conn:
-        row = conn.execute("SELECT count(*) FROM floor_job").fetchone()
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     assert row is not None
     return int(row[0])
 
@@ -118,29 +118,21 @@ def prepublish(database: Database, count: int, sql: FloorSql = FLOOR) -> None:
 # --- publish ---------------------------------------------------------------------------------
 
 
-def publish_single(database: Database, sizes: Sizes) -> Sample:
-    create_schema(database)
-    with connect(database) as conn:
-        for i in range(sizes.warmup):
-            conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode(payload(i))})
-        timings: list[float] = []
-        started = time.perf_counter()
-        for i in range(sizes.publish_single):
-            before = time.perf_counter()
-            conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode(payload(i))})
-            timings.append(time.perf_counter() - before)
-        elapsed = time.perf_counter() - started
-    if _count(database) != sizes.warmup + sizes.publish_single:
-        raise BenchError("floor: wrong row count after publishing")
-    return Sample(
-        {"rate": sizes.publish_single / elapsed},
-        {
-            "messages": sizes.publish_single,
-            "seconds": round(elapsed, 3),
-            "send_p50_ms": round(percentile(timings, 0.5) * 1000, 3),
-            "send_p99_ms": round(percentile(timings, 0.99) * 1000, 3),
-        },
-    )
+def publish_single_with(sql: FloorSql) -> Callable[[Database, Sizes], Sample]:
+    def publish_single(database: Database, sizes: Sizes) -> Sample:
+        create_schema(database, sql)
+        with connect(database) as conn:
+            sample = timed_single(
+                lambda i: conn.execute(
+                    sql.insert_one, {"queue": QUEUE, "payload": encode(payload(i))}
+                ),
+                sizes,
+            )
+        if _count(database, sql.table) != sizes.warmup + sizes.publish_single:
+            raise BenchError("floor: wrong row count after publishing")
+        return sample
+
+    return publish_single
 
 
 def publish_batch(database: Database, sizes: Sizes) -> Sample:
@@ -291,7 +283,7 @@ def runs_on(workload: str, target: str) -> bool:
 
 
 WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
-    "publish.single": publish_single,
+    "publish.single": publish_single_with(FLOOR),
     "publish.batch": publish_batch,
     "drain.claim10": drain_claim(10),
     "drain.claim100": drain_claim(100),
