@@ -8,7 +8,6 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -24,7 +23,6 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     IdempotencyConflict,
     InvalidOption,
-    SchemaError,
 )
 from sqlbroker.core.message import (
     Delivery,
@@ -54,6 +52,7 @@ from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
+from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -63,16 +62,14 @@ from sqlbroker.storage.rows import (
     subscriptions_of,
     utc,
 )
-from sqlbroker.storage.sql import load_migrations, load_sql
+from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
 
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 log = logging.getLogger("sqlbroker.storage")
 _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_MIGRATIONS = "sqlbroker.storage.postgres.migrations"
 _SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
 
 
@@ -88,16 +85,6 @@ def _float_or_none(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _qualifier(schema: str | None) -> str:
-    if schema is None:
-        return ""
-    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
-        raise InvalidOption(
-            "schema", "must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63)"
-        )
-    return f'"{schema}".'
-
-
 class PostgresBackend(
     PostgresAdmin,
     PostgresProcessed,
@@ -106,6 +93,7 @@ class PostgresBackend(
     PostgresSagas,
     PostgresSpark,
     PostgresSecurity,
+    PostgresSchema,
 ):
     name = "postgresql"
     supports_notify = True
@@ -127,7 +115,7 @@ class PostgresBackend(
         self._url = url
         self._clock = clock
         self._schema = schema
-        self._qualifier = _qualifier(schema)
+        self._qualifier = qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
         self._db = PostgresPool(
             url,
@@ -187,80 +175,6 @@ class PostgresBackend(
                 )
                 stop.wait(pause)
                 pause = min(pause * 2, 5.0)
-
-    # --- schema ------------------------------------------------------------------------------
-
-    def migrate(self) -> list[int]:
-        migrations = load_migrations(_MIGRATIONS, schema=self._qualifier)
-        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
-        # current schema it must stay a read, so look before taking the lock.
-        if self.schema_version() >= len(migrations):
-            return []
-        applied: list[int] = []
-        with self._db.connection(write=True) as conn:
-            try:
-                with conn.transaction():
-                    # Serialize concurrent migrators: the second waits, then finds nothing.
-                    conn.execute(self._sql["migrate_lock"])
-                    # CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when
-                    # the schema exists, which a migrator owning just its schema lacks.
-                    if self._schema is not None and not self._schema_exists(conn):
-                        conn.execute(
-                            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                                sql.Identifier(self._schema)
-                            )
-                        )
-                    conn.execute(self._sql["schema_version_table"])
-                    row = conn.execute(self._sql["schema_version"]).fetchone()
-                    current = int(row[0]) if row else 0
-                    for version, name, script in migrations:
-                        if version <= current:
-                            continue
-                        conn.execute(script.encode())
-                        conn.execute(
-                            self._sql["schema_version_insert"], {"version": version, "name": name}
-                        )
-                        applied.append(version)
-            except psycopg.errors.InsufficientPrivilege as error:
-                raise SchemaError(
-                    f"the schema needs migrating (to version {len(migrations)}) but this role"
-                    f" may not change it ({redact(str(error)).strip().splitlines()[0]}): run"
-                    " `sqlbroker migrate` as the migrator role (see docs/security.md)"
-                ) from None
-        return applied
-
-    def _schema_exists(self, conn: Conn) -> bool:
-        row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()
-        return bool(row and row[0])
-
-    def schema_version(self) -> int:
-        with self._db.connection(write=False) as conn:
-            table = f"{self._qualifier}sqlbroker_schema_version"
-            row = conn.execute(self._sql["schema_version_exists"], {"table": table}).fetchone()
-            if not row or not row[0]:
-                return 0
-            row = conn.execute(self._sql["schema_version"]).fetchone()
-        return int(row[0]) if row else 0
-
-    def check_schema(self) -> None:
-        expected = len(load_migrations(_MIGRATIONS))
-        found = self.schema_version()
-        if found != expected:
-            raise SchemaError(
-                f"the database schema is at version {found}, this sqlbroker needs {expected}:"
-                + (
-                    " run `sqlbroker migrate` as the migrator role (the schema's owner)"
-                    if found < expected
-                    else " upgrade sqlbroker"
-                )
-            )
-
-    @staticmethod
-    def schema_sql(schema: str | None = None) -> str:
-        qualifier = _qualifier(schema)
-        parts = [f"CREATE SCHEMA IF NOT EXISTS {qualifier[:-1]};"] if schema else []
-        parts += [sql for _, _, sql in load_migrations(_MIGRATIONS, schema=qualifier)]
-        return "\n".join(parts)
 
     # --- subscriptions -----------------------------------------------------------------------
 
