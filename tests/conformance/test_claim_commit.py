@@ -1,4 +1,4 @@
-"""How durable a claim's commit is (PostgreSQL).
+"""How durable a claim's commit is (PostgreSQL; SQLite in ``test_claim_commit_sqlite.py``).
 
 By default a claim commits with ``synchronous_commit`` off for its own transaction: it
 does not wait for the WAL to be written, as a server crash can forget only the lease
@@ -106,11 +106,9 @@ def test_a_publish_after_a_claim_on_the_same_connection_is_durable(pg_url: str) 
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
-def test_durable_claims_takes_a_bool(pg_url: str, value: object) -> None:
-    with pytest.raises(InvalidOption, match="durable_claims"):
-        sqlbroker.Broker(pg_url, durable_claims=value)
-
-
-def test_durable_claims_is_not_an_option_of_sqlite(tmp_path: object) -> None:
-    with pytest.raises(InvalidOption, match="durable_claims"):
-        sqlbroker.Broker(f"sqlite:///{tmp_path}/x.db", durable_claims=True)
+def test_durable_claims_takes_a_bool_on_both_backends(
+    pg_url: str, tmp_path: object, value: object
+) -> None:
+    for url in (pg_url, f"sqlite:///{tmp_path}/x.db"):
+        with pytest.raises(InvalidOption, match=r"durable_claims.*True or False"):
+            sqlbroker.Broker(url, durable_claims=value)

@@ -93,6 +93,13 @@ def priority(value: object, field: str = "priority") -> int:
     return int(value)
 
 
+def flag(value: object, field: str) -> bool:
+    """A switch: ``True`` or ``False`` only (not 0, 1 or ``"yes"``)."""
+    if not isinstance(value, bool):
+        raise InvalidOption(field, f"must be True or False, not {value!r}")
+    return value
+
+
 def integer(value: object, field: str, *, minimum: int, maximum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidOption(field, f"must be an integer, not {type(value).__name__}")

@@ -14,10 +14,10 @@ from sqlbroker.storage.url import parse_url
 def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Backend:
     """Open the backend for ``url`` with backend-specific ``options``.
 
-    SQLite options: ``synchronous`` (``"full"``/``"normal"``), ``busy_timeout`` (s),
-    ``pool_size``. PostgreSQL options: ``schema``, ``pool_size``, ``synchronous_commit``
-    (``"on"``/``"off"``), ``durable_claims`` (``False``: a claim's commit does not wait for
-    the WAL flush), ``connect_timeout`` (s).
+    Both: ``durable_claims`` (``False``, the default: a claim's commit does not wait for the
+    flush of the log; ``True``: it does, like every other write). SQLite: ``synchronous``
+    (``"full"``/``"normal"``), ``busy_timeout`` (s), ``pool_size``. PostgreSQL: ``schema``,
+    ``pool_size``, ``synchronous_commit`` (``"on"``/``"off"``), ``connect_timeout`` (s).
     """
     parsed = parse_url(url)
     if clock is not None and not callable(getattr(clock, "now", None)):

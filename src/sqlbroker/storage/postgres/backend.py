@@ -19,10 +19,10 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     IdempotencyConflict,
-    InvalidOption,
 )
 from sqlbroker.core.message import (
     Delivery,
@@ -110,8 +110,7 @@ class PostgresBackend(
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
     ) -> None:
-        if not isinstance(durable_claims, bool):
-            raise InvalidOption("durable_claims", "must be True or False")
+        durable_claims = validate.flag(durable_claims, "durable_claims")
         self._url = url
         self._clock = clock
         self._schema = schema

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     IdempotencyConflict,
@@ -89,10 +90,13 @@ class SqliteBackend(
         *,
         clock: Clock,
         synchronous: str = "full",
+        durable_claims: bool = False,
         busy_timeout: float = 30.0,
         pool_size: int = 8,
     ) -> None:
         assert url.path is not None
+        # A claim's own commit: see SqlitePool.write and message_claim in queries.sql.
+        self._flush_claims = validate.flag(durable_claims, "durable_claims")
         self._clock = clock
         self._url = url
         self._promotion = PromotionThrottle()
@@ -335,7 +339,7 @@ class SqliteBackend(
         injected = self._clock.now()
         now = time.time() if injected is None else injected.timestamp()
         promote = self._promotion.due(subscription, None if injected is None else now)
-        with self._db.write() as conn:
+        with self._db.write(flush=self._flush_claims) as conn:
             if promote:
                 conn.execute(
                     self._sql["message_promote_scheduled"],

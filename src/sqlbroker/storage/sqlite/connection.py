@@ -76,8 +76,10 @@ def split_script(script: str) -> list[str]:
     return statements
 
 
-# PRAGMA takes no bound parameters: one literal statement per allowed level.
+# PRAGMA takes no bound parameters: one literal statement per allowed level, and the
+# number PRAGMA synchronous reads back for it.
 _SYNCHRONOUS = {"full": "PRAGMA synchronous = FULL", "normal": "PRAGMA synchronous = NORMAL"}
+_SYNCHRONOUS_LEVEL = {"full": 2, "normal": 1}
 
 _WRITERS: dict[str, threading.RLock] = {}
 _WRITERS_LOCK = threading.Lock()
@@ -191,7 +193,7 @@ class SqlitePool:
                         conn = self._connect()
                     yield conn
             except BaseException:
-                broken = conn is not None and conn.in_transaction
+                broken = conn is not None and (conn.in_transaction or not self._at_level(conn))
                 raise
             finally:
                 if conn is not None:
@@ -202,6 +204,15 @@ class SqlitePool:
                             self._idle.append(conn)
         finally:
             self._slots.release()
+
+    def _at_level(self, conn: sqlite3.Connection) -> bool:
+        """Whether ``conn`` still commits at the configured ``synchronous`` level (a claim
+        lowers it for its own transaction: see :meth:`write`)."""
+        try:
+            row = conn.execute("PRAGMA synchronous").fetchone()
+        except sqlite3.Error:
+            return False
+        return row is not None and row[0] == _SYNCHRONOUS_LEVEL[self._synchronous]
 
     @contextmanager
     def dedicated(self) -> Iterator[sqlite3.Connection]:
@@ -244,10 +255,15 @@ class SqlitePool:
             raise StorageError(f"SQLite error: {error}") from None
 
     @contextmanager
-    def write(self, conn: Any = None) -> Iterator[sqlite3.Connection]:
+    def write(self, conn: Any = None, *, flush: bool = True) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so a
         busy database makes us wait (``busy_timeout``) instead of failing mid-transaction.
-        With a caller's connection the caller owns the transaction; we never commit it."""
+        With a caller's connection the caller owns the transaction; we never commit it.
+
+        ``flush=False`` (a claim's own transaction) commits at ``synchronous = NORMAL``
+        even when the pool's level is FULL: the commit does not wait for the WAL's fsync.
+        A process crash loses nothing (the WAL is written); a crash of the machine can
+        forget the transaction, until the next FULL commit syncs the WAL up to it."""
         if conn is not None:
             with self.translated():
                 raw = caller.unwrap(conn)
@@ -271,7 +287,10 @@ class SqlitePool:
                     f"another thread held the SQLite write lock for more than"
                     f" {self._busy_timeout:g} s; nothing was written"
                 )
+            relaxed = not flush and self._synchronous != "normal"
             try:
+                if relaxed:
+                    own.execute(_SYNCHRONOUS["normal"])
                 own.execute("BEGIN IMMEDIATE")
                 try:
                     yield own
@@ -281,7 +300,13 @@ class SqlitePool:
                     raise
                 own.execute("COMMIT")
             finally:
-                self._writer.release()
+                try:
+                    if relaxed:
+                        # Back before the connection is reused; should this fail, the
+                        # pool discards the connection (_at_level).
+                        own.execute(_SYNCHRONOUS[self._synchronous])
+                finally:
+                    self._writer.release()
 
     def _check_same_database(self, raw: sqlite3.Connection) -> None:
         if self.memory:
