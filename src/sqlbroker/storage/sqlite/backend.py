@@ -95,7 +95,7 @@ class SqliteBackend(
         pool_size: int = 8,
     ) -> None:
         assert url.path is not None
-        # A claim's own commit: see SqlitePool.write and message_claim in queries.sql.
+        # Whether a claim's own commit waits for the fsync: see SqlitePool.write.
         self._flush_claims = validate.flag(durable_claims, "durable_claims")
         self._clock = clock
         self._url = url
