@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import sqlbroker
 from helpers import assert_time, claim_one, now_of
@@ -258,3 +261,28 @@ def test_worker_name_is_recorded(broker: sqlbroker.Broker) -> None:
     assert pending.state is sqlbroker.State.RUNNING
     assert pending.attempts == 1
     assert pending.lease_expires_at is not None
+
+
+@pytest.mark.postgres
+def test_times_are_utc_whatever_the_database_time_zone(pg_server: Any, pg_url: str) -> None:
+    """sqlbroker's connections read times in UTC even where the database's default zone is
+    another (here half an hour off UTC): the same instants, as ``datetime.UTC``."""
+    database = conninfo_to_dict(pg_url)["dbname"]
+    pg_server.execute(f"ALTER DATABASE {database} SET TimeZone = 'Asia/Kolkata'")
+    with psycopg.connect(pg_url) as plain:
+        assert plain.execute("SHOW TimeZone").fetchone() == ("Asia/Kolkata",)
+    with sqlbroker.Broker(pg_url) as broker:
+        sent = datetime.now(UTC)
+        near = timedelta(seconds=5)
+        broker.send("q", "tz", ttl=60)
+        delivery = claim_one(broker, "q")
+        times = [delivery.enqueued_at, delivery.available_at, delivery.lease_expires_at]
+        assert all(time.tzinfo is UTC for time in [*times, delivery.expires_at])
+        assert_time(delivery.enqueued_at, sent, tolerance=near)
+        assert_time(delivery.expires_at, sent + timedelta(seconds=60), tolerance=near)
+        broker.complete(delivery)
+        (archived,) = broker.archive("q")
+        assert_time(archived.finished_at, datetime.now(UTC), tolerance=near)
+        # psycopg returns datetime.UTC itself, which the claim's rows take without converting.
+        with broker.backend.transaction() as conn:
+            assert conn.execute("SHOW TimeZone").fetchone() == ("UTC",)

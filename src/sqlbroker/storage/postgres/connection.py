@@ -109,7 +109,10 @@ class PostgresPool:
         ``options`` from the URL (e.g. ``?options=-c%20role%3Dsqlbroker_migrator``, so that
         a migration creates objects owned by the migrator group) are kept, ours appended.
         """
-        ours = f"-c synchronous_commit={self._settings['synchronous_commit']}"
+        # TimeZone UTC: psycopg then returns times as datetime.UTC, which the claim's row
+        # conversion takes as is (another zone costs an astimezone per column and row). No
+        # statement depends on the session's zone: times are timestamptz, shown in UTC.
+        ours = f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
         return {
             "autocommit": True,
             "connect_timeout": max(1, int(self._connect_timeout)),
