@@ -33,7 +33,8 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.processed import Once
 from sqlbroker.features.publishing import build_batch, build_message, check_options
 from sqlbroker.features.schedules import ScheduleRun
-from sqlbroker.producer.broker import DEFAULT_URL, Broker, _deliveries
+from sqlbroker.producer.broker import DEFAULT_URL, Broker
+from sqlbroker.producer.consuming import delivery_list
 from sqlbroker.storage import caller
 from sqlbroker.storage.base import Lease
 
@@ -246,7 +247,7 @@ class AsyncBroker:
     async def complete(
         self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None
     ) -> None:
-        items = _deliveries(deliveries)
+        items = delivery_list(deliveries)
         if conn is None:
             await self._offload.run(self.sync.complete, items)
         elif not caller.is_async(conn):
@@ -280,7 +281,7 @@ class AsyncBroker:
         return await self._offload.run(self.sync.extend, delivery, lease=lease)
 
     async def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
-        items = _deliveries(deliveries)
+        items = delivery_list(deliveries)
         await self._offload.run(self.sync.release, items)
 
     async def cancel(self, message_id: str) -> int:

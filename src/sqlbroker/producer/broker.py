@@ -1,10 +1,11 @@
-"""The synchronous ``Broker``: publishing, the low-level consumer API and administration."""
+"""The synchronous ``Broker``: publishing, subscriptions, maintenance and processed keys.
+
+The low-level consumer API (:mod:`.consuming`), the listings and stats (:mod:`.inspection`)
+and the schedules (:mod:`.scheduling`) are mixed in from their own modules."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -13,24 +14,14 @@ from typing import Any, Self
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
-from sqlbroker.core.errors import InvalidOption, LeaseLost, SchemaError
+from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.message import (
     NORMAL,
-    ArchivedMessage,
-    Delivery,
-    ErrorInfo,
     NewMessage,
-    Outcome,
-    PendingMessage,
-    State,
     Subscription,
-    SubscriptionStats,
 )
-from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
-from sqlbroker.core.schedules import DEFAULT_GRACE, Missed, Schedule
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
-from sqlbroker.features import metrics
 from sqlbroker.features.dead_letters import DeadLetters
 from sqlbroker.features.processed import Once, make_once
 from sqlbroker.features.publishing import (
@@ -41,8 +32,11 @@ from sqlbroker.features.publishing import (
     with_headers,
 )
 from sqlbroker.features.sagas import Sagas
-from sqlbroker.features.schedules import ScheduleRun, Schedules
-from sqlbroker.storage.base import Backend, DeadRequest, Lease, ReapResult, RetryRequest
+from sqlbroker.features.schedules import Schedules
+from sqlbroker.producer.consuming import BrokerConsumer
+from sqlbroker.producer.inspection import BrokerInspection
+from sqlbroker.producer.scheduling import BrokerSchedules
+from sqlbroker.storage.base import Backend, ReapResult
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.url import parse_url, redact
 
@@ -52,35 +46,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
 
 
-def _deliveries(value: Delivery | Iterable[Delivery], field: str = "deliveries") -> list[Delivery]:
-    if isinstance(value, Delivery):
-        return [value]
-    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
-        raise InvalidOption(field, "must be a Delivery or a list of them")
-    items = list(value)
-    seen: set[int] = set()
-    for item in items:
-        if not isinstance(item, Delivery):
-            raise InvalidOption(field, f"must hold Delivery objects, not {type(item).__name__}")
-        # Two deliveries of one copy (a stale one and its re-claim) cannot be told apart by
-        # the write, which matches on the copy: the stale one's refusal would go unreported.
-        if item.id in seen:
-            raise InvalidOption(
-                field, f"holds two deliveries of copy {item.id}: settle each copy once per call"
-            )
-        seen.add(item.id)
-    return items
-
-
-def _one(value: Delivery | Iterable[Delivery]) -> Delivery:
-    """The one delivery that retry, dead_letter and extend act on."""
-    items = _deliveries(value, "delivery")
-    if len(items) != 1:
-        raise InvalidOption("delivery", f"must be one Delivery, not {len(items)}")
-    return items[0]
-
-
-class Broker:
+class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     """A message broker in your database.
 
     ``Broker("sqlite:///app.db")`` or ``Broker("postgresql://…")``. On SQLite the schema is
@@ -222,11 +188,6 @@ class Broker:
     ) -> None:
         self.close()
 
-    @staticmethod
-    def worker_name() -> str:
-        """How this process names itself in leases: ``host:pid``."""
-        return f"{socket.gethostname()}:{os.getpid()}"
-
     # --- publishing --------------------------------------------------------------------------
 
     def publish(
@@ -359,103 +320,6 @@ class Broker:
     def subscriptions(self) -> list[Subscription]:
         return self._checked().subscription_list()
 
-    # --- the low-level consumer API ----------------------------------------------------------
-
-    def claim(
-        self,
-        subscription: str,
-        *,
-        limit: int = 1,
-        lease: float | timedelta | None = None,
-        worker: str | None = None,
-    ) -> list[Delivery]:
-        """Lease up to ``limit`` messages, most urgent first. Each delivery carries a lease
-        token; complete, retry or dead-letter it before ``lease`` seconds pass, or it is
-        delivered again."""
-        validate_topic(subscription, "subscription")
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
-        seconds = self._lease if lease is None else validate.lease_seconds(lease)
-        if worker is not None and (not isinstance(worker, str) or not 0 < len(worker) <= 200):
-            raise InvalidOption("worker", "must be a string of 1 to 200 characters")
-        return self._checked().message_claim_many(
-            subscription=subscription,
-            limit=count,
-            lease=seconds,
-            worker=worker or self.worker_name(),
-        )
-
-    @staticmethod
-    def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
-        lost = sorted(set(wanted) - set(done))
-        if lost:
-            raise LeaseLost(lost)
-
-    def complete(self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None) -> None:
-        """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
-        are left alone and reported by one ``LeaseLost`` after the others are completed.
-
-        With ``conn`` the acknowledgement joins the caller's open transaction (as a publish
-        with ``conn`` does), so the caller's writes and the ack commit together; on
-        ``LeaseLost`` the caller should roll back, as another consumer has the message."""
-        items = _deliveries(deliveries)
-        if not items:
-            return
-        done = self._checked().message_complete_many(leases=[Lease.of(d) for d in items], conn=conn)
-        self._raise_lost((d.id for d in items), done)
-
-    def retry(
-        self,
-        delivery: Delivery,
-        *,
-        after: float | timedelta = 0.0,
-        error: BaseException | str | None = None,
-    ) -> None:
-        """Give a delivery back to be tried again after ``after`` seconds. When its attempts
-        are spent it is dead-lettered instead (reason ``max attempts exhausted``)."""
-        item = _one(delivery)
-        delay = validate.seconds(after, "after")
-        info = ErrorInfo.coerce(error)
-        if item.attempt >= item.max_attempts:
-            self._dead(
-                item, f"max attempts exhausted ({item.attempt} of {item.max_attempts})", info
-            )
-            return
-        done = self._checked().message_retry_many(
-            retries=[RetryRequest(Lease.of(item), delay, info)]
-        )
-        self._raise_lost([item.id], done)
-
-    def dead_letter(
-        self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
-    ) -> None:
-        """Move a delivery to the dead letters now, keeping the whole message and why."""
-        item = _one(delivery)
-        self._dead(item, validate.reason(reason), ErrorInfo.coerce(error))
-
-    def _dead(self, item: Delivery, reason: str, info: ErrorInfo | None) -> None:
-        done = self._checked().message_dead_many(deaths=[DeadRequest(Lease.of(item), reason, info)])
-        self._raise_lost([item.id], done)
-
-    def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
-        """Push the delivery's lease to now + ``lease``; return the new expiry."""
-        item = _one(delivery)
-        seconds = self._lease if lease is None else validate.lease_seconds(lease)
-        extended = self._checked().message_extend_leases(leases=[Lease.of(item)], lease=seconds)
-        self._raise_lost([item.id], extended)
-        return extended[item.id]
-
-    def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
-        """Give back deliveries that were never started; the attempt is not counted."""
-        items = _deliveries(deliveries)
-        if items:
-            done = self._checked().message_release_many(leases=[Lease.of(d) for d in items])
-            self._raise_lost((d.id for d in items), done)
-
-    def cancel(self, message_id: str) -> int:
-        """Cancel every copy of a message that is not running; return how many were cancelled."""
-        canonical = validate.message_id(message_id)
-        return self._checked().message_cancel_many(message_ids=[canonical])
-
     # --- maintenance -------------------------------------------------------------------------
 
     def reap(self, *, limit: int = 1000) -> dict[str, int]:
@@ -520,144 +384,3 @@ class Broker:
         if checked is None:
             raise InvalidOption("key", "is required")
         return self._checked().processed_forget(scope=scope, key=checked)
-
-    # --- inspection --------------------------------------------------------------------------
-
-    def pending(
-        self, subscription: str | None = None, *, state: State | str | None = None, limit: int = 100
-    ) -> list[PendingMessage]:
-        """Copies still in the queue (available, scheduled, blocked or running), oldest first."""
-        if subscription is not None:
-            validate_topic(subscription, "subscription")
-        try:
-            chosen = None if state is None else State(state)
-        except ValueError:
-            raise InvalidOption("state", f"must be one of {[s.value for s in State]}") from None
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
-        return self._checked().message_list(subscription=subscription, state=chosen, limit=count)
-
-    def archive(
-        self,
-        subscription: str | None = None,
-        *,
-        outcome: Outcome | str | None = None,
-        message_id: str | None = None,
-        limit: int = 100,
-    ) -> list[ArchivedMessage]:
-        """Finished copies, newest first."""
-        if subscription is not None:
-            validate_topic(subscription, "subscription")
-        try:
-            chosen = None if outcome is None else Outcome(outcome)
-        except ValueError:
-            raise InvalidOption("outcome", f"must be one of {[o.value for o in Outcome]}") from None
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
-        canonical = None if message_id is None else validate.message_id(message_id)
-        return self._checked().archive_list(
-            subscription=subscription, outcome=chosen, message_id=canonical, limit=count
-        )
-
-    def stats(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> list[SubscriptionStats]:
-        """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
-        expired copies, and — from what workers recorded over the last ``window`` seconds —
-        completed, retried and dead-lettered per minute and handler time p50/p95."""
-        return metrics.subscription_stats(self._checked(), window=window)
-
-    # --- observability -----------------------------------------------------------------------
-
-    def workers(self) -> list[WorkerInfo]:
-        """Worker processes as their heartbeats last reported them, most recent first."""
-        return metrics.workers(self._checked())
-
-    def metrics_series(self, *, minutes: int = 60) -> dict[str, list[SeriesPoint]]:
-        """Per subscription, completed / retried / dead and handler p50/p95 for each of the
-        last ``minutes`` minutes (the current one last)."""
-        return metrics.series(self._checked(), minutes=minutes)
-
-    def unrouted(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> metrics.Unrouted:
-        """Publishes that matched no subscription: in the archive, and within ``window``."""
-        return metrics.unrouted(self._checked(), window=window)
-
-    def audit(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
-        """Replays and purges of dead letters (who, when, which, why), newest first."""
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
-        if before_id is not None:
-            before_id = validate.integer(before_id, "before_id", minimum=1, maximum=2**63 - 1)
-        return self._checked().audit_list(limit=count, before_id=before_id)
-
-    # --- schedules ---------------------------------------------------------------------------
-
-    def schedule(
-        self,
-        name: str,
-        topic: str,
-        payload: Any,
-        *,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        tz: str = "UTC",
-        missed: Missed | str = Missed.LATEST,
-        grace: float | timedelta = DEFAULT_GRACE,
-        start_at: datetime | None = None,
-        headers: Mapping[str, str] | None = None,
-        priority: int = NORMAL,
-        key: str | None = None,
-        ttl: float | timedelta | None = None,
-        max_attempts: int | None = None,
-        content_type: str | None = None,
-    ) -> Schedule:
-        """Publish ``payload`` to ``topic`` on a schedule: ``cron="0 3 * * *"`` (croniter,
-        in the time zone ``tz``) or ``every=`` seconds or a timedelta. Durable: workers
-        (or :meth:`run_due_schedules`) publish each tick exactly once, however many run.
-
-        Upserts by ``name``: the same definition again changes nothing; the same timing
-        with other options keeps the next run; a new timing recomputes it. ``start_at``:
-        no tick before it (an interval's ticks count from it; without it the first is one
-        interval from now). ``missed``: what to do with ticks that passed while nothing
-        ran — ``"latest"`` (publish the most recent one), ``"skip"`` (none; a tick at most
-        ``grace`` seconds late is on time, not missed) or ``"all"`` (each of them, at most
-        1000 at once). Each tick's message carries the headers ``sqlbroker-schedule``
-        (the name) and ``sqlbroker-tick`` (the tick's time, ISO 8601 in UTC), and the
-        idempotency key ``schedule:<name>:<tick>``. The other options are as in
-        :meth:`publish`. Everything is validated before anything is written.
-        """
-        return self._schedules.define(
-            name,
-            topic,
-            payload,
-            cron=cron,
-            every=every,
-            tz=tz,
-            missed=missed,
-            grace=grace,
-            start_at=start_at,
-            headers=headers,
-            priority=priority,
-            key=key,
-            ttl=ttl,
-            max_attempts=max_attempts,
-            content_type=content_type,
-        )
-
-    def unschedule(self, name: str) -> bool:
-        """Delete a schedule; return whether it existed. Messages it published stay."""
-        return self._schedules.delete(name)
-
-    def schedules(self, names: Iterable[str] | None = None) -> list[Schedule]:
-        """Every schedule (or the named ones), by name, with its next and last run."""
-        return self._schedules.list(names)
-
-    def pause_schedule(self, name: str) -> bool:
-        """Publish no ticks of ``name`` until :meth:`resume_schedule`; return whether it
-        exists."""
-        return self._schedules.pause(name)
-
-    def resume_schedule(self, name: str) -> bool:
-        """Resume a paused schedule from its first tick after now (ticks that fell while it
-        was paused are not published); return whether it exists."""
-        return self._schedules.resume(name)
-
-    def run_due_schedules(self) -> ScheduleRun:
-        """One scheduler pass: publish every due tick and advance the schedules. Workers
-        run this on their own; call it from scripts, cron jobs or tests."""
-        return self._schedules.run_due()

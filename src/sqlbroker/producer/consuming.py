@@ -1,0 +1,157 @@
+"""The low-level consumer API of :class:`~sqlbroker.Broker`: claim a batch, then complete,
+retry, dead-letter, extend or release each delivery by its lease."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidOption, LeaseLost
+from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
+
+
+def delivery_list(
+    value: Delivery | Iterable[Delivery], field: str = "deliveries"
+) -> list[Delivery]:
+    """A ``Delivery`` or an iterable of them as a list, each copy once (the shape checked
+    before anything is written)."""
+    if isinstance(value, Delivery):
+        return [value]
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidOption(field, "must be a Delivery or a list of them")
+    items = list(value)
+    seen: set[int] = set()
+    for item in items:
+        if not isinstance(item, Delivery):
+            raise InvalidOption(field, f"must hold Delivery objects, not {type(item).__name__}")
+        # Two deliveries of one copy (a stale one and its re-claim) cannot be told apart by
+        # the write, which matches on the copy: the stale one's refusal would go unreported.
+        if item.id in seen:
+            raise InvalidOption(
+                field, f"holds two deliveries of copy {item.id}: settle each copy once per call"
+            )
+        seen.add(item.id)
+    return items
+
+
+def _one(value: Delivery | Iterable[Delivery]) -> Delivery:
+    """The one delivery that retry, dead_letter and extend act on."""
+    items = delivery_list(value, "delivery")
+    if len(items) != 1:
+        raise InvalidOption("delivery", f"must be one Delivery, not {len(items)}")
+    return items[0]
+
+
+class BrokerConsumer:
+    """Claims and lease settlements of :class:`~sqlbroker.Broker` (mixed into it)."""
+
+    _lease: float
+
+    def _checked(self) -> Backend:
+        raise NotImplementedError
+
+    @staticmethod
+    def worker_name() -> str:
+        """How this process names itself in leases: ``host:pid``."""
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def claim(
+        self,
+        subscription: str,
+        *,
+        limit: int = 1,
+        lease: float | timedelta | None = None,
+        worker: str | None = None,
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` messages, most urgent first. Each delivery carries a lease
+        token; complete, retry or dead-letter it before ``lease`` seconds pass, or it is
+        delivered again."""
+        validate_topic(subscription, "subscription")
+        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
+        seconds = self._lease if lease is None else validate.lease_seconds(lease)
+        if worker is not None and (not isinstance(worker, str) or not 0 < len(worker) <= 200):
+            raise InvalidOption("worker", "must be a string of 1 to 200 characters")
+        return self._checked().message_claim_many(
+            subscription=subscription,
+            limit=count,
+            lease=seconds,
+            worker=worker or self.worker_name(),
+        )
+
+    @staticmethod
+    def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
+        lost = sorted(set(wanted) - set(done))
+        if lost:
+            raise LeaseLost(lost)
+
+    def complete(self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None) -> None:
+        """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
+        are left alone and reported by one ``LeaseLost`` after the others are completed.
+
+        With ``conn`` the acknowledgement joins the caller's open transaction (as a publish
+        with ``conn`` does), so the caller's writes and the ack commit together; on
+        ``LeaseLost`` the caller should roll back, as another consumer has the message."""
+        items = delivery_list(deliveries)
+        if not items:
+            return
+        done = self._checked().message_complete_many(leases=[Lease.of(d) for d in items], conn=conn)
+        self._raise_lost((d.id for d in items), done)
+
+    def retry(
+        self,
+        delivery: Delivery,
+        *,
+        after: float | timedelta = 0.0,
+        error: BaseException | str | None = None,
+    ) -> None:
+        """Give a delivery back to be tried again after ``after`` seconds. When its attempts
+        are spent it is dead-lettered instead (reason ``max attempts exhausted``)."""
+        item = _one(delivery)
+        delay = validate.seconds(after, "after")
+        info = ErrorInfo.coerce(error)
+        if item.attempt >= item.max_attempts:
+            self._dead(
+                item, f"max attempts exhausted ({item.attempt} of {item.max_attempts})", info
+            )
+            return
+        done = self._checked().message_retry_many(
+            retries=[RetryRequest(Lease.of(item), delay, info)]
+        )
+        self._raise_lost([item.id], done)
+
+    def dead_letter(
+        self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
+    ) -> None:
+        """Move a delivery to the dead letters now, keeping the whole message and why."""
+        item = _one(delivery)
+        self._dead(item, validate.reason(reason), ErrorInfo.coerce(error))
+
+    def _dead(self, item: Delivery, reason: str, info: ErrorInfo | None) -> None:
+        done = self._checked().message_dead_many(deaths=[DeadRequest(Lease.of(item), reason, info)])
+        self._raise_lost([item.id], done)
+
+    def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
+        """Push the delivery's lease to now + ``lease``; return the new expiry."""
+        item = _one(delivery)
+        seconds = self._lease if lease is None else validate.lease_seconds(lease)
+        extended = self._checked().message_extend_leases(leases=[Lease.of(item)], lease=seconds)
+        self._raise_lost([item.id], extended)
+        return extended[item.id]
+
+    def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+        """Give back deliveries that were never started; the attempt is not counted."""
+        items = delivery_list(deliveries)
+        if items:
+            done = self._checked().message_release_many(leases=[Lease.of(d) for d in items])
+            self._raise_lost((d.id for d in items), done)
+
+    def cancel(self, message_id: str) -> int:
+        """Cancel every copy of a message that is not running; return how many were cancelled."""
+        canonical = validate.message_id(message_id)
+        return self._checked().message_cancel_many(message_ids=[canonical])
