@@ -10,7 +10,7 @@ import pytest
 import sqlbroker
 from sqlbroker.core.errors import StorageError
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.storage.base import ExportRun, SparkRowFilter
+from sqlbroker.storage.spark_base import ExportRun, SparkRowFilter
 
 DEFAULTS = PublishDefaults(max_attempts=5, dedupe_window=3600.0, payload_limit=262144)
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.spark.schema import arrow_schema
-from sqlbroker.storage.base import SparkRowFilter
+from sqlbroker.storage.spark_base import SparkRowFilter
 from sqlbroker.storage.spark_rows import SPARK_COLUMNS
 from sqlbroker.storage.sql import load_blocks
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.spark.options import Connection
-from sqlbroker.storage.base import ExportRun, SparkRowFilter
+from sqlbroker.storage.spark_base import ExportRun, SparkRowFilter
 
 TIME_COLUMN = {"archive": "finished_at", "dead": "dead_at"}
 CHECKSUM_COLUMNS = ("id", "message_id", "topic", "payload", "attempts", "enqueued_at")

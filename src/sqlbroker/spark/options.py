@@ -14,7 +14,7 @@ from typing import Any
 from sqlbroker.core.errors import ConfigurationError, InvalidOption
 from sqlbroker.core.topics import pattern_regex, validate_pattern, validate_topic
 from sqlbroker.producer.broker import Broker
-from sqlbroker.storage.base import SPARK_TABLES, SparkBackend, SparkRowFilter
+from sqlbroker.storage.spark_base import SPARK_TABLES, SparkBackend, SparkRowFilter
 from sqlbroker.storage.url import parse_url
 
 _BACKEND_OPTIONS = {"schema": str, "pool_size": int, "busy_timeout": float}

@@ -7,7 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqlbroker.storage.base import Columns
+from sqlbroker.storage.spark_base import Columns
 from sqlbroker.storage.spark_rows import SPARK_COLUMNS, TIME_COLUMNS
 
 _LONG = frozenset({"id", "delivery_id", "seq"})

@@ -24,7 +24,7 @@ from sqlbroker.spark import adbc
 from sqlbroker.spark import options as opt
 from sqlbroker.spark.schema import TABLE_SCHEMAS, record_batch
 from sqlbroker.spark.write import MessageWriter
-from sqlbroker.storage.base import SparkRowFilter
+from sqlbroker.storage.spark_base import SparkRowFilter
 from sqlbroker.storage.spark_rows import SPARK_COLUMNS
 
 DEFAULT_PARTITIONS = 4

@@ -30,7 +30,7 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.producer.broker import Broker
 from sqlbroker.spark import options as opt
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.storage.base import SparkBackend
+from sqlbroker.storage.spark_base import SparkBackend
 from sqlbroker.storage.spark_rows import STREAM_COLUMNS
 
 DEFAULT_MAX_BATCH = 1_000

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import NewMessage, new_message_id
-from sqlbroker.storage.base import SPARK_TABLES, Columns, SparkRowFilter
 from sqlbroker.storage.rows import payload_hash
+from sqlbroker.storage.spark_base import SPARK_TABLES, Columns, SparkRowFilter
 
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
     "messages": (

@@ -10,17 +10,10 @@ from psycopg.rows import dict_row
 
 from sqlbroker.core.errors import StorageError
 from sqlbroker.core.message import NewMessage
-from sqlbroker.storage.base import (
-    Columns,
-    ExportRun,
-    IdRange,
-    InsertResult,
-    Lease,
-    SparkRowFilter,
-    StreamAck,
-)
+from sqlbroker.storage.base import InsertResult, Lease
 from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.rows import batched
+from sqlbroker.storage.spark_base import Columns, ExportRun, IdRange, SparkRowFilter, StreamAck
 from sqlbroker.storage.spark_rows import (
     SPARK_COLUMNS,
     STREAM_COLUMNS,

@@ -1,0 +1,133 @@
+"""The storage seam of the Spark data source and the archive pipeline: :class:`SparkBackend`
+and the values it takes and returns.
+
+A protocol of its own beside :class:`~sqlbroker.storage.base.Backend`, so that a backend
+can leave Spark out; both built-in backends implement it (``storage/<backend>/spark.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlbroker.core.message import NewMessage
+from sqlbroker.storage.base import InsertResult
+
+SPARK_TABLES = ("messages", "archive", "dead")
+"""The tables a Spark batch read can scan (``option("table", …)``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SparkRowFilter:
+    """Selects rows of one table for a Spark read; ``None`` matches anything.
+
+    ``since``/``until`` bound the table's time column (``enqueued_at`` for messages,
+    ``finished_at`` for the archive, ``dead_at`` for dead letters), ``until`` exclusive;
+    ``topic_regex`` is a compiled topic pattern (see ``core.topics.pattern_regex``).
+    """
+
+    table: str
+    subscription: str | None = None
+    topic_regex: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    min_id: int | None = None
+    max_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IdRange:
+    """The smallest and largest id of the rows a filter selects, and how many there are."""
+
+    low: int
+    high: int
+    count: int
+
+
+Columns = dict[str, list[Any]]
+"""Rows column by column; times are float seconds since the Unix epoch (UTC)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAck:
+    acked: int
+    lost: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExportRun:
+    """An archive export whose Parquet files were verified: delete exactly these rows."""
+
+    run_id: str
+    cutoff: datetime
+    archive_max_id: int
+    dead_max_id: int
+    archive_rows: int
+    dead_rows: int
+
+
+class SparkBackend(Protocol):
+    """Storage operations of the Spark data source and the archive pipeline."""
+
+    # --- batch read ------------------------------------------------------------------------
+    def spark_id_range(self, *, where: SparkRowFilter) -> IdRange | None:
+        """The id range of the selected rows, or ``None`` when there are none."""
+
+    def spark_rows_read(
+        self, *, where: SparkRowFilter, after_id: int, upto_id: int, limit: int
+    ) -> Columns:
+        """Selected rows with ``after_id < id <= upto_id``, by id, at most ``limit``; the
+        columns are ``spark_columns(where.table)``."""
+
+    # --- idempotent batch write ------------------------------------------------------------
+    def spark_stage_insert(
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
+    ) -> int:
+        """Stage validated messages of one task attempt (numbered from ``first_seq``)."""
+
+    def spark_stage_publish(
+        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str
+    ) -> InsertResult:
+        """In one transaction: publish the staged rows of the winning ``(partition,
+        attempt)`` pairs and delete every staged row of the job.
+
+        A row without an idempotency key gets ``key_prefix`` + its content hash + its
+        occurrence among identical rows of the job, so a re-run of the same job publishes
+        nothing new within the dedupe window."""
+
+    def spark_stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
+        """Delete the staged rows of ``job``, or of any job staged before ``older_than``."""
+
+    # --- streaming -------------------------------------------------------------------------
+    def spark_stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
+        """Create the stream on first use; return its ``(last_seq, acked_seq)``."""
+
+    def spark_stream_claim(
+        self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
+    ) -> int:
+        """Claim up to ``limit`` messages under a new sequence number, snapshotting them, in
+        one transaction; return the stream's last sequence (unchanged when none)."""
+
+    def spark_stream_read(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Columns:
+        """The snapshot of the claims ``after_seq < seq <= upto_seq`` whose delivery id is
+        ``part`` modulo ``parts``, by sequence and delivery id."""
+
+    def spark_stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
+        """Extend the leases of the unacked claims up to ``upto_seq``; return how many."""
+
+    def spark_stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
+        """Complete the claims up to ``upto_seq`` and forget them. Claims whose lease was
+        lost (another consumer has the message now) are counted as ``lost``."""
+
+    # --- archive pipeline ------------------------------------------------------------------
+    def archive_export_commit(self, *, run: ExportRun) -> None:
+        """In one transaction: delete the run's archive and dead-letter rows (older than
+        the cutoff, ids up to the maxima) and record the run. Raise ``StorageError`` and
+        delete nothing when the counts differ from the run's."""
+
+    def archive_export_done(self, *, run_id: str) -> bool:
+        """Whether the run's delete committed."""
