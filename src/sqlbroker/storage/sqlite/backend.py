@@ -22,24 +22,17 @@ from typing import Any
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
-    IdempotencyConflict,
-    InvalidOption,
-    SchemaError,
     StorageError,
 )
 from sqlbroker.core.message import (
     Delivery,
-    NewMessage,
     Outcome,
-    State,
     Subscription,
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
-from sqlbroker.storage import caller
 from sqlbroker.storage.base import (
     DeadRequest,
-    InsertResult,
     Lease,
     ReapResult,
     RetryRequest,
@@ -51,13 +44,15 @@ from sqlbroker.storage.rows import (
     subscriptions_of,
     utc,
 )
-from sqlbroker.storage.sql import load_migrations, load_sql
+from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
-from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
+from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
+from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
+from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.security import SqliteSecurity
 from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.url import DatabaseURL
@@ -72,6 +67,7 @@ _WATCH_MAX = 0.05
 
 
 class SqliteBackend(
+    SqlitePublishing,
     SqliteAdmin,
     SqliteProcessed,
     SqliteObservability,
@@ -79,6 +75,7 @@ class SqliteBackend(
     SqliteSagas,
     SqliteSpark,
     SqliteSecurity,
+    SqliteSchema,
 ):
     name = "sqlite"
     supports_notify = False
@@ -149,46 +146,6 @@ class SqliteBackend(
                 log.warning("watching the SQLite database for changes failed: %s", error)
                 stop.wait(1.0)
 
-    # --- schema ------------------------------------------------------------------------------
-
-    def migrate(self) -> list[int]:
-        applied: list[int] = []
-        with self._db.write() as conn:
-            conn.execute(self._sql["schema_version_table"])
-            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
-            for version, name, script in load_migrations("sqlbroker.storage.sqlite.migrations"):
-                if version <= current:
-                    continue
-                for statement in split_script(script):
-                    conn.execute(statement)
-                conn.execute(
-                    self._sql["schema_version_insert"],
-                    {"version": version, "name": name, "now": self._now()},
-                )
-                applied.append(version)
-        return applied
-
-    def schema_version(self) -> int:
-        with self._db.read() as conn:
-            if not conn.execute(self._sql["schema_version_exists"]).fetchone()[0]:
-                return 0
-            return int(conn.execute(self._sql["schema_version"]).fetchone()[0])
-
-    def check_schema(self) -> None:
-        expected = len(load_migrations("sqlbroker.storage.sqlite.migrations"))
-        found = self.schema_version()
-        if found != expected:
-            raise SchemaError(
-                f"the database schema is at version {found}, this sqlbroker needs {expected}:"
-                + (" run `sqlbroker migrate`" if found < expected else " upgrade sqlbroker")
-            )
-
-    @staticmethod
-    def schema_sql() -> str:
-        return "\n".join(
-            sql for _, _, sql in load_migrations("sqlbroker.storage.sqlite.migrations")
-        )
-
     # --- subscriptions -----------------------------------------------------------------------
 
     def subscription_upsert(
@@ -227,103 +184,6 @@ class SqliteBackend(
         with self._db.write() as conn:
             conn.execute(self._sql["subscription_delete_messages"], {"name": name})
             return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
-
-    # --- publishing --------------------------------------------------------------------------
-
-    def message_insert_many(
-        self,
-        *,
-        messages: Sequence[NewMessage],
-        subscription: str | None,
-        conn: Any = None,
-    ) -> InsertResult:
-        now = self._now()
-        ids: list[str] = []
-        rows: list[dict[str, Any]] = []
-        unrouted: list[dict[str, Any]] = []
-        duplicates = 0
-        with self._db.write(conn) as c:
-            routes: dict[str, list[str]] = {}
-            for message in messages:
-                if message.idempotency_key is not None:
-                    original = self._dedupe_reserve(c, message, now)
-                    if original is not None:
-                        ids.append(original)
-                        duplicates += 1
-                        continue
-                ids.append(message.message_id)
-                available_at = (
-                    message.available_at.timestamp()
-                    if message.available_at
-                    else now + (message.delay or 0.0)
-                )
-                if message.expires_at is not None:
-                    expires_at: float | None = message.expires_at.timestamp()
-                else:
-                    expires_at = None if message.ttl is None else now + message.ttl
-                values = {
-                    "message_id": message.message_id,
-                    "topic": message.topic,
-                    "state": State.SCHEDULED.value if available_at > now else State.AVAILABLE.value,
-                    "priority": message.priority,
-                    "ordering_key": message.ordering_key,
-                    "idempotency_key": message.idempotency_key,
-                    "payload": message.payload,
-                    "content_type": message.content_type,
-                    "headers": message.headers,
-                    "max_attempts": message.max_attempts,
-                    "now": now,
-                    "available_at": available_at,
-                    "expires_at": expires_at,
-                }
-                if subscription is not None:
-                    targets = [subscription]
-                else:
-                    if message.topic not in routes:
-                        routes[message.topic] = [
-                            row[0]
-                            for row in c.execute(
-                                self._sql["message_routes"], {"topic": message.topic}
-                            )
-                        ]
-                    targets = routes[message.topic]
-                if not targets:
-                    unrouted.append(values)
-                rows.extend({**values, "subscription": target} for target in targets)
-            # A queue is created by its first message, not by a duplicate that writes nothing.
-            if subscription is not None and rows:
-                self._ensure_queue(c, subscription, now)
-            c.executemany(self._sql["message_insert"], rows)
-            c.executemany(self._sql["archive_insert_unrouted"], unrouted)
-        return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=len(unrouted))
-
-    async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
-    ) -> InsertResult:
-        raise InvalidOption(
-            "conn",
-            "SQLite has no async connections: pass the sqlite3.Connection itself"
-            f" (not {caller.describe(conn)})",
-        )
-
-    def _dedupe_reserve(self, c: sqlite3.Connection, message: NewMessage, now: float) -> str | None:
-        """Reserve the message's idempotency key; return the original id for a duplicate."""
-        params = {
-            "topic": message.topic,
-            "idempotency_key": message.idempotency_key,
-            "message_id": message.message_id,
-            "payload_hash": message.payload_hash,
-            "now": now,
-            "window": message.dedupe_window,
-        }
-        if c.execute(self._sql["dedupe_reserve"], params).rowcount == 1:
-            return None
-        # Index access: with conn= the caller's connection may use any row factory.
-        original, digest = c.execute(self._sql["dedupe_get"], params).fetchone()
-        if digest != message.payload_hash:
-            assert message.idempotency_key is not None
-            raise IdempotencyConflict(message.topic, message.idempotency_key, original)
-        return str(original)
 
     # --- consuming ---------------------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""SQLite schema: the numbered migrations, their version and the check that the database
+is at the version this sqlbroker needs."""
+
+from __future__ import annotations
+
+from sqlbroker.core.errors import SchemaError
+from sqlbroker.storage.sql import load_migrations
+from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
+
+
+class SqliteSchema:
+    """Schema operations of :class:`SqliteBackend` (mixed into it)."""
+
+    _db: SqlitePool
+    _sql: dict[str, str]
+
+    def _now(self) -> float:
+        raise NotImplementedError
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._db.write() as conn:
+            conn.execute(self._sql["schema_version_table"])
+            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
+            for version, name, script in load_migrations("sqlbroker.storage.sqlite.migrations"):
+                if version <= current:
+                    continue
+                for statement in split_script(script):
+                    conn.execute(statement)
+                conn.execute(
+                    self._sql["schema_version_insert"],
+                    {"version": version, "name": name, "now": self._now()},
+                )
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        with self._db.read() as conn:
+            if not conn.execute(self._sql["schema_version_exists"]).fetchone()[0]:
+                return 0
+            return int(conn.execute(self._sql["schema_version"]).fetchone()[0])
+
+    def check_schema(self) -> None:
+        expected = len(load_migrations("sqlbroker.storage.sqlite.migrations"))
+        found = self.schema_version()
+        if found != expected:
+            raise SchemaError(
+                f"the database schema is at version {found}, this sqlbroker needs {expected}:"
+                + (" run `sqlbroker migrate`" if found < expected else " upgrade sqlbroker")
+            )
+
+    @staticmethod
+    def schema_sql() -> str:
+        return "\n".join(
+            sql for _, _, sql in load_migrations("sqlbroker.storage.sqlite.migrations")
+        )
