@@ -70,6 +70,8 @@ class Sizes:
     """SQLite ``synchronous`` settings measured (one target each)."""
     keyed_batches: tuple[int, ...] = (10, 100)
     """Claim batches of the ordering-key drains."""
+    unarchived_batches: tuple[int, ...] = (10, 100)
+    """Claim batches of the drains with ``archive_completed=False``."""
     pg_commit_modes: tuple[str, ...] = ("on", "off")
     """PostgreSQL ``synchronous_commit`` settings measured (``off``: the
     ``postgresql-async`` target, for every contender)."""
@@ -89,6 +91,7 @@ QUICK = Sizes(
     latency_seconds=2.0,
     sqlite_modes=("full",),
     keyed_batches=(10,),
+    unarchived_batches=(100,),
     pg_commit_modes=("on",),
 )
 DEFAULT = Sizes(

@@ -101,6 +101,20 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             "as drain.claim100 with an ordering key on every message (64 keys)",
             baseline="drain.claim100",
         ),
+        *(
+            WorkloadInfo(
+                f"drain.unarchived{batch}",
+                THROUGHPUT,
+                "msg/s",
+                True,
+                None,
+                f"as drain.claim{batch} with `archive_completed=False` (an ack deletes the"
+                " copy and keeps no archive row, as pgmq's delete): what the archive costs",
+                peer_reference=f"drain.claim{batch}",
+                baseline=f"drain.claim{batch}",
+            )
+            for batch in (10, 100)
+        ),
         WorkloadInfo(
             "latency",
             LATENCY,
@@ -175,6 +189,8 @@ def enabled(name: str, sizes: Sizes) -> bool:
         return int(name.rsplit(".", 1)[1]) in sizes.processes
     if name.startswith("drain.keyed"):
         return int(name.removeprefix("drain.keyed")) in sizes.keyed_batches
+    if name.startswith("drain.unarchived"):
+        return int(name.removeprefix("drain.unarchived")) in sizes.unarchived_batches
     if name == "soak":
         return sizes.soak_seconds > 0
     return True

@@ -38,8 +38,8 @@ BACKENDS = ("sqlite", "postgresql")
 PREPUBLISH_BATCH = 1000
 
 
-def open_broker(database: Database) -> Broker:
-    return Broker(database.url, migrate=True, **database.options)
+def open_broker(database: Database, **options: Any) -> Broker:
+    return Broker(database.url, migrate=True, **database.options, **options)
 
 
 def _backend_args(database: Database) -> list[str]:
@@ -64,16 +64,22 @@ def _query(database: Database, sql: str, params: tuple[Any, ...]) -> list[tuple[
         return list(cursor.fetchall()) if cursor.description else []
 
 
-def verify_drained(database: Database, published: list[str]) -> None:
-    """Every published message is in the archive as completed exactly once, and none is
-    left in the hot table."""
-    rows = _query(
-        database,
-        "SELECT CAST(message_id AS text) FROM sqlbroker_archive"
-        " WHERE subscription = %s AND outcome = 'completed'",
-        (QUEUE,),
-    )
-    completed = [row[0] for row in rows]
+def verify_drained(
+    database: Database, published: list[str], acked: list[str] | None = None
+) -> None:
+    """Every published message is in the archive as completed exactly once (or, with
+    ``archive_completed=False``, in ``acked``: the ids the consumers completed), and none
+    is left in the hot table."""
+    if acked is None:
+        rows = _query(
+            database,
+            "SELECT CAST(message_id AS text) FROM sqlbroker_archive"
+            " WHERE subscription = %s AND outcome = 'completed'",
+            (QUEUE,),
+        )
+        completed = [row[0] for row in rows]
+    else:
+        completed = acked
     if len(completed) != len(set(completed)):
         raise BenchError(f"{len(completed) - len(set(completed))} messages completed twice")
     if set(completed) != set(published):
@@ -203,14 +209,19 @@ def _call_summary(calls: dict[str, dict[str, float]]) -> dict[str, Any]:
     return summary
 
 
-def drain_claim(batch: int, *, keyed: bool = False) -> Callable[[Database, Sizes], Sample]:
+def drain_claim(
+    batch: int, *, keyed: bool = False, archived: bool = True
+) -> Callable[[Database, Sizes], Sample]:
+    """4 threads looping claim → complete; ``keyed``: an ordering key on every message;
+    ``archived=False``: the broker's ``archive_completed=False`` (an ack only deletes)."""
+
     def drain(database: Database, sizes: Sizes) -> Sample:
         published = prepublish(database, sizes.drain, sizes.keys if keyed else 0)
         consumed: list[str] = []
         errors: list[BaseException] = []
         timings: dict[str, list[float]] = {"claim": [], "complete": []}
         gate = threading.Barrier(sizes.drain_threads + 1)
-        with open_broker(database) as broker:
+        with open_broker(database, archive_completed=archived) as broker:
             broker.stats()  # open the pool before the clock starts
 
             def loop() -> None:
@@ -247,7 +258,7 @@ def drain_claim(batch: int, *, keyed: bool = False) -> Callable[[Database, Sizes
             raise BenchError(f"a consumer thread failed: {errors[0]!r}")
         if len(consumed) != len(set(consumed)):
             raise BenchError("a message was claimed twice")
-        verify_drained(database, published)
+        verify_drained(database, published, None if archived else consumed)
         return Sample(
             {"rate": sizes.drain / elapsed},
             {
@@ -458,6 +469,8 @@ WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "drain.claim100": drain_claim(100),
     "drain.keyed10": drain_claim(10, keyed=True),
     "drain.keyed100": drain_claim(100, keyed=True),
+    "drain.unarchived10": drain_claim(10, archived=False),
+    "drain.unarchived100": drain_claim(100, archived=False),
     "latency": latency,
     **{f"claim.backlog.{label}": claim_backlog(n) for n, label in BACKLOGS.items()},
     **{

@@ -4,6 +4,7 @@ times; cancel(message_id)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -162,3 +163,60 @@ def test_every_copy_ends_somewhere(
     outcomes.update({d.message_id: "dead" for d in clocked_broker.dead_letters.list()})
     assert sorted(outcomes) == sorted(ids)
     assert sorted(outcomes.values()) == ["cancelled", "completed", "dead", "expired"]
+
+
+def test_without_archive_completed_an_ack_only_deletes(
+    make_broker: Any, clock: sqlbroker.ManualClock
+) -> None:
+    """``archive_completed=False``: a completed copy leaves no archive row (acks get
+    cheaper); expired and cancelled copies are archived as before, and a stale ack is
+    still refused."""
+    broker = make_broker(archive_completed=False, clock=clock)
+    done = broker.send("q", "done")
+    cancelled = broker.send("q", "cancelled", delay=60)
+    expired = broker.send("q", "expired", ttl=5, priority=sqlbroker.LOW)
+    delivery = claim_one(broker, "q")
+    assert delivery.message_id == done
+    broker.complete(delivery)
+    with pytest.raises(sqlbroker.LeaseLost):
+        broker.complete(delivery)
+    assert broker.cancel(cancelled) == 1
+    clock.advance(10)
+    assert broker.reap()["expired"] == 1
+    outcomes = {row.message_id: row.outcome for row in broker.archive("q")}
+    assert outcomes == {
+        cancelled: sqlbroker.Outcome.CANCELLED,
+        expired: sqlbroker.Outcome.EXPIRED,
+    }
+    assert broker.pending("q") == []
+
+
+def test_without_archive_completed_the_next_copy_of_a_key_follows(make_broker: Any) -> None:
+    broker = make_broker(archive_completed=False)
+    first, second = (broker.send("q", i, key="k") for i in range(2))
+    head = claim_one(broker, "q")
+    assert head.message_id == first
+    assert broker.claim("q") == []
+    broker.complete(head)
+    assert claim_one(broker, "q").message_id == second
+
+
+def test_without_archive_completed_a_worker_drains_the_queue(make_broker: Any) -> None:
+    broker = make_broker(archive_completed=False)
+    seen: list[int] = []
+
+    @broker.subscriber(queue="q", concurrency=2)
+    def handle(message: sqlbroker.Message) -> None:
+        seen.append(message.payload)
+
+    broker.send_many("q", list(range(20)))
+    broker.run_until_idle(timeout=30)
+    assert sorted(seen) == list(range(20))
+    assert broker.pending("q") == []
+    assert broker.archive("q") == []
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_archive_completed_takes_a_bool(backend_url: str, value: object) -> None:
+    with pytest.raises(sqlbroker.InvalidOption, match=r"archive_completed.*True or False"):
+        sqlbroker.Broker(backend_url, archive_completed=value)

@@ -138,7 +138,8 @@ def test_settling_leases_probes_the_primary_key_not_every_running_copy(
         "lease": 30.0,
     }
     with psycopg.connect(backend_url, autocommit=True) as conn:
-        for name in ("message_complete", "message_extend", "message_release"):
+        names = ("message_complete", "message_complete_unarchived", "message_extend")
+        for name in (*names, "message_release"):
             row = conn.execute(("EXPLAIN (FORMAT JSON) " + sql[name]).encode(), params).fetchone()
             assert row is not None
             nodes = list(_pg_nodes(row[0][0]["Plan"]))

@@ -15,7 +15,10 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     """Open the backend for ``url`` with backend-specific ``options``.
 
     Both: ``durable_claims`` (``False``, the default: a claim's commit does not wait for the
-    flush of the log; ``True``: it does, like every other write). SQLite: ``synchronous``
+    flush of the log; ``True``: it does, like every other write) and ``archive_completed``
+    (``True``, the default: a completed copy is kept in the archive until trimmed;
+    ``False``: it is only deleted, which makes acks cheaper and the archive hold expired,
+    cancelled and unrouted copies only). SQLite: ``synchronous``
     (``"full"``/``"normal"``), ``busy_timeout`` (s), ``pool_size``. PostgreSQL: ``schema``,
     ``pool_size``, ``synchronous_commit`` (``"on"``/``"off"``), ``connect_timeout`` (s).
     """

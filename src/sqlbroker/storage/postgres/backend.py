@@ -98,10 +98,12 @@ class PostgresBackend(
         pool_size: int = 10,
         synchronous_commit: str = "on",
         durable_claims: bool = False,
+        archive_completed: bool = True,
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
+        archive = validate.flag(archive_completed, "archive_completed")
         self._url = url
         self._clock = clock
         self._schema = schema
@@ -120,6 +122,9 @@ class PostgresBackend(
         # A claim's own commit: see message_claim in queries.sql.
         self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
+        self._complete_sql = self._sql[
+            "message_complete" if archive else "message_complete_unarchived"
+        ]
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self._url!s})"
@@ -310,7 +315,7 @@ class PostgresBackend(
         await self._db.close_async()
 
     def _complete_plan(self, leases: Sequence[Lease], now: datetime | None) -> Plan[list[int]]:
-        rows = yield self._sql["message_complete"], {**self._lease_params(leases), "now": now}
+        rows = yield self._complete_sql, {**self._lease_params(leases), "now": now}
         yield from self._promote_plan(rows, now)
         return [row[0] for row in rows]
 

@@ -341,6 +341,13 @@ archived AS (
 )
 SELECT id, subscription, ordering_key, state FROM done ORDER BY id
 
+-- name: message_complete_unarchived
+-- message_complete for a backend with archive_completed=False: the copy is only deleted.
+DELETE FROM {schema}sqlbroker_message m
+USING unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
+WHERE m.id = l.id AND m.lease_token::text = l.token
+RETURNING m.id, m.subscription, m.ordering_key, m.state
+
 -- name: message_retry
 WITH l AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(afters)b::float8[],

@@ -88,12 +88,14 @@ class SqliteBackend(
         clock: Clock,
         synchronous: str = "full",
         durable_claims: bool = False,
+        archive_completed: bool = True,
         busy_timeout: float = 30.0,
         pool_size: int = 8,
     ) -> None:
         assert url.path is not None
         # Whether a claim's own commit waits for the fsync: see SqlitePool.write.
         self._flush_claims = validate.flag(durable_claims, "durable_claims")
+        self._archive_completed = validate.flag(archive_completed, "archive_completed")
         self._clock = clock
         self._url = url
         self._promotion = PromotionThrottle()
@@ -267,7 +269,10 @@ class SqliteBackend(
         now = self._now()
         with self._db.write(conn) as c:
             ids = self._valid_ids(c, leases)
-            self._archive_and_delete(c, ids, Outcome.COMPLETED, now)
+            if self._archive_completed:
+                self._archive_and_delete(c, ids, Outcome.COMPLETED, now)
+            elif ids:
+                self._delete(c, ids, now)
         return ids
 
     async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
