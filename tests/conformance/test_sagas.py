@@ -232,7 +232,7 @@ def test_listing_and_bad_input(clocked_broker: sqlbroker.Broker) -> None:
     assert len(clocked_broker.sagas.list(name="checkout")) == 3
     assert clocked_broker.sagas.list(status="completed") == []
     assert clocked_broker.sagas.counts() == {"running": 3}
-    with pytest.raises(sqlbroker.InvalidOption):
+    with pytest.raises(sqlbroker.InvalidOption, match=r"status.*one of running, .*'nope'"):
         clocked_broker.sagas.list(status="nope")
     with pytest.raises(sqlbroker.InvalidOption):
         clocked_broker.sagas.start(CHECKOUT, {"x": object()})

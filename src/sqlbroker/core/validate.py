@@ -8,7 +8,8 @@ import math
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from sqlbroker.core.errors import (
     InvalidDuration,
@@ -98,6 +99,18 @@ def flag(value: object, field: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidOption(field, f"must be True or False, not {value!r}")
     return value
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def member(value: object, kind: type[E], field: str) -> E:
+    """One of an enumeration's members, given as the member or its value."""
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(str(item.value) for item in kind)
+        raise InvalidOption(field, f"must be one of {known}, not {value!r}") from None
 
 
 def integer(value: object, field: str, *, minimum: int, maximum: int) -> int:

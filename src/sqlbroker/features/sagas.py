@@ -136,11 +136,7 @@ class Sagas:
     ) -> list[SagaInstance]:
         """Sagas, newest first (without their steps), of saga ``name`` and ``status``."""
         if status is not None:
-            try:
-                status = SagaStatus(status).value
-            except ValueError:
-                known = ", ".join(item.value for item in SagaStatus)
-                raise InvalidOption("status", f"must be one of {known}") from None
+            status = validate.member(status, SagaStatus, "status").value
         count = validate.integer(limit, "limit", minimum=1, maximum=MAX_LIST)
         return self._backend.saga_list(name=name, status=status, limit=count)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import (
     ArchivedMessage,
     Outcome,
@@ -32,10 +31,7 @@ class BrokerInspection:
         """Copies still in the queue (available, scheduled, blocked or running), oldest first."""
         if subscription is not None:
             validate_topic(subscription, "subscription")
-        try:
-            chosen = None if state is None else State(state)
-        except ValueError:
-            raise InvalidOption("state", f"must be one of {[s.value for s in State]}") from None
+        chosen = None if state is None else validate.member(state, State, "state")
         count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
         return self._checked().message_list(subscription=subscription, state=chosen, limit=count)
 
@@ -50,10 +46,7 @@ class BrokerInspection:
         """Finished copies, newest first."""
         if subscription is not None:
             validate_topic(subscription, "subscription")
-        try:
-            chosen = None if outcome is None else Outcome(outcome)
-        except ValueError:
-            raise InvalidOption("outcome", f"must be one of {[o.value for o in Outcome]}") from None
+        chosen = None if outcome is None else validate.member(outcome, Outcome, "outcome")
         count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
         canonical = None if message_id is None else validate.message_id(message_id)
         return self._checked().archive_list(
