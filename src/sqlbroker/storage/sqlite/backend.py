@@ -8,6 +8,7 @@ their locking cannot be trusted. Connections are pooled and handed to one thread
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sqlite3
@@ -55,6 +56,7 @@ from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.security import SqliteSecurity
 from sqlbroker.storage.sqlite.spark import SqliteSpark
+from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -108,6 +110,9 @@ class SqliteBackend(
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
+        self._threads = SqliteThreads()
+        self._held: dict[int, HeldTransaction] = {}
+        """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
@@ -120,6 +125,7 @@ class SqliteBackend(
         return utc(self._now())
 
     def close(self) -> None:
+        self._threads.shutdown()
         self._db.close()
 
     def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
@@ -254,13 +260,15 @@ class SqliteBackend(
         worker: str | None,
         max_attempts: int | None = None,
     ) -> list[Delivery]:
-        return await asyncio.to_thread(
-            self.message_claim_many,
-            subscription=subscription,
-            limit=limit,
-            lease=lease,
-            worker=worker,
-            max_attempts=max_attempts,
+        return await self._threads.run(
+            functools.partial(
+                self.message_claim_many,
+                subscription=subscription,
+                limit=limit,
+                lease=lease,
+                worker=worker,
+                max_attempts=max_attempts,
+            )
         )
 
     def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
@@ -276,23 +284,40 @@ class SqliteBackend(
         return ids
 
     async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
-        return self.message_complete_many(leases=leases, conn=conn)
+        complete = functools.partial(self.message_complete_many, leases=leases, conn=conn)
+        held = self._held.get(id(conn))
+        if held is None:
+            # A caller's own connection: used on the calling thread, where its owner uses
+            # it (sqlite3 connections may refuse other threads).
+            return complete()
+        return await held.call(complete)
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._db.write()
 
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
+        self._threads.shutdown()
 
     @asynccontextmanager
     async def transaction_async(self) -> AsyncIterator[sqlite3.Connection]:
-        # The file's write lock is a thread lock and the loop is one thread: two coroutines
-        # of one loop must not both enter it (the second would wait on SQLite's busy
-        # handler inside the loop, holding up the first), so they queue on an asyncio lock.
+        # The transaction lives on a thread of our own (HeldTransaction), one per
+        # coroutine: two coroutines of one loop queue on an asyncio lock rather than hold
+        # two threads, the second waiting on the write lock for the first.
         lock = self._loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
         async with lock:
-            with self._db.write() as conn:
-                yield conn
+            held = HeldTransaction(self._threads, self._db.write)
+            conn = await held.enter()
+            self._held[id(conn)] = held
+            try:
+                try:
+                    yield conn
+                except BaseException:
+                    await held.leave(commit=False)
+                    raise
+                await held.leave(commit=True)
+            finally:
+                del self._held[id(conn)]
 
     def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
         if not retries:

@@ -93,6 +93,14 @@ def _writer_for(path: str) -> threading.RLock:
         return _WRITERS.setdefault(path, threading.RLock())
 
 
+class _PooledConnection(sqlite3.Connection):
+    """A connection a :class:`SqlitePool` opened, marked with its pool's token: the pool's
+    own connection handed out by a transaction may come back as a ``conn=`` (a handler's
+    ``msg.transaction()`` completes its message in it), even on ``:memory:``."""
+
+    pool_token: object = None
+
+
 class SqlitePool:
     """Hands out connections to one database file, one thread at a time.
 
@@ -133,11 +141,17 @@ class SqlitePool:
         self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._token = object()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
+            self.path,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=self._busy_timeout,
+            factory=_PooledConnection,
         )
+        conn.pool_token = self._token
         try:
             conn.row_factory = sqlite3.Row
             # sqlite3.connect(timeout=) already set the busy timeout (sqlite3_busy_timeout).
@@ -309,6 +323,8 @@ class SqlitePool:
                     self._writer.release()
 
     def _check_same_database(self, raw: sqlite3.Connection) -> None:
+        if isinstance(raw, _PooledConnection) and raw.pool_token is self._token:
+            return
         if self.memory:
             raise InvalidOption("conn", "an in-memory broker cannot share a caller's connection")
         files = [row[2] for row in raw.execute("PRAGMA database_list") if row[1] == "main"]
