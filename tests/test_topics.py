@@ -231,6 +231,32 @@ def test_hash_hash_is_hash(pattern: str, topic: str) -> None:
     assert pattern_matches(pattern, topic) == pattern_matches(collapsed, topic)
 
 
+# With a backtracking engine each '#' multiplies the ways to split a long topic: against
+# 128 segments these would take hours (SQLite evaluates with Python's re).
+PATHOLOGICAL = ["#.#.#.#.#.#.#.#.#.#.z", "#.a.#.a.#.a.#.a.#.a.#.a.#.a.#.z"]
+LONG_TOPIC = ".".join(["a"] * 128)
+assert len(LONG_TOPIC) == MAX_NAME_LENGTH
+
+
+def test_runs_of_hash_collapse_in_the_regex() -> None:
+    assert pattern_regex("a.#.#.#.b") == pattern_regex("a.#.b")
+    assert pattern_regex("#.#") == pattern_regex("#")
+    assert pattern_regex("#.*.#") != pattern_regex("#.#")
+
+
+@pytest.mark.parametrize("pattern", PATHOLOGICAL)
+def test_many_hashes_match_without_backtracking(pattern: str) -> None:
+    uncollapsed = (
+        "^"
+        + "".join(r"(\.[^.]+)*" if part == "#" else r"\." + part for part in pattern.split("."))
+        + "$"
+    )  # the shape stored by earlier versions
+    for regex in (pattern_regex(pattern), uncollapsed):
+        assert not regex_matches(regex, LONG_TOPIC)
+        assert regex_matches(regex, LONG_TOPIC[:-1] + "z")
+    assert not pattern_matches(pattern, LONG_TOPIC)
+
+
 def test_the_property_test_sees_both_answers() -> None:
     """Guard the generator: from its alphabet, matches and non-matches both occur often."""
     results = [

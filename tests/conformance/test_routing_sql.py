@@ -44,3 +44,14 @@ def test_fan_out_matches_the_reference(
         # Examples share one database: leave no subscription behind for the next one.
         for name in names.values():
             broker.unsubscribe(name)
+
+
+def test_routing_does_not_backtrack_on_many_hashes(broker: sqlbroker.Broker) -> None:
+    """On SQLite routing runs inside the write transaction: a backtracking matcher would
+    hold the write lock for hours on these (see tests/test_topics.py)."""
+    broker.subscribe("hashes", ["#.#.#.#.#.#.#.#.#.#.z", "#.a.#.a.#.a.#.a.#.a.#.a.#.a.#.z"])
+    topic = ".".join(["a"] * 128)
+    missed = broker.publish(topic, 1)
+    routed = broker.publish(topic[:-1] + "z", 2)
+    assert [p.message_id for p in broker.pending("hashes")] == [routed]
+    assert [a.message_id for a in broker.archive(outcome="unrouted")] == [missed]

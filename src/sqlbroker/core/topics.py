@@ -6,7 +6,11 @@ joined by dots, at most 255 characters. A pattern is a topic whose segments may 
 
 Two matchers exist on purpose: :func:`pattern_matches` is the reference (segment by
 segment, easy to reason about) and :func:`pattern_regex` is what the databases evaluate.
-Property tests hold the second against the first.
+Property tests hold the second against the first. PostgreSQL's regex engine is an
+automaton; SQLite calls :func:`regex_matches`, which reads the regex back into segments
+rather than handing it to Python's backtracking ``re`` (where every ``#`` multiplies the
+ways to split a long topic: a handful of them against a 128-segment topic would hold the
+write lock for hours).
 """
 
 from __future__ import annotations
@@ -99,17 +103,77 @@ def pattern_regex(pattern: str) -> str:
 
     It is matched against ``"." + topic``, so that every segment, including the first,
     is preceded by a dot and ``#`` can stand for zero segments without special cases.
-    Segment text is limited to ``[A-Za-z0-9_-]``, which needs no escaping.
+    Segment text is limited to ``[A-Za-z0-9_-]``, which needs no escaping. A run of ``#``
+    segments means the same as one and becomes one group.
     """
     pieces = []
     for part in pattern.split("."):
         if part == "*":
-            pieces.append(r"\.[^.]+")
+            pieces.append(_ONE)
         elif part == "#":
-            pieces.append(r"(\.[^.]+)*")
+            if not pieces or pieces[-1] != _ANY:
+                pieces.append(_ANY)
         else:
             pieces.append(r"\." + part)
     return "^" + "".join(pieces) + "$"
+
+
+_ONE = r"\.[^.]+"
+_ANY = r"(\.[^.]+)*"
+_LITERAL = re.compile(r"\\\.([A-Za-z0-9_-]{1,64})")
+
+
+@lru_cache(maxsize=4096)
+def _segments(regex: str) -> tuple[str, ...] | None:
+    """The pattern segments of a regex made by :func:`pattern_regex` (by this version or an
+    earlier one, which did not merge runs of ``#``); ``None`` for any other regex."""
+    if not (regex.startswith("^") and regex.endswith("$")):
+        return None
+    body, position = regex[1:-1], 0
+    parts: list[str] = []
+    while position < len(body):
+        if body.startswith(_ANY, position):
+            parts.append("#")
+            position += len(_ANY)
+        elif body.startswith(_ONE, position):
+            parts.append("*")
+            position += len(_ONE)
+        elif literal := _LITERAL.match(body, position):
+            parts.append(literal.group(1))
+            position = literal.end()
+        else:
+            return None
+    return tuple(parts) if parts else None
+
+
+def _segments_match(parts: tuple[str, ...], words: list[str]) -> bool:
+    """Match segment by segment, tracking every pattern position at once (an automaton,
+    never backtracking): at most ``len(parts) * len(words)`` steps."""
+    end = len(parts)
+
+    def closure(positions: set[int]) -> set[int]:
+        # A '#' may stand for zero segments: whoever is at it is also just past it.
+        for index in sorted(positions):
+            while index < end and parts[index] == "#":
+                index += 1
+                positions.add(index)
+        return positions
+
+    positions = closure({0})
+    for word in words:
+        following = set()
+        for index in positions:
+            if index == end:
+                continue
+            part = parts[index]
+            if part == "#":
+                following.add(index)
+            elif part == "*" or part == word:
+                following.add(index + 1)
+        if not following:
+            return False
+        positions = closure(following)
+    return end in positions
 
 
 @lru_cache(maxsize=4096)
@@ -118,5 +182,9 @@ def _compiled(regex: str) -> re.Pattern[str]:
 
 
 def regex_matches(regex: str, topic: str) -> bool:
-    """Evaluate a regex made by :func:`pattern_regex` the way the SQL path does."""
-    return _compiled(regex).search("." + topic) is not None
+    """Evaluate a regex made by :func:`pattern_regex` the way the SQL path does (SQLite's
+    ``sqlbroker_regex_match``), without backtracking; see the module docstring."""
+    parts = _segments(regex)
+    if parts is None:
+        return _compiled(regex).search("." + topic) is not None
+    return _segments_match(parts, topic.split("."))
