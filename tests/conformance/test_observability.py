@@ -48,6 +48,7 @@ def test_minute_rows_are_absolute_and_totals_add_up(
 ) -> None:
     backend = clocked_broker.backend
     clocked_broker.subscribe("q", "q")
+    _advance_to_second(clock, 30)
     minute = now_of(clock).replace(second=0, microsecond=0)
     row = MinuteCounts(subscription="q", minute=minute, worker="w1", completed=3, retried=1)
     row.handler_count = 4
@@ -68,7 +69,7 @@ def test_minute_rows_are_absolute_and_totals_add_up(
     assert len(rows[0].handler_buckets) == len(HANDLER_BUCKETS)
     assert backend.metric_totals() == {("q", "completed"): 5, ("q", "retried"): 1, ("q", "dead"): 2}
     assert backend.metric_minutes(since=minute + timedelta(minutes=1)) == []
-    clock.advance(30)
+    clock.advance(30)  # the window is exactly that minute
     q = clocked_broker.stats(window=60)[0]
     assert (q.completed_per_minute, q.retried_per_minute, q.dead_per_minute) == (5, 1, 2)
     assert q.handler_p50 is not None
@@ -77,6 +78,39 @@ def test_minute_rows_are_absolute_and_totals_add_up(
     assert len(series) == 3
     assert [p.completed for p in series if p.minute == minute] == [5]
     assert sum(p.completed for p in series) == 5
+
+
+def _advance_to_second(clock: sqlbroker.ManualClock, second: int) -> None:
+    """Move the clock forward to the next time whose seconds are ``second`` (and no
+    microseconds), so that a window's edges fall at known places in the minutes."""
+    now = now_of(clock)
+    target = now.replace(second=second, microsecond=0)
+    if target <= now:
+        target += timedelta(minutes=1)
+    clock.advance(target - now)
+
+
+@pytest.mark.parametrize("second", [0, 30, 59])
+def test_rates_divide_by_the_minutes_they_count(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock, second: int
+) -> None:
+    """A window of 5 minutes overlaps up to 6 minute rows, the last one partial: a steady
+    60 completions a minute reads as 60 a minute wherever the window falls."""
+    backend = clocked_broker.backend
+    clocked_broker.subscribe("q", "q")
+    _advance_to_second(clock, second)
+    now = now_of(clock)
+    current = now.replace(second=0)
+    rows = [
+        MinuteCounts(subscription="q", minute=current - timedelta(minutes=back), worker="w")
+        for back in range(7)
+    ]
+    for row in rows:
+        row.completed = 60
+    rows[0].completed = second  # the current minute so far
+    backend.worker_beat(beat=_beat("w"), minutes=rows, totals={})
+    (q,) = clocked_broker.stats()
+    assert q.completed_per_minute == pytest.approx(60)
 
 
 def test_trim_removes_old_minutes_and_silent_workers(

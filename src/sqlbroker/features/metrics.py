@@ -43,19 +43,23 @@ def _minute_floor(moment: datetime) -> datetime:
 def subscription_stats(
     backend: Backend, *, window: float | timedelta = RATE_WINDOW
 ) -> list[SubscriptionStats]:
-    """Gauges per subscription plus rates and handler times over the last ``window`` seconds."""
+    """Gauges per subscription plus rates and handler times over the last ``window`` seconds
+    (to the minute: over the minutes the window overlaps)."""
     seconds = validate.seconds(window, "window", allow_zero=False, maximum=24 * 3600.0)
     gauges = backend.stats_collect()
     now = backend.now()
     since = now - timedelta(seconds=seconds)
-    # A counter row covers a whole minute: take every minute that overlaps the window.
-    rows = backend.metric_minutes(since=_minute_floor(since))
+    # A counter row covers a whole minute: take every minute that overlaps the window, and
+    # divide by the time those rows cover — from the start of the first to now (the current
+    # minute's row holds what happened so far) — which is up to a minute more than the window.
+    first_minute = _minute_floor(since)
+    rows = backend.metric_minutes(since=first_minute)
     expired = {
         rare.subscription: rare.total
         for rare in backend.archive_rare_counts(since=since)
         if rare.outcome == "expired"
     }
-    per_minute = 60.0 / seconds
+    per_minute = 60.0 / max((now - first_minute).total_seconds(), seconds)
     grouped: dict[str, list[MinuteCounts]] = defaultdict(list)
     for row in rows:
         grouped[row.subscription].append(row)
