@@ -71,6 +71,39 @@ def test_start_is_idempotent_on_the_saga_id(clocked_broker: sqlbroker.Broker) ->
         clocked_broker.sagas.start(other, {"order": 1}, saga_id="s-1")
 
 
+def test_start_again_with_equal_data_is_no_conflict(clocked_broker: sqlbroker.Broker) -> None:
+    """PostgreSQL keeps the data as jsonb (keys reordered, ``1e16`` written out in full):
+    data is compared as JSON values, identically on both backends."""
+    data = {
+        "sku": "mug",
+        "quantity": 2,
+        "amount": 19.8,
+        "city": "Lisbon",
+        "big": 1e16,
+        "tiny": 1e-7,
+        "one": 1.0,
+        "huge": 2**70,
+        "items": [1, 2.5, None, True, "x"],
+        "nested": {"b": 1, "a": "é"},
+    }
+    first = clocked_broker.sagas.start(CHECKOUT, data, saga_id="order-9")
+    reordered = dict(reversed(list(data.items())))
+    assert clocked_broker.sagas.start(CHECKOUT, reordered, saga_id="order-9") == first
+    # Numbers are equal when their values are: 2 and 2.0 alike; a bool is not a number.
+    assert clocked_broker.sagas.start(CHECKOUT, {**data, "quantity": 2.0}, saga_id=first) == first
+    assert len(clocked_broker.claim(CHECKOUT.queue("reserve"), limit=10)) == 1
+    for changed in [
+        {"one": True},
+        {"big": 1e16 + 2},
+        {"huge": 2**70 + 1},
+        {"items": [2.5, 1, None, True, "x"]},
+        {"nested": {"b": 1, "a": "e"}},
+        {"city": None},
+    ]:
+        with pytest.raises(SagaConflict, match="with different data"):
+            clocked_broker.sagas.start(CHECKOUT, {**data, **changed}, saga_id=first)
+
+
 def test_start_inside_the_callers_transaction(clocked_broker: sqlbroker.Broker) -> None:
     backend = clocked_broker.backend
 
@@ -234,7 +267,7 @@ def test_listing_and_bad_input(clocked_broker: sqlbroker.Broker) -> None:
     assert clocked_broker.sagas.counts() == {"running": 3}
     with pytest.raises(sqlbroker.InvalidOption, match=r"status.*one of running, .*'nope'"):
         clocked_broker.sagas.list(status="nope")
-    with pytest.raises(sqlbroker.InvalidOption):
+    with pytest.raises(sqlbroker.InvalidPayload, match=r"^data: "):
         clocked_broker.sagas.start(CHECKOUT, {"x": object()})
     with pytest.raises(sqlbroker.NotFound):
         clocked_broker.sagas.get("missing")

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 import sqlbroker
 from runtime import sagaapp
 from runtime.support import TESTS_DIR, run_until_idle, wait_until
-from sqlbroker import SagaStatus, StepStatus
+from sqlbroker import Saga, SagaStatus, Step, StepContext, StepStatus
 
 
 @pytest.fixture
@@ -93,6 +94,72 @@ def test_cancel_compensates_what_is_done(app: sqlbroker.Broker, backend_url: str
         StepStatus.PENDING,
     ]
     assert [kind for _, _, kind in sagaapp.read_effects(backend_url)] == ["do", "undo"]
+
+
+PAYMENT = Saga("payment", [Step("reserve"), Step("charge")], timeout=600)
+
+
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
+def test_an_output_that_is_not_a_valid_payload_fails_the_step(
+    backend_url: str, transactional: bool
+) -> None:
+    """A NUL in an output is refused before SQL on both backends (jsonb would refuse it
+    with a driver error): the step fails at once, without the retries its policy allows,
+    since each would repeat the action only to return the same value."""
+    calls: list[str] = []
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+
+        @broker.saga_step(PAYMENT, "reserve")
+        def reserve(ctx: StepContext) -> dict[str, str]:
+            calls.append("reserve")
+            return {"held": "yes"}
+
+        @broker.saga_compensation(PAYMENT, "reserve")
+        def release(ctx: StepContext) -> None:
+            calls.append("release")
+
+        fast = sqlbroker.RetryPolicy(base=0.01, cap=0.02, max_attempts=3)
+
+        @broker.saga_step(PAYMENT, "charge", retry=fast, transactional=transactional)
+        def charge(ctx: StepContext) -> dict[str, str]:
+            calls.append("charge")
+            return {"receipt": "a\x00b"}
+
+        saga_id = broker.sagas.start(PAYMENT, {"amount": 3})
+        run_until_idle(broker)
+        saga = broker.sagas.get(saga_id)
+        assert saga.status is SagaStatus.COMPENSATED, saga
+        assert [step.status for step in saga.steps] == [StepStatus.COMPENSATED, StepStatus.FAILED]
+        error = saga.steps[1].error
+        assert error is not None
+        assert "output: cannot be stored: the payload['receipt'] contains a NUL" in error
+        assert calls == ["reserve", "charge", "release"]
+        assert broker.dead_letters.list() == []
+
+
+def test_plain_steps_run_on_the_workers_handler_threads(backend_url: str) -> None:
+    """Like any plain-function handler: a step's concurrency is what runs at once."""
+    count = 10
+    barrier = threading.Barrier(count, timeout=20)
+    threads: list[str] = []
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+
+        @broker.saga_step(PAYMENT, "reserve", concurrency=count)
+        def reserve(ctx: StepContext) -> int:
+            threads.append(threading.current_thread().name)
+            barrier.wait()  # breaks (and the step fails) unless all run at once
+            return ctx.attempt
+
+        @broker.saga_step(PAYMENT, "charge")
+        def charge(ctx: StepContext) -> None:
+            threads.append(threading.current_thread().name)
+
+        sagas = [broker.sagas.start(PAYMENT, {"n": n}) for n in range(count)]
+        run_until_idle(broker)
+        assert [broker.sagas.get(s).status for s in sagas] == [SagaStatus.COMPLETED] * count
+        assert [broker.sagas.get(s).outputs()["reserve"] for s in sagas] == [1] * count
+        assert len(threads) == 2 * count
+        assert all(name.startswith("sqlbroker-handler") for name in threads), threads
 
 
 class _SagaWorker:

@@ -32,10 +32,11 @@ import json
 import logging
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import InvalidOption, NotFound, SqlbrokerError
+from sqlbroker.core.errors import InvalidOption, InvalidPayload, NotFound, SqlbrokerError
 from sqlbroker.core.sagas import (
     NewSaga,
     Saga,
@@ -45,7 +46,7 @@ from sqlbroker.core.sagas import (
     StepStatus,
     saga_queue,
 )
-from sqlbroker.core.serde import encode_json
+from sqlbroker.core.serde import encode_payload
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.base import Backend
 
@@ -59,13 +60,6 @@ class SagaMoved(SqlbrokerError):
     """A saga changed under a transition that held its lock (a bug, or a lock not held)."""
 
 
-def _json_text(value: Any, field: str) -> str:
-    try:
-        return encode_json(value)
-    except (TypeError, ValueError) as error:
-        raise InvalidOption(field, f"must be JSON-serializable: {error}") from None
-
-
 class Sagas:
     """Sagas through one backend: ``broker.sagas``. See the module docstring."""
 
@@ -74,6 +68,16 @@ class Sagas:
         self._defaults = defaults
 
     # --- the public API ----------------------------------------------------------------------
+
+    def encode(self, value: Any, field: str) -> str:
+        """``value`` as JSON text for the saga tables, checked by the payload rules before
+        any SQL runs (plain JSON, no NaN, no NUL or lone surrogate, at most the broker's
+        ``payload_limit`` bytes), or :class:`InvalidPayload` naming ``field``: saga data
+        and step outputs are stored as ``jsonb`` on PostgreSQL, which refuses a NUL."""
+        if isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidPayload(field, "must be a JSON value, not bytes")
+        data, _ = encode_payload(value, limit=self._defaults.payload_limit, field=field)
+        return data.decode("utf-8")
 
     def start(
         self,
@@ -85,10 +89,13 @@ class Sagas:
     ) -> str:
         """Start ``saga`` with ``data`` (JSON) and return its id.
 
-        Idempotent on ``saga_id``: starting the same saga with the same data again returns
+        Idempotent on ``saga_id``: starting the same saga with equal data again returns
         the id and writes nothing; different data (or another saga's id) raises
-        :class:`SagaConflict`. With ``conn`` the saga and its first message are written in
-        the caller's transaction and exist only if the caller commits.
+        :class:`SagaConflict`. Data is compared as JSON values, the same on both
+        backends: key order does not matter, numbers compare by value (``2`` equals
+        ``2.0``), and ``true`` is not ``1``. ``data`` follows the payload rules
+        (:meth:`encode`). With ``conn`` the saga and its first message are written in the
+        caller's transaction and exist only if the caller commits.
         """
         if not isinstance(saga, Saga):
             raise InvalidOption("saga", "must be a Saga")
@@ -96,7 +103,7 @@ class Sagas:
         new = NewSaga(
             id=checked_id or str(uuid.uuid4()),
             name=saga.name,
-            data=_json_text(data, "data"),
+            data=self.encode(data, "data"),
             steps=tuple((step.name, step.compensate) for step in saga.steps),
             timeout=saga.timeout,
         )
@@ -114,7 +121,7 @@ class Sagas:
                 raise SagaConflict(new.id, "and removed meanwhile")
             if found.name != saga.name:
                 raise SagaConflict(new.id, f"for saga {found.name!r}")
-            if _json_text(found.data, "data") != _json_text(_decoded(new.data), "data"):
+            if not _same_json(found.data, json.loads(new.data)):
                 raise SagaConflict(new.id, "with different data")
             return
         first = saga.steps[0]
@@ -463,8 +470,32 @@ class Sagas:
         return result.message_ids[0]
 
 
-def _decoded(text: str) -> Any:
-    return json.loads(text)
+def _same_json(left: Any, right: Any) -> bool:
+    """Whether two decoded JSON values are the same JSON: objects whatever their key
+    order, arrays in order, strings exactly, ``true``/``false``/``null`` only as
+    themselves, and numbers by their decimal value — ``2`` equals ``2.0``, and a float
+    equals the integer PostgreSQL's ``jsonb`` gives back for it (``1e16`` is read back
+    as ``10000000000000000``).
+
+    A float counts as the shortest decimal that reads back as it (its ``repr``), which is
+    the text stored on SQLite and the exact number ``jsonb`` keeps, so a stored value
+    compares the same on both backends.
+    """
+    if isinstance(left, bool) or isinstance(right, bool):
+        return isinstance(left, bool) and isinstance(right, bool) and left == right
+    if isinstance(left, int | float) and isinstance(right, int | float):
+        return _decimal(left) == _decimal(right)
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(
+            _same_json(item, right[key]) for key, item in left.items()
+        )
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(map(_same_json, left, right))
+    return type(left) is type(right) and bool(left == right)
+
+
+def _decimal(number: int | float) -> Decimal:
+    return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
 
 
 def _fresh(new: NewSaga, saga: Saga) -> SagaInstance:

@@ -1,20 +1,26 @@
 """Saga steps as ordinary subscribers: the handler wrapped around a step's action or
 compensation.
 
-The wrapper reads the saga, runs the user's function (a plain function in a thread, a
-coroutine on the loop), and then records the outcome *in the message's own transaction*
-(``msg.transaction()``): the saga's transition, the next message (through the same
-connection) and the ack commit together, so a step advances the saga exactly once however
-often its message is delivered. The user's function itself runs at least once per
-transition — a worker killed after it ran and before the commit runs it again — so an
-effect outside the database guards itself with ``broker.once(f"{saga}.{step}", saga_id)``,
-or, declared ``transactional=True``, writes through ``ctx.conn`` inside that very
-transaction and happens exactly once.
+The wrapper reads the saga, runs the user's function, and then records the outcome *in
+the message's own transaction* (``msg.transaction()``): the saga's transition, the next
+message (through the same connection) and the ack commit together, so a step advances the
+saga exactly once however often its message is delivered. The user's function itself runs
+at least once per transition — a worker killed after it ran and before the commit runs it
+again — so an effect outside the database guards itself with
+``broker.once(f"{saga}.{step}", saga_id)``, or, declared ``transactional=True``, writes
+through ``ctx.conn`` inside that very transaction and happens exactly once.
 
 A failure is retried by the step's retry policy like any handler's; on the attempt the
 policy would dead-letter, the wrapper turns the saga back instead (an action) — in the
 message's transaction, so the action message is acked — or marks the saga ``failed`` and
-lets the message be dead-lettered for a person (a compensation).
+lets the message be dead-lettered for a person (a compensation). An output that breaks the
+payload rules (not JSON, a NUL, over the size limit) is refused before any SQL on both
+backends and fails the step at once: another attempt would return the same value.
+
+A plain step function makes the wrapper a plain handler: the worker runs it — the saga's
+bookkeeping with it — on its handler threads under the step's timeout, like any plain
+handler, so a step's ``concurrency`` is what runs at once. A coroutine runs on the loop and
+the bookkeeping around it in ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -26,16 +32,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlbroker.core.errors import InvalidOption, LeaseLost
+from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost
 from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
 from sqlbroker.core.sagas import Saga, SagaInstance, Step
-from sqlbroker.core.serde import encode_json
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.runtime.message import Message
 
 log = logging.getLogger("sqlbroker.sagas")
 
 StepFunction = Callable[["StepContext"], Any]
+
+
+class BadOutput(InvalidPayload):
+    """An action returned a value the saga cannot store: the step fails at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +91,19 @@ def saga_handler(
             "transactional", "a transactional step is a plain function (it runs in a thread)"
         )
     runner = _StepRunner(sagas, saga, step, function, undo, transactional, retry)
+    handle: Callable[[Message], Any]
+    if _is_async(function):
 
-    async def handle(msg: Message) -> None:
-        await runner.handle(msg)
+        async def handle_async(msg: Message) -> None:
+            await runner.handle_async(msg)
 
+        handle = handle_async
+    else:
+
+        def handle_plain(msg: Message) -> None:
+            runner.handle(msg)
+
+        handle = handle_plain
     handle.__name__ = f"saga_{saga.name}_{step.name}{'_undo' if undo else ''}"
     return handle
 
@@ -108,7 +126,6 @@ class _StepRunner:
         self._undo = undo
         self._transactional = transactional
         self._retry = retry
-        self._async = _is_async(function)
 
     def _verdict(self, state: SagaInstance | None, index: int, msg: Message) -> str:
         if self._undo:
@@ -127,14 +144,59 @@ class _StepRunner:
             conn=conn,
         )
 
-    async def handle(self, msg: Message) -> None:
+    def _target(self, msg: Message) -> tuple[str, int] | None:
         payload = msg.payload if isinstance(msg.payload, dict) else {}
         saga_id, index = payload.get("saga_id"), payload.get("step")
         if not isinstance(saga_id, str) or not isinstance(index, int):
             log.warning("%s: message %s is not a saga step; dropped", msg.subscription, msg.id)
+            return None
+        return saga_id, index
+
+    def _output(self, output: Any) -> str | None:
+        """The action's output as JSON text; a compensation's return value is not kept.
+
+        An output that breaks the payload rules fails the step for good (``BadOutput``):
+        another attempt would repeat the action's effect only to return the same value."""
+        if self._undo:
+            return None
+        try:
+            return self._sagas().encode(output, "output")
+        except InvalidPayload as error:
+            raise BadOutput(error.field, f"cannot be stored: {error.problem}") from None
+
+    def handle(self, msg: Message) -> None:
+        """A plain step function, on the worker's handler thread."""
+        target = self._target(msg)
+        if target is None:
             return
-        sagas = self._sagas()
-        state = await asyncio.to_thread(sagas.find, saga_id)
+        saga_id, index = target
+        state = self._sagas().find(saga_id)
+        verdict = self._verdict(state, index, msg)
+        if verdict == "stale":
+            return
+        if verdict == "skip":
+            self._record(msg, "skip", saga_id, index, None)
+            return
+        assert state is not None
+        try:
+            if self._transactional:
+                self._run_in_transaction(msg, saga_id, index)
+                return
+            text = self._output(self._function(self._context(state, msg)))
+        except LeaseLost:
+            raise
+        except Exception as error:
+            self._failed(msg, saga_id, index, error)
+            return
+        self._record(msg, "done", saga_id, index, text)
+
+    async def handle_async(self, msg: Message) -> None:
+        """A coroutine step function, on the loop; the bookkeeping in threads."""
+        target = self._target(msg)
+        if target is None:
+            return
+        saga_id, index = target
+        state = await asyncio.to_thread(self._sagas().find, saga_id)
         verdict = self._verdict(state, index, msg)
         if verdict == "stale":
             return
@@ -143,18 +205,11 @@ class _StepRunner:
             return
         assert state is not None
         try:
-            if self._transactional:
-                await asyncio.to_thread(self._run_in_transaction, msg, saga_id, index)
-                return
-            if self._async:
-                output = await self._function(self._context(state, msg))
-            else:
-                output = await asyncio.to_thread(self._function, self._context(state, msg))
-            text = None if self._undo else encode_json(output)
+            text = self._output(await self._function(self._context(state, msg)))
         except LeaseLost:
             raise
         except Exception as error:
-            await self._failed(msg, saga_id, index, error)
+            await asyncio.to_thread(self._failed, msg, saga_id, index, error)
             return
         await asyncio.to_thread(self._record, msg, "done", saga_id, index, text)
 
@@ -162,11 +217,14 @@ class _StepRunner:
         sagas = self._sagas()
         with msg.transaction() as conn:
             state = sagas.lock(conn, saga_id)
-            if self._verdict(state, index, msg) != "run":
+            verdict = self._verdict(state, index, msg)
+            if verdict == "skip":  # turned back since it was read: the action never runs
+                self._transition(sagas, conn, msg, "skip", saga_id, index, None)
+            if verdict != "run":
                 return
             assert state is not None
-            output = self._function(self._context(state, msg, conn))
-            self._transition(sagas, conn, msg, "done", saga_id, index, encode_json(output))
+            output = self._output(self._function(self._context(state, msg, conn)))
+            self._transition(sagas, conn, msg, "done", saga_id, index, output)
 
     def _record(
         self, msg: Message, outcome: str, saga_id: str, index: int, detail: str | None
@@ -194,8 +252,16 @@ class _StepRunner:
         else:
             sagas.action_failed(conn, saga_id, index, msg.id, detail or "failed", msg.attempt)
 
-    async def _failed(self, msg: Message, saga_id: str, index: int, error: Exception) -> None:
-        decision = self._retry.decide(msg.attempt, error, max_attempts=msg.max_attempts)
+    def _failed(self, msg: Message, saga_id: str, index: int, error: Exception) -> None:
+        """After the attempt that failed with ``error``: raise it for the retry policy's
+        next attempt, or, on the attempt it would dead-letter, turn the saga back (an
+        action: the message is acked with the transition) or mark it failed and raise (a
+        compensation: the message goes to the dead letters)."""
+        decision = (
+            DeadLetterNow(str(error))
+            if isinstance(error, BadOutput)
+            else self._retry.decide(msg.attempt, error, max_attempts=msg.max_attempts)
+        )
         if not isinstance(decision, DeadLetterNow):
             raise error
         reason = decision.reason
@@ -203,12 +269,10 @@ class _StepRunner:
             reason = f"{reason} ({type(error).__name__}: {error})"
         if not self._undo:
             log.warning("saga %s: step %s failed for good: %s", saga_id, self._step.name, reason)
-            await asyncio.to_thread(self._record, msg, "failed", saga_id, index, reason)
+            self._record(msg, "failed", saga_id, index, reason)
             return
         # The saga is marked failed in a transaction of its own; the message then goes to the
         # dead letters through the usual write-back. A crash in between redelivers it and
         # the compensation simply runs once more.
-        await asyncio.to_thread(
-            self._sagas().compensation_failed, saga_id, index, msg.id, reason, msg.attempt
-        )
+        self._sagas().compensation_failed(saga_id, index, msg.id, reason, msg.attempt)
         raise error
