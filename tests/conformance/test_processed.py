@@ -105,6 +105,32 @@ def test_forget_lets_the_effect_run_again(clocked_broker: sqlbroker.Broker) -> N
         assert first
 
 
+def test_an_integer_key_is_its_decimal_text(broker: sqlbroker.Broker) -> None:
+    """The guides key ``once`` by ``msg.payload["order"]``, an int in their payloads."""
+    broker.send_many("payments", [{"order": 42}, {"order": 42}, {"order": 7}])
+    charged: list[int] = []
+
+    @broker.subscriber(queue="payments", concurrency=1)
+    def record(msg: sqlbroker.Message) -> None:
+        with broker.once("charge", msg.payload["order"]) as first:
+            if first:
+                charged.append(msg.payload["order"])
+
+    broker.run_until_idle(timeout=30)
+    assert charged == [42, 7]
+    assert broker.dead_letters.list() == []
+    assert broker.pending("payments") == []
+    with broker.once("charge", "42") as first:
+        assert not first
+    with broker.once("charge", -3) as first:
+        assert first
+    with pytest.raises(sqlbroker.InvalidName, match=r"^key: is an integer longer than 255"):
+        broker.once("charge", -(10**5000))
+    assert broker.forget("charge", 42)
+    with broker.once("charge", "42") as first:
+        assert first
+
+
 def test_racing_consumers_run_the_effect_once(broker: sqlbroker.Broker) -> None:
     runs: list[int] = []
     busy: list[int] = []
@@ -148,6 +174,10 @@ def test_async_once(broker: sqlbroker.Broker, backend_url: str) -> None:
         ("bad scope", "k", {}, "scope"),
         ("charge", "", {}, "key"),
         ("charge", None, {}, "key"),
+        ("charge", True, {}, "key"),
+        ("charge", 1.5, {}, "key"),
+        ("charge", b"k", {}, "key"),
+        ("charge", 10**300, {}, "key"),
         ("charge", "x" * 256, {}, "key"),
         ("charge", "k", {"lease": 0}, "lease"),
         ("charge", "k", {"lease": -1}, "lease"),

@@ -38,7 +38,7 @@ from datetime import timedelta
 from types import TracebackType
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import InvalidOption, ReservationLost
+from sqlbroker.core.errors import InvalidName, InvalidOption, ReservationLost
 from sqlbroker.core.policies import Retry
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.base import Backend
@@ -116,10 +116,24 @@ class Once:
             raise ReservationLost(self.scope, self.key)
 
 
+def processed_key(key: object) -> str:
+    """A processed key: a key string (see :func:`validate.key`), or an ``int`` — an order
+    number straight from a payload — taken as its decimal text, so ``42`` and ``"42"`` are
+    the same key. Anything else (``bool`` and ``float`` included) is refused."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        if abs(key) >= 10**validate.MAX_KEY_LENGTH:  # str() of a huge int is refused, slowly
+            raise InvalidName("key", f"is an integer longer than {validate.MAX_KEY_LENGTH} digits")
+        key = int.__str__(key)
+    checked = validate.key(key, "key")
+    if checked is None:
+        raise InvalidOption("key", "is required")
+    return checked
+
+
 def make_once(
     backend: Backend,
     scope: str,
-    key: str,
+    key: str | int,
     *,
     lease: float | timedelta | None,
     window: float | timedelta | None,
@@ -127,9 +141,7 @@ def make_once(
 ) -> Once:
     """Validate everything before any SQL runs."""
     validate_topic(scope, "scope")
-    checked = validate.key(key, "key")
-    if checked is None:
-        raise InvalidOption("key", "is required")
+    checked = processed_key(key)
     return Once(
         backend,
         scope,
