@@ -128,6 +128,36 @@ PAYLOAD_CASES = [
     Case(
         "payload-over-limit-via-send", send("x" * (LIMIT - 1)), "payload", sqlbroker.InvalidPayload
     ),
+    *(
+        Case(
+            f"payload-json-bytes-{name}",
+            publish(data, content_type="application/json"),
+            "payload",
+            sqlbroker.InvalidPayload,
+        )
+        for name, data in [
+            ("empty", b""),
+            ("not-json", b"{not json"),
+            ("trailing-garbage", b"[1] [2]"),
+            ("not-utf8", b'"\xff"'),
+            ("utf16", '"x"'.encode("utf-16")),
+            ("nan", b"NaN"),
+            ("nested-infinity", b'{"a": [-Infinity]}'),
+            ("overflowing-float", b"1e999"),
+            ("nul", b'"a\\u0000b"'),
+            ("nul-in-key", b'{"\\u0000": 1}'),
+            ("lone-surrogate", b'["\\ud800"]'),
+            ("too-deep", b"[" * 66 + b"]" * 66),
+            ("recursion-deep", b"[" * 100_000 + b"]" * 100_000),
+            ("huge-int", b"1" * 5000),
+        ]
+    ),
+    Case(
+        "send-many-json-bytes-item-2",
+        lambda b, _: b.send_many("q", [b"[1]", b"[2]", b"[3"], content_type="application/json"),
+        "messages[2].payload",
+        sqlbroker.InvalidPayload,
+    ),
     Case("content-type-with-json", publish({"a": 1}, content_type="image/png"), "content_type"),
     Case("content-type-empty", publish(b"x", content_type=""), "content_type"),
     Case("content-type-non-ascii", publish(b"x", content_type="täxt/plain"), "content_type"),
@@ -197,6 +227,8 @@ NAME_CASES = [
         sqlbroker.InvalidName,
     ),
     Case("patterns-empty-list", lambda b, _: b.subscribe("s", []), "patterns"),
+    Case("subscribe-replace-str", lambda b, _: b.subscribe("s", "x", replace="no"), "replace"),
+    Case("subscribe-replace-int", lambda b, _: b.subscribe("s", "x", replace=1), "replace"),
     Case(
         "patterns-too-many",
         lambda b, _: b.subscribe("s", [f"p{i}" for i in range(101)]),
@@ -234,6 +266,19 @@ OPTION_CASES = [
     ),
     Case("ttl-zero", send(1, ttl=0), "ttl", sqlbroker.InvalidDuration),
     Case("ttl-before-delay-ends", send(1, delay=10, ttl=5), "ttl", sqlbroker.InvalidDuration),
+    Case("ttl-equals-delay", send(1, delay=5, ttl=5), "ttl", sqlbroker.InvalidDuration),
+    Case(
+        "expires-at-equals-at",
+        send(1, at=datetime(2030, 1, 1).astimezone(), expires_at=datetime(2030, 1, 1).astimezone()),
+        "expires_at",
+        sqlbroker.InvalidTime,
+    ),
+    Case(
+        "expires-at-before-at",
+        send(1, at=datetime(2030, 1, 2).astimezone(), expires_at=datetime(2030, 1, 1).astimezone()),
+        "expires_at",
+        sqlbroker.InvalidTime,
+    ),
     Case("delay-and-at", send(1, delay=1, at=datetime(2030, 1, 1).astimezone()), "at"),
     Case("at-naive", send(1, at=datetime(2030, 1, 1)), "at", sqlbroker.InvalidTime),
     Case("at-not-datetime", send(1, at="2030-01-01"), "at", sqlbroker.InvalidTime),
@@ -389,6 +434,10 @@ CONSUMER_CASES = [
     ),
     Case("claim-worker-empty", lambda b, _: b.claim("q", worker=""), "worker"),
     Case("claim-worker-long", lambda b, _: b.claim("q", worker="w" * 201), "worker"),
+    Case("claim-worker-nul", lambda b, _: b.claim("q", worker="w" + NUL), "worker"),
+    Case("claim-worker-surrogate", lambda b, _: b.claim("q", worker=LONE_SURROGATE), "worker"),
+    Case("claim-worker-newline", lambda b, _: b.claim("q", worker="w\nx"), "worker"),
+    Case("claim-worker-int", lambda b, _: b.claim("q", worker=7), "worker"),
     Case("complete-str", lambda b, _: b.complete("delivery"), "deliveries"),
     Case("complete-list-of-ids", lambda b, d: b.complete([d.id]), "deliveries"),
     Case("release-dict", lambda b, _: b.release({}), "deliveries"),
@@ -446,6 +495,21 @@ DEAD_LETTER_CASES = [
         lambda b, _: b.dead_letters.list(reason_contains=NUL),
         "reason_contains",
     ),
+    Case(
+        "dead-list-error-type-surrogate",
+        lambda b, _: b.dead_letters.list(error_type="\udc80"),
+        "error_type",
+    ),
+    Case(
+        "dead-list-reason-surrogate",
+        lambda b, _: b.dead_letters.list(reason_contains=LONE_SURROGATE),
+        "reason_contains",
+    ),
+    Case(
+        "dead-purge-reason-surrogate",
+        lambda b, _: b.dead_letters.purge(reason_contains=LONE_SURROGATE),
+        "reason_contains",
+    ),
     Case("dead-list-bad-topic", lambda b, _: b.dead_letters.list(topic="a..b"), "topic"),
     Case(
         "dead-list-naive-time",
@@ -455,7 +519,43 @@ DEAD_LETTER_CASES = [
     Case("dead-list-limit", lambda b, _: b.dead_letters.list(limit=0), "limit"),
 ]
 
-CASES = PAYLOAD_CASES + NAME_CASES + OPTION_CASES + BATCH_CASES + CONSUMER_CASES + DEAD_LETTER_CASES
+SAGA = sqlbroker.Saga("checkout", ["reserve", "charge"])
+
+
+def start_saga(data: Any, **options: Any) -> Op:
+    return lambda broker, _: broker.sagas.start(SAGA, data, **options)
+
+
+SAGA_CASES = [
+    *(
+        Case(f"saga-data-{name}", start_saga(data), "data", sqlbroker.InvalidPayload)
+        for name, data in [
+            ("object", {"x": object()}),
+            ("nan", {"amount": math.nan}),
+            ("nul-in-string", {"note": "a" + NUL + "b"}),
+            ("nul-in-key", {"a" + NUL: 1}),
+            ("lone-surrogate", {"city": LONE_SURROGATE}),
+            ("lone-surrogate-key", {LONE_SURROGATE: 1}),
+            ("int-key", {1: "x"}),
+            ("too-deep", _deep(65)),
+            ("huge-int", 10**5000),
+            ("one-byte-over", "x" * (LIMIT - 1)),
+            ("bytes", b"raw"),
+        ]
+    ),
+    Case("saga-id-int", start_saga({}, saga_id=7), "saga_id", sqlbroker.InvalidName),
+    Case("saga-id-nul", start_saga({}, saga_id="a" + NUL), "saga_id", sqlbroker.InvalidName),
+]
+
+CASES = (
+    PAYLOAD_CASES
+    + NAME_CASES
+    + OPTION_CASES
+    + BATCH_CASES
+    + CONSUMER_CASES
+    + DEAD_LETTER_CASES
+    + SAGA_CASES
+)
 assert len({case.id for case in CASES}) == len(CASES), "case ids must be unique"
 
 
@@ -557,3 +657,18 @@ def test_valid_edge_values_are_accepted(broker: sqlbroker.Broker) -> None:
     broker.subscribe("s", ["#", "*", "a.#.b", "*.*.#"])
     assert len(broker.claim("q", limit=1000, lease=24 * 3600)) == 5
     assert len(broker.claim(longest, limit=1)) == 1
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 2.0, "4"], ids=repr)
+def test_bad_async_broker_threads(tmp_path: Any, threads: object) -> None:
+    with pytest.raises(sqlbroker.InvalidOption) as caught:
+        sqlbroker.AsyncBroker(f"sqlite:///{tmp_path}/test.db", threads=threads)
+    assert caught.value.field == "threads"
+
+
+def test_a_manual_clock_refuses_a_naive_start() -> None:
+    with pytest.raises(sqlbroker.InvalidTime) as caught:
+        sqlbroker.ManualClock(datetime(2030, 1, 1))
+    assert caught.value.field == "start"
+    aware = datetime(2030, 1, 1).astimezone()
+    assert sqlbroker.ManualClock(aware).now() == aware

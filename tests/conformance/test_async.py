@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 import sqlbroker
 
 
@@ -54,3 +56,71 @@ def test_async_calls_run_concurrently(backend_url: str) -> None:
             return list(ids)
 
     assert len(set(asyncio.run(scenario()))) == 20
+
+
+def test_async_schedules_refuse_what_the_sync_broker_refuses(backend_url: str) -> None:
+    async def scenario() -> list[tuple[type[Exception], str]]:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+            await broker.schedule("nightly", "reports", 1, every=3600)
+            assert [s.name for s in await broker.schedules(["nightly"])] == ["nightly"]
+            assert [s.name for s in await broker.schedules(name for name in ["nightly"])] == [
+                "nightly"
+            ]
+            refused = []
+            for names in ("nightly", 5, {"nightly": 1}):
+                with pytest.raises(sqlbroker.ValidationError) as caught:
+                    await broker.schedules(names)  # type: ignore[arg-type]
+                refused.append((type(caught.value), caught.value.field))
+            return refused
+
+    assert asyncio.run(scenario()) == [
+        (sqlbroker.InvalidSchedule, "names"),
+        (sqlbroker.InvalidOption, "names"),
+        (sqlbroker.InvalidOption, "names"),
+    ]
+
+
+def test_header_hooks_apply_to_async_publishes(backend_url: str) -> None:
+    """On every path, including an async connection's outbox (PostgreSQL)."""
+
+    async def scenario() -> list[dict[str, str]]:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+            broker.sync.add_header_hook(lambda: {"traceparent": "00-hook"})
+            await broker.send("q", 1)
+            await broker.send("q", 2, headers={"traceparent": "00-own"})
+            if backend_url.startswith("postgresql"):
+                import psycopg
+
+                async with await psycopg.AsyncConnection.connect(backend_url) as conn:
+                    await broker.publish("q", 3, conn=conn)
+                    await broker.send("q", 4, conn=conn)
+                    await broker.publish_many([{"topic": "q", "payload": 5}], conn=conn)
+                    await broker.send_many("q", [6], conn=conn)
+                    await conn.commit()
+            return [d.headers for d in await broker.claim("q", limit=10)]
+
+    headers = asyncio.run(scenario())
+    assert headers[1] == {"traceparent": "00-own"}
+    assert headers[:1] + headers[2:] == [{"traceparent": "00-hook"}] * (len(headers) - 1)
+    assert len(headers) == (6 if backend_url.startswith("postgresql") else 2)
+
+
+def test_headers_from_a_hook_are_validated(backend_url: str) -> None:
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+            broker.sync.add_header_hook(lambda: {"a": 1})  # type: ignore[dict-item]
+            await broker.send("q", 1)
+
+    with pytest.raises(sqlbroker.InvalidHeaders, match="header hook") as caught:
+        asyncio.run(scenario())
+    assert caught.value.field == "headers"
+
+
+def test_hook_headers_count_towards_the_limit(broker: sqlbroker.Broker) -> None:
+    broker.add_header_hook(lambda: {f"hook{i}": "v" for i in range(40)})
+    broker.send("q", 1, headers={f"own{i}": "v" for i in range(24)})
+    before = broker.backend.table_counts()
+    with pytest.raises(sqlbroker.InvalidHeaders) as caught:
+        broker.send("q", 2, headers={f"own{i}": "v" for i in range(25)})
+    assert caught.value.field == "headers"
+    assert broker.backend.table_counts() == before

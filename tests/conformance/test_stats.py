@@ -88,3 +88,15 @@ def test_stats_after_replay(broker: sqlbroker.Broker) -> None:
     broker.dead_letters.replay(subscription="q")
     q = stats_of(broker, "q")
     assert (q.ready, q.dead) == (1, 0)
+
+
+def test_stats_keep_a_deleted_subscription_with_dead_letters(broker: sqlbroker.Broker) -> None:
+    """Unsubscribing keeps the dead letters; stats still show them, on both backends."""
+    broker.send("gone", 1)
+    broker.dead_letter(claim_one(broker, "gone"), reason="bad")
+    broker.subscribe("idle", "x")
+    assert broker.unsubscribe("gone")
+    assert [(s.subscription, s.ready, s.dead) for s in broker.stats()] == [
+        ("gone", 0, 1),
+        ("idle", 0, 0),
+    ]

@@ -12,6 +12,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from sqlbroker.core.validate import point_in_time
+
 
 class Clock(Protocol):
     def now(self) -> datetime | None:
@@ -29,10 +31,13 @@ class DatabaseClock:
 
 
 class ManualClock:
-    """A clock that moves only when told to; for tests of leases, delays and TTLs."""
+    """A clock that moves only when told to; for tests of leases, delays and TTLs.
+
+    ``start`` must be timezone-aware (``InvalidTime`` otherwise): a naive time would mean
+    local time to one database and UTC to another."""
 
     def __init__(self, start: datetime | None = None) -> None:
-        self._now = start or datetime.now(UTC)
+        self._now = datetime.now(UTC) if start is None else point_in_time(start, "start")
         self._lock = threading.Lock()
 
     def now(self) -> datetime | None:

@@ -58,9 +58,24 @@ def new_message_id() -> str:
     return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
+def storable_text(text: str) -> str:
+    """``text`` as every text column stores it: a NUL (which PostgreSQL refuses) shown as
+    ``\\x00`` and a lone surrogate (which is not UTF-8) as its backslash escape, so
+    that error texts from any exception can be written and read back on both backends."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    """What went wrong: the exception type, its message and a truncated traceback."""
+    """What went wrong: the exception type, its message and a truncated traceback.
+
+    The texts are made storable (:func:`storable_text`) and then bounded."""
 
     type: str
     message: str
@@ -74,12 +89,20 @@ class ErrorInfo:
     def __post_init__(self) -> None:
         # Bounded however the ErrorInfo was made (from_exception, or by hand for
         # dead_letter(error=…)): what is stored, shown and exported stays small.
-        object.__setattr__(self, "type", str(self.type)[: self.MAX_TYPE])
-        object.__setattr__(self, "message", str(self.message)[: self.MAX_MESSAGE])
-        text = self.traceback
-        if text is not None and len(text) > self.MAX_TRACEBACK + len(self.TRUNCATED):
-            # Keep the tail: the innermost frames and the exception line say the most.
-            object.__setattr__(self, "traceback", self.TRUNCATED + text[-self.MAX_TRACEBACK :])
+        # Cut before and after making the text storable: escapes make it longer.
+        kind = storable_text(str(self.type)[: self.MAX_TYPE])[: self.MAX_TYPE]
+        message = storable_text(str(self.message)[: self.MAX_MESSAGE])[: self.MAX_MESSAGE]
+        object.__setattr__(self, "type", kind)
+        object.__setattr__(self, "message", message)
+        if self.traceback is not None:
+            text = str(self.traceback)
+            longest = self.MAX_TRACEBACK + len(self.TRUNCATED)
+            cut = len(text) > longest
+            text = storable_text(text[-self.MAX_TRACEBACK :] if cut else text)
+            if cut or len(text) > longest:
+                # Keep the tail: the innermost frames and the exception line say the most.
+                text = self.TRUNCATED + text[-self.MAX_TRACEBACK :]
+            object.__setattr__(self, "traceback", text)
 
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
@@ -89,8 +112,12 @@ class ErrorInfo:
             if kind.__module__ == "builtins"
             else f"{kind.__module__}.{kind.__qualname__}"
         )
+        try:
+            message = str(error)
+        except Exception:  # a broken __str__ must not lose the failure it describes
+            message = f"<{name}: str() of the exception failed>"
         text = "".join(traceback_module.format_exception(error))
-        return cls(type=name, message=str(error), traceback=text)
+        return cls(type=name, message=message, traceback=text)
 
     @classmethod
     def coerce(cls, error: BaseException | str | ErrorInfo | None) -> ErrorInfo | None:

@@ -90,6 +90,34 @@ def _plain(value: Any, depth: int) -> bool:
     return False  # subclasses and anything else: the full check decides
 
 
+def _refuse_constant(name: str) -> Any:
+    raise InvalidPayload("payload", f"has {name}; JSON has no NaN or infinity")
+
+
+def _check_json_bytes(data: bytes, field: str) -> None:
+    """Bytes labelled JSON must hold a document :func:`encode_payload` would have accepted as
+    a value: strict UTF-8, standard JSON (no NaN or infinity), and values that pass the
+    same checks (no NUL, no lone surrogate, at most :data:`MAX_DEPTH` levels) — otherwise
+    the claim that decodes it would be the first to find out."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidPayload(
+            field, f"is labelled {JSON_CONTENT_TYPE} but is not UTF-8 ({error.reason})"
+        ) from None
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except InvalidPayload as error:
+        raise InvalidPayload(field, error.problem) from None
+    except RecursionError:
+        raise InvalidPayload(field, f"nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as error:  # not JSON, or an integer beyond Python's digit limit
+        raise InvalidPayload(
+            field, f"is labelled {JSON_CONTENT_TYPE} but is not JSON: {error}"
+        ) from None
+    _check_value(value, field, "the payload", 0)
+
+
 def check_payload_limit(limit: object) -> int:
     """Validate a configured payload size limit (bytes)."""
     if (
@@ -114,7 +142,10 @@ def encode_payload(
     """Encode a payload to ``(bytes, content_type)`` or raise :class:`InvalidPayload`.
 
     ``bytes``/``bytearray``/``memoryview`` pass through unchanged with ``content_type``
-    (default ``application/octet-stream``); anything else must be plain JSON.
+    (default ``application/octet-stream``); labelled ``application/json`` they must hold a
+    JSON document that passes the same checks as a JSON value (strict UTF-8, no NaN or
+    infinity, no NUL, no lone surrogate, at most 64 levels). Anything else must be plain
+    JSON.
     """
     if content_type is not None and (
         not isinstance(content_type, str)
@@ -129,6 +160,8 @@ def encode_payload(
     if isinstance(payload, bytes | bytearray | memoryview):
         data = bytes(payload)
         kind = content_type or BYTES_CONTENT_TYPE
+        if kind == JSON_CONTENT_TYPE and len(data) <= limit:
+            _check_json_bytes(data, field)
     else:
         if content_type is not None and content_type != JSON_CONTENT_TYPE:
             raise InvalidPayload(
@@ -151,9 +184,17 @@ def encode_payload(
 
 
 def decode_payload(data: bytes, content_type: str) -> Any:
-    """Decode stored payload bytes: JSON content is parsed, anything else is returned as bytes."""
+    """Decode stored payload bytes: JSON content is parsed, anything else is returned as bytes.
+
+    A stored ``application/json`` payload that does not parse (written by raw SQL, or by a
+    version that stored JSON-labelled bytes unchecked) is returned as its raw bytes, so that
+    one bad row cannot break the claim or listing that reads it; ``content_type`` still
+    says ``application/json``."""
     if content_type == JSON_CONTENT_TYPE:
-        return json.loads(data)
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError too
+            return bytes(data)
     return bytes(data)
 
 

@@ -141,6 +141,18 @@ def _utf8(value: str) -> bool:
     return True
 
 
+def text(value: object, field: str, *, maximum: int, printable: bool = False) -> str:
+    """A non-empty string of at most ``maximum`` characters that both databases store as
+    given: no NUL, no lone surrogate (valid UTF-8); ``printable`` also refuses control
+    characters and line breaks."""
+    if not isinstance(value, str) or not value or len(value) > maximum:
+        raise InvalidOption(field, f"must be a non-empty string of at most {maximum} characters")
+    if "\x00" in value or not _utf8(value) or (printable and not value.isprintable()):
+        kind = "printable text" if printable else "valid text without NUL characters"
+        raise InvalidOption(field, f"must be {kind}")
+    return value
+
+
 def key(value: object, field: str) -> str | None:
     """An ordering or idempotency key: a printable string of at most 255 characters."""
     if value is None:

@@ -43,10 +43,8 @@ def make_filter(
             for value in validate.items(ids, "ids", "dead-letter ids")
         )
     for field, value in (("error_type", error_type), ("reason_contains", reason_contains)):
-        if value is not None and (
-            not isinstance(value, str) or not value or len(value) > 1000 or "\x00" in value
-        ):
-            raise InvalidOption(field, "must be a non-empty string of at most 1000 characters")
+        if value is not None:
+            validate.text(value, field, maximum=validate.MAX_REASON)
     return DeadFilter(
         ids=id_tuple,
         subscription=None if subscription is None else validate_topic(subscription, "subscription"),

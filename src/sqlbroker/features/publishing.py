@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import InvalidDuration, InvalidOption, InvalidTime
+from sqlbroker.core.errors import InvalidDuration, InvalidHeaders, InvalidOption, InvalidTime
 from sqlbroker.core.message import NORMAL, NewMessage, new_message_id
 from sqlbroker.core.serde import encode_json, encode_payload
 from sqlbroker.core.topics import validate_topic
@@ -86,6 +86,11 @@ def build_message(
     expires_dt = (
         None if expires_at is None else validate.point_in_time(expires_at, name("expires_at"))
     )
+    # A message that would expire before it becomes available is refused where both ends
+    # are known here: relative to relative, absolute to absolute. A relative end counts
+    # from the storage clock's now (DESIGN §2.9), which is not known before SQL, so ``at``
+    # with ``ttl`` and ``delay`` with ``expires_at`` are not compared (documented in
+    # Broker.publish and docs/guarantees.md).
     if delay_s is not None and ttl_s is not None and ttl_s <= delay_s:
         raise InvalidDuration(name("ttl"), "the message would expire before its delay ends")
     if at_dt is not None and expires_dt is not None and expires_dt <= at_dt:
@@ -227,14 +232,27 @@ def with_headers(
     messages: list[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
 ) -> list[NewMessage]:
     """``messages`` with the headers the hooks return added where a message does not set
-    them already; the hooks are called once for the whole batch."""
+    them already; the hooks are called once for the whole batch. What a hook returns is
+    held to the rules of user headers (``InvalidHeaders`` before anything is written), and
+    so is each message's merged set (at most 64 headers)."""
     extra: dict[str, str] = {}
     for hook in hooks:
-        extra.update(hook())
+        try:
+            added = validate.headers(hook(), "headers")
+        except InvalidHeaders as error:
+            raise InvalidHeaders("headers", f"a header hook returned: {error.problem}") from None
+        extra.update(added or {})
     if not extra:
         return messages
     merged = []
     for message in messages:
         own = json.loads(message.headers) if message.headers else {}
-        merged.append(dataclasses.replace(message, headers=encode_json({**extra, **own})))
+        headers = {**extra, **own}
+        if len(headers) > validate.MAX_HEADERS:
+            raise InvalidHeaders(
+                "headers",
+                f"has {len(headers)} entries with those of the header hooks;"
+                f" the limit is {validate.MAX_HEADERS}",
+            )
+        merged.append(dataclasses.replace(message, headers=encode_json(headers)))
     return merged

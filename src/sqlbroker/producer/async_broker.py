@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
+from sqlbroker.core import validate
 from sqlbroker.core.errors import LeaseLost
 from sqlbroker.core.message import (
     ArchivedMessage,
@@ -117,6 +118,7 @@ class AsyncBroker:
     """The awaitable face of :class:`Broker`; same constructor, same methods."""
 
     def __init__(self, url: str = DEFAULT_URL, *, threads: int = 4, **options: Any) -> None:
+        threads = validate.integer(threads, "threads", minimum=1, maximum=256)
         self.sync = Broker(url, **options)
         if self.sync.backend_name == "sqlite" and self.sync.in_memory:
             threads = 1
@@ -199,6 +201,7 @@ class AsyncBroker:
     async def _insert_async(
         self, messages: builtins.list[NewMessage], queue: str | None, conn: Any
     ) -> builtins.list[str]:
+        messages = self.sync.with_hook_headers(messages)
         backend = await self._offload.run(lambda: self.sync.backend)
         result = await backend.message_insert_many_async(
             messages=messages, subscription=queue, conn=conn
@@ -208,7 +211,7 @@ class AsyncBroker:
     def once(
         self,
         scope: str,
-        key: str,
+        key: str | int,
         *,
         lease: float | timedelta | None = None,
         window: float | timedelta | None = None,
@@ -218,7 +221,7 @@ class AsyncBroker:
             functools.partial(self.sync.once, scope, key, lease=lease, window=window),
         )
 
-    async def forget(self, scope: str, key: str) -> bool:
+    async def forget(self, scope: str, key: str | int) -> bool:
         return await self._offload.run(self.sync.forget, scope, key)
 
     async def subscribe(
@@ -318,8 +321,7 @@ class AsyncBroker:
         return await self._offload.run(self.sync.unschedule, name)
 
     async def schedules(self, names: Iterable[str] | None = None) -> builtins.list[Schedule]:
-        chosen = None if names is None else list(names)
-        return await self._offload.run(self.sync.schedules, chosen)
+        return await self._offload.run(self.sync.schedules, _materialized(names))
 
     async def pause_schedule(self, name: str) -> bool:
         return await self._offload.run(self.sync.pause_schedule, name)

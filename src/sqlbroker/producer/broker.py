@@ -23,7 +23,7 @@ from sqlbroker.core.message import (
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
 from sqlbroker.features.dead_letters import DeadLetters
-from sqlbroker.features.processed import Once, make_once
+from sqlbroker.features.processed import Once, make_once, processed_key
 from sqlbroker.features.publishing import (
     PublishDefaults,
     build_batch,
@@ -102,9 +102,13 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         with contextlib.suppress(ValueError):
             self._publish_listeners.remove(listener)
 
+    def with_hook_headers(self, messages: list[NewMessage]) -> list[NewMessage]:
+        """``messages`` with the headers of the hooks (:meth:`add_header_hook`) added: every
+        publish path calls this on the caller's thread, where a trace span is current."""
+        return with_headers(messages, self._header_hooks) if self._header_hooks else messages
+
     def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
-        if self._header_hooks:
-            messages = with_headers(messages, self._header_hooks)
+        messages = self.with_hook_headers(messages)
         result = self._checked().message_insert_many(
             messages=messages, subscription=queue, conn=conn
         )
@@ -214,6 +218,12 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         open transaction, which the caller commits). A topic no subscription matches is
         archived as ``unrouted``. A repeated ``idempotency_key`` within its window returns
         the first message's id and writes nothing.
+
+        ``delay``/``ttl`` count from the database's now, ``at``/``expires_at`` are
+        absolute. A message that would expire before it becomes available is refused
+        (``delay`` ≥ ``ttl``, ``at`` ≥ ``expires_at``); a mix of the two kinds (``at`` with
+        ``ttl``, ``delay`` with ``expires_at``) cannot be compared before the database's
+        clock is read, and such a message expires undelivered if its expiry comes first.
         """
         message = build_message(
             topic,
@@ -300,6 +310,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         own copy of every message published to a matching topic. ``replace=True`` sets the
         patterns to exactly ``patterns``."""
         validate_topic(name, "name")
+        replace = validate.flag(replace, "replace")
         pattern_list = (
             [patterns]
             if isinstance(patterns, str)
@@ -353,7 +364,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def once(
         self,
         scope: str,
-        key: str,
+        key: str | int,
         *,
         lease: float | timedelta | None = None,
         window: float | timedelta | None = None,
@@ -377,10 +388,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             default_window=self._defaults.dedupe_window,
         )
 
-    def forget(self, scope: str, key: str) -> bool:
+    def forget(self, scope: str, key: str | int) -> bool:
         """Delete a processed key whatever its state, so its effect may run again."""
         validate_topic(scope, "scope")
-        checked = validate.key(key, "key")
-        if checked is None:
-            raise InvalidOption("key", "is required")
-        return self._checked().processed_forget(scope=scope, key=checked)
+        return self._checked().processed_forget(scope=scope, key=processed_key(key))

@@ -75,13 +75,13 @@ class BrokerConsumer:
         validate_topic(subscription, "subscription")
         count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
         seconds = self._lease if lease is None else validate.lease_seconds(lease)
-        if worker is not None and (not isinstance(worker, str) or not 0 < len(worker) <= 200):
-            raise InvalidOption("worker", "must be a string of 1 to 200 characters")
+        name = (
+            self.worker_name()
+            if worker is None
+            else validate.text(worker, "worker", maximum=200, printable=True)
+        )
         return self._checked().message_claim_many(
-            subscription=subscription,
-            limit=count,
-            lease=seconds,
-            worker=worker or self.worker_name(),
+            subscription=subscription, limit=count, lease=seconds, worker=name
         )
 
     @staticmethod

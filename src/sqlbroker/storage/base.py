@@ -25,6 +25,7 @@ from sqlbroker.core.message import (
     State,
     Subscription,
     SubscriptionStats,
+    storable_text,
 )
 from sqlbroker.core.observability import (
     AuditEntry,
@@ -67,15 +68,16 @@ class RetryRequest:
 
 @dataclass(frozen=True, slots=True)
 class DeadRequest:
-    """To the dead letters; ``reason`` is cut to ``MAX_REASON`` characters (a handler's
-    ``Reject(reason)`` is not validated on the way)."""
+    """To the dead letters; ``reason`` is made storable (``storable_text``) and cut to
+    ``MAX_REASON`` characters (a handler's ``Reject(reason)`` is not validated on the way)."""
 
     lease: Lease
     reason: str
     error: ErrorInfo | None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reason", str(self.reason)[:MAX_REASON])
+        reason = storable_text(str(self.reason)[:MAX_REASON])[:MAX_REASON]
+        object.__setattr__(self, "reason", reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,7 +154,9 @@ class SqliteAdmin:
             names = [row[0] for row in conn.execute(self._sql["stats_subscriptions"])]
             hot = conn.execute(self._sql["stats_hot"], {"now": now}).fetchall()
             dead = {row[0]: row[1] for row in conn.execute(self._sql["stats_dead"])}
-        counts: dict[str, dict[str, int]] = {name: {} for name in names}
+        # Like PostgreSQL's: every subscription, and any name that still has copies or dead
+        # letters (a deleted subscription's dead letters stay).
+        counts: dict[str, dict[str, int]] = {name: {} for name in [*names, *dead]}
         oldest: dict[str, float] = {}
         for subscription, state, count, oldest_available in hot:
             counts.setdefault(subscription, {})[state] = count
