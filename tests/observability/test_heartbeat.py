@@ -53,11 +53,9 @@ def test_a_worker_run_is_counted_and_its_heartbeat_says_it_stopped(
 
     (jobs,) = broker.stats(window=600)
     # ok1..3 and flaky complete; flaky and doomed retry once each; doomed dies.
-    assert (jobs.completed_per_minute, jobs.retried_per_minute, jobs.dead_per_minute) == (
-        4 / 10,
-        2 / 10,
-        1 / 10,
-    )
+    # Counted over the window's 10 minutes plus the part of the minute its start falls in.
+    assert 4 / 11 < jobs.completed_per_minute <= 4 / 10
+    assert jobs.completed_per_minute == 2 * jobs.retried_per_minute == 4 * jobs.dead_per_minute
     assert jobs.handler_p50 is not None
     assert jobs.handler_p95 is not None
     assert jobs.handler_p50 <= jobs.handler_p95

@@ -10,7 +10,7 @@ import pytest
 
 import sqlbroker
 from sqlbroker.runtime.message import Complete
-from sqlbroker.runtime.writeback import FlushReport, WriteBack
+from sqlbroker.runtime.writeback import FlushReport, WriteBack, retry_pause
 
 
 def _reclaimed(
@@ -72,3 +72,13 @@ def test_one_call_may_not_settle_a_copy_twice(
     with pytest.raises(sqlbroker.LeaseLost):
         broker.complete(stale)
     assert len(broker.archive("jobs")) == 1
+
+
+def test_the_pause_after_failures_is_capped_however_long_the_outage() -> None:
+    """The write-back and the fetch back off by doubling; after a thousand failures in a
+    row (about an hour and a half of outage at the cap) a doubling overflowed a float and
+    killed the task."""
+    pauses = [retry_pause(failures, first=0.1, cap=5.0) for failures in range(1, 8)]
+    assert pauses == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
+    for failures in (1_024, 1_100, 10**6):
+        assert retry_pause(failures, first=0.1, cap=5.0) == 5.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -38,6 +39,11 @@ class SendToDead:
 Outcome = Complete | RetryLater | SendToDead
 
 
+_OPEN, _COMMITTING, _SETTLED = 0, 1, 2
+"""A message's settlement: none yet; its transaction entered, whose commit settles it;
+settled (or handed to the pump, which settles it)."""
+
+
 class AlreadySettled(SqlbrokerError):
     """``ack``, ``nack`` or ``reject`` was called on a message that was already settled."""
 
@@ -51,7 +57,7 @@ class Message:
     :meth:`ack`, :meth:`nack` or :meth:`reject`; until then the pump keeps the lease alive.
     """
 
-    __slots__ = ("_delivery", "_effects", "_settle", "_settled")
+    __slots__ = ("_delivery", "_effects", "_lock", "_settle", "_state")
 
     def __init__(
         self,
@@ -62,7 +68,10 @@ class Message:
         self._delivery = delivery
         self._settle = settle
         self._effects = effects
-        self._settled = False
+        # The handler's thread (or any thread it hands the message to) and the pump's
+        # loop both move the state: each move is one check-and-set under this lock.
+        self._lock = threading.Lock()
+        self._state = _OPEN
 
     def __repr__(self) -> str:
         return (
@@ -131,7 +140,9 @@ class Message:
 
     @property
     def settled(self) -> bool:
-        return self._settled
+        """Whether the outcome is decided: ``ack``, ``nack`` or ``reject`` was called, or
+        :meth:`transaction` was entered (its commit completes the message)."""
+        return self._state != _OPEN
 
     def transaction(self) -> EffectsTransaction:
         """A transaction on the broker's database in which the message is acknowledged:
@@ -154,20 +165,49 @@ class Message:
         return self._effects(self)
 
     def _begin_settling(self) -> None:
-        if self._settled:
-            raise AlreadySettled(f"message {self.id} was already settled")
-        self._settled = True
+        """The message's transaction is entered."""
+        with self._lock:
+            if self._state != _OPEN:
+                raise AlreadySettled(f"message {self.id} was already settled")
+            self._state = _COMMITTING
 
     def _abort_settling(self) -> None:
-        self._settled = False
+        """The message's transaction rolled back (unless the pump took the message over)."""
+        with self._lock:
+            if self._state == _COMMITTING:
+                self._state = _OPEN
+
+    def _end_settling(self) -> None:
+        """The message's transaction committed: the message is completed."""
+        with self._lock:
+            self._state = _SETTLED
+
+    def _take_over(self, *, uncommitted: bool) -> bool:
+        """For the pump, when the handler ended: ``True`` if the pump must write the
+        outcome itself, which settles the message. That is when nothing settled it — and,
+        with ``uncommitted``, also when its transaction has not committed yet: the thread
+        running it was given up (a timeout, a stop at once) and may never finish. Should
+        that commit still come, the lease token lets exactly one of the two writes win."""
+        with self._lock:
+            if self._state == _SETTLED or (self._state == _COMMITTING and not uncommitted):
+                return False
+            self._state = _SETTLED
+            return True
 
     def _finish(self, outcome: Outcome) -> None:
         if self._settle is None:
             raise SqlbrokerError("ack/nack/reject are for subscribers with ack='manual'")
-        if self._settled:
-            raise AlreadySettled(f"message {self.id} was already settled")
-        self._settled = True
-        self._settle(outcome)
+        with self._lock:
+            if self._state != _OPEN:
+                raise AlreadySettled(f"message {self.id} was already settled")
+            self._state = _SETTLED
+        try:
+            self._settle(outcome)
+        except BaseException:
+            # Not taken (the worker has stopped): the message is not settled.
+            with self._lock:
+                self._state = _OPEN
+            raise
 
     def ack(self) -> None:
         """Complete the message."""

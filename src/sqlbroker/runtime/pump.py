@@ -8,6 +8,11 @@ Invariants:
   at most ``MAX_AUTO_PREFETCH``): fast handlers fetch a useful batch per round trip;
 - every delivery we hold a lease on is in ``_held`` until its outcome is written back, and
   the lease keeper extends all of them, so a long handler or a slow flush never loses one;
+  bookkeeping goes by lease, not by copy: a copy retried at once may be claimed again while
+  its first outcome is still being written, and that report must not touch the new claim;
+- every delivery a handler started gets exactly one outcome: also when the handler raises a
+  ``BaseException``, or is given up inside its transaction (a timeout, a stop at once);
+- a delivery whose lease was lost before a handler took it is dropped, not started;
 - claimed-but-unstarted deliveries are released on shutdown without counting the attempt.
 """
 
@@ -33,7 +38,7 @@ from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.effects import EffectsTransaction
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
-from sqlbroker.runtime.writeback import WriteBack, wait_any
+from sqlbroker.runtime.writeback import WriteBack, retry_pause, wait_any
 from sqlbroker.storage.base import Backend, Lease
 
 log = logging.getLogger("sqlbroker.runtime")
@@ -42,6 +47,19 @@ RunBlocking = Callable[..., Awaitable[Any]]
 PREFETCH_WAIT = 0.05
 MAX_AUTO_PREFETCH = 100
 _PACE_WEIGHT = 0.2
+LeaseKey = tuple[int, str]
+
+
+def _key(delivery: Delivery) -> LeaseKey:
+    return (delivery.id, delivery.lease_token)
+
+
+def _running(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -83,8 +101,8 @@ class Pump:
         self._poll_min = poll_min
         self._poll_max = poll_max
         self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue()
-        self._open: set[int] = set()
-        self._held: dict[int, Delivery] = {}
+        self._open: set[LeaseKey] = set()  # claimed, no outcome yet
+        self._held: dict[int, Delivery] = {}  # by copy: a new claim replaces a lost lease
         self._hinted = False
         self._hint_waiter: asyncio.Future[None] | None = None
         self._capacity = asyncio.Event()
@@ -106,6 +124,11 @@ class Pump:
     @property
     def busy(self) -> bool:
         return bool(self._held)
+
+    @property
+    def open(self) -> int:
+        """How many claimed deliveries have no outcome yet."""
+        return len(self._open)
 
     # --- fetch -------------------------------------------------------------------------------
 
@@ -135,7 +158,7 @@ class Pump:
                 )
             except SqlbrokerError as error:
                 failures += 1
-                wait = min(5.0, 0.1 * 2**failures)
+                wait = retry_pause(failures, first=0.2, cap=5.0)
                 log.warning("claim on %s failed (%s); retrying in %.1f s", self.name, error, wait)
                 await wait_any(stop, timeout=wait)
                 continue
@@ -147,7 +170,7 @@ class Pump:
                     log.info("released %d message(s) claimed during the stop", len(found))
                 return
             for delivery in found:
-                self._open.add(delivery.id)
+                self._open.add(_key(delivery))
                 self._held[delivery.id] = delivery
                 self._queue.put_nowait(delivery)
             if len(found) >= min(capacity, limit_per_claim):
@@ -196,6 +219,11 @@ class Pump:
                 delivery = await self._queue.get()
             if delivery is None:
                 return
+            if stop.is_set():
+                # A claim woke this slot just before the stop: release_unstarted hands it
+                # back instead.
+                self._queue.put_nowait(delivery)
+                return
             await self._handle(delivery)
 
     def stop_idle(self) -> None:
@@ -214,21 +242,29 @@ class Pump:
         )
         try:
             await self._observed_call(delivery, message)
-        except asyncio.CancelledError:
-            if not message.settled:
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():
+                # The handler raised it itself: a failure like any other, not our stop.
+                self._failed(message, error)
+                return
+            if message._take_over(uncommitted=True):
                 info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
                 self._settle(RetryLater(delivery, 0.0, info))
             raise
-        except Exception as error:
-            if message.settled:
-                log.warning(
-                    "handler for %s raised after settling %s: %r", self.name, message, error
-                )
-            else:
-                self._settle(self._failure(delivery, error))
+        except BaseException as error:
+            # SystemExit, KeyboardInterrupt and the like from user code fail the message
+            # too: the worker's own stops come as cancellation.
+            self._failed(message, error)
         else:
-            if not manual and not message.settled:
+            if not manual and message._take_over(uncommitted=False):
                 self._settle(Complete(delivery))
+
+    def _failed(self, message: Message, error: BaseException) -> None:
+        if message._take_over(uncommitted=True):
+            self._settle(self._failure(message.delivery, error))
+        else:
+            log.warning("handler for %s raised after settling %s: %r", self.name, message, error)
 
     async def _observed_call(self, delivery: Delivery, message: Message) -> None:
         started = time.monotonic()
@@ -269,7 +305,7 @@ class Pump:
                 ) from None
             raise
 
-    def _failure(self, delivery: Delivery, error: Exception) -> Outcome:
+    def _failure(self, delivery: Delivery, error: BaseException) -> Outcome:
         info = ErrorInfo.from_exception(error)
         if isinstance(error, Retry):
             return RetryLater(delivery, error.after, info, snooze=True)
@@ -300,20 +336,14 @@ class Pump:
     def _settle_from_any_thread(self, loop: asyncio.AbstractEventLoop, outcome: Outcome) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
         a handler may hand its message to any thread; the pump's state is the loop's."""
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
+        if _running(loop):
             self._settle(outcome)
             return
-        try:
-            loop.call_soon_threadsafe(self._settle, outcome)
-        except RuntimeError:
-            raise SqlbrokerError(
-                f"the worker has stopped; message {outcome.delivery.message_id} will be"
-                " delivered again when its lease expires"
-            ) from None
+        # Thread-safe, and raises once the worker's final write-back began: a late ack
+        # must fail loudly rather than land in a buffer nobody writes.
+        self._writeback.add(outcome)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
+            loop.call_soon_threadsafe(self._free_slot, outcome.delivery)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
         return EffectsTransaction(
@@ -321,41 +351,52 @@ class Pump:
             message.delivery,
             claim=message._begin_settling,
             unclaim=message._abort_settling,
-            committed=functools.partial(self._committed_from_any_thread, loop, message.delivery),
+            committed=functools.partial(self._committed_from_any_thread, loop, message),
         )
 
-    def _committed_from_any_thread(
-        self, loop: asyncio.AbstractEventLoop, delivery: Delivery
-    ) -> None:
+    def _committed_from_any_thread(self, loop: asyncio.AbstractEventLoop, message: Message) -> None:
         """The message was completed in the handler's own transaction: nothing is left to
         write back, only the slot and the lease to let go."""
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
+        message._end_settling()
+        delivery = message.delivery
+        if _running(loop):
             self._committed(delivery)
         else:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
                 loop.call_soon_threadsafe(self._committed, delivery)
 
     def _committed(self, delivery: Delivery) -> None:
-        self._open.discard(delivery.id)
-        self._held.pop(delivery.id, None)
-        self._capacity.set()
+        self._free_slot(delivery)
+        self._forget(delivery)
         self._observer.outcomes_written([Complete(delivery)])
 
     def _settle(self, outcome: Outcome) -> None:
-        self._open.discard(outcome.delivery.id)
-        self._capacity.set()
         self._writeback.add(outcome)
+        self._free_slot(outcome.delivery)
+
+    def _free_slot(self, delivery: Delivery) -> None:
+        self._open.discard(_key(delivery))
+        self._capacity.set()
+
+    def _forget(self, delivery: Delivery) -> None:
+        """Stop extending ``delivery``'s lease — unless its copy was claimed again since."""
+        held = self._held.get(delivery.id)
+        if held is not None and held.lease_token == delivery.lease_token:
+            del self._held[delivery.id]
+
+    async def settled(self) -> None:
+        """Return once every claimed delivery has its outcome: after the stop, the ones
+        still open are those a manual ``ack`` may yet settle, from any thread."""
+        while self._open:
+            self._capacity.clear()
+            await self._capacity.wait()
 
     # --- after the write-back ----------------------------------------------------------------
 
     def flushed(self, outcome: Outcome, *, lost: bool) -> None:
         """Called by the worker when ``outcome`` was written back (or its lease was lost)."""
-        self._held.pop(outcome.delivery.id, None)
         delivery = outcome.delivery
+        self._forget(delivery)
         if lost:
             log.warning(
                 "%s: the lease on delivery %d (message %s) was lost before its outcome was"
@@ -422,15 +463,37 @@ class Pump:
             except SqlbrokerError as error:
                 log.warning("extending %d leases on %s failed: %s", len(held), self.name, error)
                 continue
-            for delivery in held:
-                if delivery.id not in extended and delivery.id in self._open:
-                    log.warning(
-                        "%s: lost the lease on delivery %d (message %s) while it was in"
-                        " progress; it may be delivered again",
-                        self.name,
-                        delivery.id,
-                        delivery.message_id,
-                    )
+            lost = {
+                _key(d): d
+                for d in held
+                if d.id not in extended and _key(d) in self._open and self._held.get(d.id) is d
+            }
+            if lost:
+                self._lost(lost)
+
+    def _lost(self, lost: dict[LeaseKey, Delivery]) -> None:
+        """Another consumer may have these copies now: those still waiting for a handler
+        are dropped, and no lease of them is extended any more (nothing can renew it)."""
+        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        unstarted: set[LeaseKey] = set()
+        for item in waiting:
+            if item is not None and _key(item) in lost:
+                unstarted.add(_key(item))
+            else:
+                self._queue.put_nowait(item)
+        for key, delivery in lost.items():
+            self._forget(delivery)
+            if key in unstarted:
+                self._free_slot(delivery)
+            log.warning(
+                "%s: lost the lease on delivery %d (message %s) %s",
+                self.name,
+                delivery.id,
+                delivery.message_id,
+                "before it started; it is not run here"
+                if key in unstarted
+                else "while it was in progress; it may be delivered again",
+            )
 
     async def release_unstarted(self) -> int:
         """Give back claimed deliveries no handler started; returns how many."""
@@ -457,6 +520,6 @@ class Pump:
                 error,
             )
         for delivery in unstarted:
-            self._open.discard(delivery.id)
-            self._held.pop(delivery.id, None)
+            self._free_slot(delivery)
+            self._forget(delivery)
         return len(unstarted)

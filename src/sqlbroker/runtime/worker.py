@@ -3,10 +3,13 @@
 Lifecycle: ``run()`` ensures the subscriptions exist, starts the pumps and the side tasks
 (write-back, lease keepers, reaper, wake-up listener) and waits for a stop. A stop — from
 :meth:`Worker.stop`, SIGTERM or SIGINT — stops fetching, lets running handlers finish
-within ``grace`` seconds, releases claimed-but-unstarted messages, and writes back every
-outcome. A second signal (or ``stop(now=True)``) cancels running handlers at once; their
-messages are handed back for another attempt. A side task that dies stops the worker
-gracefully and ``run()`` raises :class:`WorkerCrashed` naming it.
+within ``grace`` seconds (and manual acks still due to come), releases claimed-but-unstarted
+messages, and writes back every outcome. A second signal (or ``stop(now=True)``) cancels
+running handlers at once; their messages are handed back for another attempt. Cancelling
+``run_async`` (``asyncio.wait_for``, an application's own shutdown) stops gracefully too,
+and raises ``CancelledError`` once that is done; a second cancellation stops at once. A
+side task that dies stops the worker gracefully and ``run()`` raises
+:class:`WorkerCrashed` naming it.
 """
 
 from __future__ import annotations
@@ -165,8 +168,9 @@ class Worker:
             return loop.run_in_executor(db_threads, functools.partial(fn, *args, **kwargs))
 
         listen_stop = threading.Event()
-        side_stop = asyncio.Event()
         installed: list[signal.Signals] = []
+        writeback: WriteBack | None = None
+        stop_timer: asyncio.TimerHandle | None = None
         try:
             await run_blocking(self._ensure_subscriptions)
             writeback = WriteBack(backend, run_blocking=run_blocking, on_flushed=self._flushed)
@@ -210,59 +214,95 @@ class Worker:
                 ", ".join(self._pumps),
                 getattr(backend, "name", "?"),
             )
-            async with asyncio.TaskGroup() as group:
-                executors: list[asyncio.Task[None]] = []
-                for pump in self._pumps.values():
-                    group.create_task(self._guard(f"fetch {pump.name}", pump.fetch(self._stop)))
-                    group.create_task(
-                        self._guard(f"leases {pump.name}", pump.keep_leases(side_stop))
-                    )
-                    for index in range(pump.spec.concurrency):
-                        executors.append(
-                            group.create_task(
-                                self._guard(f"handler {pump.name}", pump.execute(self._stop)),
-                                name=f"sqlbroker {pump.name} #{index}",
-                            )
-                        )
-                group.create_task(self._guard("write-back", writeback.run(side_stop)))
-                group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
-                heartbeat = Heartbeat(
-                    backend,
-                    self.recorder,
-                    name=self.name,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    subscriptions=list(self._pumps),
-                    run_blocking=run_blocking,
-                    interval=self._heartbeat_interval,
+            if timeout is not None:
+                stop_timer = loop.call_later(
+                    validate.seconds(timeout, "timeout"), self._request_stop, False
                 )
-                group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
-                if self._schedules:
-                    scheduler = Scheduler(
-                        self._broker.run_due_schedules, poll_interval=self._poll_max
-                    )
-                    group.create_task(
-                        self._guard("scheduler", scheduler.run(self._stop, run_blocking))
-                    )
-                if until_idle:
-                    group.create_task(
-                        self._guard("idle watch", self._watch_idle(writeback, run_blocking))
-                    )
-                if timeout is not None:
-                    loop.call_later(validate.seconds(timeout, "timeout"), self._request_stop, False)
-                group.create_task(self._shutdown(executors, writeback, side_stop))
+            supervisor = asyncio.ensure_future(
+                self._supervise(backend, writeback, run_blocking, until_idle=until_idle)
+            )
+            await self._until_stopped(supervisor)
         finally:
             listen_stop.set()
+            if stop_timer is not None:
+                stop_timer.cancel()
             for signum in installed:
                 loop.remove_signal_handler(signum)
+            if writeback is not None:
+                writeback.close()
             handler_threads.shutdown(wait=False, cancel_futures=True)
-            db_threads.shutdown(wait=True)
+            # Off the loop: a database call still running (its caller was cancelled) must
+            # not stall an application sharing the loop until it returns.
+            await asyncio.to_thread(db_threads.shutdown, wait=True)
             with contextlib.suppress(Exception):
                 await backend.close_async()
             self._loop = None
         if self._crash is not None:
             name, error = self._crash
             raise WorkerCrashed(f"the worker's {name} task died: {error!r}") from error
+
+    async def _until_stopped(self, supervisor: asyncio.Future[None]) -> None:
+        """Await the supervisor. Cancelling ``run_async`` stops the worker gracefully (a
+        second cancellation: at once) and is raised again once the shutdown is done, so
+        nothing claimed stays leased and no outcome is dropped."""
+        cancelled: asyncio.CancelledError | None = None
+        while True:
+            try:
+                await asyncio.shield(supervisor)
+            except asyncio.CancelledError as error:
+                if supervisor.cancelled():
+                    raise
+                self._request_stop(now=cancelled is not None)
+                cancelled = error
+                continue
+            break
+        if cancelled is not None:
+            raise cancelled
+
+    async def _supervise(
+        self,
+        backend: Backend,
+        writeback: WriteBack,
+        run_blocking: Callable[..., Awaitable[Any]],
+        *,
+        until_idle: bool,
+    ) -> None:
+        """The named tasks, from the start until the shutdown is done."""
+        assert self._stop is not None
+        side_stop = asyncio.Event()
+        async with asyncio.TaskGroup() as group:
+            executors: list[asyncio.Task[None]] = []
+            for pump in self._pumps.values():
+                group.create_task(self._guard(f"fetch {pump.name}", pump.fetch(self._stop)))
+                group.create_task(self._guard(f"leases {pump.name}", pump.keep_leases(side_stop)))
+                for index in range(pump.spec.concurrency):
+                    executors.append(
+                        group.create_task(
+                            self._guard(f"handler {pump.name}", pump.execute(self._stop)),
+                            name=f"sqlbroker {pump.name} #{index}",
+                        )
+                    )
+            flusher = group.create_task(self._guard("write-back", writeback.run(side_stop)))
+            group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
+            heartbeat = Heartbeat(
+                backend,
+                self.recorder,
+                name=self.name,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                subscriptions=list(self._pumps),
+                run_blocking=run_blocking,
+                interval=self._heartbeat_interval,
+            )
+            group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
+            if self._schedules:
+                scheduler = Scheduler(self._broker.run_due_schedules, poll_interval=self._poll_max)
+                group.create_task(self._guard("scheduler", scheduler.run(self._stop, run_blocking)))
+            if until_idle:
+                group.create_task(
+                    self._guard("idle watch", self._watch_idle(writeback, run_blocking))
+                )
+            group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
 
     def _ensure_subscriptions(self) -> None:
         backend = self._broker.backend
@@ -275,17 +315,28 @@ class Worker:
     async def _guard(self, name: str, work: Awaitable[None]) -> None:
         try:
             await work
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as error:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            # Not our cancellation: a TaskGroup would drop the task without a word.
+            self._died(name, error)
         except BaseException as error:
-            log.exception("the worker's %s task died", name)
-            if self._crash is None:
-                self._crash = (name, error)
-            assert self._stop is not None
-            self._stop.set()
+            self._died(name, error)
+
+    def _died(self, name: str, error: BaseException) -> None:
+        log.exception("the worker's %s task died", name)
+        if self._crash is None:
+            self._crash = (name, error)
+        assert self._stop is not None
+        self._stop.set()
 
     async def _shutdown(
-        self, executors: list[asyncio.Task[None]], writeback: WriteBack, side_stop: asyncio.Event
+        self,
+        executors: list[asyncio.Task[None]],
+        writeback: WriteBack,
+        flusher: asyncio.Task[None],
+        side_stop: asyncio.Event,
     ) -> None:
         assert self._stop is not None
         assert self._hard is not None
@@ -314,6 +365,7 @@ class Worker:
             released += await pump.release_unstarted()
         if released:
             log.info("released %d claimed but unstarted message(s)", released)
+        await self._wait_manual_acks(deadline)
         try:
             await writeback.drain(timeout=10.0)
         except Exception as error:
@@ -324,10 +376,37 @@ class Worker:
                 self._crash = ("write-back", error)
         finally:
             side_stop.set()
+        # The write-back task's last flush may still report, and so start hooks.
+        await asyncio.wait([flusher])
         hooks = [task for pump in self._pumps.values() for task in pump.background]
         if hooks:
             await asyncio.wait(hooks, timeout=5.0)
         log.info("worker %s stopped", self.name)
+
+    async def _wait_manual_acks(self, deadline: float) -> None:
+        """Within the grace period, wait for the outcomes of started deliveries that the
+        handlers left to a manual ``ack`` (from any thread). Those still open after it
+        come back when their leases expire; a later ``ack`` raises."""
+        assert self._hard is not None
+        loop = asyncio.get_running_loop()
+        open_pumps = [pump for pump in self._pumps.values() if pump.open]
+        if not open_pumps:
+            return
+        count = sum(pump.open for pump in open_pumps)
+        if not self._hard.is_set() and loop.time() < deadline:
+            log.info("waiting for %d message(s) still to be settled by hand", count)
+            settled = asyncio.ensure_future(
+                asyncio.gather(*(pump.settled() for pump in open_pumps))
+            )
+            await wait_any(self._hard, futures=[settled], timeout=deadline - loop.time())
+            settled.cancel()
+            count = sum(pump.open for pump in open_pumps)
+        if count:
+            log.warning(
+                "%d message(s) were not settled within the grace period; they will be"
+                " delivered again when their leases expire",
+                count,
+            )
 
     def _flushed(self, report: FlushReport) -> None:
         if report.done:

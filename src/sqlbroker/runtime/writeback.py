@@ -3,14 +3,20 @@
 Outcomes accumulate and are written in one database call per kind when ``max_items`` are
 waiting or ``max_delay`` seconds have passed since the first one. A failed write keeps its
 items and is tried again with backoff; :meth:`WriteBack.drain` empties the buffer on
-shutdown. A delivery whose lease was lost meanwhile is reported, not retried: another
-consumer owns it now.
+shutdown, after which the buffer takes nothing more. A delivery whose lease was lost
+meanwhile is reported, not retried: another consumer owns it now.
+
+Outcomes may be added from any thread (a manual ``ack`` from wherever the handler handed
+its message); flushes run on the event loop one at a time, so the final drain also waits
+for — and takes back what failed of — a flush the write-back task has in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +26,13 @@ from sqlbroker.runtime.message import Complete, Outcome, RetryLater, SendToDead
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
 
 log = logging.getLogger("sqlbroker.runtime")
+MAX_DOUBLINGS = 30
+
+
+def retry_pause(failures: int, *, first: float, cap: float) -> float:
+    """The pause after ``failures`` consecutive failures: ``first`` doubled per failure, at
+    most ``cap``. The exponent is bounded: a long outage must not overflow a float."""
+    return min(cap, first * 2.0 ** min(max(failures - 1, 0), MAX_DOUBLINGS))
 
 
 @dataclass
@@ -30,7 +43,13 @@ class FlushReport:
     lost: list[Outcome] = field(default_factory=list)
 
 
+class WriteBackClosed(SqlbrokerError):
+    """An outcome came after the worker's final write-back: it cannot be written."""
+
+
 class WriteBack:
+    """Create it on the event loop that runs :meth:`run` and :meth:`drain`."""
+
     def __init__(
         self,
         backend: Backend,
@@ -45,7 +64,12 @@ class WriteBack:
         self._on_flushed = on_flushed
         self._max_items = max_items
         self._max_delay = max_delay
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._mutex = threading.Lock()  # guards _items and _closed against other threads
         self._items: list[Outcome] = []
+        self._closed = False
+        self._flushing = asyncio.Lock()
         self._has_items = asyncio.Event()
         self._full = asyncio.Event()
 
@@ -53,10 +77,33 @@ class WriteBack:
         return len(self._items)
 
     def add(self, outcome: Outcome) -> None:
-        self._items.append(outcome)
+        """Buffer ``outcome``; safe from any thread. Raises :class:`WriteBackClosed` once
+        the final drain began: nothing would write it, and the caller must know."""
+        with self._mutex:
+            if self._closed:
+                delivery = outcome.delivery
+                raise WriteBackClosed(
+                    f"the worker has stopped; message {delivery.message_id} will be"
+                    " delivered again when its lease expires"
+                )
+            self._items.append(outcome)
+            full = len(self._items) >= self._max_items
+        if threading.get_ident() == self._loop_thread:
+            self._wake(full)
+        else:
+            # A closed loop: the worker closed this buffer before it ended, or add raised.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._wake, full)
+
+    def _wake(self, full: bool) -> None:
         self._has_items.set()
-        if len(self._items) >= self._max_items:
+        if full:
             self._full.set()
+
+    def close(self) -> None:
+        """Take no more outcomes (:meth:`add` raises from now on)."""
+        with self._mutex:
+            self._closed = True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush until ``stop`` is set (the final drain is separate)."""
@@ -71,15 +118,21 @@ class WriteBack:
                 failures = 0
             else:
                 failures += 1
-                await wait_any(stop, timeout=min(5.0, 0.05 * 2**failures))
+                await wait_any(stop, timeout=retry_pause(failures, first=0.1, cap=5.0))
 
     async def drain(self, *, timeout: float) -> bool:
-        """Write everything still buffered; give up after ``timeout`` seconds."""
+        """Close the buffer and write everything in it, also what a flush in flight fails
+        to write; give up after ``timeout`` seconds."""
+        self.close()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         pause = 0.05
-        while self._items:
-            if await self.flush():
+        while True:
+            # Waits for a flush the write-back task has in flight: its failures come back.
+            written = await self.flush()
+            if not self._items:
+                return True
+            if written:
                 continue
             if loop.time() + pause > deadline:
                 log.error(
@@ -99,8 +152,14 @@ class WriteBack:
         a call that fails keeps its outcomes (and those not yet tried) for the next flush.
         A second outcome for one copy (a stale delivery's and its re-claim's) waits for the
         next flush: a write reports valid leases by copy, so one call must hold each copy once.
+        One flush runs at a time; a second waits for the first to end.
         """
-        batch, self._items = self._items, []
+        async with self._flushing:
+            return await self._flush()
+
+    async def _flush(self) -> bool:
+        with self._mutex:
+            batch, self._items = self._items, []
         self._has_items.clear()
         self._full.clear()
         report = FlushReport()
@@ -129,7 +188,8 @@ class WriteBack:
             for outcome in group:
                 (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
         if kept or later:
-            self._items[:0] = kept + later
+            with self._mutex:
+                self._items[:0] = kept + later
             self._has_items.set()
         if report.done or report.lost:
             self._on_flushed(report)
