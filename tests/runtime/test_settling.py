@@ -17,7 +17,7 @@ import sqlbroker
 from runtime.support import assert_all_completed_once
 from sqlbroker.core.message import Delivery
 from sqlbroker.runtime.events import WorkerObserver
-from sqlbroker.runtime.pump import HandlerTimeout
+from sqlbroker.runtime.handling import HandlerTimeout
 
 LIMIT = 20.0
 """A bound against a hang: a run that reaches it has left a message unsettled."""

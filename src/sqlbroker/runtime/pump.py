@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-import inspect
 import logging
 import random
 import time
@@ -33,10 +31,15 @@ from typing import Any, TypeVar
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
-from sqlbroker.core.policies import DeadLetterNow, Retry
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.effects import EffectsTransaction
 from sqlbroker.runtime.events import WorkerObserver
+from sqlbroker.runtime.handling import (
+    WorkerStopped,
+    call_handler,
+    failure_outcome,
+    report_dead_letter,
+)
 from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import WriteBack, retry_pause, wait_any
 from sqlbroker.storage.base import Backend, Lease
@@ -65,14 +68,6 @@ def _running(loop: asyncio.AbstractEventLoop) -> bool:
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-class HandlerTimeout(Exception):
-    """The handler ran longer than its subscriber's ``timeout``."""
-
-
-class WorkerStopped(Exception):
-    """The worker stopped at once while the handler was running."""
 
 
 class Pump:
@@ -238,7 +233,10 @@ class Pump:
         loop = asyncio.get_running_loop()
         settle = functools.partial(self._settle_from_any_thread, loop)
         message = Message(
-            delivery, settle if manual else None, functools.partial(self._effects, loop)
+            delivery,
+            settle if manual else None,
+            functools.partial(self._effects, loop),
+            self._threads,
         )
         try:
             await self._observed_call(delivery, message)
@@ -262,7 +260,7 @@ class Pump:
 
     def _failed(self, message: Message, error: BaseException) -> None:
         if message._take_over(uncommitted=True):
-            self._settle(self._failure(message.delivery, error))
+            self._settle(failure_outcome(self.spec, message.delivery, error))
         else:
             log.warning("handler for %s raised after settling %s: %r", self.name, message, error)
 
@@ -271,7 +269,7 @@ class Pump:
         error: BaseException | None = None
         try:
             with self._observer.handler_scope(delivery):
-                await self._call(message)
+                await call_handler(self.spec, self._threads, message)
         except BaseException as raised:
             error = raised
             raise
@@ -280,58 +278,6 @@ class Pump:
             pace = self._pace
             self._pace = seconds if pace is None else pace + _PACE_WEIGHT * (seconds - pace)
             self._observer.handler_finished(delivery, seconds=seconds, error=error)
-
-    async def _call(self, message: Message) -> None:
-        handler = self.spec.handler
-        scope = asyncio.timeout(self.spec.timeout)
-        try:
-            async with scope:
-                if self.spec.is_async:
-                    result = handler(message)
-                else:
-                    loop = asyncio.get_running_loop()
-                    context = contextvars.copy_context()
-                    result = await loop.run_in_executor(
-                        self._threads, context.run, handler, message
-                    )
-                if inspect.isawaitable(result):
-                    await result
-        except TimeoutError:
-            if scope.expired():
-                # A sync handler's thread cannot be stopped: it runs on, but its outcome
-                # no longer counts.
-                raise HandlerTimeout(
-                    f"the handler ran longer than its timeout of {self.spec.timeout:g} s"
-                ) from None
-            raise
-
-    def _failure(self, delivery: Delivery, error: BaseException) -> Outcome:
-        info = ErrorInfo.from_exception(error)
-        if isinstance(error, Retry):
-            return RetryLater(delivery, error.after, info, snooze=True)
-        decision = self.spec.retry.decide(
-            delivery.attempt, error, max_attempts=delivery.max_attempts
-        )
-        if isinstance(decision, DeadLetterNow):
-            return SendToDead(delivery, decision.reason, info)
-        log.info(
-            "%s attempt %d of message %s failed (%s: %s); retrying in %.2f s",
-            self.name,
-            delivery.attempt,
-            delivery.message_id,
-            info.type,
-            info.message,
-            decision.delay,
-            extra={
-                "subscription": self.name,
-                "message_id": delivery.message_id,
-                "delivery_id": delivery.id,
-                "attempt": delivery.attempt,
-                "error_type": info.type,
-                "retry_in": decision.delay,
-            },
-        )
-        return RetryLater(delivery, decision.delay, info)
 
     def _settle_from_any_thread(self, loop: asyncio.AbstractEventLoop, outcome: Outcome) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
@@ -407,42 +353,7 @@ class Pump:
             )
             return
         if isinstance(outcome, SendToDead):
-            log.warning(
-                "%s: message %s dead-lettered after %d attempt(s): %s",
-                self.name,
-                delivery.message_id,
-                delivery.attempt,
-                outcome.reason,
-                extra={
-                    "subscription": self.name,
-                    "message_id": delivery.message_id,
-                    "delivery_id": delivery.id,
-                    "attempt": delivery.attempt,
-                    "reason": outcome.reason,
-                },
-            )
-            hook = self.spec.on_dead_letter
-            if hook is not None:
-                task = asyncio.ensure_future(
-                    self._run_hook(hook, Message(delivery), outcome.reason)
-                )
-                self.background.add(task)
-                task.add_done_callback(self.background.discard)
-
-    async def _run_hook(
-        self, hook: Callable[[Any, str], Any], message: Message, reason: str
-    ) -> None:
-        try:
-            if inspect.iscoroutinefunction(hook):
-                await hook(message, reason)
-            else:
-                # A plain function may block (an alert, an HTTP call): keep it off the loop.
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._threads, hook, message, reason)
-                if inspect.isawaitable(result):
-                    await result
-        except Exception:
-            log.exception("the on_dead_letter hook of %s failed", self.name)
+            report_dead_letter(self.spec, outcome, self._threads, self.background)
 
     # --- leases ------------------------------------------------------------------------------
 

@@ -1,0 +1,135 @@
+"""One handler call, and what a failed one becomes: the pump's decisions that need no state.
+
+- :func:`call_handler` runs a handler under its subscriber's timeout: a coroutine function on
+  the loop, a plain function on the handler threads with the caller's context;
+- :func:`failure_outcome` turns a handler's exception into a retry or a dead letter by the
+  subscriber's retry policy (``Retry`` raised by the handler snoozes without a decision);
+- :func:`report_dead_letter` logs a dead letter once it is written and runs the subscriber's
+  ``on_dead_letter`` hook, whose failures are logged and never reach the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.policies import DeadLetterNow, Retry
+from sqlbroker.features.subscribers import SubscriberSpec
+from sqlbroker.runtime.message import Message, Outcome, RetryLater, SendToDead
+
+log = logging.getLogger("sqlbroker.runtime")
+
+
+class HandlerTimeout(Exception):
+    """The handler ran longer than its subscriber's ``timeout``."""
+
+
+class WorkerStopped(Exception):
+    """The worker stopped at once while the handler was running."""
+
+
+async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message) -> None:
+    handler = spec.handler
+    scope = asyncio.timeout(spec.timeout)
+    try:
+        async with scope:
+            if spec.is_async:
+                result = handler(message)
+            else:
+                loop = asyncio.get_running_loop()
+                context = contextvars.copy_context()
+                result = await loop.run_in_executor(threads, context.run, handler, message)
+            if inspect.isawaitable(result):
+                await result
+    except TimeoutError:
+        if scope.expired():
+            # A sync handler's thread cannot be stopped: it runs on, but its outcome no
+            # longer counts.
+            raise HandlerTimeout(
+                f"the handler ran longer than its timeout of {spec.timeout:g} s"
+            ) from None
+        raise
+
+
+def failure_outcome(spec: SubscriberSpec, delivery: Delivery, error: BaseException) -> Outcome:
+    info = ErrorInfo.from_exception(error)
+    if isinstance(error, Retry):
+        return RetryLater(delivery, error.after, info, snooze=True)
+    decision = spec.retry.decide(delivery.attempt, error, max_attempts=delivery.max_attempts)
+    if isinstance(decision, DeadLetterNow):
+        return SendToDead(delivery, decision.reason, info)
+    log.info(
+        "%s attempt %d of message %s failed (%s: %s); retrying in %.2f s",
+        spec.name,
+        delivery.attempt,
+        delivery.message_id,
+        info.type,
+        info.message,
+        decision.delay,
+        extra={
+            "subscription": spec.name,
+            "message_id": delivery.message_id,
+            "delivery_id": delivery.id,
+            "attempt": delivery.attempt,
+            "error_type": info.type,
+            "retry_in": decision.delay,
+        },
+    )
+    return RetryLater(delivery, decision.delay, info)
+
+
+def report_dead_letter(
+    spec: SubscriberSpec,
+    outcome: SendToDead,
+    threads: Executor,
+    background: set[asyncio.Task[Any]],
+) -> None:
+    """Log the written dead letter and start the hook as a task kept in ``background``."""
+    delivery = outcome.delivery
+    log.warning(
+        "%s: message %s dead-lettered after %d attempt(s): %s",
+        spec.name,
+        delivery.message_id,
+        delivery.attempt,
+        outcome.reason,
+        extra={
+            "subscription": spec.name,
+            "message_id": delivery.message_id,
+            "delivery_id": delivery.id,
+            "attempt": delivery.attempt,
+            "reason": outcome.reason,
+        },
+    )
+    hook = spec.on_dead_letter
+    if hook is not None:
+        task = asyncio.ensure_future(
+            _run_hook(spec.name, hook, threads, Message(delivery), outcome.reason)
+        )
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+
+async def _run_hook(
+    name: str,
+    hook: Callable[[Any, str], Any],
+    threads: Executor,
+    message: Message,
+    reason: str,
+) -> None:
+    try:
+        if inspect.iscoroutinefunction(hook):
+            await hook(message, reason)
+        else:
+            # A plain function may block (an alert, an HTTP call): keep it off the loop.
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(threads, hook, message, reason)
+            if inspect.isawaitable(result):
+                await result
+    except Exception:
+        log.exception("the on_dead_letter hook of %s failed", name)
