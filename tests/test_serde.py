@@ -24,6 +24,7 @@ from sqlbroker.core.serde import (
     decode_payload,
     encode_json,
     encode_payload,
+    encode_value,
 )
 
 
@@ -160,6 +161,24 @@ def test_rejected_payloads(payload: Any, where: str) -> None:
         encode_payload(payload)
     assert caught.value.field == "payload"
     assert where in str(caught.value)
+
+
+@pytest.mark.parametrize("raw", [b"{}", bytearray(b"[]"), memoryview(b"1")])
+def test_a_json_value_without_a_bytes_form_refuses_bytes(raw: Any) -> None:
+    with pytest.raises(InvalidPayload, match="must be a JSON value, not bytes") as caught:
+        encode_value(raw, field="data")
+    assert caught.value.field == "data"
+
+
+def test_a_json_value_is_checked_like_a_payload_but_named_as_a_value() -> None:
+    with pytest.raises(InvalidPayload) as caught:
+        encode_value({"when": Decimal("1.5")}, field="output")
+    assert caught.value.field == "output"
+    assert "the value['when'] is a Decimal, which is not JSON" in str(caught.value)
+    assert "bytes" not in str(caught.value)  # bytes are refused here: no such advice
+    with pytest.raises(InvalidPayload, match="the limit is 8 bytes"):
+        encode_value("a long string", limit=8, field="data")
+    assert encode_value({"b": [1, "é"]}, field="data") == '{"b":[1,"é"]}'.encode()
 
 
 def test_field_prefix_is_used() -> None:

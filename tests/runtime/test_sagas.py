@@ -132,7 +132,7 @@ def test_an_output_that_is_not_a_valid_payload_fails_the_step(
         assert [step.status for step in saga.steps] == [StepStatus.COMPENSATED, StepStatus.FAILED]
         error = saga.steps[1].error
         assert error is not None
-        assert "output: cannot be stored: the payload['receipt'] contains a NUL" in error
+        assert "output: cannot be stored: the value['receipt'] contains a NUL" in error
         assert calls == ["reserve", "charge", "release"]
         assert broker.dead_letters.list() == []
 

@@ -35,7 +35,10 @@ def _check_string(value: str, field: str, where: str) -> None:
         ) from None
 
 
-def _check_value(value: Any, field: str, where: str, depth: int) -> None:
+_BYTES_HINT = " (use bytes for raw data)"
+
+
+def _check_value(value: Any, field: str, where: str, depth: int, hint: str = _BYTES_HINT) -> None:
     if depth > MAX_DEPTH:
         raise InvalidPayload(field, f"nests deeper than {MAX_DEPTH} levels")
     if value is None or isinstance(value, bool):
@@ -51,7 +54,7 @@ def _check_value(value: Any, field: str, where: str, depth: int) -> None:
         return
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check_value(item, field, f"{where}[{index}]", depth + 1)
+            _check_value(item, field, f"{where}[{index}]", depth + 1, hint)
         return
     if isinstance(value, dict):
         for key, item in value.items():
@@ -60,11 +63,9 @@ def _check_value(value: Any, field: str, where: str, depth: int) -> None:
                     field, f"{where} has a key of type {type(key).__name__}; JSON keys are strings"
                 )
             _check_string(key, field, f"a key in {where}")
-            _check_value(item, field, f"{where}[{key!r}]", depth + 1)
+            _check_value(item, field, f"{where}[{key!r}]", depth + 1, hint)
         return
-    raise InvalidPayload(
-        field, f"{where} is a {type(value).__name__}, which is not JSON (use bytes for raw data)"
-    )
+    raise InvalidPayload(field, f"{where} is a {type(value).__name__}, which is not JSON{hint}")
 
 
 def _plain(value: Any, depth: int) -> bool:
@@ -168,19 +169,37 @@ def encode_payload(
                 "content_type",
                 f"{content_type!r} needs a bytes payload; JSON values are {JSON_CONTENT_TYPE}",
             )
-        if not _plain(payload, 0):
-            _check_value(payload, field, "the payload", 0)
-        try:
-            data = _encoder.encode(payload).encode("utf-8")
-        except UnicodeEncodeError:
-            _check_value(payload, field, "the payload", 0)
-            raise InvalidPayload(field, "is not valid Unicode") from None
-        except ValueError as error:  # an integer beyond Python's printable digit limit
-            raise InvalidPayload(field, f"cannot be encoded as JSON: {error}") from None
+        data = _encode_value(payload, field, "the payload", _BYTES_HINT)
         kind = JSON_CONTENT_TYPE
+    _check_size(data, field, limit)
+    return data, kind
+
+
+def encode_value(value: Any, *, limit: int = DEFAULT_PAYLOAD_LIMIT, field: str) -> bytes:
+    """Encode a JSON value that has no bytes form (saga data, step outputs) by the same
+    rules as a JSON payload, or raise :class:`InvalidPayload` naming ``field``."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        raise InvalidPayload(field, "must be a JSON value, not bytes")
+    data = _encode_value(value, field, "the value", "")
+    _check_size(data, field, limit)
+    return data
+
+
+def _encode_value(value: Any, field: str, where: str, hint: str) -> bytes:
+    if not _plain(value, 0):
+        _check_value(value, field, where, 0, hint)
+    try:
+        return _encoder.encode(value).encode("utf-8")
+    except UnicodeEncodeError:
+        _check_value(value, field, where, 0, hint)
+        raise InvalidPayload(field, "is not valid Unicode") from None
+    except ValueError as error:  # an integer beyond Python's printable digit limit
+        raise InvalidPayload(field, f"cannot be encoded as JSON: {error}") from None
+
+
+def _check_size(data: bytes, field: str, limit: int) -> None:
     if len(data) > limit:
         raise InvalidPayload(field, f"is {len(data)} bytes encoded; the limit is {limit} bytes")
-    return data, kind
 
 
 def decode_payload(data: bytes, content_type: str) -> Any:

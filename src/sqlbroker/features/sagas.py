@@ -36,7 +36,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import InvalidOption, InvalidPayload, NotFound, SqlbrokerError
+from sqlbroker.core.errors import InvalidOption, NotFound, SqlbrokerError
 from sqlbroker.core.sagas import (
     NewSaga,
     Saga,
@@ -46,7 +46,7 @@ from sqlbroker.core.sagas import (
     StepStatus,
     saga_queue,
 )
-from sqlbroker.core.serde import encode_payload
+from sqlbroker.core.serde import encode_value
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.base import Backend
 
@@ -74,10 +74,7 @@ class Sagas:
         any SQL runs (plain JSON, no NaN, no NUL or lone surrogate, at most the broker's
         ``payload_limit`` bytes), or :class:`InvalidPayload` naming ``field``: saga data
         and step outputs are stored as ``jsonb`` on PostgreSQL, which refuses a NUL."""
-        if isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidPayload(field, "must be a JSON value, not bytes")
-        data, _ = encode_payload(value, limit=self._defaults.payload_limit, field=field)
-        return data.decode("utf-8")
+        return encode_value(value, limit=self._defaults.payload_limit, field=field).decode("utf-8")
 
     def start(
         self,
