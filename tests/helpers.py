@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,3 +60,11 @@ def process_claim_worker(
     except BaseException as exc:  # report, so the parent fails with the cause
         error = f"{type(exc).__name__}: {exc}"
     results.put((worker_index, claimed, error))
+
+
+class RefusingExecutor(ThreadPoolExecutor):
+    """A default executor that refuses work: asyncio's default executor is user code's,
+    and what sqlbroker runs must bring its own threads."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        raise AssertionError("sqlbroker used the loop's default executor")

@@ -6,19 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import sqlbroker
-from helpers import claim_one
+from helpers import RefusingExecutor, claim_one
 from sqlbroker.storage.base import Lease
-
-
-class RefusingExecutor(ThreadPoolExecutor):
-    """A default executor that refuses work: the backend must bring its own threads."""
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        raise AssertionError("the backend used the loop's default executor")
 
 
 def test_async_operations_keep_off_the_default_executor(broker: sqlbroker.Broker) -> None:

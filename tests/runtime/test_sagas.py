@@ -3,6 +3,7 @@ compensation, and worker processes SIGKILLed in a loop while many sagas run."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import os
 import random
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import sqlbroker
+from helpers import RefusingExecutor
 from runtime import sagaapp
 from runtime.support import TESTS_DIR, run_until_idle, wait_until
 from sqlbroker import Saga, SagaStatus, Step, StepContext, StepStatus
@@ -160,6 +162,38 @@ def test_plain_steps_run_on_the_workers_handler_threads(backend_url: str) -> Non
         assert [broker.sagas.get(s).outputs()["reserve"] for s in sagas] == [1] * count
         assert len(threads) == 2 * count
         assert all(name.startswith("sqlbroker-handler") for name in threads), threads
+
+
+def test_coroutine_steps_keep_their_bookkeeping_off_the_default_executor(
+    backend_url: str,
+) -> None:
+    """The saga's reads and transitions around a coroutine step run on the worker's handler
+    threads: user code owns asyncio's default executor, here one that refuses all work."""
+    count = 12
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+
+        @broker.saga_step(PAYMENT, "reserve", concurrency=count)
+        async def reserve(ctx: StepContext) -> int:
+            await asyncio.sleep(0)
+            return ctx.attempt
+
+        @broker.saga_step(PAYMENT, "charge")
+        async def charge(ctx: StepContext) -> str:
+            return "charged"
+
+        sagas = [broker.sagas.start(PAYMENT, {"n": n}) for n in range(count)]
+
+        async def run() -> None:
+            asyncio.get_running_loop().set_default_executor(RefusingExecutor())
+            await broker.worker(install_signal_handlers=False).run_async(
+                until_idle=True, timeout=60
+            )
+
+        asyncio.run(run())
+        assert [broker.sagas.get(s).status for s in sagas] == [SagaStatus.COMPLETED] * count
+        assert [broker.sagas.get(s).outputs() for s in sagas] == [
+            {"reserve": 1, "charge": "charged"}
+        ] * count
 
 
 class _SagaWorker:

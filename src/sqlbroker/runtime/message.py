@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
@@ -38,6 +42,7 @@ class SendToDead:
 
 Outcome = Complete | RetryLater | SendToDead
 
+T = TypeVar("T")
 
 _OPEN, _COMMITTING, _SETTLED = 0, 1, 2
 """A message's settlement: none yet; its transaction entered, whose commit settles it;
@@ -57,17 +62,19 @@ class Message:
     :meth:`ack`, :meth:`nack` or :meth:`reject`; until then the pump keeps the lease alive.
     """
 
-    __slots__ = ("_delivery", "_effects", "_lock", "_settle", "_state")
+    __slots__ = ("_delivery", "_effects", "_lock", "_settle", "_state", "_threads")
 
     def __init__(
         self,
         delivery: Delivery,
         settle: Callable[[Outcome], None] | None = None,
         effects: Callable[[Message], EffectsTransaction] | None = None,
+        threads: Executor | None = None,
     ) -> None:
         self._delivery = delivery
         self._settle = settle
         self._effects = effects
+        self._threads = threads
         # The handler's thread (or any thread it hands the message to) and the pump's
         # loop both move the state: each move is one check-and-set under this lock.
         self._lock = threading.Lock()
@@ -163,6 +170,15 @@ class Message:
         if self._effects is None:
             raise SqlbrokerError("msg.transaction() is for messages a worker delivered")
         return self._effects(self)
+
+    async def _off_loop(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """Run blocking work that belongs to this message's handling (a saga step's
+        bookkeeping around a coroutine step) on the worker's handler threads, in the
+        caller's context: asyncio's default executor is user code's, and far smaller than a
+        subscriber's concurrency may be. Outside a worker it is that default executor."""
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await loop.run_in_executor(self._threads, call)
 
     def _begin_settling(self) -> None:
         """The message's transaction is entered."""

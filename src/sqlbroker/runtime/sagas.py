@@ -19,13 +19,13 @@ backends and fails the step at once: another attempt would return the same value
 
 A plain step function makes the wrapper a plain handler: the worker runs it — the saga's
 bookkeeping with it — on its handler threads under the step's timeout, like any plain
-handler, so a step's ``concurrency`` is what runs at once. A coroutine runs on the loop and
-the bookkeeping around it in ``asyncio.to_thread``.
+handler, so a step's ``concurrency`` is what runs at once. A coroutine runs on the loop, and
+the bookkeeping around it on those handler threads (never on asyncio's default executor,
+which is user code's and smaller than a step's concurrency may be).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 from collections.abc import Callable
@@ -191,17 +191,17 @@ class _StepRunner:
         self._record(msg, "done", saga_id, index, text)
 
     async def handle_async(self, msg: Message) -> None:
-        """A coroutine step function, on the loop; the bookkeeping in threads."""
+        """A coroutine step function, on the loop; the bookkeeping on handler threads."""
         target = self._target(msg)
         if target is None:
             return
         saga_id, index = target
-        state = await asyncio.to_thread(self._sagas().find, saga_id)
+        state = await msg._off_loop(self._sagas().find, saga_id)
         verdict = self._verdict(state, index, msg)
         if verdict == "stale":
             return
         if verdict == "skip":
-            await asyncio.to_thread(self._record, msg, "skip", saga_id, index, None)
+            await msg._off_loop(self._record, msg, "skip", saga_id, index, None)
             return
         assert state is not None
         try:
@@ -209,9 +209,9 @@ class _StepRunner:
         except LeaseLost:
             raise
         except Exception as error:
-            await asyncio.to_thread(self._failed, msg, saga_id, index, error)
+            await msg._off_loop(self._failed, msg, saga_id, index, error)
             return
-        await asyncio.to_thread(self._record, msg, "done", saga_id, index, text)
+        await msg._off_loop(self._record, msg, "done", saga_id, index, text)
 
     def _run_in_transaction(self, msg: Message, saga_id: str, index: int) -> None:
         sagas = self._sagas()

@@ -41,6 +41,26 @@ from sqlbroker.storage.base import Backend
 log = logging.getLogger("sqlbroker.runtime")
 
 
+async def _shut_down_off_loop(threads: ThreadPoolExecutor) -> None:
+    """Wait for ``threads`` to finish on a thread of its own: a database call still running
+    (its caller was cancelled) must not stall an application sharing the loop, nor take a
+    thread of the loop's default executor, which is the application's."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def finish() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def shut_down() -> None:
+        threads.shutdown(wait=True)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(finish)
+
+    threading.Thread(target=shut_down, name="sqlbroker-db-shutdown", daemon=True).start()
+    await done
+
+
 class WorkerCrashed(SqlbrokerError):
     """A task of the worker died unexpectedly; the worker stopped after draining."""
 
@@ -231,9 +251,7 @@ class Worker:
             if writeback is not None:
                 writeback.close()
             handler_threads.shutdown(wait=False, cancel_futures=True)
-            # Off the loop: a database call still running (its caller was cancelled) must
-            # not stall an application sharing the loop until it returns.
-            await asyncio.to_thread(db_threads.shutdown, wait=True)
+            await _shut_down_off_loop(db_threads)
             with contextlib.suppress(Exception):
                 await backend.close_async()
             self._loop = None
