@@ -123,7 +123,7 @@ def test_cancelling_run_async_shuts_down_gracefully(broker: sqlbroker.Broker) ->
 
 
 def test_the_shutdown_waits_for_manual_acks_within_the_grace_period(
-    broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch
+    broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The handler hands its message on and returns; the ack comes from another thread
     after the stop. Within the grace period it must be written, not dropped."""
@@ -139,8 +139,14 @@ def test_the_shutdown_waits_for_manual_acks_within_the_grace_period(
     message_id = broker.send("jobs", 1)
     runner = _run_in_thread(broker)
     assert got.wait(LIMIT)
+    caplog.set_level(logging.INFO, logger="sqlbroker.runtime")
     broker.stop()
-    final_beat.wait(NO_FINAL_BEAT)
+    wait_until(
+        lambda: "waiting for 1 message(s) still to be settled by hand" in caplog.text,
+        timeout=LIMIT,
+        what="the shutdown to wait for the manual ack",
+    )
+    assert not final_beat.is_set()
     held[0].ack()
     runner.join(LIMIT)
     assert not runner.is_alive()
