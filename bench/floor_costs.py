@@ -25,7 +25,12 @@ For a single publish (``--workload publish``: one message per transaction, one t
   notifies only when the copy is claimable;
 - ``sqlbroker``: ``Broker.send``, with its validation, its 17 bound parameters and its pool.
 
+For batched publishes (``--workload publish-batch``: 500 messages per transaction, one
+thread) the same variants insert a batch in one statement, and ``sqlbroker`` is
+``Broker.send_many``.
+
     .venv/bin/python bench/floor_costs.py [--workload claim10] [--repeats 5] [--messages 3000]
+    .venv/bin/python bench/floor_costs.py --workload publish-batch --messages 50000
 
 Prints each variant's median rate and its ratio to the floor, and writes
 ``bench/results/floor_costs_<workload>.md``.
@@ -158,19 +163,64 @@ i AS (
 SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT 1 FROM i WHERE state = 'available')
 """
 
+# The same for a batch: one statement per batch, each row its own message id.
+TABLE_INSERT_MANY = """
+WITH i AS (
+    INSERT INTO sqlbroker_message (
+        message_id, subscription, topic, state, priority, payload, content_type,
+        max_attempts, enqueued_at, available_at
+    )
+    SELECT gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, p,
+           'application/json', 5, now(), now()
+    FROM unnest(%(payloads)s::bytea[]) AS p
+    RETURNING 1
+)
+SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT FROM i)
+"""
+
+QUEUE_INSERT_MANY = """
+WITH queue AS (
+    INSERT INTO sqlbroker_subscription (name, created_at) VALUES (%(queue)s, now())
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+queue_pattern AS (
+    INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, '^\\.' || name || '$' FROM queue
+),
+i AS (
+    INSERT INTO sqlbroker_message (
+        message_id, subscription, topic, state, priority, payload, content_type,
+        max_attempts, enqueued_at, available_at
+    )
+    SELECT gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, p,
+           'application/json', 5, now(), now()
+    FROM unnest(%(payloads)s::bytea[]) AS p
+    RETURNING state
+)
+SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT 1 FROM i WHERE state = 'available')
+"""
+
 TABLE = pg_floor.FloorSql(
-    schema=PostgresBackend.schema_sql(), table="sqlbroker_message", insert_one=TABLE_INSERT
+    schema=PostgresBackend.schema_sql(),
+    table="sqlbroker_message",
+    insert_one=TABLE_INSERT,
+    insert_many=TABLE_INSERT_MANY,
 )
 PUBLISH_VARIANTS = {
     "floor": pg_floor.FLOOR,
     "+sqlbroker's table": TABLE,
-    "+queue on first use": dataclasses.replace(TABLE, insert_one=QUEUE_INSERT),
+    "+queue on first use": dataclasses.replace(
+        TABLE, insert_one=QUEUE_INSERT, insert_many=QUEUE_INSERT_MANY
+    ),
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workload", default="claim10", choices=["claim10", "claim100", "publish"])
+    parser.add_argument(
+        "--workload", default="claim10", choices=["claim10", "claim100", "publish", "publish-batch"]
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--messages", type=int, default=3000)
     args = parser.parse_args()
@@ -180,6 +230,12 @@ def main() -> None:
         sizes = dataclasses.replace(sizes, publish_single=args.messages)
         variants = {
             name: pg_floor.publish_single_with(sql) for name, sql in PUBLISH_VARIANTS.items()
+        }
+    elif args.workload == "publish-batch":
+        workload, what = "publish.batch", "messages in batches of 500, 1 thread"
+        sizes = dataclasses.replace(sizes, publish_batch=args.messages, batch_size=500)
+        variants = {
+            name: pg_floor.publish_batch_with(sql) for name, sql in PUBLISH_VARIANTS.items()
         }
     else:
         batch = int(args.workload.removeprefix("claim"))
@@ -210,7 +266,8 @@ def main() -> None:
         previous = rate
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(__file__).resolve().parent / "results" / f"floor_costs_{args.workload}.md"
+    name = args.workload.replace("-", "_")
+    out = Path(__file__).resolve().parent / "results" / f"floor_costs_{name}.md"
     out.write_text(text)
 
 

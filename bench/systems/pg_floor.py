@@ -135,25 +135,31 @@ def publish_single_with(sql: FloorSql) -> Callable[[Database, Sizes], Sample]:
     return publish_single
 
 
-def publish_batch(database: Database, sizes: Sizes) -> Sample:
-    create_schema(database)
-    with connect(database) as conn:
-        warm = [encode(payload(i)) for i in range(sizes.warmup)]
-        conn.execute(INSERT_MANY, {"queue": QUEUE, "payloads": warm})
-        batches = sizes.publish_batch // sizes.batch_size
-        started = time.perf_counter()
-        for b in range(batches):
-            base = b * sizes.batch_size
-            bodies = [encode(payload(base + i)) for i in range(sizes.batch_size)]
-            conn.execute(INSERT_MANY, {"queue": QUEUE, "payloads": bodies})
-        elapsed = time.perf_counter() - started
-    sent = batches * sizes.batch_size
-    if _count(database) != sizes.warmup + sent:
-        raise BenchError("floor: wrong row count after publishing")
-    return Sample(
-        {"rate": sent / elapsed},
-        {"messages": sent, "batch_size": sizes.batch_size, "seconds": round(elapsed, 3)},
-    )
+def publish_batch_with(sql: FloorSql) -> Callable[[Database, Sizes], Sample]:
+    def publish_batch(database: Database, sizes: Sizes) -> Sample:
+        create_schema(database, sql)
+        with connect(database) as conn:
+            warm = [encode(payload(i)) for i in range(sizes.warmup)]
+            conn.execute(sql.insert_many, {"queue": QUEUE, "payloads": warm})
+            batches = sizes.publish_batch // sizes.batch_size
+            started = time.perf_counter()
+            for b in range(batches):
+                base = b * sizes.batch_size
+                bodies = [encode(payload(base + i)) for i in range(sizes.batch_size)]
+                conn.execute(sql.insert_many, {"queue": QUEUE, "payloads": bodies})
+            elapsed = time.perf_counter() - started
+        sent = batches * sizes.batch_size
+        if _count(database, sql.table) != sizes.warmup + sent:
+            raise BenchError("floor: wrong row count after publishing")
+        return Sample(
+            {"rate": sent / elapsed},
+            {"messages": sent, "batch_size": sizes.batch_size, "seconds": round(elapsed, 3)},
+        )
+
+    return publish_batch
+
+
+publish_batch = publish_batch_with(FLOOR)
 
 
 # --- drain -----------------------------------------------------------------------------------
