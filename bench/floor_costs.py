@@ -25,6 +25,10 @@ For a single publish (``--workload publish``: one message per transaction, one t
   notifies only when the copy is claimable;
 - ``sqlbroker``: ``Broker.send``, with its validation, its 17 bound parameters and its pool.
 
+For the latency (``--workload latency``: W3 at its default size, a consumer process) the
+drain's variants publish, claim and ack through the floor's latency loop, against
+sqlbroker's own latency workload (its worker).
+
 For batched publishes (``--workload publish-batch``: 500 messages per transaction, one
 thread) the same variants insert a batch in one statement, and ``sqlbroker`` is
 ``Broker.send_many``.
@@ -45,7 +49,7 @@ import sys
 from pathlib import Path
 
 import harness
-from harness import QUICK, Case, PostgresTarget, run_cases
+from harness import DEFAULT, QUICK, Case, CaseResult, PostgresTarget, run_cases
 from systems import pg_floor, sqlbroker_system
 from systems.pg_floor import FloorSql
 
@@ -219,7 +223,9 @@ PUBLISH_VARIANTS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--workload", default="claim10", choices=["claim10", "claim100", "publish", "publish-batch"]
+        "--workload",
+        default="claim10",
+        choices=["claim10", "claim100", "publish", "publish-batch", "latency"],
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--messages", type=int, default=3000)
@@ -237,6 +243,16 @@ def main() -> None:
         variants = {
             name: pg_floor.publish_batch_with(sql) for name, sql in PUBLISH_VARIANTS.items()
         }
+    elif args.workload == "latency":
+        workload = "latency"
+        sizes = dataclasses.replace(
+            sizes, latency_rate=DEFAULT.latency_rate, latency_seconds=DEFAULT.latency_seconds
+        )
+        what = (
+            f"{sizes.latency_rate:g} msg/s for {sizes.latency_seconds:g} s into an idle"
+            " consumer process; publish call → handler start"
+        )
+        variants = {name: pg_floor.latency_with(sql) for name, sql in DRAIN_VARIANTS.items()}
     else:
         batch = int(args.workload.removeprefix("claim"))
         workload, what = f"drain.{args.workload}", "messages, 4 threads"
@@ -249,26 +265,51 @@ def main() -> None:
         results = run_cases(cases, sizes=sizes, log=lambda line: print(line, file=sys.stderr))
     finally:
         server.stop()
-    rates = {r.system: statistics.median(s.metrics["rate"] for s in r.samples) for r in results}
-    floor = rates["floor"]
+    size = "" if workload == "latency" else f"{args.messages:,} "
     lines = [
         f"# {workload}: the floor with sqlbroker's durable state added piece by piece",
         "",
-        f"{args.messages:,} {what}, median of {args.repeats} interleaved runs,"
+        f"{size}{what}, median of {args.repeats} interleaved runs,"
         " PostgreSQL with `synchronous_commit=on`. Produced by `bench/floor_costs.py`.",
         "",
-        "| variant | msg/s | ÷ floor | ÷ previous |",
-        "|---|---|---|---|",
+        *(_latency_table(results) if workload == "latency" else _rate_table(results)),
     ]
-    previous = floor
-    for name, rate in rates.items():
-        lines.append(f"| {name} | {rate:,.0f} | {rate / floor:.2f}× | {rate / previous:.2f}× |")
-        previous = rate
     text = "\n".join(lines) + "\n"
     print(text)
     name = args.workload.replace("-", "_")
     out = Path(__file__).resolve().parent / "results" / f"floor_costs_{name}.md"
     out.write_text(text)
+
+
+def _median(result: CaseResult, metric: str) -> float:
+    return statistics.median(sample.metrics[metric] for sample in result.samples)
+
+
+def _rate_table(results: list[CaseResult]) -> list[str]:
+    rates = {r.system: _median(r, "rate") for r in results}
+    floor = previous = rates["floor"]
+    lines = ["| variant | msg/s | ÷ floor | ÷ previous |", "|---|---|---|---|"]
+    for name, rate in rates.items():
+        lines.append(f"| {name} | {rate:,.0f} | {rate / floor:.2f}× | {rate / previous:.2f}× |")
+        previous = rate
+    return lines
+
+
+def _latency_table(results: list[CaseResult]) -> list[str]:
+    """Latency is better when lower: the ratios are of p99, above 1 is slower."""
+    floor = previous = _median(results[0], "p99")
+    lines = [
+        "| variant | p50 ms | p95 ms | p99 ms | p99 ÷ floor | p99 ÷ previous |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        p50, p95, p99 = (_median(result, m) for m in ("p50", "p95", "p99"))
+        lines.append(
+            f"| {result.system} | {p50:.2f} | {p95:.2f} | {p99:.2f} | {p99 / floor:.2f}× |"
+            f" {p99 / previous:.2f}× |"
+        )
+        previous = p99
+    return lines
 
 
 if __name__ == "__main__":

@@ -265,22 +265,33 @@ def claim_backlog(count: int) -> Callable[[Database, Sizes], Sample]:
 # --- latency ---------------------------------------------------------------------------------
 
 
-def latency(database: Database, sizes: Sizes) -> Sample:
-    create_schema(database)
-    count = int(sizes.latency_rate * sizes.latency_seconds)
-    with connect(database) as conn:
+def latency_with(sql: FloorSql) -> Callable[[Database, Sizes], Sample]:
+    """The latency loop with ``sql``'s statements: the consumer process is handed the claim
+    and the ack as options when they are not the floor's own."""
 
-        def send(i: int) -> None:
-            conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode(payload(i))})
+    def latency(database: Database, sizes: Sizes) -> Sample:
+        create_schema(database, sql)
+        count = int(sizes.latency_rate * sizes.latency_seconds)
+        with connect(database) as conn:
 
-        conn.execute(INSERT_ONE, {"queue": QUEUE, "payload": encode({"warmup": True})})
-        args = [NAME, "latency", "--url", database.url, "--expect", str(count)]
-        with Consumer(*args, timeout=sizes.latency_seconds + 60) as consumer:
-            consumer.read_event("ready")
-            time.sleep(IDLE_SETTLE)
-            paced = publish_paced(send, rate=sizes.latency_rate, seconds=sizes.latency_seconds)
-            done = consumer.finish()
-    return latency_sample(done["arrivals"], paced)
+            def send(i: int) -> None:
+                conn.execute(sql.insert_one, {"queue": QUEUE, "payload": encode(payload(i))})
+
+            conn.execute(sql.insert_one, {"queue": QUEUE, "payload": encode({"warmup": True})})
+            args = [NAME, "latency", "--url", database.url, "--expect", str(count)]
+            if sql.claim != CLAIM or sql.ack != ACK:
+                args += ["--option", f"claim={sql.claim}", "--option", f"ack={sql.ack}"]
+            with Consumer(*args, timeout=sizes.latency_seconds + 60) as consumer:
+                consumer.read_event("ready")
+                time.sleep(IDLE_SETTLE)
+                paced = publish_paced(send, rate=sizes.latency_rate, seconds=sizes.latency_seconds)
+                done = consumer.finish()
+        return latency_sample(done["arrivals"], paced)
+
+    return latency
+
+
+latency = latency_with(FLOOR)
 
 
 def runs_on(workload: str, target: str) -> bool:
@@ -306,6 +317,8 @@ def consume(args: argparse.Namespace) -> None:
     a notification (or a 1 s poll)."""
     if args.mode != "latency":
         raise SystemExit(f"the floor has no {args.mode!r} consumer")
+    options = dict(option.split("=", 1) for option in args.option)
+    claim, ack = options.get("claim", CLAIM), options.get("ack", ACK)
     arrivals: list[tuple[int, float, float]] = []
     deadline = time.monotonic() + args.timeout
     with (
@@ -314,17 +327,18 @@ def consume(args: argparse.Namespace) -> None:
     ):
         listener.execute(f"LISTEN {CHANNEL}")
         while len(arrivals) < args.expect and time.monotonic() < deadline:
-            rows = conn.execute(CLAIM, {"queue": QUEUE, "limit": 10}).fetchall()
+            rows = conn.execute(claim, {"queue": QUEUE, "limit": 10}).fetchall()
             if not rows:
                 for _ in listener.notifies(timeout=1.0, stop_after=1):
                     pass
                 continue
-            for _, data in rows:
+            for _, data, *_token in rows:
                 now = time.time()
                 body = json.loads(data)
                 if body.get("warmup"):
                     emit("ready")
                 else:
                     arrivals.append((body["seq"], body["t"], now))
-            conn.execute(ACK, {"ids": [row[0] for row in rows]})
+            tokens = [row[2] for row in rows] if len(rows[0]) > 2 else None
+            conn.execute(ack, {"ids": [row[0] for row in rows], "tokens": tokens})
     emit("done", arrivals=arrivals)
