@@ -131,22 +131,16 @@ DRAIN_VARIANTS = {
     "+archive": ARCHIVE,
 }
 
-# The values a plain send writes: priority NORMAL (2), 5 attempts, a JSON payload.
-TABLE_INSERT = """
-WITH i AS (
-    INSERT INTO sqlbroker_message (
-        message_id, subscription, topic, state, priority, payload, content_type,
-        max_attempts, enqueued_at, available_at
-    )
-    VALUES (gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, %(payload)s,
-            'application/json', 5, now(), now())
-    RETURNING 1
-)
-SELECT pg_notify('sqlbroker', %(queue)s) FROM i
-"""
+# What a plain send writes: priority NORMAL (2), 5 attempts, a JSON payload; one row
+# (``payload``) or a batch in one statement (``payloads``), each row its own message id.
+ONE_ROW = """VALUES (gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, %(payload)s,
+            'application/json', 5, now(), now())"""
+MANY_ROWS = """SELECT gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, p,
+           'application/json', 5, now(), now()
+    FROM unnest(%(payloads)s::bytea[]) AS p"""
 
-QUEUE_INSERT = """
-WITH queue AS (
+# As sqlbroker's statement does: create the queue when it is missing.
+CREATE_QUEUE = """queue AS (
     INSERT INTO sqlbroker_subscription (name, created_at) VALUES (%(queue)s, now())
     ON CONFLICT (name) DO NOTHING
     RETURNING name
@@ -155,67 +149,44 @@ queue_pattern AS (
     INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
     SELECT name, name, '^\\.' || name || '$' FROM queue
 ),
-i AS (
-    INSERT INTO sqlbroker_message (
-        message_id, subscription, topic, state, priority, payload, content_type,
-        max_attempts, enqueued_at, available_at
-    )
-    VALUES (gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, %(payload)s,
-            'application/json', 5, now(), now())
-    RETURNING state
-)
-SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT 1 FROM i WHERE state = 'available')
 """
 
-# The same for a batch: one statement per batch, each row its own message id.
-TABLE_INSERT_MANY = """
-WITH i AS (
+
+def table_insert(rows: str, *, create_queue: bool = False) -> str:
+    """An INSERT of ``rows`` into sqlbroker's hot table with a NOTIFY: with ``create_queue``
+    it also creates the queue, and notifies only when a copy is claimable."""
+    if create_queue:
+        returning = "state"
+        notify = "WHERE EXISTS (SELECT 1 FROM i WHERE state = 'available')"
+    else:
+        returning = "1"
+        notify = "FROM i" if rows is ONE_ROW else "WHERE EXISTS (SELECT FROM i)"
+    return f"""
+WITH {CREATE_QUEUE if create_queue else ""}i AS (
     INSERT INTO sqlbroker_message (
         message_id, subscription, topic, state, priority, payload, content_type,
         max_attempts, enqueued_at, available_at
     )
-    SELECT gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, p,
-           'application/json', 5, now(), now()
-    FROM unnest(%(payloads)s::bytea[]) AS p
-    RETURNING 1
+    {rows}
+    RETURNING {returning}
 )
-SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT FROM i)
+SELECT pg_notify('sqlbroker', %(queue)s) {notify}
 """
 
-QUEUE_INSERT_MANY = """
-WITH queue AS (
-    INSERT INTO sqlbroker_subscription (name, created_at) VALUES (%(queue)s, now())
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-queue_pattern AS (
-    INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, '^\\.' || name || '$' FROM queue
-),
-i AS (
-    INSERT INTO sqlbroker_message (
-        message_id, subscription, topic, state, priority, payload, content_type,
-        max_attempts, enqueued_at, available_at
-    )
-    SELECT gen_random_uuid(), %(queue)s, %(queue)s, 'available', 2, p,
-           'application/json', 5, now(), now()
-    FROM unnest(%(payloads)s::bytea[]) AS p
-    RETURNING state
-)
-SELECT pg_notify('sqlbroker', %(queue)s) WHERE EXISTS (SELECT 1 FROM i WHERE state = 'available')
-"""
 
 TABLE = pg_floor.FloorSql(
     schema=PostgresBackend.schema_sql(),
     table="sqlbroker_message",
-    insert_one=TABLE_INSERT,
-    insert_many=TABLE_INSERT_MANY,
+    insert_one=table_insert(ONE_ROW),
+    insert_many=table_insert(MANY_ROWS),
 )
 PUBLISH_VARIANTS = {
     "floor": pg_floor.FLOOR,
     "+sqlbroker's table": TABLE,
     "+queue on first use": dataclasses.replace(
-        TABLE, insert_one=QUEUE_INSERT, insert_many=QUEUE_INSERT_MANY
+        TABLE,
+        insert_one=table_insert(ONE_ROW, create_queue=True),
+        insert_many=table_insert(MANY_ROWS, create_queue=True),
     ),
 }
 
