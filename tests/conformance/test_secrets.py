@@ -203,11 +203,21 @@ def test_connection_failures_log_no_password(pg_url: str, caplog: pytest.LogCapt
 
 def _listen_briefly(broker: sqlbroker.Broker, stop: threading.Event) -> None:
     """The LISTEN loop of a backend that cannot connect: it logs its reconnects."""
+    import asyncio
+
     from sqlbroker.storage.factory import open_backend
 
     backend = open_backend(broker._url.raw, connect_timeout=1)
+
+    async def listen_until_stop() -> None:
+        listener = asyncio.ensure_future(backend.listen_async(on_hint=lambda _: None))
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        listener.cancel()
+        await asyncio.wait([listener])
+
     try:
-        backend.listen(on_hint=lambda _: None, stop=stop)
+        asyncio.run(listen_until_stop())
     finally:
         backend.close()
 

@@ -119,10 +119,10 @@ def test_messages_are_handled_within_the_poll_interval_when_hints_are_lost(
     messages come from another broker, as from another process: a publish through the
     worker's own broker would wake it directly."""
 
-    def no_hints(*, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
-        stop.wait()
+    async def no_hints(*, on_hint: Callable[[str | None], None]) -> None:
+        await asyncio.get_running_loop().create_future()  # until cancelled
 
-    monkeypatch.setattr(broker.backend, "listen", no_hints)
+    monkeypatch.setattr(broker.backend, "listen_async", no_hints)
     poll_interval = 1.0
     handled: dict[int, float] = {}
 

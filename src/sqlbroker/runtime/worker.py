@@ -187,7 +187,6 @@ class Worker:
         def run_blocking(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Awaitable[Any]:
             return loop.run_in_executor(db_threads, functools.partial(fn, *args, **kwargs))
 
-        listen_stop = threading.Event()
         installed: list[signal.Signals] = []
         writeback: WriteBack | None = None
         stop_timer: asyncio.TimerHandle | None = None
@@ -211,19 +210,6 @@ class Worker:
                 for spec in self._specs
             }
 
-            def on_hint(subscription: str | None) -> None:
-                # The listener thread is not joined: a hint may come after the loop closed.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self._hint, subscription)
-
-            if self._listen:
-                listener = threading.Thread(
-                    target=backend.listen,
-                    kwargs={"on_hint": on_hint, "stop": listen_stop},
-                    name="sqlbroker-listen",
-                    daemon=True,
-                )
-                listener.start()
             if self._install_signals and threading.current_thread() is threading.main_thread():
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(signum, self._on_signal, signum)
@@ -243,7 +229,6 @@ class Worker:
             )
             await self._until_stopped(supervisor)
         finally:
-            listen_stop.set()
             if stop_timer is not None:
                 stop_timer.cancel()
             for signum in installed:
@@ -300,6 +285,8 @@ class Worker:
                             name=f"sqlbroker {pump.name} #{index}",
                         )
                     )
+            if self._listen:
+                group.create_task(self._guard("listener", self._hints(backend)))
             flusher = group.create_task(self._guard("write-back", writeback.run(side_stop)))
             group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
             heartbeat = Heartbeat(
@@ -321,6 +308,18 @@ class Worker:
                     self._guard("idle watch", self._watch_idle(writeback, run_blocking))
                 )
             group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
+
+    async def _hints(self, backend: Backend) -> None:
+        """The backend's hints until the stop: after it, no pump claims any more."""
+        assert self._stop is not None
+        listener = asyncio.ensure_future(backend.listen_async(on_hint=self._hint))
+        try:
+            await wait_any(self._stop, futures=[listener])
+        finally:
+            listener.cancel()
+            await asyncio.wait([listener])
+        if not listener.cancelled():
+            listener.result()  # it ended on its own: raises why
 
     def _ensure_subscriptions(self) -> None:
         backend = self._broker.backend

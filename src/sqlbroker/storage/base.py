@@ -7,7 +7,6 @@ Every backend implements :class:`Backend` and passes the one conformance suite i
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
@@ -146,14 +145,15 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
-    def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
-        """Block until ``stop`` is set, calling ``on_hint(subscription)`` when new work may
-        be claimable there (``None``: anywhere). Hints can be lost; callers poll as well.
+    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
+        """Run until cancelled, calling ``on_hint(subscription)`` on the running loop when
+        new work may be claimable there (``None``: anywhere). Hints can be lost; callers
+        poll as well.
 
-        PostgreSQL: LISTEN/NOTIFY on a dedicated connection, re-established with backoff,
-        with ``on_hint(None)`` after every (re)connect. SQLite: ``PRAGMA data_version``
-        watched every 2 to 50 ms (more often while commits keep coming), which sees commits
-        from every connection and process.
+        PostgreSQL: LISTEN/NOTIFY on a dedicated async connection, re-established with
+        backoff, with ``on_hint(None)`` after every (re)connect. SQLite: ``PRAGMA
+        data_version`` watched every 2 to 50 ms from a thread (more often while commits
+        keep coming), which sees commits from every connection and process.
         """
 
     # --- subscriptions ---------------------------------------------------------------------

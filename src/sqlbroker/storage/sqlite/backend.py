@@ -8,6 +8,7 @@ their locking cannot be trusted. Connections are pooled and handed to one thread
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -128,7 +129,26 @@ class SqliteBackend(
         self._threads.shutdown()
         self._db.close()
 
-    def listen(self, *, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
+    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
+        # sqlite3 blocks: the watch runs in a thread of its own and hands hints to the loop.
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+
+        def hint(subscription: str | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(on_hint, subscription)
+
+        watcher = threading.Thread(
+            target=self._watch, args=(hint, stop), name="sqlbroker-listen", daemon=True
+        )
+        watcher.start()
+        try:
+            await loop.create_future()  # until cancelled
+        finally:
+            # Not joined: a look in progress ends on its own within one pause.
+            stop.set()
+
+    def _watch(self, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
         if self._db.memory:
             # One process, one connection: nothing else can write. Holding the only
             # connection to watch it would starve every other operation.
