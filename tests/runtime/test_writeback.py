@@ -82,3 +82,43 @@ def test_the_pause_after_failures_is_capped_however_long_the_outage() -> None:
     assert pauses == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
     for failures in (1_024, 1_100, 10**6):
         assert retry_pause(failures, first=0.1, cap=5.0) == 5.0
+
+
+def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Broker) -> None:
+    """At a low rate the batching window would only delay each write into the next
+    message's publish and claim: an outcome that follows ``quiet`` seconds without any is
+    written at once; one that follows another within ``quiet`` waits for the window."""
+    window = 60.0
+    broker.send_many("jobs", [1, 2])
+    first, second = broker.claim("jobs", limit=2)
+    written: set[int] = set()
+
+    async def run_blocking(function: Any, *args: Any) -> Any:
+        return function(*args)
+
+    async def add_and_watch() -> None:
+        loop = asyncio.get_running_loop()
+        buffer = WriteBack(
+            broker.backend,
+            run_blocking=run_blocking,
+            on_flushed=lambda report: written.update(o.delivery.id for o in report.done),
+            max_delay=window,
+            quiet=5.0,
+        )
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(buffer.run(stop))
+        buffer.add(Complete(first))  # nothing came before it
+        deadline = loop.time() + 30
+        while first.id not in written and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert first.id in written, "the first outcome waited for the window"
+        buffer.add(Complete(second))  # close behind the first
+        await asyncio.sleep(0.5)
+        assert second.id not in written, "the second outcome did not wait for the window"
+        stop.set()
+        await task
+        assert await buffer.drain(timeout=5)
+
+    asyncio.run(add_and_watch())
+    assert written == {first.id, second.id}
+    assert sorted(m.payload for m in broker.archive("jobs")) == [1, 2]

@@ -1,7 +1,10 @@
 """Batched write-back of outcomes: completes, retries and dead-letters.
 
 Outcomes accumulate and are written in one database call per kind when ``max_items`` are
-waiting or ``max_delay`` seconds have passed since the first one. A failed write keeps its
+waiting or ``max_delay`` seconds have passed since the first one. An outcome that follows
+``quiet`` seconds without any is written at once: at a low rate the window would gather
+nothing but delay, and its write (a durable commit) would then overlap the next message's
+publish and claim on the same disk and cores. A failed write keeps its
 items and is tried again with backoff; :meth:`WriteBack.drain` empties the buffer on
 shutdown, after which the buffer takes nothing more. A delivery whose lease was lost
 meanwhile is reported, not retried: another consumer owns it now.
@@ -16,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,12 +63,15 @@ class WriteBack:
         on_flushed: Callable[[FlushReport], None],
         max_items: int = 500,
         max_delay: float = 0.01,
+        quiet: float = 0.002,
     ) -> None:
         self._backend = backend
         self._run_blocking = run_blocking
         self._on_flushed = on_flushed
         self._max_items = max_items
         self._max_delay = max_delay
+        self._quiet = quiet
+        self._last_added = -math.inf
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._mutex = threading.Lock()  # guards _items and _closed against other threads
@@ -71,7 +79,7 @@ class WriteBack:
         self._closed = False
         self._flushing = asyncio.Lock()
         self._has_items = asyncio.Event()
-        self._full = asyncio.Event()
+        self._due = asyncio.Event()  # write without waiting for the window
 
     def __len__(self) -> int:
         return len(self._items)
@@ -79,6 +87,7 @@ class WriteBack:
     def add(self, outcome: Outcome) -> None:
         """Buffer ``outcome``; safe from any thread. Raises :class:`WriteBackClosed` once
         the final drain began: nothing would write it, and the caller must know."""
+        now = time.monotonic()
         with self._mutex:
             if self._closed:
                 delivery = outcome.delivery
@@ -87,18 +96,22 @@ class WriteBack:
                     " delivered again when its lease expires"
                 )
             self._items.append(outcome)
-            full = len(self._items) >= self._max_items
+            count = len(self._items)
+            due = count >= self._max_items or (
+                count == 1 and now - self._last_added >= self._quiet
+            )
+            self._last_added = now
         if threading.get_ident() == self._loop_thread:
-            self._wake(full)
+            self._wake(due)
         else:
             # A closed loop: the worker closed this buffer before it ended, or add raised.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._wake, full)
+                self._loop.call_soon_threadsafe(self._wake, due)
 
-    def _wake(self, full: bool) -> None:
+    def _wake(self, due: bool) -> None:
         self._has_items.set()
-        if full:
-            self._full.set()
+        if due:
+            self._due.set()
 
     def close(self) -> None:
         """Take no more outcomes (:meth:`add` raises from now on)."""
@@ -112,8 +125,8 @@ class WriteBack:
             await wait_any(self._has_items, stop)
             if stop.is_set():
                 break
-            if not self._full.is_set():
-                await wait_any(self._full, stop, timeout=self._max_delay)
+            if not self._due.is_set():
+                await wait_any(self._due, stop, timeout=self._max_delay)
             if await self.flush():
                 failures = 0
             else:
@@ -161,7 +174,7 @@ class WriteBack:
         with self._mutex:
             batch, self._items = self._items, []
         self._has_items.clear()
-        self._full.clear()
+        self._due.clear()
         report = FlushReport()
         kept: list[Outcome] = []
         seen: set[int] = set()
