@@ -4,10 +4,10 @@ Outcomes accumulate and are written in one database call per kind when ``max_ite
 waiting or ``max_delay`` seconds have passed since the first one. An outcome that follows
 ``quiet`` seconds without any is written at once: at a low rate the window would gather
 nothing but delay, and its write (a durable commit) would then overlap the next message's
-publish and claim on the same disk and cores. A failed write keeps its
-items and is tried again with backoff; :meth:`WriteBack.drain` empties the buffer on
-shutdown, after which the buffer takes nothing more. A delivery whose lease was lost
-meanwhile is reported, not retried: another consumer owns it now.
+publish and claim on the same disk and cores. A failed write keeps its items and is tried
+again with backoff; :meth:`WriteBack.drain` empties the buffer on shutdown, after which the
+buffer takes nothing more. A delivery whose lease was lost meanwhile is reported, not
+retried: another consumer owns it now.
 
 Outcomes may be added from any thread (a manual ``ack`` from wherever the handler handed
 its message); flushes run on the event loop one at a time, so the final drain also waits
