@@ -97,9 +97,7 @@ class WriteBack:
                 )
             self._items.append(outcome)
             count = len(self._items)
-            due = count >= self._max_items or (
-                count == 1 and now - self._last_added >= self._quiet
-            )
+            due = count >= self._max_items or (count == 1 and now - self._last_added >= self._quiet)
             self._last_added = now
         if threading.get_ident() == self._loop_thread:
             self._wake(due)
