@@ -14,12 +14,10 @@ import pytest
 
 import sqlbroker
 from runtime.support import assert_all_completed_once, wait_until
+from sqlbroker.runtime.writeback import WriteBack
 
 LIMIT = 20.0
 """A bound against a hang, never a measure of speed."""
-NO_FINAL_BEAT = 2.0
-"""How long a test lets a fixed worker not reach its final heartbeat (the unfixed one
-reaches it at once); waiting for it is only how the test orders two threads."""
 
 
 def _watch_final_beat(broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
@@ -59,18 +57,35 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
     hooked: list[str] = []
     real_dead_many = broker.backend.message_dead_many
     calls = 0
+    in_flight = False
+    drain_waits = threading.Event()
+    real_flush = WriteBack.flush
+
+    async def watched_flush(self: WriteBack) -> bool:
+        if in_flight:  # the final drain asks for a flush while the first one runs
+            drain_waits.set()
+        return await real_flush(self)
 
     def dead_many(**kwargs: Any) -> Any:
-        nonlocal calls
+        nonlocal calls, in_flight
         calls += 1
         if calls == 1:
+            in_flight = True
             broker.stop()
-            final_beat.wait(NO_FINAL_BEAT)
+            # A fixed worker's final drain now waits for this flush; an unfixed one goes
+            # on to its final heartbeat without it.
+            wait_until(
+                lambda: drain_waits.is_set() or final_beat.is_set(),
+                timeout=LIMIT,
+                what="the final drain or the final heartbeat",
+                interval=0.01,
+            )
             if flush == "fails":
                 raise sqlbroker.ConnectionLost("injected", ambiguous=False)
         return real_dead_many(**kwargs)
 
     monkeypatch.setattr(broker.backend, "message_dead_many", dead_many)
+    monkeypatch.setattr(WriteBack, "flush", watched_flush)
 
     async def on_dead_letter(msg: sqlbroker.Message, reason: str) -> None:
         await asyncio.sleep(0.05)
