@@ -163,7 +163,7 @@ def test_the_cli_reads_the_token_from_a_file(tmp_path: Path) -> None:
     try:
         assert process.stderr is not None
         line = process.stderr.readline()
-        found = re.search(r":(\d+)/", line)
+        found = re.search(r" on http://\S+:(\d+)/", line)
         assert found, line
         port = int(found.group(1))
         headers = {"Host": f"dash.example:{port}", "Authorization": f"Bearer {TOKEN}"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from sqlbroker.interfaces.cli.admin import broker_in, schema_option
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import echo_json, human_time, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
@@ -46,6 +47,7 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
     metavar="SECONDS",
     help="How often the page refreshes itself.",
 )
+@schema_option("PostgreSQL schema of the sqlbroker tables (default: the current schema).")
 @pass_session
 def dashboard(
     session: Session,
@@ -54,6 +56,7 @@ def dashboard(
     token: str | None,
     token_file: str | None,
     refresh: float,
+    pg_schema: str | None,
 ) -> None:
     """Serve the web dashboard for the database in --url until Ctrl-C.
 
@@ -67,7 +70,8 @@ def dashboard(
         raise InvalidUsage("--refresh must be more than 0 seconds")
     if token_file is not None:
         token = _read_token(token_file, also_given=token is not None)
-    board = Dashboard(session.broker(), host=host, port=port, token=token, refresh=refresh)
+    broker = broker_in(session, pg_schema)
+    board = Dashboard(broker, host=host, port=port, token=token, refresh=refresh)
     hint = " (open it once with ?token=… to log in)" if token else ""
     click.echo(
         f"dashboard for {session.display_url} on {board.url}{hint}; Ctrl-C to stop", err=True
