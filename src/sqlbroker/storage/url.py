@@ -20,6 +20,7 @@ from urllib.parse import unquote
 from sqlbroker.core.errors import InvalidURL
 
 MASK = "***"
+_SPACE = re.compile(r"\s")
 _SCHEME = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://")
 _QUERY_SECRET = re.compile(
     r"(?i)(?P<head>[?&](?:password|token)=)(?P<secret>.*?)(?=&[a-z_]+=|\s|$)"
@@ -89,7 +90,7 @@ def _masked(text: str, spans: list[tuple[int, int]]) -> str:
 
 
 def _token_end(text: str, start: int) -> int:
-    space = re.compile(r"\s").search(text, start)
+    space = _SPACE.search(text, start)
     return space.start() if space else len(text)
 
 
@@ -114,6 +115,8 @@ def _scrub(text: str, secrets: list[str]) -> str:
     """:func:`redact`, and also hide any run of three or more characters (or a whole short
     secret) that ``text`` shares with one of ``secrets``, and any quoted text found inside
     one: a parser's message may quote a piece of a password it took for something else."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, MASK)  # whole copies first: the runs below stay short
     hidden = [False] * len(text)
     for quoted in re.finditer(r'"([^"]+)"', text):
         if any(quoted.group(1) in secret for secret in secrets):
