@@ -84,6 +84,19 @@ def test_a_remote_dashboard_answers_to_the_names_it_is_reached_by(
     assert (status, json.loads(body)) == (200, {"purged": 1})
 
 
+def test_a_dashboard_on_every_ipv6_address_serves_with_its_token(
+    broker: sqlbroker.Broker,
+) -> None:
+    board = Dashboard(broker, host="::", port=0, token=TOKEN)
+    board.start()
+    try:
+        assert board.url == f"http://[::]:{board.port}/"
+        headers = {"Host": f"[2001:db8::1]:{board.port}", "Authorization": f"Bearer {TOKEN}"}
+        assert _request(board.port, "GET", "/api/overview", headers)[0] == 200
+    finally:
+        board.stop()
+
+
 def test_a_loopback_dashboard_without_a_token_still_checks_the_host(
     broker: sqlbroker.Broker,
 ) -> None:

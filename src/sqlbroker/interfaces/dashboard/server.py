@@ -26,6 +26,7 @@ import ipaddress
 import json
 import logging
 import secrets
+import socket
 import threading
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -106,7 +107,8 @@ class Dashboard:
         self.token = token
         self.csrf = secrets.token_urlsafe(32)
         self.refresh = refresh
-        self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(self))
+        server = _IPv6Server if ":" in host else http.server.ThreadingHTTPServer
+        self._server = server((host.strip("[]"), port), _handler_for(self))
         self._server.daemon_threads = True
         self.host = host
         self.port = int(self._server.server_address[1])
@@ -150,6 +152,12 @@ class Dashboard:
         if is_loopback(self.host):
             names |= {"localhost", "127.0.0.1", "[::1]"}
         return {f"{name}:{self.port}" for name in names} | names
+
+
+class _IPv6Server(http.server.ThreadingHTTPServer):
+    """For ``--host ::`` or another IPv6 address (the stdlib server speaks IPv4 only)."""
+
+    address_family = socket.AF_INET6
 
 
 def _handler_for(dashboard: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
