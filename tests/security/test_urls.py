@@ -14,6 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sqlbroker
 from sqlbroker.storage.url import parse_url, redact
@@ -238,3 +240,25 @@ def test_a_multi_host_url_connects_past_a_dead_first_host(form: int, pg_url: str
 
         hints = asyncio.run(async_pool_and_listener())
     assert "q" in hints, hints
+
+
+_PASSWORD_TEXT = st.text(alphabet="abcXYZ019/?#@:&%=' ", min_size=1, max_size=24)
+
+
+@settings(max_examples=300, deadline=None)
+@given(password=_PASSWORD_TEXT, form=st.sampled_from(["userinfo", "multihost", "query"]))
+def test_no_password_is_shown_whatever_it_contains(password: str, form: str) -> None:
+    """Every password, raw delimiters and all: the URL is shown (``str``) or refused
+    (``InvalidURL``) without it; the marks around it make it unique in the URL."""
+    secret = f"Q{password}Q"
+    url = {
+        "userinfo": f"postgresql://u:{secret}@h:5432/db",
+        "multihost": f"postgresql://u:{secret}@h1:5432,h2:5433/db?target_session_attrs=any",
+        "query": f"postgresql://u@h/db?password={secret}&sslmode=disable",
+    }[form]
+    try:
+        shown = str(parse_url(url))
+    except sqlbroker.InvalidURL as error:
+        shown = _said(error)
+    assert secret not in shown
+    assert secret not in redact(url)
