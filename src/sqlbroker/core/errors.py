@@ -61,6 +61,15 @@ class ConfigurationError(SqlbrokerError):
     """The broker cannot be set up as asked (bad URL, missing extra, refused filesystem)."""
 
 
+class InvalidURL(ValidationError, ConfigurationError):
+    """A database URL that cannot be used as written (malformed, an unknown scheme, an
+    option sqlbroker does not honour). Bad input and a configuration error at once; the
+    message shows the URL only with its password replaced by ``***``."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("url", problem)
+
+
 class SchemaError(SqlbrokerError):
     """The database schema is missing, older or newer than this version of sqlbroker."""
 
