@@ -158,6 +158,8 @@ def test_a_row_a_marks_for_b_is_refused_and_a_queues_stay_as(tenants: Tenants) -
 
 def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) -> None:
     with tenants.broker(LOGIN_A) as a:
+        a.send("handover", "dead")
+        a.dead_letter(a.claim("handover")[0], reason="before the handover")
         a.send_many("handover", ["one", "two"])
     _ok(tenants.cli("tenants", "assign", "handover", "--tenant", "B"))
     with tenants.attacker() as attacker:
@@ -166,11 +168,15 @@ def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) 
         _refused_or_harmless(attacker, "DELETE FROM sqlbroker_message")
         _refused_or_harmless(attacker, "UPDATE sqlbroker_message SET priority = 0")
         _refused(attacker, *_plant("handover"))
+        assert attacker.execute("SELECT count(*) FROM sqlbroker_dead").fetchone() == (0,)
     with tenants.broker(LOGIN_A) as a:
         assert a.claim("handover", limit=10) == []
         assert a.pending("handover") == []
+        assert a.dead_letters.list() == []
+        assert a.dead_letters.purge(subscription="handover", actor="a") == 0
     with tenants.broker(LOGIN_B) as b:
         assert sorted(d.payload for d in b.claim("handover", limit=10)) == ["one", "two"]
+        assert [d.payload for d in b.dead_letters.list()] == ["dead"]
 
 
 def _wait_until_due(broker: sqlbroker.Broker, name: str) -> None:
@@ -234,8 +240,9 @@ def test_a_cannot_halt_schedules_with_times_nobody_can_read(tenants: Tenants) ->
                 attacker, "UPDATE sqlbroker_schedule SET paused = true WHERE name <> 'a-tick'"
             )
             _refused_or_harmless(attacker, "DELETE FROM sqlbroker_schedule WHERE name <> 'a-tick'")
-            # Not even A's own row may take a time no scheduler can read.
+            # Not even A's own row may take a time no scheduler can read, nor go to B.
             _refused(attacker, "UPDATE sqlbroker_schedule SET last_run_at = 'infinity'")
+            _refused(attacker, "UPDATE sqlbroker_schedule SET tenant = 'B'")
         assert [s.name for s in a.schedules()] == ["a-tick"]
         _wait_until_due(b, "b-tick")
         assert list(b.run_due_schedules().published) == ["b-tick"]
@@ -349,3 +356,33 @@ def test_a_cannot_forge_bs_audit_trail(tenants: Tenants) -> None:
         )
     with tenants.broker(LOGIN_B) as b:
         assert b.audit() == []
+
+
+def test_spark_rows_are_per_tenant(tenants: Tenants) -> None:
+    with tenants.broker(LOGIN_B) as b:
+        b.send("b-stream", "for Spark")
+    with psycopg.connect(tenants.url(LOGIN_B), autocommit=True) as victim:
+        victim.execute(
+            "INSERT INTO sqlbroker_spark_stage (job_id, partition_id, attempt, seq, topic,"
+            " payload, content_type, priority, content_hash, max_attempts, dedupe_window,"
+            " staged_at) VALUES ('job-b', 0, 0, 0, 'b.topic', convert_to('1', 'UTF8'),"
+            " 'application/json', 2, 'h', 5, 60, now())"
+        )
+        victim.execute(
+            "INSERT INTO sqlbroker_spark_stream (name, subscription, created_at)"
+            " VALUES ('b-reader', 'b-stream', now())"
+        )
+    with tenants.attacker() as attacker:
+        for table in ("sqlbroker_spark_stage", "sqlbroker_spark_stream"):
+            assert attacker.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+            _refused_or_harmless(attacker, f"DELETE FROM {table}")
+        _refused(
+            attacker,
+            "INSERT INTO sqlbroker_spark_stream (name, subscription, created_at)"
+            " VALUES ('a-reader', 'b-stream', now())",
+        )
+    with psycopg.connect(tenants.url(LOGIN_B), autocommit=True) as victim:
+        staged = victim.execute("SELECT count(*) FROM sqlbroker_spark_stage").fetchone()
+        streams = victim.execute("SELECT name FROM sqlbroker_spark_stream").fetchall()
+    assert staged == (1,)
+    assert streams == [("b-reader",)]

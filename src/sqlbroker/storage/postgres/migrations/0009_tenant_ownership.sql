@@ -67,6 +67,12 @@ ALTER TABLE {schema}sqlbroker_worker
 ALTER TABLE {schema}sqlbroker_saga ADD COLUMN tenant text NOT NULL DEFAULT '';
 ALTER TABLE {schema}sqlbroker_audit ADD COLUMN tenant text NOT NULL DEFAULT '';
 ALTER TABLE {schema}sqlbroker_spark_stage ADD COLUMN tenant text NOT NULL DEFAULT '';
+-- A saga still moving keeps working for its tenant: it takes the tenant of the queue its
+-- awaited message waits in. (Other rows written before this schema belong to no tenant.)
+UPDATE {schema}sqlbroker_saga s SET tenant = coalesce(sub.tenant, '')
+FROM {schema}sqlbroker_message m
+JOIN {schema}sqlbroker_subscription sub ON sub.name = m.subscription
+WHERE m.message_id = s.message_id AND s.status IN ('running', 'compensating');
 
 -- Times a scheduler reads must decode: finite and inside what every client can represent.
 -- NOT VALID: rows already stored are not checked, every new or changed row is.
