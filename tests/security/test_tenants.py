@@ -266,3 +266,39 @@ def test_schema_9_keeps_a_moving_saga_with_its_tenant(pg_server: Any) -> None:
         assert rows == [("done", ""), ("moving", "acme")]
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.mark.postgres
+def test_a_tenants_worker_runs_its_sagas_schedules_and_heartbeats(tenants: Tenants) -> None:
+    """Isolation leaves a tenant's own work whole: a saga runs to its end, a schedule fires
+    into the tenant's subscription, once() and the heartbeat work, under the policies."""
+    saga = sqlbroker.Saga("ship", [sqlbroker.Step("pack"), sqlbroker.Step("send")], timeout=600)
+    app = sqlbroker.app.Broker(tenants.url(ACME), lease=30)
+    charged: list[int] = []
+
+    @app.saga_step(saga, "pack")
+    def pack(message: Any) -> dict[str, bool]:
+        with app.once("charge", "order-1") as first:
+            if first:
+                charged.append(1)
+        return {"packed": True}
+
+    @app.saga_step(saga, "send")
+    def send(message: Any) -> dict[str, bool]:
+        return {"sent": True}
+
+    try:
+        app.subscribe("acme-ticks", ["acme.tick"])
+        app.schedule("tick", "acme.tick", {"n": 1}, every=3600)
+        app.sagas.start(saga, {"order": 1}, saga_id="acme-saga")
+        app.run_until_idle(timeout=60)
+        assert app.sagas.get("acme-saga").status.value == "completed"
+        assert charged == [1]
+        assert [w.name for w in app.workers()] == [app.worker_name()]
+        assert [s.name for s in app.schedules()] == ["tick"]
+    finally:
+        app.close()
+    with tenants.broker(GLOBEX) as globex:
+        assert globex.workers() == []
+        assert globex.schedules() == []
+        assert globex.sagas.list() == []
