@@ -4,7 +4,8 @@ Schema 9 (issue 29) authorises a message by its subscription's owner only; schem
 the row's own tenant column grant access. One throwaway server, one database, two tenants
 with a backlog each; the same tenant login claims and completes batches and sends single
 messages under three settings switched in alternating rounds: isolation off, on with
-schema 7's message policies (restored by hand), on with schema 9's. Prints medians.
+schema 7's message policies (restored by hand), on with schema 9's. Prints medians and 10th
+percentiles.
 
     .venv/bin/python bench/tenant_policy_cost.py [--backlog 40000] [--rounds 6] [--ops 300]
 """
@@ -47,6 +48,10 @@ CREATE POLICY sqlbroker_tenant_insert ON sqlbroker_message AS RESTRICTIVE FOR IN
     WITH CHECK (tenant IS NOT DISTINCT FROM (SELECT sqlbroker_session_tenant())
                 AND sqlbroker_tenant_owns(subscription));
 """
+
+
+def _p10(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 10]
 
 
 def _timed(operation: Callable[[], object], count: int) -> list[float]:
@@ -114,13 +119,16 @@ def main() -> None:
                 for _ in range(args.ops):
                     claim_complete(mode)
                 results.setdefault(("send x1", mode), []).extend(_timed(send, args.ops))
+        # The median, and the 10th percentile: on a shared machine the low end shows the
+        # statement's own cost best.
         for name in ("claim x10", "complete x10", "send x1"):
-            medians = {mode: statistics.median(results[(name, mode)]) * 1000 for mode in modes}
-            print(
-                f"{name:20s} off {medians['off']:7.3f} ms   schema 7 {medians['schema 7']:7.3f} ms"
-                f"   schema 9 {medians['schema 9']:7.3f} ms"
-                f"   9/7 {medians['schema 9'] / medians['schema 7']:5.2f}"
-            )
+            for label, pick in (("median", statistics.median), ("p10", _p10)):
+                ms = {mode: pick(results[(name, mode)]) * 1000 for mode in modes}
+                print(
+                    f"{name:14s} {label:6s} off {ms['off']:7.3f} ms"
+                    f"   schema 7 {ms['schema 7']:7.3f} ms   schema 9 {ms['schema 9']:7.3f} ms"
+                    f"   9/7 {ms['schema 9'] / ms['schema 7']:5.2f}"
+                )
         owner.close()
         for broker in (acme, globex, admin):
             broker.close()
