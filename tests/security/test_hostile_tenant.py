@@ -160,6 +160,8 @@ def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) 
     with tenants.broker(LOGIN_A) as a:
         a.send("handover", "dead")
         a.dead_letter(a.claim("handover")[0], reason="before the handover")
+        a.send("handover", "done")
+        a.complete(a.claim("handover")[0])
         a.send_many("handover", ["one", "two"])
     _ok(tenants.cli("tenants", "assign", "handover", "--tenant", "B"))
     with tenants.attacker() as attacker:
@@ -174,9 +176,11 @@ def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) 
         assert a.pending("handover") == []
         assert a.dead_letters.list() == []
         assert a.dead_letters.purge(subscription="handover", actor="a") == 0
+        assert a.archive() == []
     with tenants.broker(LOGIN_B) as b:
         assert sorted(d.payload for d in b.claim("handover", limit=10)) == ["one", "two"]
         assert [d.payload for d in b.dead_letters.list()] == ["dead"]
+        assert [row.payload for row in b.archive()] == ["done"]
 
 
 def _wait_until_due(broker: sqlbroker.Broker, name: str) -> None:
