@@ -1,12 +1,25 @@
-"""Shared helpers for turning database rows into the core row dataclasses."""
+"""Turning database rows into the core row dataclasses: the one place stored columns are
+decoded, and decoding never raises.
+
+Stored rows can be damaged: a superuser, a raw-SQL script or an older version may have
+written headers that are not a JSON object of strings, text where a number belongs (SQLite
+keeps whatever it is given), or JSON columns that do not parse. Every ``*_of`` function here
+reads a row column by column through :class:`Columns`; a column that does not decode takes
+a stand-in value and is named in the row's ``damaged`` text, so a listing shows the row (by
+its id) as damaged instead of failing, and a claim can dead-letter it
+(:func:`deliveries_of`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, TypeVar
 
 from sqlbroker.core.message import (
     ArchivedMessage,
@@ -18,13 +31,28 @@ from sqlbroker.core.message import (
     State,
     Subscription,
 )
+from sqlbroker.core.observability import (
+    HANDLER_BUCKETS,
+    AuditEntry,
+    MinuteCounts,
+    RareCount,
+    WorkerInfo,
+)
 from sqlbroker.core.serde import decode_payload, encode_json
+from sqlbroker.core.topics import validate_pattern
+
+T = TypeVar("T")
+
+EPOCH = datetime.fromtimestamp(0, UTC)
+"""The stand-in for a time column that does not decode."""
 
 
 def utc(value: Any) -> datetime:
     """A database time (aware datetime or Unix seconds) as an aware UTC datetime."""
     if isinstance(value, datetime):
         return value.astimezone(UTC)
+    if value is None or isinstance(value, bool | str | bytes | bytearray | memoryview):
+        raise ValueError(f"is {_kind(value)}, not a time")
     return datetime.fromtimestamp(float(value), UTC)
 
 
@@ -32,12 +60,178 @@ def utc_or_none(value: Any) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def headers_of(text: str | None) -> dict[str, str]:
-    return {} if not text else dict(json.loads(text))
+def _kind(value: Any) -> str:
+    """A short description of a stored value for a ``damaged`` text (never the value
+    itself: it may be long, or private)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def decode_headers(text: Any) -> dict[str, str]:
+    """Stored headers: JSON text of an object whose values are strings (empty or NULL: no
+    headers). Raises ``ValueError`` saying what is wrong otherwise."""
+    if text is None or text == "":
+        return {}
+    if not isinstance(text, str):
+        raise ValueError(f"is {_kind(text)}, not JSON text")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError("is not JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"is a JSON {type(value).__name__}, not an object")
+    if not all(type(item) is str for item in value.values()):
+        raise ValueError("has a value that is not a string")
+    return value
+
+
+def headers_of(text: Any) -> dict[str, str]:
+    """Stored headers, or no headers when they do not decode (:func:`decode_headers`)."""
+    try:
+        return decode_headers(text)
+    except ValueError:
+        return {}
+
+
+def payload_bytes(data: Any) -> bytes:
+    """A stored payload's bytes (SQLite may hand back text a raw statement wrote)."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if isinstance(data, str):
+        return data.encode("utf-8", "surrogateescape")
+    raise ValueError(f"is {_kind(data)}, not bytes")
 
 
 def payload_of(data: Any, content_type: str) -> Any:
-    return decode_payload(bytes(data), content_type)
+    return decode_payload(payload_bytes(data), content_type)
+
+
+def text(value: Any) -> str:
+    """Converters for :meth:`Columns.get`: each returns the value or raises ``ValueError``."""
+    if not isinstance(value, str):
+        raise ValueError(f"is {_kind(value)}, not text")
+    return value
+
+
+def text_or_none(value: Any) -> str | None:
+    return None if value is None else text(value)
+
+
+def integer(value: Any) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, float | Decimal) and math.isfinite(value) and value == int(value):
+        return int(value)
+    raise ValueError(f"is {_kind(value)}, not an integer")
+
+
+def number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise ValueError(f"is {_kind(value)}, not a number")
+    return float(value)
+
+
+def number_or_none(value: Any) -> float | None:
+    return None if value is None else number(value)
+
+
+def _uuid_text(value: Any) -> str:
+    if value is None:
+        raise ValueError("is NULL")
+    return str(value)
+
+
+def _json_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError(f"is {_kind(value)}, not JSON text")
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        raise ValueError("is not JSON") from None
+
+
+def _json_text_or_none(value: Any) -> Any:
+    return None if value is None else _json_text(value)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    items = _json_text(value)
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ValueError("is not a JSON list of strings")
+    return tuple(items)
+
+
+def _buckets(value: Any) -> list[int]:
+    items = _json_text(value)
+    if (
+        not isinstance(items, list)
+        or len(items) > len(HANDLER_BUCKETS)
+        or not all(type(n) is int and n >= 0 for n in items)
+    ):
+        raise ValueError("is not a JSON list of counts")
+    return items
+
+
+def _object(value: Any) -> dict[str, object]:
+    found = _json_text(value)
+    if not isinstance(found, dict):
+        raise ValueError(f"is a JSON {type(found).__name__}, not an object")
+    return found
+
+
+class Columns:
+    """One row's columns, each decoded by a converter that raises on a bad value; a column
+    that does not decode yields ``stand_in`` and is recorded in :attr:`damaged`.
+
+    ``row`` is a mapping (columns by name) or a sequence with ``names`` giving its columns'
+    names in order."""
+
+    __slots__ = ("_names", "_problems", "_row")
+
+    def __init__(self, row: Any, names: Sequence[str] | None = None) -> None:
+        self._row = row
+        self._names = names
+        self._problems: list[str] = []
+
+    def raw(self, column: str) -> Any:
+        if self._names is None:
+            return self._row[column]
+        return self._row[self._names.index(column)]
+
+    def get(self, column: str, convert: Callable[[Any], T], stand_in: T) -> T:
+        try:
+            return convert(self.raw(column))
+        except Exception as error:  # a converter's ValueError, or anything a value caused
+            self.note(column, str(error) or type(error).__name__)
+            return stand_in
+
+    def note(self, column: str, problem: str) -> None:
+        self._problems.append(f"{column} {problem}")
+
+    @property
+    def damaged(self) -> str | None:
+        """What did not decode (``"headers is a JSON list, not an object"``), or ``None``."""
+        return "; ".join(self._problems) or None
+
+
+def _time(columns: Columns, column: str) -> datetime:
+    return columns.get(column, utc, EPOCH)
+
+
+def _time_or_none(columns: Columns, column: str) -> datetime | None:
+    return columns.get(column, utc_or_none, None)
+
+
+def _payload(columns: Columns) -> Any:
+    """The payload decoded by its content type (JSON that does not parse stays bytes, see
+    :func:`~sqlbroker.core.serde.decode_payload`)."""
+    content_type = columns.get("content_type", text, "")
+    return columns.get("payload", lambda data: payload_of(data, content_type), b"")
 
 
 def payload_hash(payload: bytes, content_type: str) -> str:
@@ -94,7 +288,41 @@ def _utc_fast(value: Any) -> datetime:
 
 def delivery_of(row: Sequence[Any]) -> Delivery:
     """A claimed row (:data:`CLAIM_COLUMNS`, by position: claims are the hot path, and a
-    tuple row skips building a mapping per row)."""
+    tuple row skips building a mapping per row). Raises ``ValueError`` naming the columns
+    when the row does not decode (see :func:`deliveries_of`)."""
+    try:
+        return _delivery_fast(row)
+    except Exception:  # anything a damaged value causes; the slow path names the columns
+        pass
+    columns = Columns(row, CLAIM_COLUMNS)
+    content_type = columns.get("content_type", text, "")
+    payload = columns.get("payload", payload_bytes, b"")
+    delivery = Delivery(
+        id=columns.raw("id"),
+        message_id=columns.get("message_id", _uuid_text, ""),
+        subscription=columns.get("subscription", text, ""),
+        topic=columns.get("topic", text, ""),
+        payload=decode_payload(payload, content_type),
+        content_type=content_type,
+        headers=columns.get("headers", decode_headers, {}),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        idempotency_key=columns.get("idempotency_key", text_or_none, None),
+        attempt=columns.get("attempts", integer, 0),
+        max_attempts=columns.get("max_attempts", integer, 0),
+        replay_count=columns.get("replay_count", integer, 0),
+        enqueued_at=_time(columns, "enqueued_at"),
+        available_at=_time(columns, "available_at"),
+        expires_at=_time_or_none(columns, "expires_at"),
+        lease_token=columns.get("lease_token", _uuid_text, ""),
+        lease_expires_at=_time(columns, "lease_expires_at"),
+    )
+    if columns.damaged is not None:
+        raise ValueError(columns.damaged)
+    return delivery  # the fast path failed on something the slow path accepts
+
+
+def _delivery_fast(row: Sequence[Any]) -> Delivery:
     (
         id_,
         message_id,
@@ -115,6 +343,17 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
         lease_token,
         lease_expires_at,
     ) = row
+    if (
+        type(priority) is not int
+        or type(attempts) is not int
+        or type(max_attempts) is not int
+        or type(replay_count) is not int
+        or type(topic) is not str
+        or type(subscription) is not str
+        or type(content_type) is not str
+        or lease_token is None
+    ):
+        raise ValueError("a column has the wrong type")
     return Delivery(
         id=id_,
         message_id=str(message_id),
@@ -122,7 +361,7 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
         topic=topic,
         payload=decode_payload(payload, content_type),
         content_type=content_type,
-        headers=headers_of(headers),
+        headers=decode_headers(headers),
         priority=priority,
         key=ordering_key,
         idempotency_key=idempotency_key,
@@ -137,80 +376,215 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
     )
 
 
+UNDECODABLE = "undecodable"
+"""The dead-letter reason of a claimed row that does not decode."""
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodableRow:
+    """A claimed row that does not decode: its id, the lease token the claim issued and
+    what is wrong (the columns named)."""
+
+    id: int
+    lease_token: str
+    problem: str
+
+    @property
+    def error(self) -> ErrorInfo:
+        return ErrorInfo(type="sqlbroker.Undecodable", message=self.problem)
+
+    @property
+    def reason(self) -> str:
+        return f"{UNDECODABLE}: {self.problem}"
+
+
+def deliveries_of(rows: Iterable[Sequence[Any]]) -> tuple[list[Delivery], list[UndecodableRow]]:
+    """Claimed rows as deliveries (most urgent first), and the rows that do not decode.
+    The caller dead-letters those (reason ``undecodable``) under the lease the claim just
+    issued, so a damaged row never reaches a handler and never comes back to crash the
+    next claim."""
+    deliveries: list[Delivery] = []
+    damaged: list[UndecodableRow] = []
+    for row in rows:
+        try:
+            deliveries.append(delivery_of(row))
+        except ValueError as error:
+            token = row[CLAIM_COLUMNS.index("lease_token")]
+            damaged.append(UndecodableRow(id=row[0], lease_token=str(token), problem=str(error)))
+    deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+    return deliveries, damaged
+
+
 def pending_of(row: Row) -> PendingMessage:
+    columns = Columns(row)
     return PendingMessage(
         id=row["id"],
-        message_id=str(row["message_id"]),
-        subscription=row["subscription"],
-        topic=row["topic"],
-        state=State(row["state"]),
-        priority=row["priority"],
-        key=row["ordering_key"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        enqueued_at=utc(row["enqueued_at"]),
-        available_at=utc(row["available_at"]),
-        expires_at=utc_or_none(row["expires_at"]),
-        lease_expires_at=utc_or_none(row["lease_expires_at"]),
-        last_error=row["last_error"],
+        message_id=columns.get("message_id", _uuid_text, ""),
+        subscription=columns.get("subscription", text, ""),
+        topic=columns.get("topic", text, ""),
+        state=columns.get("state", State, State.AVAILABLE),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        attempts=columns.get("attempts", integer, 0),
+        max_attempts=columns.get("max_attempts", integer, 0),
+        enqueued_at=_time(columns, "enqueued_at"),
+        available_at=_time(columns, "available_at"),
+        expires_at=_time_or_none(columns, "expires_at"),
+        lease_expires_at=_time_or_none(columns, "lease_expires_at"),
+        last_error=columns.get("last_error", text_or_none, None),
+        damaged=columns.damaged,  # last: after every column above was read
     )
 
 
 def dead_letter_of(row: Row) -> DeadLetter:
+    columns = Columns(row)
     return DeadLetter(
         id=row["id"],
-        message_id=str(row["message_id"]),
-        subscription=row["subscription"],
-        topic=row["topic"],
-        payload=payload_of(row["payload"], row["content_type"]),
-        content_type=row["content_type"],
-        headers=headers_of(row["headers"]),
-        priority=row["priority"],
-        key=row["ordering_key"],
-        idempotency_key=row["idempotency_key"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        replay_count=row["replay_count"],
-        reason=row["reason"],
-        error_type=row["error_type"],
-        error_message=row["error_message"],
-        traceback=row["traceback"],
-        enqueued_at=utc(row["enqueued_at"]),
-        first_started_at=utc_or_none(row["first_started_at"]),
-        first_failed_at=utc(row["first_failed_at"]),
-        last_failed_at=utc(row["last_failed_at"]),
-        dead_at=utc(row["dead_at"]),
+        message_id=columns.get("message_id", _uuid_text, ""),
+        subscription=columns.get("subscription", text, ""),
+        topic=columns.get("topic", text, ""),
+        payload=_payload(columns),
+        content_type=columns.get("content_type", text, ""),
+        headers=columns.get("headers", decode_headers, {}),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        idempotency_key=columns.get("idempotency_key", text_or_none, None),
+        attempts=columns.get("attempts", integer, 0),
+        max_attempts=columns.get("max_attempts", integer, 0),
+        replay_count=columns.get("replay_count", integer, 0),
+        reason=columns.get("reason", text, ""),
+        error_type=columns.get("error_type", text_or_none, None),
+        error_message=columns.get("error_message", text_or_none, None),
+        traceback=columns.get("traceback", text_or_none, None),
+        enqueued_at=_time(columns, "enqueued_at"),
+        first_started_at=_time_or_none(columns, "first_started_at"),
+        first_failed_at=_time(columns, "first_failed_at"),
+        last_failed_at=_time(columns, "last_failed_at"),
+        dead_at=_time(columns, "dead_at"),
+        damaged=columns.damaged,
     )
 
 
 def archived_of(row: Row) -> ArchivedMessage:
+    columns = Columns(row)
     return ArchivedMessage(
         id=row["id"],
-        message_id=str(row["message_id"]),
-        subscription=row["subscription"],
-        topic=row["topic"],
-        payload=payload_of(row["payload"], row["content_type"]),
-        content_type=row["content_type"],
-        headers=headers_of(row["headers"]),
-        priority=row["priority"],
-        key=row["ordering_key"],
-        outcome=Outcome(row["outcome"]),
-        attempts=row["attempts"],
-        replay_count=row["replay_count"],
-        enqueued_at=utc(row["enqueued_at"]),
-        first_started_at=utc_or_none(row["first_started_at"]),
-        finished_at=utc(row["finished_at"]),
+        message_id=columns.get("message_id", _uuid_text, ""),
+        subscription=columns.get("subscription", text_or_none, None),
+        topic=columns.get("topic", text, ""),
+        payload=_payload(columns),
+        content_type=columns.get("content_type", text, ""),
+        headers=columns.get("headers", decode_headers, {}),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        outcome=columns.get("outcome", Outcome, Outcome.COMPLETED),
+        attempts=columns.get("attempts", integer, 0),
+        replay_count=columns.get("replay_count", integer, 0),
+        enqueued_at=_time(columns, "enqueued_at"),
+        first_started_at=_time_or_none(columns, "first_started_at"),
+        finished_at=_time(columns, "finished_at"),
+        damaged=columns.damaged,
     )
 
 
 def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
-    """Group ``(name, created_at, pattern)`` rows, one per pattern, into subscriptions."""
-    grouped: dict[str, tuple[Any, list[str]]] = {}
+    """Group ``(name, created_at, pattern)`` rows, one per pattern, into subscriptions; a
+    stored pattern that is not a valid pattern (routing ignores it) marks its subscription
+    damaged."""
+    grouped: dict[str, tuple[Columns, list[str]]] = {}
     for row in rows:
-        _, patterns = grouped.setdefault(row["name"], (row["created_at"], []))
-        if row["pattern"] is not None:
-            patterns.append(row["pattern"])
-    return [
-        Subscription(name=name, patterns=tuple(patterns), created_at=utc(created))
-        for name, (created, patterns) in grouped.items()
-    ]
+        columns, patterns = grouped.setdefault(row["name"], (Columns(row), []))
+        pattern = row["pattern"]
+        if pattern is not None:
+            try:
+                patterns.append(validate_pattern(pattern))
+            except ValueError:
+                columns.note("pattern", f"{str(pattern)[:80]!r} is not a valid pattern")
+    found = []
+    for name, (columns, patterns) in grouped.items():
+        created = _time(columns, "created_at")
+        found.append(
+            Subscription(
+                name=name, patterns=tuple(patterns), created_at=created, damaged=columns.damaged
+            )
+        )
+    return found
+
+
+def worker_of(row: Row) -> WorkerInfo:
+    """A worker row; one that does not decode counts as stopped long ago (never alive)."""
+    columns = Columns(row)
+    name = columns.get("name", text, "")
+    host = columns.get("host", text, "")
+    pid = columns.get("pid", integer, 0)
+    none: tuple[str, ...] = ()
+    subscriptions = columns.get("subscriptions", _strings, none)
+    started_at = _time(columns, "started_at")
+    seen_at = _time(columns, "seen_at")
+    stopped_at = _time_or_none(columns, "stopped_at")
+    seen_age = columns.get("seen_age", number, math.inf)
+    damaged = columns.damaged
+    return WorkerInfo(
+        name=name,
+        host=host,
+        pid=pid,
+        subscriptions=subscriptions,
+        started_at=started_at,
+        seen_at=seen_at,
+        stopped_at=stopped_at,
+        seen_age=seen_age if damaged is None else math.inf,
+        damaged=damaged,
+    )
+
+
+def minute_of(row: Row) -> MinuteCounts | None:
+    """A per-minute counter row, or ``None`` when it does not decode (a metric cannot show
+    a damaged row; it leaves it out)."""
+    columns = Columns(row)
+    minute = MinuteCounts(
+        subscription=columns.get("subscription", text, ""),
+        minute=_time(columns, "minute"),
+        worker=columns.get("worker", text, ""),
+        completed=columns.get("completed", integer, 0),
+        retried=columns.get("retried", integer, 0),
+        dead=columns.get("dead", integer, 0),
+        handler_count=columns.get("handler_count", integer, 0),
+        handler_seconds=columns.get("handler_seconds", number, 0.0),
+        handler_buckets=columns.get("handler_buckets", _buckets, []),
+    )
+    return None if columns.damaged is not None else minute
+
+
+def totals_of(rows: Iterable[Row]) -> dict[tuple[str, str], int]:
+    """Lifetime counters by ``(subscription, outcome)``, leaving out rows that do not
+    decode."""
+    totals: dict[tuple[str, str], int] = {}
+    for row in rows:
+        columns = Columns(row)
+        key = (columns.get("subscription", text, ""), columns.get("outcome", text, ""))
+        count = columns.get("count", integer, 0)
+        if columns.damaged is None:
+            totals[key] = count
+    return totals
+
+
+def rare_count_of(row: Row) -> RareCount:
+    columns = Columns(row)
+    return RareCount(
+        subscription=columns.get("subscription", text_or_none, None),
+        outcome=columns.get("outcome", text, ""),
+        total=columns.get("total", integer, 0),
+        recent=columns.get("recent", integer, 0),
+    )
+
+
+def audit_of(row: Row) -> AuditEntry:
+    columns = Columns(row)
+    return AuditEntry(
+        id=row["id"],
+        at=_time(columns, "at"),
+        actor=columns.get("actor", text, ""),
+        action=columns.get("action", text, ""),
+        detail=columns.get("detail", _object, {}),
+        damaged=columns.damaged,
+    )

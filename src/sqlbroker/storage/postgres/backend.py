@@ -32,6 +32,7 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     RetryRequest,
+    undecodable_deaths,
 )
 from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import (
@@ -53,7 +54,7 @@ from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import (
-    delivery_of,
+    deliveries_of,
     error_json,
     subscriptions_of,
     utc,
@@ -67,12 +68,6 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
-
-
-def _deliveries(rows: Sequence[Any]) -> list[Delivery]:
-    deliveries = [delivery_of(row) for row in rows]
-    deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
-    return deliveries
 
 
 class PostgresBackend(
@@ -239,7 +234,10 @@ class PostgresBackend(
             else:
                 cursor = conn.execute(*claim)
             rows = cursor.fetchall()
-        return _deliveries(rows)
+        deliveries, damaged = deliveries_of(rows)
+        if damaged:
+            self.message_dead_many(deaths=undecodable_deaths(damaged))
+        return deliveries
 
     async def message_claim_many_async(
         self,
@@ -259,7 +257,11 @@ class PostgresBackend(
             else:
                 cursor = await conn.execute(*claim)
             rows = await cursor.fetchall()
-        return _deliveries(rows)
+        deliveries, damaged = deliveries_of(rows)
+        if damaged:
+            # Rare: the sync pool, in a thread, rather than an async copy of the statement.
+            await asyncio.to_thread(self.message_dead_many, deaths=undecodable_deaths(damaged))
+        return deliveries
 
     def _claim_statements(
         self,

@@ -24,6 +24,7 @@ from sqlbroker.storage.schedules import (
     ScheduleFire,
     ScheduleRecord,
     definition_params,
+    due_records,
     schedule_record_of,
 )
 from sqlbroker.storage.sql import load_blocks
@@ -105,7 +106,7 @@ class PostgresSchedules:
             earliest = conn.execute(sql["schedule_next_run"], {"now": now}).fetchone()
         return DueSchedules(
             now=utc(now),
-            due=[schedule_record_of(row) for row in rows if row["name"] is not None],
+            due=due_records([row for row in rows if row["name"] is not None]),
             next_run_at=None if earliest is None or earliest[0] is None else utc(earliest[0]),
         )
 

@@ -38,10 +38,11 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     RetryRequest,
+    undecodable_deaths,
 )
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import (
-    delivery_of,
+    deliveries_of,
     error_json,
     subscriptions_of,
     utc,
@@ -244,8 +245,9 @@ class SqliteBackend(
                     "max_attempts": max_attempts,
                 },
             ).fetchall()
-        deliveries = [delivery_of(row) for row in rows]
-        deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+        deliveries, damaged = deliveries_of(rows)
+        if damaged:
+            self.message_dead_many(deaths=undecodable_deaths(damaged))
         return deliveries
 
     def _valid_ids(self, conn: sqlite3.Connection, leases: Sequence[Lease]) -> list[int]:
