@@ -176,6 +176,40 @@ def _segments_match(parts: tuple[str, ...], words: list[str]) -> bool:
     return end in positions
 
 
+def route_params(topic: str) -> dict[str, str]:
+    """What the routing statements' cheap tests compare patterns with: the topic, its first
+    word and a dot (``head``), and a dot and its last word (``tail``). A pattern that
+    matches starts with ``head``, ``*.`` or ``#.`` and ends with ``tail``, ``.*`` or
+    ``.#`` (or is the topic, ``*`` or ``#``)."""
+    return {
+        "topic": topic,
+        "head": topic.split(".", 1)[0] + ".",
+        "tail": "." + topic.rsplit(".", 1)[-1],
+    }
+
+
+@lru_cache(maxsize=65536)
+def _stored_parts(pattern: str) -> tuple[str, ...] | None:
+    try:
+        validate_pattern(pattern)
+    except InvalidName:
+        return None
+    return tuple(pattern.split("."))
+
+
+def stored_pattern_matches(pattern: object, topic: str) -> bool:
+    """Does a pattern read from the database match ``topic``? Routing's one rule on
+    SQLite (``sqlbroker_pattern_match``): the pattern is validated again (a row damaged by
+    raw SQL matches nothing) and matched segment by segment, never through a stored
+    regex."""
+    parts = _stored_parts(pattern) if isinstance(pattern, str) else None
+    if parts is None:
+        return False
+    if "*" not in parts and "#" not in parts:
+        return pattern == topic
+    return _segments_match(parts, topic.split("."))
+
+
 @lru_cache(maxsize=4096)
 def _compiled(regex: str) -> re.Pattern[str]:
     return re.compile(regex)

@@ -167,8 +167,32 @@ queue_pattern AS (
 routes AS (
     SELECT b.seq, %(subscription)s::text AS subscription FROM b WHERE %(subscription)s::text IS NOT NULL
     UNION ALL
-    SELECT DISTINCT b.seq, p.subscription
-    FROM b JOIN {schema}sqlbroker_subscription_pattern p ON ('.' || b.topic) ~ p.regex
+    SELECT DISTINCT t.seq, p.subscription
+    FROM (SELECT b.seq, b.topic, split_part(b.topic, '.', 1) || '.' AS head,
+                 '.' || reverse(split_part(reverse(b.topic), '.', 1)) AS tail
+          FROM b) t
+    JOIN {schema}sqlbroker_subscription_pattern p ON CASE
+        -- Routing matches the stored pattern, never the stored regex (a row damaged by
+        -- raw SQL could hold any regex). Cheap tests first, as in SQLite's message_routes,
+        -- so that most patterns never reach the regex: a matching pattern's first segment
+        -- is '*', '#' or the topic's first word (head: that word and a dot), its last
+        -- segment '*', '#' or the topic's last word (tail: a dot and that word).
+        WHEN p.pattern = t.topic OR p.pattern = '#' THEN true
+        WHEN p.pattern = '*' THEN strpos(t.topic, '.') = 0
+        WHEN NOT (left(p.pattern, length(t.head)) = t.head OR left(p.pattern, 2) IN ('*.', '#.'))
+            THEN false
+        WHEN NOT (right(p.pattern, length(t.tail)) = t.tail OR right(p.pattern, 2) IN ('.*', '.#'))
+            THEN false
+        -- Only a valid pattern (validate_pattern's rule) routes: a damaged one matches
+        -- nothing. Its regex is core/topics.py's pattern_regex, built here from the
+        -- pattern (tests/security/test_malformed_rows.py holds the two equal).
+        WHEN length(p.pattern) > 255
+          OR p.pattern !~ '^(\*|#|[A-Za-z0-9_-]{1,64})(\.(\*|#|[A-Za-z0-9_-]{1,64}))*$'
+          THEN false
+        ELSE ('.' || t.topic) ~ ('^' || replace(replace(replace(
+                 '.' || regexp_replace(p.pattern, '#(\.#)+', '#', 'g'),
+                 '.', '\.'), '\.*', '\.[^.]+'), '\.#', '(\.[^.]+)*') || '$')
+    END
     WHERE %(subscription)s::text IS NULL
 ),
 ins AS (

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict, InvalidOption
 from sqlbroker.core.message import NewMessage, State
+from sqlbroker.core.topics import route_params
 from sqlbroker.storage import caller
 from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.sqlite.connection import SqlitePool
@@ -79,7 +80,7 @@ class SqlitePublishing:
                         routes[message.topic] = [
                             row[0]
                             for row in c.execute(
-                                self._sql["message_routes"], {"topic": message.topic}
+                                self._sql["message_routes"], route_params(message.topic)
                             )
                         ]
                     targets = routes[message.topic]

@@ -72,8 +72,21 @@ WHERE (topic, idempotency_key) IN (
 )
 
 -- name: message_routes
+-- Routing matches the stored pattern (validated again in Python: a damaged row matches
+-- nothing), never the stored regex. Cheap tests first, so that most patterns never reach
+-- the full match: a matching pattern's first segment is '*', '#' or the topic's first
+-- word (:head is that word and a dot), and its last segment '*', '#' or the topic's last
+-- word (:tail is a dot and that word).
 SELECT DISTINCT subscription FROM sqlbroker_subscription_pattern
-WHERE sqlbroker_regex_match(regex, :topic)
+WHERE CASE
+    WHEN pattern = :topic OR pattern = '#' THEN 1
+    WHEN pattern = '*' THEN sqlbroker_pattern_match(pattern, :topic)
+    WHEN NOT (substr(pattern, 1, length(:head)) = :head OR substr(pattern, 1, 2) IN ('*.', '#.'))
+        THEN 0
+    WHEN NOT (substr(pattern, -length(:tail)) = :tail OR substr(pattern, -2) IN ('.*', '.#'))
+        THEN 0
+    ELSE sqlbroker_pattern_match(pattern, :topic)
+END
 ORDER BY subscription
 
 -- name: message_insert
