@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import sqlbroker  # noqa: E402
-from pgserver import PostgresServer  # noqa: E402
+import sqlbroker
+from pgserver import PostgresServer
 
 
 def measure(url: str, subscriptions: int, patterns: int, publishes: int) -> float:

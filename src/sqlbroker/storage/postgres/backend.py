@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
+from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
     Delivery,
     Subscription,
@@ -96,11 +97,14 @@ class PostgresBackend(
         archive_completed: bool = True,
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
+        limits: Limits | None = None,
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
         archive = validate.flag(archive_completed, "archive_completed")
         self._url = url
         self._clock = clock
+        self.limits = limits or Limits()
+        self._known_queues = set()
         self._schema = schema
         self._qualifier = qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
@@ -187,6 +191,12 @@ class PostgresBackend(
                     "regexes": [pattern_regex(p) for p in patterns],
                 },
             )
+            ((own, subscriptions, total),) = c.execute(
+                self._sql["subscription_room"], {"name": name}
+            ).fetchall()
+            self.limits.check_room(
+                subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=total
+            )
             rows = (
                 c.cursor(row_factory=dict_row)
                 .execute(self._sql["subscription_get"], {"name": name})
@@ -195,12 +205,8 @@ class PostgresBackend(
         return subscriptions_of(rows)[0]
 
     def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.connection(write=True) as conn:
-            cursor = conn.execute(
-                self._sql["queue_ensure"],
-                {"name": name, "regex": pattern_regex(name), "now": self._now_param()},
-            )
-            return cursor.rowcount > 0
+        with self._db.transaction() as conn:
+            return run_plan(conn, self._queue_create_plan(name, self._now_param()))
 
     def subscription_list(self) -> list[Subscription]:
         with self._db.connection(write=False) as conn:
@@ -209,6 +215,7 @@ class PostgresBackend(
             )
 
     def subscription_delete(self, *, name: str) -> bool:
+        self._known_queues.discard(name)
         with self._db.connection(write=True) as conn:
             return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
 

@@ -66,6 +66,29 @@ ORDER BY s.name, p.pattern
 WITH gone AS (DELETE FROM {schema}sqlbroker_message WHERE subscription = %(name)s)
 DELETE FROM {schema}sqlbroker_subscription WHERE name = %(name)s
 
+-- name: subscription_room
+-- What the limits are checked against (core/limits.py): the patterns of one subscription
+-- and the totals of the database, inside the transaction that just wrote them.
+SELECT (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern WHERE subscription = %(name)s),
+       (SELECT count(*) FROM {schema}sqlbroker_subscription),
+       (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern)
+
+-- name: queue_create
+-- queue_ensure, saying whether it created the queue (a row) or found it (none). The row
+-- comes from the subscription's insert: under tenant isolation the new pattern row is not
+-- yet visible to this statement's SELECT policy, which a RETURNING there would apply.
+WITH created AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+pattern AS (
+    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, %(regex)s FROM created
+)
+SELECT name FROM created
+
 -- name: queue_ensure
 -- A queue is created on first use as a subscription whose only pattern is its own name;
 -- an existing subscription of that name is left exactly as it is.
@@ -195,6 +218,9 @@ routes AS (
     END
     WHERE %(subscription)s::text IS NULL
 ),
+-- The copy limit (core/limits.py, max_copies): past it nothing below is written and the
+-- caller raises LimitExceeded from the count.
+fits AS (SELECT count(*) AS copies, count(*) <= %(max_copies)s AS ok FROM routes),
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
@@ -210,6 +236,7 @@ ins AS (
            b.priority, b.ordering_key, b.idempotency_key, b.payload, b.content_type, b.headers,
            b.max_attempts, b.now, b.ready_at, b.expire_at
     FROM b JOIN routes r ON r.seq = b.seq
+    WHERE (SELECT ok FROM fits)
     ORDER BY b.seq, r.subscription
     RETURNING subscription, state
 ),
@@ -221,7 +248,7 @@ unrouted AS (
     SELECT b.message_id, b.topic, 'unrouted', b.priority, b.ordering_key, b.idempotency_key,
            b.payload, b.content_type, b.headers, 0, b.max_attempts, 0, b.now, b.now
     FROM b
-    WHERE NOT EXISTS (SELECT 1 FROM routes r WHERE r.seq = b.seq)
+    WHERE NOT EXISTS (SELECT 1 FROM routes r WHERE r.seq = b.seq) AND (SELECT ok FROM fits)
     ORDER BY b.seq
     RETURNING 1
 )
@@ -229,7 +256,8 @@ SELECT (SELECT count(*) FROM unrouted) AS unrouted,
        (SELECT count(*) FROM (
             SELECT pg_notify(%(channel)s, s.subscription)
             FROM (SELECT DISTINCT subscription FROM ins WHERE state = 'available') s
-       ) n) AS notified
+       ) n) AS notified,
+       (SELECT copies FROM fits) AS copies
 
 -- name: message_insert_queue
 -- message_insert for a queue publish without ordering keys (the common case): every copy

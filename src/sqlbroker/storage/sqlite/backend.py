@@ -26,6 +26,7 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     StorageError,
 )
+from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
     Delivery,
     Outcome,
@@ -95,6 +96,7 @@ class SqliteBackend(
         archive_completed: bool = True,
         busy_timeout: float = 30.0,
         pool_size: int = 8,
+        limits: Limits | None = None,
     ) -> None:
         assert url.path is not None
         # Whether a claim's own commit waits for the fsync: see SqlitePool.write.
@@ -102,6 +104,7 @@ class SqliteBackend(
         self._archive_completed = validate.flag(archive_completed, "archive_completed")
         self._clock = clock
         self._url = url
+        self.limits = limits or Limits()
         self._promotion = PromotionThrottle()
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
@@ -188,6 +191,7 @@ class SqliteBackend(
                 self._sql["subscription_pattern_insert"],
                 [{"name": name, "pattern": p, "regex": pattern_regex(p)} for p in patterns],
             )
+            self._check_room(c, name)
             rows = c.execute(self._sql["subscription_get"], {"name": name}).fetchall()
         return subscriptions_of(rows)[0]
 
@@ -203,7 +207,18 @@ class SqliteBackend(
                 self._sql["subscription_pattern_insert"],
                 {"name": name, "pattern": name, "regex": pattern_regex(name)},
             )
+            self._check_room(c, name)
         return created
+
+    def _check_room(self, c: sqlite3.Connection, name: str) -> None:
+        """The limits on subscriptions and patterns, after ``name`` was written (raising
+        rolls that back)."""
+        own, subscriptions, patterns = c.execute(
+            self._sql["subscription_room"], {"name": name}
+        ).fetchone()
+        self.limits.check_room(
+            subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
+        )
 
     def subscription_list(self) -> list[Subscription]:
         with self._db.read() as conn:

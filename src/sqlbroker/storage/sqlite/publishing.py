@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict, InvalidOption
+from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import NewMessage, State
 from sqlbroker.core.topics import route_params
 from sqlbroker.storage import caller
@@ -20,6 +21,7 @@ class SqlitePublishing:
 
     _db: SqlitePool
     _sql: dict[str, str]
+    limits: Limits
 
     def _now(self) -> float:
         raise NotImplementedError
@@ -86,6 +88,8 @@ class SqlitePublishing:
                     targets = routes[message.topic]
                 if not targets:
                     unrouted.append(values)
+                # Counted before the copies are built: a huge fan-out stops here.
+                self.limits.check_copies(len(rows) + len(targets), len(messages))
                 rows.extend({**values, "subscription": target} for target in targets)
             # A queue is created by its first message, not by a duplicate that writes nothing.
             if subscription is not None and rows:

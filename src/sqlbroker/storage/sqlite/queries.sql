@@ -71,6 +71,13 @@ WHERE (topic, idempotency_key) IN (
     SELECT topic, idempotency_key FROM sqlbroker_dedupe WHERE expires_at <= :now LIMIT :limit
 )
 
+-- name: subscription_room
+-- What the limits are checked against (core/limits.py): the patterns of one subscription
+-- and the totals of the database, inside the transaction that just wrote them.
+SELECT (SELECT count(*) FROM sqlbroker_subscription_pattern WHERE subscription = :name),
+       (SELECT count(*) FROM sqlbroker_subscription),
+       (SELECT count(*) FROM sqlbroker_subscription_pattern)
+
 -- name: message_routes
 -- Routing matches the stored pattern (validated again in Python: a damaged row matches
 -- nothing), never the stored regex. Cheap tests first, so that most patterns never reach
