@@ -208,7 +208,7 @@ routes AS (
             THEN false
         -- Only a valid pattern (validate_pattern's rule) routes: a damaged one matches
         -- nothing. Its regex is core/topics.py's pattern_regex, built here from the
-        -- pattern (tests/security/test_malformed_rows.py holds the two equal).
+        -- pattern (tests/conformance/test_routing_sql.py holds routing to the reference).
         WHEN length(p.pattern) > 255
           OR p.pattern !~ '^(\*|#|[A-Za-z0-9_-]{1,64})(\.(\*|#|[A-Za-z0-9_-]{1,64}))*$'
           THEN false
