@@ -44,20 +44,6 @@ class Limits:
             ),
         )
 
-    def check_copies(self, copies: int, messages: int) -> None:
-        """``copies``: what the call would write, or as many as were counted when counting
-        stopped past the limit (``LimitExceeded.wanted`` is then a lower bound)."""
-        if copies > self.max_copies:
-            raise LimitExceeded(
-                "max_copies",
-                f"this publish of {messages} message(s) would write more than"
-                f" {self.max_copies} copies (messages times the subscriptions each goes to),"
-                " the limit per call: publish in smaller batches, or raise it with"
-                " Broker(max_copies=...)",
-                limit=self.max_copies,
-                wanted=copies,
-            )
-
     def check_room(
         self, *, subscription: str, own_patterns: int, subscriptions: int, patterns: int
     ) -> None:
@@ -89,3 +75,18 @@ class Limits:
                 limit=self.max_patterns,
                 wanted=patterns,
             )
+
+
+def check_copies(copies: int, messages: int, limit: int | None) -> None:
+    """``copies``: what a publish call would write, or as many as were counted when counting
+    stopped past ``limit`` (``LimitExceeded.wanted`` is then a lower bound). ``None``: no
+    limit (the broker's own bulk paths: schedule ticks, Spark commits)."""
+    if limit is not None and copies > limit:
+        raise LimitExceeded(
+            "max_copies",
+            f"this publish of {messages} message(s) would write more than {limit} copies"
+            " (messages times the subscriptions each goes to), the limit per call: publish"
+            " in smaller batches, or raise it with Broker(max_copies=...)",
+            limit=limit,
+            wanted=copies,
+        )

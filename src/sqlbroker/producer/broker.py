@@ -95,7 +95,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             payload_limit=check_payload_limit(payload_limit),
         )
         self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
-        limits = Limits.checked(
+        self._limits = limits = Limits.checked(
             max_copies=max_copies, max_subscriptions=max_subscriptions, max_patterns=max_patterns
         )
         self._backend: Backend = open_backend(url, clock=clock, limits=limits, **backend_options)
@@ -128,7 +128,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
         messages = self.with_hook_headers(messages)
         result = self._checked().message_insert_many(
-            messages=messages, subscription=queue, conn=conn
+            messages=messages, subscription=queue, conn=conn, max_copies=self._limits.max_copies
         )
         # With conn= the caller has not committed yet; NOTIFY or the change watcher
         # tells the workers once it does.
@@ -148,6 +148,11 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def backend(self) -> Backend:
         """The storage backend (for the runtime and advanced use)."""
         return self._checked()
+
+    @property
+    def limits(self) -> Limits:
+        """The limits every publish and subscribe is checked against (``max_copies``, …)."""
+        return self._limits
 
     @property
     def publish_defaults(self) -> PublishDefaults:

@@ -199,6 +199,7 @@ class Backend(Protocol):
         messages: Sequence[NewMessage],
         subscription: str | None,
         conn: Any = None,
+        max_copies: int | None = None,
     ) -> InsertResult:
         """Insert messages in one transaction.
 
@@ -210,10 +211,16 @@ class Backend(Protocol):
         original id and writes nothing, a conflicting one raises ``IdempotencyConflict``
         and writes nothing.
         With ``conn`` the caller's connection and transaction are used and never committed.
+        More than ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing.
         """
 
     async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any,
+        max_copies: int | None = None,
     ) -> InsertResult:
         """:meth:`message_insert_many` on the caller's async connection (psycopg's
         ``AsyncConnection``, SQLAlchemy's asyncio); SQLite has none and refuses."""

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict
-from sqlbroker.core.limits import Limits
+from sqlbroker.core.limits import Limits, check_copies
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import InsertResult
@@ -22,6 +22,7 @@ def _float_or_none(value: float | None) -> float | None:
 
 
 _KNOWN_QUEUES = 10_000
+_UNLIMITED = 2**62
 
 
 class PostgresPublishing:
@@ -38,9 +39,14 @@ class PostgresPublishing:
         raise NotImplementedError
 
     def message_insert_many(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any = None
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any = None,
+        max_copies: int | None = None,
     ) -> InsertResult:
-        plan = self._insert_plan(messages, subscription, self._now_param())
+        plan = self._insert_plan(messages, subscription, self._now_param(), max_copies)
         if (
             conn is None
             and (subscription is None or subscription in self._known_queues)
@@ -55,14 +61,23 @@ class PostgresPublishing:
             return run_plan(c, plan)
 
     async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any,
+        max_copies: int | None = None,
     ) -> InsertResult:
-        plan = self._insert_plan(messages, subscription, self._now_param())
+        plan = self._insert_plan(messages, subscription, self._now_param(), max_copies)
         async with self._db.transaction_async(conn) as c:
             return await run_plan_async(c, plan)
 
     def _insert_plan(
-        self, messages: Sequence[NewMessage], subscription: str | None, now: datetime | None
+        self,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        now: datetime | None,
+        max_copies: int | None = None,
     ) -> Plan[InsertResult]:
         """The statements of a publish, for :func:`run_plan` or :func:`run_plan_async` to
         run on a sync or an async connection inside one transaction."""
@@ -75,12 +90,13 @@ class PostgresPublishing:
         unrouted = 0
         if fresh:
             if subscription is not None:
-                self.limits.check_copies(len(fresh), len(messages))
+                check_copies(len(fresh), len(messages), max_copies)
                 if subscription not in self._known_queues:
                     yield from self._queue_create_plan(subscription, now)
             # A queue publish without ordering keys needs no routing (message_insert_queue).
             variant = "_queue" if subscription is not None and not ordering_keys else ""
             params = self._insert_params(fresh, subscription, now)
+            params["max_copies"] = _UNLIMITED if max_copies is None else max_copies
             if len(fresh) == 1:
                 statement = self._sql[f"message_insert{variant}_one"]
                 params = {
@@ -92,7 +108,7 @@ class PostgresPublishing:
             rows = yield statement, params
             unrouted = int(rows[0][0]) if rows else 0
             if variant == "" and rows:
-                self.limits.check_copies(int(rows[0][2]), len(messages))
+                check_copies(int(rows[0][2]), len(messages), max_copies)
         return InsertResult(
             message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
             duplicates=len(originals),
@@ -127,7 +143,6 @@ class PostgresPublishing:
             "now": now,
             "subscription": subscription,
             "queue_regex": None if subscription is None else pattern_regex(subscription),
-            "max_copies": self.limits.max_copies,
             "channel": self.notify_channel,
             "message_id": [m.message_id for m in messages],
             "topic": [m.topic for m in messages],

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict, InvalidOption
-from sqlbroker.core.limits import Limits
+from sqlbroker.core.limits import check_copies
 from sqlbroker.core.message import NewMessage, State
 from sqlbroker.core.topics import route_params
 from sqlbroker.storage import caller
@@ -21,7 +21,6 @@ class SqlitePublishing:
 
     _db: SqlitePool
     _sql: dict[str, str]
-    limits: Limits
 
     def _now(self) -> float:
         raise NotImplementedError
@@ -35,6 +34,7 @@ class SqlitePublishing:
         messages: Sequence[NewMessage],
         subscription: str | None,
         conn: Any = None,
+        max_copies: int | None = None,
     ) -> InsertResult:
         now = self._now()
         ids: list[str] = []
@@ -89,7 +89,7 @@ class SqlitePublishing:
                 if not targets:
                     unrouted.append(values)
                 # Counted before the copies are built: a huge fan-out stops here.
-                self.limits.check_copies(len(rows) + len(targets), len(messages))
+                check_copies(len(rows) + len(targets), len(messages), max_copies)
                 rows.extend({**values, "subscription": target} for target in targets)
             # A queue is created by its first message, not by a duplicate that writes nothing.
             if subscription is not None and rows:
@@ -99,7 +99,12 @@ class SqlitePublishing:
         return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=len(unrouted))
 
     async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any,
+        max_copies: int | None = None,
     ) -> InsertResult:
         raise InvalidOption(
             "conn",
