@@ -343,3 +343,38 @@ def test_a_refused_fan_out_does_not_hold_the_sqlite_write_lock(tmp_path: Any) ->
         assert busy == []
         assert refused.value.field == "max_copies"
         assert publisher.pending("s0") == []
+
+
+@pytest.mark.postgres
+def test_infinite_times_on_postgresql_are_damage_not_a_failed_statement(
+    pg_url: str, request: pytest.FixtureRequest
+) -> None:
+    """psycopg cannot load 'infinity' into a datetime: one such value used to fail every
+    statement reading its row — a claim after it had committed the lease."""
+    cluster = request.getfixturevalue("pg_server")
+    admin = str(cluster.url(urlsplit(pg_url).path.lstrip("/")))
+    with sqlbroker.Broker(pg_url) as broker:
+        broker.send("jobs", 1)
+        broker.send("jobs", 2)
+        first = min(p.id for p in broker.pending("jobs"))
+        backend = broker.backend
+        backend.worker_beat(
+            beat=WorkerBeat(name="w-inf", host="h", pid=1, subscriptions=("jobs",), starting=True),
+            minutes=[],
+            totals={},
+        )
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE sqlbroker_message SET expires_at = 'infinity', enqueued_at = '-infinity'"
+                " WHERE id = %s",
+                (first,),
+            )
+            conn.execute("UPDATE sqlbroker_worker SET seen_at = 'infinity'")
+        (delivery,) = broker.claim("jobs", limit=10)
+        assert delivery.payload == 2
+        (dead,) = broker.dead_letters.list()
+        infinite = "is infinity, not a time"
+        assert dead.reason == f"undecodable: enqueued_at {infinite}; expires_at {infinite}"
+        (worker,) = broker.workers()
+        assert worker.damaged == "seen_at is infinity, not a time; seen_age is NULL, not a number"
+        assert prometheus.exposition(prometheus.registry_for(broker))

@@ -45,11 +45,16 @@ T = TypeVar("T")
 
 EPOCH = datetime.fromtimestamp(0, UTC)
 """The stand-in for a time column that does not decode."""
+POSITIVE_INFINITY = datetime.max.replace(tzinfo=UTC)
+NEGATIVE_INFINITY = datetime.min.replace(tzinfo=UTC)
+"""PostgreSQL's ``infinity`` and ``-infinity`` as the driver loads them: a damaged time."""
 
 
 def utc(value: Any) -> datetime:
     """A database time (aware datetime or Unix seconds) as an aware UTC datetime."""
     if isinstance(value, datetime):
+        if value is POSITIVE_INFINITY or value is NEGATIVE_INFINITY:
+            raise ValueError("is infinity, not a time")
         return value.astimezone(UTC)
     if value is None or isinstance(value, bool | str | bytes | bytearray | memoryview):
         raise ValueError(f"is {_kind(value)}, not a time")
@@ -281,7 +286,12 @@ CLAIM_COLUMNS = (
 
 
 def _utc_fast(value: Any) -> datetime:
-    if isinstance(value, datetime) and value.tzinfo is UTC:
+    if (
+        isinstance(value, datetime)
+        and value.tzinfo is UTC
+        and value is not POSITIVE_INFINITY
+        and value is not NEGATIVE_INFINITY
+    ):
         return value
     return utc(value)
 
