@@ -5,12 +5,15 @@ joined by dots, at most 255 characters. A pattern is a topic whose segments may 
 ``*`` (exactly one segment) or ``#`` (zero or more segments), as in AMQP topic exchanges.
 
 Two matchers exist on purpose: :func:`pattern_matches` is the reference (segment by
-segment, easy to reason about) and :func:`pattern_regex` is what the databases evaluate.
-Property tests hold the second against the first. PostgreSQL's regex engine is an
-automaton; SQLite calls :func:`regex_matches`, which reads the regex back into segments
-rather than handing it to Python's backtracking ``re`` (where every ``#`` multiplies the
-ways to split a long topic: a handful of them against a 128-segment topic would hold the
-write lock for hours).
+segment, easy to reason about) and :func:`pattern_regex` is what PostgreSQL evaluates,
+built in the routing statement from the stored pattern (never read from the stored
+``regex`` column, which raw SQL could have set to anything). Property tests hold routing
+against the reference. PostgreSQL's regex engine is an automaton; SQLite routes through
+:func:`stored_pattern_matches` and evaluates other regexes (the Spark source's topic
+filter) with :func:`regex_matches`, which reads the regex back into segments rather than
+handing it to Python's backtracking ``re`` (where every ``#`` multiplies the ways to split
+a long topic: a handful of them against a 128-segment topic would hold the write lock for
+hours).
 """
 
 from __future__ import annotations
