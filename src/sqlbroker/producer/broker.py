@@ -95,6 +95,8 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             payload_limit=check_payload_limit(payload_limit),
         )
         self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
+        if "limits" in backend_options:
+            raise InvalidOption("limits", "pass max_copies, max_subscriptions, max_patterns")
         self._limits = limits = Limits.checked(
             max_copies=max_copies, max_subscriptions=max_subscriptions, max_patterns=max_patterns
         )

@@ -206,7 +206,9 @@ class PostgresBackend(
 
     def subscription_ensure(self, *, name: str) -> bool:
         with self._db.transaction() as conn:
-            return run_plan(conn, self._queue_create_plan(name, self._now_param()))
+            created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
+        self._remember_queue(name)
+        return created
 
     def subscription_list(self) -> list[Subscription]:
         with self._db.connection(write=False) as conn:

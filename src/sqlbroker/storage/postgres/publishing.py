@@ -106,6 +106,8 @@ class PostgresPublishing:
             else:
                 statement = self._sql[f"message_insert{variant}"]
             rows = yield statement, params
+            if subscription is not None:
+                self._remember_queue(subscription)
             unrouted = int(rows[0][0]) if rows else 0
             if variant == "" and rows:
                 check_copies(int(rows[0][2]), len(messages), max_copies)
@@ -131,10 +133,13 @@ class PostgresPublishing:
             self.limits.check_room(
                 subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
             )
+        return bool(created)
+
+    def _remember_queue(self, name: str) -> None:
+        """After a statement that needs the queue succeeded: later sends skip the check."""
         if len(self._known_queues) >= _KNOWN_QUEUES:
             self._known_queues.clear()
         self._known_queues.add(name)
-        return bool(created)
 
     def _insert_params(
         self, messages: Sequence[NewMessage], subscription: str | None, now: datetime | None
