@@ -1,25 +1,19 @@
-"""Turning database rows into the core row dataclasses: the one place stored columns are
-decoded, and decoding never raises.
+"""Turning database rows into the core row dataclasses, never raising.
 
-Stored rows can be damaged: a superuser, a raw-SQL script or an older version may have
-written headers that are not a JSON object of strings, text where a number belongs (SQLite
-keeps whatever it is given), or JSON columns that do not parse. Every ``*_of`` function here
-reads a row column by column through :class:`Columns`; a column that does not decode takes
-a stand-in value and is named in the row's ``damaged`` text, so a listing shows the row (by
-its id) as damaged instead of failing, and a claim can dead-letter it
-(:func:`deliveries_of`).
+Every ``*_of`` function reads a row column by column through
+:class:`~sqlbroker.storage.columns.Columns`: a column that does not decode takes a stand-in
+value and is named in the row's ``damaged`` text, so a listing shows the row (by its id)
+as damaged instead of failing, and a claim dead-letters it (:func:`deliveries_of`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlbroker.core.message import (
     ArchivedMessage,
@@ -32,7 +26,6 @@ from sqlbroker.core.message import (
     Subscription,
 )
 from sqlbroker.core.observability import (
-    HANDLER_BUCKETS,
     AuditEntry,
     MinuteCounts,
     RareCount,
@@ -40,203 +33,27 @@ from sqlbroker.core.observability import (
 )
 from sqlbroker.core.serde import decode_payload, encode_json
 from sqlbroker.core.topics import validate_pattern
-
-T = TypeVar("T")
-
-EPOCH = datetime.fromtimestamp(0, UTC)
-"""The stand-in for a time column that does not decode."""
-POSITIVE_INFINITY = datetime.max.replace(tzinfo=UTC)
-NEGATIVE_INFINITY = datetime.min.replace(tzinfo=UTC)
-"""PostgreSQL's ``infinity`` and ``-infinity`` as the driver loads them: a damaged time."""
-
-
-def utc(value: Any) -> datetime:
-    """A database time (aware datetime or Unix seconds) as an aware UTC datetime."""
-    if isinstance(value, datetime):
-        if value is POSITIVE_INFINITY or value is NEGATIVE_INFINITY:
-            raise ValueError("is infinity, not a time")
-        return value.astimezone(UTC)
-    if value is None or isinstance(value, bool | str | bytes | bytearray | memoryview):
-        raise ValueError(f"is {_kind(value)}, not a time")
-    return datetime.fromtimestamp(float(value), UTC)
-
-
-def utc_or_none(value: Any) -> datetime | None:
-    return None if value is None else utc(value)
-
-
-def _kind(value: Any) -> str:
-    """A short description of a stored value for a ``damaged`` text (never the value
-    itself: it may be long, or private)."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, str | bytes | bytearray | memoryview):
-        return f"a {type(value).__name__} of {len(value)}"
-    return f"a {type(value).__name__}"
-
-
-def decode_headers(text: Any) -> dict[str, str]:
-    """Stored headers: JSON text of an object whose values are strings (empty or NULL: no
-    headers). Raises ``ValueError`` saying what is wrong otherwise."""
-    if text is None or text == "":
-        return {}
-    if not isinstance(text, str):
-        raise ValueError(f"is {_kind(text)}, not JSON text")
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        raise ValueError("is not JSON") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"is a JSON {type(value).__name__}, not an object")
-    if not all(type(item) is str for item in value.values()):
-        raise ValueError("has a value that is not a string")
-    return value
-
-
-def headers_of(text: Any) -> dict[str, str]:
-    """Stored headers, or no headers when they do not decode (:func:`decode_headers`)."""
-    try:
-        return decode_headers(text)
-    except ValueError:
-        return {}
-
-
-def payload_bytes(data: Any) -> bytes:
-    """A stored payload's bytes (SQLite may hand back text a raw statement wrote)."""
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, bytearray | memoryview):
-        return bytes(data)
-    if isinstance(data, str):
-        return data.encode("utf-8", "surrogateescape")
-    raise ValueError(f"is {_kind(data)}, not bytes")
-
-
-def payload_of(data: Any, content_type: str) -> Any:
-    return decode_payload(payload_bytes(data), content_type)
-
-
-def text(value: Any) -> str:
-    """Converters for :meth:`Columns.get`: each returns the value or raises ``ValueError``."""
-    if not isinstance(value, str):
-        raise ValueError(f"is {_kind(value)}, not text")
-    return value
-
-
-def text_or_none(value: Any) -> str | None:
-    return None if value is None else text(value)
-
-
-def integer(value: Any) -> int:
-    if type(value) is int:
-        return value
-    if isinstance(value, float | Decimal) and math.isfinite(value) and value == int(value):
-        return int(value)
-    raise ValueError(f"is {_kind(value)}, not an integer")
-
-
-def number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
-        raise ValueError(f"is {_kind(value)}, not a number")
-    return float(value)
-
-
-def number_or_none(value: Any) -> float | None:
-    return None if value is None else number(value)
-
-
-def _uuid_text(value: Any) -> str:
-    if value is None:
-        raise ValueError("is NULL")
-    return str(value)
-
-
-def _json_text(value: Any) -> Any:
-    if not isinstance(value, str):
-        raise ValueError(f"is {_kind(value)}, not JSON text")
-    try:
-        return json.loads(value)
-    except (ValueError, RecursionError):
-        raise ValueError("is not JSON") from None
-
-
-def _json_text_or_none(value: Any) -> Any:
-    return None if value is None else _json_text(value)
-
-
-def _strings(value: Any) -> tuple[str, ...]:
-    items = _json_text(value)
-    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise ValueError("is not a JSON list of strings")
-    return tuple(items)
-
-
-def _buckets(value: Any) -> list[int]:
-    items = _json_text(value)
-    if (
-        not isinstance(items, list)
-        or len(items) > len(HANDLER_BUCKETS)
-        or not all(type(n) is int and n >= 0 for n in items)
-    ):
-        raise ValueError("is not a JSON list of counts")
-    return items
-
-
-def _object(value: Any) -> dict[str, object]:
-    found = _json_text(value)
-    if not isinstance(found, dict):
-        raise ValueError(f"is a JSON {type(found).__name__}, not an object")
-    return found
-
-
-class Columns:
-    """One row's columns, each decoded by a converter that raises on a bad value; a column
-    that does not decode yields ``stand_in`` and is recorded in :attr:`damaged`.
-
-    ``row`` is a mapping (columns by name) or a sequence with ``names`` giving its columns'
-    names in order."""
-
-    __slots__ = ("_names", "_problems", "_row")
-
-    def __init__(self, row: Any, names: Sequence[str] | None = None) -> None:
-        self._row = row
-        self._names = names
-        self._problems: list[str] = []
-
-    def raw(self, column: str) -> Any:
-        if self._names is None:
-            return self._row[column]
-        return self._row[self._names.index(column)]
-
-    def get(self, column: str, convert: Callable[[Any], T], stand_in: T) -> T:
-        try:
-            return convert(self.raw(column))
-        except Exception as error:  # a converter's ValueError, or anything a value caused
-            self.note(column, str(error) or type(error).__name__)
-            return stand_in
-
-    def note(self, column: str, problem: str) -> None:
-        self._problems.append(f"{column} {problem}")
-
-    @property
-    def damaged(self) -> str | None:
-        """What did not decode (``"headers is a JSON list, not an object"``), or ``None``."""
-        return "; ".join(self._problems) or None
-
-
-def _time(columns: Columns, column: str) -> datetime:
-    return columns.get(column, utc, EPOCH)
-
-
-def _time_or_none(columns: Columns, column: str) -> datetime | None:
-    return columns.get(column, utc_or_none, None)
-
-
-def _payload(columns: Columns) -> Any:
-    """The payload decoded by its content type (JSON that does not parse stays bytes, see
-    :func:`~sqlbroker.core.serde.decode_payload`)."""
-    content_type = columns.get("content_type", text, "")
-    return columns.get("payload", lambda data: payload_of(data, content_type), b"")
+from sqlbroker.storage.columns import (
+    NEGATIVE_INFINITY,
+    POSITIVE_INFINITY,
+    Columns,
+    buckets,
+    decode_headers,
+    integer,
+    json_object,
+    number,
+    payload_bytes,
+    payload_column,
+    strings,
+    text,
+    text_or_none,
+    time_of,
+    time_or_none_of,
+    utc,
+    uuid_text,
+)
+from sqlbroker.storage.columns import headers_of as headers_of  # for features/schedules.py
+from sqlbroker.storage.columns import utc_or_none as utc_or_none
 
 
 def payload_hash(payload: bytes, content_type: str) -> str:
@@ -309,7 +126,7 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
     payload = columns.get("payload", payload_bytes, b"")
     delivery = Delivery(
         id=columns.raw("id"),
-        message_id=columns.get("message_id", _uuid_text, ""),
+        message_id=columns.get("message_id", uuid_text, ""),
         subscription=columns.get("subscription", text, ""),
         topic=columns.get("topic", text, ""),
         payload=decode_payload(payload, content_type),
@@ -321,11 +138,11 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
         attempt=columns.get("attempts", integer, 0),
         max_attempts=columns.get("max_attempts", integer, 0),
         replay_count=columns.get("replay_count", integer, 0),
-        enqueued_at=_time(columns, "enqueued_at"),
-        available_at=_time(columns, "available_at"),
-        expires_at=_time_or_none(columns, "expires_at"),
-        lease_token=columns.get("lease_token", _uuid_text, ""),
-        lease_expires_at=_time(columns, "lease_expires_at"),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        available_at=time_of(columns, "available_at"),
+        expires_at=time_or_none_of(columns, "expires_at"),
+        lease_token=columns.get("lease_token", uuid_text, ""),
+        lease_expires_at=time_of(columns, "lease_expires_at"),
     )
     if columns.damaged is not None:
         raise ValueError(columns.damaged)
@@ -429,7 +246,7 @@ def pending_of(row: Row) -> PendingMessage:
     columns = Columns(row)
     return PendingMessage(
         id=row["id"],
-        message_id=columns.get("message_id", _uuid_text, ""),
+        message_id=columns.get("message_id", uuid_text, ""),
         subscription=columns.get("subscription", text, ""),
         topic=columns.get("topic", text, ""),
         state=columns.get("state", State, State.AVAILABLE),
@@ -437,10 +254,10 @@ def pending_of(row: Row) -> PendingMessage:
         key=columns.get("ordering_key", text_or_none, None),
         attempts=columns.get("attempts", integer, 0),
         max_attempts=columns.get("max_attempts", integer, 0),
-        enqueued_at=_time(columns, "enqueued_at"),
-        available_at=_time(columns, "available_at"),
-        expires_at=_time_or_none(columns, "expires_at"),
-        lease_expires_at=_time_or_none(columns, "lease_expires_at"),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        available_at=time_of(columns, "available_at"),
+        expires_at=time_or_none_of(columns, "expires_at"),
+        lease_expires_at=time_or_none_of(columns, "lease_expires_at"),
         last_error=columns.get("last_error", text_or_none, None),
         damaged=columns.damaged,  # last: after every column above was read
     )
@@ -450,10 +267,10 @@ def dead_letter_of(row: Row) -> DeadLetter:
     columns = Columns(row)
     return DeadLetter(
         id=row["id"],
-        message_id=columns.get("message_id", _uuid_text, ""),
+        message_id=columns.get("message_id", uuid_text, ""),
         subscription=columns.get("subscription", text, ""),
         topic=columns.get("topic", text, ""),
-        payload=_payload(columns),
+        payload=payload_column(columns),
         content_type=columns.get("content_type", text, ""),
         headers=columns.get("headers", decode_headers, {}),
         priority=columns.get("priority", integer, 0),
@@ -466,11 +283,11 @@ def dead_letter_of(row: Row) -> DeadLetter:
         error_type=columns.get("error_type", text_or_none, None),
         error_message=columns.get("error_message", text_or_none, None),
         traceback=columns.get("traceback", text_or_none, None),
-        enqueued_at=_time(columns, "enqueued_at"),
-        first_started_at=_time_or_none(columns, "first_started_at"),
-        first_failed_at=_time(columns, "first_failed_at"),
-        last_failed_at=_time(columns, "last_failed_at"),
-        dead_at=_time(columns, "dead_at"),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        first_started_at=time_or_none_of(columns, "first_started_at"),
+        first_failed_at=time_of(columns, "first_failed_at"),
+        last_failed_at=time_of(columns, "last_failed_at"),
+        dead_at=time_of(columns, "dead_at"),
         damaged=columns.damaged,
     )
 
@@ -479,10 +296,10 @@ def archived_of(row: Row) -> ArchivedMessage:
     columns = Columns(row)
     return ArchivedMessage(
         id=row["id"],
-        message_id=columns.get("message_id", _uuid_text, ""),
+        message_id=columns.get("message_id", uuid_text, ""),
         subscription=columns.get("subscription", text_or_none, None),
         topic=columns.get("topic", text, ""),
-        payload=_payload(columns),
+        payload=payload_column(columns),
         content_type=columns.get("content_type", text, ""),
         headers=columns.get("headers", decode_headers, {}),
         priority=columns.get("priority", integer, 0),
@@ -490,9 +307,9 @@ def archived_of(row: Row) -> ArchivedMessage:
         outcome=columns.get("outcome", Outcome, Outcome.COMPLETED),
         attempts=columns.get("attempts", integer, 0),
         replay_count=columns.get("replay_count", integer, 0),
-        enqueued_at=_time(columns, "enqueued_at"),
-        first_started_at=_time_or_none(columns, "first_started_at"),
-        finished_at=_time(columns, "finished_at"),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        first_started_at=time_or_none_of(columns, "first_started_at"),
+        finished_at=time_of(columns, "finished_at"),
         damaged=columns.damaged,
     )
 
@@ -512,7 +329,7 @@ def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
                 columns.note("pattern", f"{str(pattern)[:80]!r} is not a valid pattern")
     found = []
     for name, (columns, patterns) in grouped.items():
-        created = _time(columns, "created_at")
+        created = time_of(columns, "created_at")
         found.append(
             Subscription(
                 name=name, patterns=tuple(patterns), created_at=created, damaged=columns.damaged
@@ -528,10 +345,10 @@ def worker_of(row: Row) -> WorkerInfo:
     host = columns.get("host", text, "")
     pid = columns.get("pid", integer, 0)
     none: tuple[str, ...] = ()
-    subscriptions = columns.get("subscriptions", _strings, none)
-    started_at = _time(columns, "started_at")
-    seen_at = _time(columns, "seen_at")
-    stopped_at = _time_or_none(columns, "stopped_at")
+    subscriptions = columns.get("subscriptions", strings, none)
+    started_at = time_of(columns, "started_at")
+    seen_at = time_of(columns, "seen_at")
+    stopped_at = time_or_none_of(columns, "stopped_at")
     seen_age = columns.get("seen_age", number, math.inf)
     damaged = columns.damaged
     return WorkerInfo(
@@ -553,14 +370,14 @@ def minute_of(row: Row) -> MinuteCounts | None:
     columns = Columns(row)
     minute = MinuteCounts(
         subscription=columns.get("subscription", text, ""),
-        minute=_time(columns, "minute"),
+        minute=time_of(columns, "minute"),
         worker=columns.get("worker", text, ""),
         completed=columns.get("completed", integer, 0),
         retried=columns.get("retried", integer, 0),
         dead=columns.get("dead", integer, 0),
         handler_count=columns.get("handler_count", integer, 0),
         handler_seconds=columns.get("handler_seconds", number, 0.0),
-        handler_buckets=columns.get("handler_buckets", _buckets, []),
+        handler_buckets=columns.get("handler_buckets", buckets, []),
     )
     return None if columns.damaged is not None else minute
 
@@ -592,9 +409,9 @@ def audit_of(row: Row) -> AuditEntry:
     columns = Columns(row)
     return AuditEntry(
         id=row["id"],
-        at=_time(columns, "at"),
+        at=time_of(columns, "at"),
         actor=columns.get("actor", text, ""),
         action=columns.get("action", text, ""),
-        detail=columns.get("detail", _object, {}),
+        detail=columns.get("detail", json_object, {}),
         damaged=columns.damaged,
     )

@@ -5,12 +5,20 @@ takes a stand-in value and is named in the row's ``damaged`` text."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from sqlbroker.core.sagas import SagaInstance, SagaStatus, SagaStep, StepStatus
-from sqlbroker.storage.rows import EPOCH, Columns, utc, utc_or_none
+from sqlbroker.storage.columns import (
+    EPOCH,
+    Columns,
+    integer,
+    json_text_or_none,
+    text,
+    text_or_none,
+    utc,
+    utc_or_none,
+)
 
 Row = Sequence[Any]
 
@@ -42,43 +50,16 @@ _SAGA_COLUMNS = (
 )
 
 
-def _json(text: Any) -> Any:
-    if text is None:
-        return None
-    if not isinstance(text, str):
-        raise ValueError("is not JSON text")
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        raise ValueError("is not JSON") from None
-
-
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"is a {type(value).__name__}, not an integer")
-    return value
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"is a {type(value).__name__}, not text")
-    return value
-
-
-def _text_or_none(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
 def saga_step_of(row: Row) -> SagaStep:
     columns = Columns(row, _STEP_COLUMNS)
     return SagaStep(
-        index=columns.get("index", _integer, 0),
-        name=columns.get("name", _text, ""),
+        index=columns.get("index", integer, 0),
+        name=columns.get("name", text, ""),
         compensate=bool(columns.raw("compensate")),
         status=columns.get("status", StepStatus, StepStatus.PENDING),
-        attempts=columns.get("attempts", _integer, 0),
-        output=columns.get("output", _json, None),
-        error=columns.get("error", _text_or_none, None),
+        attempts=columns.get("attempts", integer, 0),
+        output=columns.get("output", json_text_or_none, None),
+        error=columns.get("error", text_or_none, None),
         started_at=columns.get("started_at", utc_or_none, None),
         finished_at=columns.get("finished_at", utc_or_none, None),
         compensated_at=columns.get("compensated_at", utc_or_none, None),
@@ -94,13 +75,13 @@ def saga_of(row: Row, steps: Sequence[Row] = ()) -> SagaInstance:
             columns.note(f"step {step.index}", f"({step.damaged})")
     return SagaInstance(
         id=str(columns.raw("id")),
-        name=columns.get("name", _text, ""),
+        name=columns.get("name", text, ""),
         status=columns.get("status", SagaStatus, SagaStatus.FAILED),
-        data=columns.get("data", _json, None),
-        step=columns.get("step", _integer, 0),
-        version=columns.get("version", _integer, 0),
-        error=columns.get("error", _text_or_none, None),
-        message_id=columns.get("message_id", _text_or_none, None),
+        data=columns.get("data", json_text_or_none, None),
+        step=columns.get("step", integer, 0),
+        version=columns.get("version", integer, 0),
+        error=columns.get("error", text_or_none, None),
+        message_id=columns.get("message_id", text_or_none, None),
         created_at=columns.get("created_at", utc, EPOCH),
         updated_at=columns.get("updated_at", utc, EPOCH),
         deadline=columns.get("deadline", utc_or_none, None),

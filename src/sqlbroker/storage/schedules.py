@@ -14,8 +14,9 @@ from typing import Any
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.schedules import Missed
-from sqlbroker.storage import rows
-from sqlbroker.storage.rows import EPOCH, Columns, Row, decode_headers, utc, utc_or_none
+from sqlbroker.storage import columns as convert
+from sqlbroker.storage.columns import EPOCH, Columns, decode_headers, utc, utc_or_none
+from sqlbroker.storage.rows import Row
 
 log = logging.getLogger("sqlbroker.storage")
 
@@ -109,24 +110,24 @@ class DueSchedules:
 
 def schedule_record_of(row: Row) -> ScheduleRecord:
     columns = Columns(row)
-    text, text_or_none = rows.text, rows.text_or_none
+    text, text_or_none = convert.text, convert.text_or_none
     return ScheduleRecord(
         name=columns.get("name", text, ""),
         topic=columns.get("topic", text, ""),
         cron=columns.get("cron", text_or_none, None),
-        every=columns.get("every_seconds", rows.number_or_none, None),
+        every=columns.get("every_seconds", convert.number_or_none, None),
         tz=columns.get("tz", text, "UTC"),
         missed=columns.get("missed", Missed, Missed.LATEST),
-        grace=columns.get("grace_seconds", rows.number, 0.0),
+        grace=columns.get("grace_seconds", convert.number, 0.0),
         start_at=columns.get("start_at", utc_or_none, None),
         anchor_at=columns.get("anchor_at", utc_or_none, None),
-        payload=columns.get("payload", rows.payload_bytes, b""),
+        payload=columns.get("payload", convert.payload_bytes, b""),
         content_type=columns.get("content_type", text, ""),
         headers=columns.get("headers", _headers_text, None),
-        priority=columns.get("priority", rows.integer, 0),
+        priority=columns.get("priority", convert.integer, 0),
         ordering_key=columns.get("ordering_key", text_or_none, None),
-        ttl=columns.get("ttl_seconds", rows.number_or_none, None),
-        max_attempts=columns.get("max_attempts", rows.integer, 1),
+        ttl=columns.get("ttl_seconds", convert.number_or_none, None),
+        max_attempts=columns.get("max_attempts", convert.integer, 1),
         definition_hash=columns.get("definition_hash", text, ""),
         next_run_at=columns.get("next_run_at", utc, EPOCH),
         last_run_at=columns.get("last_run_at", utc_or_none, None),

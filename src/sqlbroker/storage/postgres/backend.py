@@ -35,6 +35,7 @@ from sqlbroker.storage.base import (
     RetryRequest,
     undecodable_deaths,
 )
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import (
     AsyncConn,
@@ -54,12 +55,7 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.rows import (
-    deliveries_of,
-    error_json,
-    subscriptions_of,
-    utc,
-)
+from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
 

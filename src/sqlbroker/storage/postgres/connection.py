@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from sqlbroker.core.errors import ConnectionLost, InvalidOption, SchemaError, StorageError
 from sqlbroker.storage import caller
-from sqlbroker.storage.rows import NEGATIVE_INFINITY, POSITIVE_INFINITY
+from sqlbroker.storage.columns import NEGATIVE_INFINITY, POSITIVE_INFINITY
 from sqlbroker.storage.url import DatabaseURL, redact
 
 Conn = psycopg.Connection[TupleRow]

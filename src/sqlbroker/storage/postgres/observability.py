@@ -20,15 +20,9 @@ from sqlbroker.core.observability import (
     WorkerBeat,
     WorkerInfo,
 )
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.connection import PostgresPool
-from sqlbroker.storage.rows import (
-    audit_of,
-    minute_of,
-    rare_count_of,
-    totals_of,
-    utc,
-    worker_of,
-)
+from sqlbroker.storage.rows import audit_of, minute_of, rare_count_of, totals_of, worker_of
 from sqlbroker.storage.sql import load_blocks
 
 

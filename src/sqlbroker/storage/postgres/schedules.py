@@ -16,8 +16,8 @@ from psycopg.rows import dict_row
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import InsertResult
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.connection import PostgresPool
-from sqlbroker.storage.rows import utc
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,

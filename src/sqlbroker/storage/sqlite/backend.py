@@ -41,13 +41,9 @@ from sqlbroker.storage.base import (
     RetryRequest,
     undecodable_deaths,
 )
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.rows import (
-    deliveries_of,
-    error_json,
-    subscriptions_of,
-    utc,
-)
+from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool

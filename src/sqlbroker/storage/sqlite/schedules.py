@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import InsertResult
-from sqlbroker.storage.rows import utc
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
