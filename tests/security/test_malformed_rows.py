@@ -155,6 +155,27 @@ def test_sqlite_columns_of_the_wrong_type_are_dead_lettered_at_claim(tmp_path: A
         assert "is damaged: enqueued_at" in cli_ok(url, "dlq", "list")
 
 
+def test_sqlite_listings_and_stats_survive_columns_of_the_wrong_type(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path}/listed.db"
+    with sqlbroker.Broker(url) as broker:
+        broker.send("jobs", 1)
+        broker.subscribe("orders", ["orders.#"])
+        with closing(sqlite3.connect(tmp_path / "listed.db")) as conn:
+            conn.execute("UPDATE sqlbroker_message SET available_at = 'soon'")
+            conn.execute("UPDATE sqlbroker_subscription SET created_at = 'then'")
+            conn.commit()
+        (pending,) = broker.pending()
+        assert pending.damaged == "available_at is a str of 4, not a time"
+        assert {s.name: s.damaged for s in broker.subscriptions()}["orders"] == (
+            "created_at is a str of 4, not a time"
+        )
+        (jobs,) = [s for s in broker.stats() if s.subscription == "jobs"]
+        assert jobs.oldest_ready_age is None
+        assert "is damaged: available_at" in cli_ok(url, "pending")
+        assert "name orders is damaged: created_at" in cli_ok(url, "subscriptions")
+        cli_ok(url, "stats")
+
+
 def test_listings_show_damaged_rows_by_id(broker: sqlbroker.Broker, raw: Raw) -> None:
     url = broker.url
     broker.send("jobs", {"n": 1})

@@ -403,9 +403,11 @@ DELETE FROM sqlbroker_archive
 WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
 
 -- name: stats_hot
--- A scheduled copy whose time has come is ready: it is promoted by the next claim.
+-- A scheduled copy whose time has come is ready: it is promoted by the next claim. A time
+-- that is not a number (raw SQL; docs/security.md, "Damaged rows") has no age.
 SELECT subscription, effective_state, count(*),
-       min(CASE WHEN effective_state = 'available' THEN available_at END)
+       min(CASE WHEN effective_state = 'available' AND typeof(available_at) IN ('integer', 'real')
+                THEN available_at END)
 FROM (
     SELECT subscription, available_at,
            CASE WHEN state = 'scheduled' AND available_at <= :now THEN 'available'
