@@ -224,6 +224,7 @@ def test_the_dashboard_answers_with_damaged_rows(
     assert status == 200
     assert detail["dead_letter"]["damaged"].startswith("headers")
     assert get_json(board, "/api/audit")[0] == 200
+    assert "is damaged: detail is a JSON list" in cli_ok(broker.url, "audit")
     assert get_json(board, "/api/overview")[0] == 200
     assert get_json(board, "/api/subscriptions/jobs")[0] == 200
 
@@ -325,7 +326,7 @@ def test_a_damaged_saga_fails_its_step_instead_of_running_it(tmp_path: Any) -> N
         (listed,) = broker.sagas.list()
         assert listed.damaged == "data is not JSON"
         assert broker.sagas.get(saga_id).damaged == "data is not JSON"
-        cli_ok(url, "saga", "list")
+        assert f"id {saga_id} is damaged: data is not JSON" in cli_ok(url, "saga", "list")
         cli_ok(url, "saga", "show", saga_id)
 
         broker.run_until_idle(timeout=60)
