@@ -199,6 +199,9 @@ class PendingMessage:
     expires_at: datetime | None
     lease_expires_at: datetime | None
     last_error: str | None
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +230,9 @@ class DeadLetter:
     first_failed_at: datetime
     last_failed_at: datetime
     dead_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +254,9 @@ class ArchivedMessage:
     enqueued_at: datetime
     first_started_at: datetime | None
     finished_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +264,9 @@ class Subscription:
     name: str
     patterns: tuple[str, ...]
     created_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)

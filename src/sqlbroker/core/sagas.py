@@ -153,6 +153,8 @@ class SagaStep:
     started_at: datetime | None
     finished_at: datetime | None
     compensated_at: datetime | None
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns; ``None`` for a sound row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +178,8 @@ class SagaInstance:
     deadline: datetime | None
     finished_at: datetime | None
     steps: tuple[SagaStep, ...] = field(default=())
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns; ``None`` for a sound row."""
 
     def outputs(self) -> dict[str, Any]:
         """The outputs of the steps whose action completed, by step name."""

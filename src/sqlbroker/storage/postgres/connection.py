@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
@@ -20,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from sqlbroker.core.errors import ConnectionLost, InvalidOption, SchemaError, StorageError
 from sqlbroker.storage import caller
+from sqlbroker.storage.columns import NEGATIVE_INFINITY, POSITIVE_INFINITY
 from sqlbroker.storage.url import DatabaseURL, redact
 
 Conn = psycopg.Connection[TupleRow]
@@ -59,6 +61,38 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T]) -> T:
             statement, params = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+_TIMESTAMPTZ = psycopg.adapters.types["timestamptz"].oid
+_DefaultTimestamptz = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
+
+
+class _TimestamptzLoader(Loader):
+    """timestamptz as psycopg loads it, except ``infinity`` and ``-infinity``, which
+    Python's datetime cannot hold and psycopg refuses: one such value (sqlbroker never
+    writes one; raw SQL can) would fail the whole statement reading it, a claim after it
+    committed. They load as ``rows.POSITIVE_INFINITY``/``NEGATIVE_INFINITY``, which the row
+    decoders treat as damage (docs/security.md, "Damaged rows")."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        assert _DefaultTimestamptz is not None
+        self._load = _DefaultTimestamptz(oid, context).load
+
+    def load(self, data: Any) -> Any:
+        try:
+            return self._load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            if text == b"infinity":
+                return POSITIVE_INFINITY
+            if text == b"-infinity":
+                return NEGATIVE_INFINITY
+            raise
+
+
+_ADAPTERS = AdaptersMap(psycopg.adapters)
+_ADAPTERS.register_loader("timestamptz", _TimestamptzLoader)
 
 
 class PostgresPool:
@@ -115,6 +149,7 @@ class PostgresPool:
         ours = f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
         return {
             "autocommit": True,
+            "context": _ADAPTERS,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
             "options": f"{self._url_options} {ours}" if self._url_options else ours,

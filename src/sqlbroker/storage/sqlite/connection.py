@@ -17,7 +17,7 @@ from sqlbroker.core.errors import (
     SchemaError,
     StorageError,
 )
-from sqlbroker.core.topics import regex_matches
+from sqlbroker.core.topics import regex_matches, stored_pattern_matches
 from sqlbroker.storage import caller
 
 _NETWORK_FILESYSTEMS = frozenset(
@@ -191,6 +191,9 @@ class SqlitePool:
     @staticmethod
     def register_functions(conn: sqlite3.Connection) -> None:
         conn.create_function("sqlbroker_regex_match", 2, regex_matches, deterministic=True)
+        conn.create_function(
+            "sqlbroker_pattern_match", 2, stored_pattern_matches, deterministic=True
+        )
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
