@@ -50,7 +50,8 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     """A message broker in your database.
 
     ``Broker("sqlite:///app.db")`` or ``Broker("postgresql://…")``. On SQLite the schema is
-    created on first use; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
+    created (or upgraded) here, so that the first publish may join the caller's open
+    transaction; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
     with a role allowed to create tables, or pass ``migrate=True``.
 
     Every duration takes seconds or a :class:`datetime.timedelta`. Bad arguments raise a
@@ -83,6 +84,14 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         self._backend: Backend = open_backend(url, clock=clock, **backend_options)
         self._ready = False
         self._ready_lock = threading.Lock()
+        if self._migrate and parsed.scheme == "sqlite":
+            # Now, not on first use: that may be a publish inside the caller's open
+            # transaction (the outbox), whose write lock a migration would wait for.
+            try:
+                self._checked()
+            except BaseException:
+                self._backend.close()
+                raise
         self.dead_letters = DeadLetters(self._checked)
         self._schedules = Schedules(self._checked, self._defaults)
         self._publish_listeners: list[Callable[[str | None], None]] = []
