@@ -23,6 +23,11 @@ SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
 -- name: schema_version_insert
 INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: schema_version_printed
+-- The version row of one migration in the printed schema (``sqlbroker schema --print``),
+-- which runs with no parameters: {version} and {name} come from the migration's file name.
+INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES ({version}, '{name}')
+
 -- name: savepoint
 SAVEPOINT sqlbroker
 

@@ -17,6 +17,12 @@ SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sqlbroker_sc
 -- name: schema_version_insert
 INSERT INTO sqlbroker_schema_version (version, name, applied_at) VALUES (:version, :name, :now)
 
+-- name: schema_version_printed
+-- The version row of one migration in the printed schema (``sqlbroker schema --print``),
+-- which runs with no parameters: {version} and {name} come from the migration's file name.
+INSERT INTO sqlbroker_schema_version (version, name, applied_at)
+VALUES ({version}, '{name}', (julianday('now') - 2440587.5) * 86400.0)
+
 -- name: subscription_insert
 INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
 ON CONFLICT (name) DO NOTHING
