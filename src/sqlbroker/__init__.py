@@ -45,6 +45,7 @@ from sqlbroker.core.sagas import (
     SagaInstance,
     SagaStatus,
     SagaStep,
+    SagaWarning,
     Step,
     StepStatus,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "SagaInstance",
     "SagaStatus",
     "SagaStep",
+    "SagaWarning",
     "Schedule",
     "SchemaError",
     "SqlbrokerError",

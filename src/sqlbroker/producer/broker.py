@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -94,6 +94,8 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
                 raise
         self.dead_letters = DeadLetters(self._checked)
         self._schedules = Schedules(self._checked, self._defaults)
+        self._sagas_checked: set[str] = set()
+        """Sagas whose handlers the first start checked (see ``Sagas``)."""
         self._publish_listeners: list[Callable[[str | None], None]] = []
         self._header_hooks: list[Callable[[], Mapping[str, str]]] = []
 
@@ -366,7 +368,16 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         """Start, cancel and read sagas (``broker.sagas.start(saga, data)``); see
         :mod:`sqlbroker.features.sagas`. Steps are handled by the app ``Broker``'s
         ``saga_step`` and ``saga_compensation`` subscribers."""
-        return Sagas(self._checked(), self._defaults)
+        return Sagas(
+            self._checked(),
+            self._defaults,
+            handled=self._handled_queues,
+            checked=self._sagas_checked,
+        )
+
+    def _handled_queues(self) -> Collection[str]:
+        """The subscriptions this process has handlers for (the app ``Broker``'s)."""
+        return ()
 
     # --- processed keys ----------------------------------------------------------------------
 
