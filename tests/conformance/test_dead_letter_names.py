@@ -14,7 +14,7 @@ from helpers import claim_one
 FULL = "sqlbroker.core.policies.Reject"
 
 
-class Reject(Exception):  # noqa: N818  an application's own class of the same short name
+class Reject(Exception):  # an application's own class of the same short name
     pass
 
 
