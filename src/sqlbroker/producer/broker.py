@@ -81,6 +81,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             payload_limit=check_payload_limit(payload_limit),
         )
         self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
+        self._clock = clock
         self._backend: Backend = open_backend(url, clock=clock, **backend_options)
         self._ready = False
         self._ready_lock = threading.Lock()
