@@ -28,6 +28,14 @@ INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES (%(version)s
 -- which runs with no parameters: {version} and {name} come from the migration's file name.
 INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES ({version}, '{name}')
 
+-- name: connection_identity
+-- What a caller's connection (conn=) must share with the broker's own: the database, the
+-- server (its start time: two servers with a database of one name differ there) and the
+-- message table its search_path finds. Never fails, so it cannot abort the caller's
+-- transaction.
+SELECT current_database(), pg_postmaster_start_time(),
+       to_regclass('{schema}sqlbroker_message')::oid::bigint
+
 -- name: savepoint
 SAVEPOINT sqlbroker
 
