@@ -77,3 +77,12 @@ def test_builtin_errors_keep_their_bare_name(broker: sqlbroker.Broker) -> None:
     broker.dead_letter(claim_one(broker, "jobs"), reason="bad", error=ValueError("x"))
     (dead,) = broker.dead_letters.list(error_type="ValueError")
     assert dead.error_type == "ValueError"
+
+
+def test_dlq_list_error_type_on_the_cli(broker: sqlbroker.Broker, backend_url: str) -> None:
+    from test_cli import json_of
+
+    dead = _dead_by_worker(broker)
+    for name in ("Reject", "sqlbroker.Reject", FULL):
+        rows = json_of(backend_url, "dlq", "list", "--error-type", name)
+        assert [(row["id"], row["error_type"]) for row in rows] == [(dead.id, "sqlbroker.Reject")]
