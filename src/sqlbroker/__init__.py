@@ -47,6 +47,7 @@ from sqlbroker.core.sagas import (
     SagaInstance,
     SagaStatus,
     SagaStep,
+    SagaWarning,
     Step,
     StepStatus,
 )
@@ -103,6 +104,7 @@ __all__ = [
     "SagaInstance",
     "SagaStatus",
     "SagaStep",
+    "SagaWarning",
     "Schedule",
     "SchemaError",
     "SqlbrokerError",

@@ -134,6 +134,24 @@ class Saga:
         """The queue carrying a step's action (or, with ``undo``, its compensation)."""
         return saga_queue(self.name, step, undo=undo)
 
+    def queues(self) -> tuple[str, ...]:
+        """Every queue its steps need a handler on: each action, each compensation."""
+        return tuple(
+            queue
+            for step in self.steps
+            for queue in (
+                (self.queue(step.name), self.queue(step.name, undo=True))
+                if step.compensate
+                else (self.queue(step.name),)
+            )
+        )
+
+
+class SagaWarning(UserWarning):
+    """A saga was started, or a worker runs one, while some of its steps (or their
+    compensations) have no handler in this process nor in any live worker: its sagas will
+    wait at that step until a handler runs."""
+
 
 def saga_queue(saga: str, step: str, *, undo: bool = False) -> str:
     return f"saga.{saga}.{step}.undo" if undo else f"saga.{saga}.{step}"

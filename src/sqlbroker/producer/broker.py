@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -57,7 +57,8 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     """A message broker in your database.
 
     ``Broker("sqlite:///app.db")`` or ``Broker("postgresql://…")``. On SQLite the schema is
-    created on first use; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
+    created (or upgraded) here, so that the first publish may join the caller's open
+    transaction; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
     with a role allowed to create tables, or pass ``migrate=True``.
 
     Every duration takes seconds or a :class:`datetime.timedelta`. Bad arguments raise a
@@ -100,11 +101,22 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         self._limits = limits = Limits.checked(
             max_copies=max_copies, max_subscriptions=max_subscriptions, max_patterns=max_patterns
         )
+        self._clock = clock
         self._backend: Backend = open_backend(url, clock=clock, limits=limits, **backend_options)
         self._ready = False
         self._ready_lock = threading.Lock()
+        if self._migrate and parsed.scheme == "sqlite":
+            # Now, not on first use: that may be a publish inside the caller's open
+            # transaction (the outbox), whose write lock a migration would wait for.
+            try:
+                self._checked()
+            except BaseException:
+                self._backend.close()
+                raise
         self.dead_letters = DeadLetters(self._checked)
         self._schedules = Schedules(self._checked, self._defaults)
+        self._sagas_checked: set[str] = set()
+        """Sagas whose handlers the first start checked (see ``Sagas``)."""
         self._publish_listeners: list[Callable[[str | None], None]] = []
         self._header_hooks: list[Callable[[], Mapping[str, str]]] = []
 
@@ -384,7 +396,16 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         """Start, cancel and read sagas (``broker.sagas.start(saga, data)``); see
         :mod:`sqlbroker.features.sagas`. Steps are handled by the app ``Broker``'s
         ``saga_step`` and ``saga_compensation`` subscribers."""
-        return Sagas(self._checked(), self._defaults)
+        return Sagas(
+            self._checked(),
+            self._defaults,
+            handled=self._handled_queues,
+            checked=self._sagas_checked,
+        )
+
+    def _handled_queues(self) -> Collection[str]:
+        """The subscriptions this process has handlers for (the app ``Broker``'s)."""
+        return ()
 
     # --- processed keys ----------------------------------------------------------------------
 

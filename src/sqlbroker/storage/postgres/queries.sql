@@ -23,6 +23,19 @@ SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
 -- name: schema_version_insert
 INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: schema_version_printed
+-- The version row of one migration in the printed schema (``sqlbroker schema --print``),
+-- which runs with no parameters: {version} and {name} come from the migration's file name.
+INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES ({version}, '{name}')
+
+-- name: connection_identity
+-- What a caller's connection (conn=) must share with the broker's own: the database, the
+-- server (its start time: two servers with a database of one name differ there) and the
+-- message table its search_path finds. Never fails, so it cannot abort the caller's
+-- transaction.
+SELECT current_database(), pg_postmaster_start_time(),
+       to_regclass('{schema}sqlbroker_message')::oid::bigint
+
 -- name: savepoint
 SAVEPOINT sqlbroker
 
@@ -663,7 +676,8 @@ FROM {schema}sqlbroker_dead
 WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
   AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
-  AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+  AND (%(error_type)s::text IS NULL OR error_type = ANY(%(error_types)s::text[])
+           OR right(error_type, length(%(error_suffix)s::text)) = %(error_suffix)s::text)
   AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
   AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
   AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
@@ -684,7 +698,8 @@ WITH chosen AS (
     WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
       AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
-      AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+      AND (%(error_type)s::text IS NULL OR error_type = ANY(%(error_types)s::text[])
+           OR right(error_type, length(%(error_suffix)s::text)) = %(error_suffix)s::text)
       AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
       AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
       AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
@@ -734,7 +749,8 @@ WITH chosen AS (
     WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
       AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
-      AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+      AND (%(error_type)s::text IS NULL OR error_type = ANY(%(error_types)s::text[])
+           OR right(error_type, length(%(error_suffix)s::text)) = %(error_suffix)s::text)
       AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
       AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
       AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)

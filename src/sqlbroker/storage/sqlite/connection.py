@@ -61,6 +61,14 @@ def _filesystem_type(path: str) -> str | None:
     return kind
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no file can have this name
+        return False
+    return True
+
+
 def split_script(script: str) -> list[str]:
     statements, buffer = [], ""
     for line in script.splitlines(keepends=True):
@@ -116,6 +124,8 @@ class SqlitePool:
             raise InvalidOption("busy_timeout", "must be seconds, more than 0 and at most 3600")
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 256:
             raise InvalidOption("pool_size", "must be an integer from 1 to 256")
+        if not path.isprintable() or "\x00" in path or not _encodable(path):
+            raise InvalidOption("url", "the SQLite path must be printable UTF-8 text")
         self.memory = path == ":memory:"
         self._synchronous = synchronous
         self._busy_timeout = float(busy_timeout)

@@ -17,6 +17,12 @@ SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sqlbroker_sc
 -- name: schema_version_insert
 INSERT INTO sqlbroker_schema_version (version, name, applied_at) VALUES (:version, :name, :now)
 
+-- name: schema_version_printed
+-- The version row of one migration in the printed schema (``sqlbroker schema --print``),
+-- which runs with no parameters: {version} and {name} come from the migration's file name.
+INSERT INTO sqlbroker_schema_version (version, name, applied_at)
+VALUES ({version}, '{name}', (julianday('now') - 2440587.5) * 86400.0)
+
 -- name: subscription_insert
 INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
 ON CONFLICT (name) DO NOTHING
@@ -348,7 +354,8 @@ FROM sqlbroker_dead
 WHERE (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
   AND (:subscription IS NULL OR subscription = :subscription)
   AND (:topic IS NULL OR topic = :topic)
-  AND (:error_type IS NULL OR error_type = :error_type)
+  AND (:error_type IS NULL OR error_type IN (SELECT value FROM json_each(:error_types))
+       OR substr(error_type, -length(:error_suffix)) = :error_suffix)
   AND (:reason_contains IS NULL OR instr(reason, :reason_contains) > 0)
   AND (:dead_before IS NULL OR dead_at < :dead_before)
   AND (:dead_after IS NULL OR dead_at >= :dead_after)
