@@ -87,7 +87,7 @@ def schema(session: Session, print_sql: bool, pg_schema: str | None) -> None:
     if not print_sql:
         if pg_schema is not None:
             raise InvalidUsage("--schema needs --print")
-        version = session.broker().schema_version()
+        version = session.reader().schema_version()
         click.echo(f"{session.display_url}: schema version {version}")
         return
     click.echo(schema_sql(session.url, pg_schema).rstrip("\n"))

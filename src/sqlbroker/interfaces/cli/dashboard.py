@@ -7,7 +7,7 @@ import click
 
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import echo_json, human_time, print_table, table
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 from sqlbroker.interfaces.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, Dashboard
 
 TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
@@ -49,7 +49,9 @@ def dashboard(session: Session, host: str, port: int, token: str | None, refresh
     """
     if refresh <= 0:
         raise InvalidUsage("--refresh must be more than 0 seconds")
-    board = Dashboard(session.broker(), host=host, port=port, token=token, refresh=refresh)
+    broker = session.reader()
+    with listening(host, port):
+        board = Dashboard(broker, host=host, port=port, token=token, refresh=refresh)
     hint = " (open it once with ?token=… to log in)" if token else ""
     click.echo(
         f"dashboard for {session.display_url} on {board.url}{hint}; Ctrl-C to stop", err=True
@@ -66,7 +68,7 @@ def dashboard(session: Session, host: str, port: int, token: str | None, refresh
 @pass_session
 def audit(session: Session, limit: int, as_json: bool) -> None:
     """List replays and purges of dead letters: who, when, which and why, newest first."""
-    rows = session.broker().audit(limit=limit)
+    rows = session.reader().audit(limit=limit)
     if as_json:
         echo_json(rows)
         return
@@ -82,7 +84,14 @@ def audit(session: Session, limit: int, as_json: bool) -> None:
         for a in rows
     ]
     print_table(
-        table(None, ["id", "when", "who", "action", "dead letters", "why"], body, numeric=["id"]),
+        table(
+            None,
+            ["id", "when", "who", "action", "dead letters", "why"],
+            body,
+            numeric=["id"],
+            key="action",
+            drop=["who", "when"],
+        ),
         empty="no replays or purges yet",
     )
 

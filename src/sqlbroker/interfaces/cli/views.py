@@ -77,7 +77,24 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
         )
         for s in rows
     ]
-    return table(title, columns, body, numeric=columns[1:])
+    return table(
+        title,
+        columns,
+        body,
+        numeric=columns[1:],
+        key="subscription",
+        drop=[
+            "expired",
+            "retry/min",
+            "dead/min",
+            "p50",
+            "scheduled",
+            "blocked",
+            "done/min",
+            "p95",
+            "running",
+        ],
+    )
 
 
 def _snapshots(
@@ -117,7 +134,7 @@ def stats(session: Session, as_json: bool, watch: float | None, count: int | Non
     Per subscription: ready, scheduled, running, blocked and dead messages, and the age
     of the oldest ready one (the consumer lag).
     """
-    broker = session.broker()
+    broker = session.reader()
     if watch is None:
         if count is not None:
             raise InvalidUsage("--count needs --watch")
@@ -180,7 +197,7 @@ def pending(
     Shows available, scheduled, blocked and running copies of every subscription, or of
     SUBSCRIPTION only.
     """
-    rows = session.broker().pending(subscription, state=state, limit=limit)
+    rows = session.reader().pending(subscription, state=state, limit=limit)
     if as_json:
         echo_json(rows)
         return
@@ -209,7 +226,15 @@ def pending(
         )
         for m in rows
     ]
-    print_table(table(None, columns, body, numeric=["id", "priority"]), empty="no pending messages")
+    shown = table(
+        None,
+        columns,
+        body,
+        numeric=["id", "priority"],
+        key="subscription",
+        drop=["key", "priority", "available at", "attempts", "last error", "state"],
+    )
+    print_table(shown, empty="no pending messages")
 
 
 @click.command()
@@ -234,7 +259,7 @@ def archive(
     Finished means completed, expired, cancelled, or published to a topic nobody
     subscribed to (unrouted). All subscriptions unless SUBSCRIPTION is given.
     """
-    rows = session.broker().archive(
+    rows = session.reader().archive(
         subscription, outcome=outcome, message_id=message_id, limit=limit
     )
     if as_json:
@@ -254,7 +279,15 @@ def archive(
         for m in rows
     ]
     print_table(
-        table(None, columns, body, numeric=["id", "attempts"]), empty="the archive is empty"
+        table(
+            None,
+            columns,
+            body,
+            numeric=["id", "attempts"],
+            key="subscription",
+            drop=["message id", "attempts", "finished at"],
+        ),
+        empty="the archive is empty",
     )
 
 
@@ -263,9 +296,12 @@ def archive(
 @pass_session
 def subscriptions(session: Session, as_json: bool) -> None:
     """List subscriptions and their topic patterns."""
-    rows = session.broker().subscriptions()
+    rows = session.reader().subscriptions()
     if as_json:
         echo_json(rows)
         return
     body = [(s.name, ", ".join(s.patterns), human_time(s.created_at)) for s in rows]
-    print_table(table(None, ["name", "patterns", "created at"], body), empty="no subscriptions yet")
+    print_table(
+        table(None, ["name", "patterns", "created at"], body, drop=["created at"]),
+        empty="no subscriptions yet",
+    )
