@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from sqlbroker.spark.charts import _throughput  # noqa: E402
+from sqlbroker.spark.charts import _throughput
 
 
 def _markers(svg: str) -> int:
