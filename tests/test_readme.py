@@ -277,15 +277,29 @@ def _verify_cli_tour(run: Run) -> None:
         assert len(broker.archive(None, outcome="unrouted")) == 1
 
 
+def _seed_old_archive(run: Run) -> None:
+    """Forty days of age on five completed messages, so that ``--older-than 30d`` has
+    something to export (and then delete)."""
+    from datetime import UTC, datetime, timedelta
+
+    clock = sqlbroker.ManualClock(datetime.now(UTC) - timedelta(days=40))
+    with sqlbroker.Broker(run.url, clock=clock) as broker:
+        broker.subscribe("billing", ["orders.#"])
+        broker.publish_many([{"topic": "orders.created", "payload": {"n": n}} for n in range(5)])
+        broker.complete(broker.claim("billing", limit=5))
+
+
 def _verify_export_report(run: Run) -> None:
     assert (run.directory / "report" / "report.html").exists()
-    assert (run.directory / "export").is_dir()
+    assert any((run.directory / "export").rglob("*.parquet")), "the old archive was exported"
+    with run.broker() as broker:
+        assert broker.archive("billing") == [], "and deleted once verified"
 
 
 def _seed_billing(run: Run) -> None:
     with sqlbroker.Broker(f"sqlite:///{run.directory / 'app.db'}") as broker:
         broker.subscribe("billing", ["orders.#"])
-        broker.publish_many("orders.created", [{"order": n} for n in range(5)])
+        broker.publish_many([{"topic": "orders.created", "payload": {"n": n}} for n in range(5)])
 
 
 def _parquet_written(run: Run) -> bool:
@@ -403,6 +417,7 @@ assert saga.status.value == "completed", (saga.status, saga.error)
         "README.md",
         "sqlbroker pipeline export --out ./export --older-than 30d",
         marks=(pytest.mark.spark, pytest.mark.slow),
+        seed=_seed_old_archive,
         verify=_verify_export_report,
     ),
     Case(

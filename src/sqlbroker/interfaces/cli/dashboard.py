@@ -50,16 +50,19 @@ def dashboard(session: Session, host: str, port: int, token: str | None, refresh
     if refresh <= 0:
         raise InvalidUsage("--refresh must be more than 0 seconds")
     broker = session.reader()
+    # The whole life of the server: whether it binds when made or when started, an
+    # address in use is one line naming it.
     with listening(host, port):
         board = Dashboard(broker, host=host, port=port, token=token, refresh=refresh)
-    hint = " (open it once with ?token=… to log in)" if token else ""
-    click.echo(
-        f"dashboard for {session.display_url} on {board.url}{hint}; Ctrl-C to stop", err=True
-    )
-    try:
-        board.serve_forever()
-    finally:
-        board.stop()
+        hint = " (open it once with ?token=… to log in)" if token else ""
+        click.echo(
+            f"dashboard for {session.display_url} on {board.url}{hint}; Ctrl-C to stop",
+            err=True,
+        )
+        try:
+            board.serve_forever()
+        finally:
+            board.stop()
 
 
 @click.command()
