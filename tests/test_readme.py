@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -888,7 +889,7 @@ def _make_dry_run(target: str, venv: Path) -> list[str]:
 
 
 def test_make_demo_installs_only_what_the_demo_needs(tmp_path: Path) -> None:
-    if not (REPO / "Makefile").exists() or subprocess.run(["make", "--version"]).returncode:
+    if shutil.which("make") is None:
         pytest.skip("make is not installed")
     demo = _make_dry_run("demo", tmp_path / ".venv")
     assert demo, "make demo installs sqlbroker"
