@@ -221,7 +221,8 @@ def healthcheck(
 
     Checks that the database is reachable, the schema current, a worker heartbeat fresh
     and the consumer lag under --max-lag. Exits 0 when healthy, 1 when not live (database
-    unreachable or no fresh heartbeat), 3 when live but not ready (schema or lag).
+    unreachable or no fresh heartbeat), 3 when live but not ready (schema or lag), 2 when
+    it cannot check (an unusable URL, a refused login, a SQLite file that does not exist).
     """
     if max_heartbeat_age <= 0 or max_lag <= 0:
         raise InvalidUsage("--max-heartbeat-age and --max-lag must be more than 0 seconds")
