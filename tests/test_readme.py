@@ -216,7 +216,8 @@ def _tour_handled(run: Run) -> bool:
         return False
     try:
         with sqlbroker.Broker(f"sqlite:///{path}", migrate=False) as broker:
-            return len(broker.archive("billing", outcome="completed")) == 1
+            billed = broker.archive("billing", outcome="completed")
+            return len(billed) == 1 and len(broker.archive("emails", outcome="completed")) == 1
     except sqlbroker.SqlbrokerError:  # the block has not created its schema yet
         return False
 
