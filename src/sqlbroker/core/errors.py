@@ -69,6 +69,15 @@ class AuthenticationError(ConfigurationError):
     server's access rules for it. Not transient, so never retried."""
 
 
+class InvalidURL(ValidationError, ConfigurationError):
+    """A database URL that cannot be used as written (malformed, an unknown scheme, an
+    option sqlbroker does not honour). Bad input and a configuration error at once; the
+    message shows the URL only with its password replaced by ``***``."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("url", problem)
+
+
 class SchemaError(SqlbrokerError):
     """The database schema is missing, older or newer than this version of sqlbroker."""
 

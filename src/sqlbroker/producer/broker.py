@@ -38,7 +38,7 @@ from sqlbroker.producer.inspection import BrokerInspection
 from sqlbroker.producer.scheduling import BrokerSchedules
 from sqlbroker.storage.base import Backend, ReapResult
 from sqlbroker.storage.factory import open_backend
-from sqlbroker.storage.url import parse_url, redact
+from sqlbroker.storage.url import parse_url
 
 DEFAULT_URL = "sqlite:///sqlbroker.db"
 DEFAULT_LEASE = 30.0
@@ -151,7 +151,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         return self._url.path == ":memory:"
 
     def __repr__(self) -> str:
-        return f"Broker({redact(self._url.raw)!r})"
+        return f"Broker({str(self._url)!r})"
 
     def _checked(self) -> Backend:
         if not self._ready:

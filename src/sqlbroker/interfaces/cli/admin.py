@@ -3,33 +3,54 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
+from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError, InvalidOption
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
 from sqlbroker.storage.url import parse_url
 
 _POSTGRES_BACKEND = "sqlbroker.storage.postgres.backend"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def schema_option(help: str) -> Callable[[F], F]:
+    """``--schema NAME``: the PostgreSQL schema of the sqlbroker tables."""
+    return click.option("--schema", "pg_schema", default=None, metavar="NAME", help=help)
+
+
+def broker_in(session: Session, pg_schema: str | None, *, read_only: bool = False) -> Broker:
+    """The session's broker, or (``pg_schema`` given) one on that PostgreSQL schema, closed
+    with the command. ``--schema`` on SQLite is bad input (``InvalidOption``). A
+    ``read_only`` command gets :meth:`Session.reader`'s broker: it creates and migrates
+    nothing."""
+    if pg_schema is None:
+        return session.reader() if read_only else session.broker()
+    broker = Broker(session.url, schema=pg_schema, migrate=False if read_only else None)
+    click.get_current_context().call_on_close(broker.close)
+    return broker
 
 
 @click.command()
+@schema_option("PostgreSQL schema to create or upgrade (default: the connection's current schema).")
 @pass_session
-def migrate(session: Session) -> None:
+def migrate(session: Session, pg_schema: str | None) -> None:
     """Apply pending schema migrations.
 
     Says which versions were applied. Safe to run from several processes at once;
     running it again changes nothing.
     """
-    broker = session.broker()
+    broker = broker_in(session, pg_schema)
     applied = broker.migrate()
     version = broker.schema_version()
+    where = session.display_url + (f" (schema {pg_schema})" if pg_schema else "")
     if applied:
         versions = ", ".join(str(number) for number in applied)
         label = "migration" if len(applied) == 1 else "migrations"
-        click.echo(
-            f"applied {label} {versions} to {session.display_url}; schema is at version {version}"
-        )
+        click.echo(f"applied {label} {versions} to {where}; schema is at version {version}")
     else:
         click.echo(f"schema is current at version {version}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from sqlbroker.interfaces.cli.admin import broker_in, schema_option
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import echo_json, human_time, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
@@ -28,7 +29,15 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
     envvar=TOKEN_ENV,
     default=None,
     metavar="TOKEN",
-    help=f"Access token (at least 16 characters; or ${TOKEN_ENV}).",
+    help=f"Access token (at least 16 characters). Prefer ${TOKEN_ENV} or --token-file:"
+    " a command line is visible to every local user (ps).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, readable=True),
+    default=None,
+    metavar="PATH",
+    help="Read the access token from this file (its first line).",
 )
 @click.option(
     "--refresh",
@@ -38,18 +47,30 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
     metavar="SECONDS",
     help="How often the page refreshes itself.",
 )
+@schema_option("PostgreSQL schema of the sqlbroker tables (default: the current schema).")
 @pass_session
-def dashboard(session: Session, host: str, port: int, token: str | None, refresh: float) -> None:
+def dashboard(
+    session: Session,
+    host: str,
+    port: int,
+    token: str | None,
+    token_file: str | None,
+    refresh: float,
+    pg_schema: str | None,
+) -> None:
     """Serve the web dashboard for the database in --url until Ctrl-C.
 
     Overview (depth, lag, rates, sparklines, workers), a page per subscription
     (ready / scheduled / running messages, throughput and latency charts) and dead letters
     (filter, inspect, replay or purge with a confirmation; every action is audited).
     Binds to 127.0.0.1 unless told otherwise; with a token open /?token=TOKEN once.
+    A remote dashboard (--host 0.0.0.0) needs a token and then answers to any host name.
     """
     if refresh <= 0:
         raise InvalidUsage("--refresh must be more than 0 seconds")
-    broker = session.reader()
+    if token_file is not None:
+        token = _read_token(token_file, also_given=token is not None)
+    broker = broker_in(session, pg_schema, read_only=True)
     # The whole life of the server: whether it binds when made or when started, an
     # address in use is one line naming it.
     with listening(host, port):
@@ -97,6 +118,19 @@ def audit(session: Session, limit: int, as_json: bool) -> None:
         ),
         empty="no replays or purges yet",
     )
+
+
+def _read_token(path: str, *, also_given: bool) -> str:
+    if also_given:
+        raise InvalidUsage(f"give the token once: --token-file, or --token / ${TOKEN_ENV}")
+    try:
+        with open(path, encoding="utf-8") as file:
+            token = file.readline().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidUsage(f"cannot read --token-file {path}: {error}") from None
+    if not token:
+        raise InvalidUsage(f"--token-file {path} is empty")
+    return token
 
 
 def _ids(value: object) -> str:

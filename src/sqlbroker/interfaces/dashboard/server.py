@@ -5,8 +5,12 @@ Security model:
 - it binds to 127.0.0.1 by default and refuses any other address unless an access token is
   set; with a token every request must carry it (``Authorization: Bearer …``, or the
   ``HttpOnly``, ``SameSite=Strict`` cookie that opening ``/?token=…`` once sets);
-- the ``Host`` header must name the address it listens on (or ``localhost``), which
-  defeats DNS rebinding against a loopback dashboard;
+- without a token (loopback only) the ``Host`` header must name the address it listens
+  on (or ``localhost``), which defeats DNS rebinding; with a token any ``Host`` is
+  accepted (a remote dashboard is reached by names the server cannot know), since a
+  rebound page holds neither the token nor its cookie, which belongs to another origin;
+- a ``POST`` body needs a plain ``Content-Length`` of at most 64 KiB (no chunked body);
+- request lines are logged (DEBUG) with a ``token=`` value masked;
 - actions are ``POST`` with a JSON body and an ``X-CSRF-Token`` header equal to the random
   token in the page; a cross-site form can send neither, and a cross-origin script cannot
   read the token; an ``Origin`` header, when sent, must be this server;
@@ -22,6 +26,7 @@ import ipaddress
 import json
 import logging
 import secrets
+import socket
 import threading
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -40,6 +45,7 @@ from sqlbroker.core.errors import (
 )
 from sqlbroker.interfaces.dashboard.api import Api, Extension
 from sqlbroker.interfaces.dashboard.pages import BUILT_IN
+from sqlbroker.storage.url import redact
 
 log = logging.getLogger("sqlbroker.dashboard")
 
@@ -101,7 +107,8 @@ class Dashboard:
         self.token = token
         self.csrf = secrets.token_urlsafe(32)
         self.refresh = refresh
-        self._server = http.server.ThreadingHTTPServer((host, port), _handler_for(self))
+        server = _IPv6Server if ":" in host else http.server.ThreadingHTTPServer
+        self._server = server((host.strip("[]"), port), _handler_for(self))
         self._server.daemon_threads = True
         self.host = host
         self.port = int(self._server.server_address[1])
@@ -135,11 +142,22 @@ class Dashboard:
         page = page.replace("__CSRF__", self.csrf).replace("__REFRESH__", f"{self.refresh:g}")
         return page.encode()
 
+    def host_allowed(self, host: str) -> bool:
+        """Whether a request's ``Host`` header (or an ``Origin``'s host) may be served:
+        any with a token, else one naming this server (see the module docstring)."""
+        return self.token is not None or host.lower() in self.allowed_hosts()
+
     def allowed_hosts(self) -> set[str]:
         names = {self.host, f"[{self.host}]"}
         if is_loopback(self.host):
             names |= {"localhost", "127.0.0.1", "[::1]"}
         return {f"{name}:{self.port}" for name in names} | names
+
+
+class _IPv6Server(http.server.ThreadingHTTPServer):
+    """For ``--host ::`` or another IPv6 address (the stdlib server speaks IPv4 only)."""
+
+    address_family = socket.AF_INET6
 
 
 def _handler_for(dashboard: Dashboard) -> type[http.server.BaseHTTPRequestHandler]:
@@ -155,7 +173,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     sys_version = ""
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
+        # The request line carries the token when a browser opens /?token=… to log in.
+        log.debug("%s %s", self.address_string(), redact(format % args))
 
     # --- responses ---------------------------------------------------------------------------
 
@@ -185,8 +204,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # --- checks ------------------------------------------------------------------------------
 
     def _host_ok(self) -> bool:
-        host = (self.headers.get("Host") or "").lower()
-        return host in self.board.allowed_hosts()
+        return self.board.host_allowed(self.headers.get("Host") or "")
 
     def _token_ok(self) -> bool:
         expected = self.board.token
@@ -276,7 +294,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not self._admit():
             return
         origin = self.headers.get("Origin")
-        if origin is not None and urlsplit(origin).netloc.lower() not in self.board.allowed_hosts():
+        if origin is not None and not self._same_origin(origin):
             self._error(HTTPStatus.FORBIDDEN, "cross-origin request refused")
             return
         csrf = self.headers.get("X-CSRF-Token") or ""
@@ -286,9 +304,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not (self.headers.get("Content-Type") or "").startswith("application/json"):
             self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send application/json")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
+        length = self._body_length()
+        if length is None:
             return
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -300,6 +317,28 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._error(HTTPStatus.NOT_FOUND, "no such action")
             return
         self._call(lambda: self.board.api.act(route[2], body, self._actor(body)))
+
+    def _same_origin(self, origin: str) -> bool:
+        netloc = urlsplit(origin).netloc.lower()
+        host = (self.headers.get("Host") or "").lower()
+        return netloc == host or netloc in self.board.allowed_hosts()
+
+    def _body_length(self) -> int | None:
+        """The body's length from a plain decimal ``Content-Length`` of at most
+        :data:`MAX_BODY` (none: 0); else the refusal is sent and ``None`` returned. A
+        negative or garbled length must not reach ``rfile.read``, where -1 reads to EOF."""
+        if self.headers.get("Transfer-Encoding"):
+            self._error(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
+            return None
+        lengths = self.headers.get_all("Content-Length") or ["0"]
+        text = lengths[0].strip()
+        if len(lengths) != 1 or not text.isascii() or not text.isdigit():
+            self._error(HTTPStatus.BAD_REQUEST, "Content-Length must be one decimal number")
+            return None
+        if int(text) > MAX_BODY:
+            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
+            return None
+        return int(text)
 
     def _actor(self, body: dict[str, Any]) -> str:
         name = body.get("actor")

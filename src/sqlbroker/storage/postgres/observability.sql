@@ -6,7 +6,8 @@ INSERT INTO {schema}sqlbroker_worker AS w
 SELECT %(name)s, %(host)s, %(pid)s, %(subscriptions)s, t.now, t.now,
        CASE WHEN %(stopping)s THEN t.now END
 FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now) AS t
-ON CONFLICT (name) DO UPDATE SET
+-- tenant: names are per tenant (migration 0009; '' unless tenants are enabled)
+ON CONFLICT (name, tenant) DO UPDATE SET
     host = excluded.host,
     pid = excluded.pid,
     subscriptions = excluded.subscriptions,

@@ -186,6 +186,9 @@ ins AS (
            b.priority, b.ordering_key, b.idempotency_key, b.payload, b.content_type, b.headers,
            b.max_attempts, b.now, b.ready_at, b.expire_at
     FROM b JOIN routes r ON r.seq = b.seq
+    -- Creates the queue before the first copy goes in (an unreferenced CTE would run only
+    -- after the main query): with tenants, a copy may only enter an existing subscription.
+    WHERE (SELECT count(*) FROM queue) >= 0
     ORDER BY b.seq, r.subscription
     RETURNING subscription, state
 ),
@@ -265,6 +268,7 @@ ins AS (
            b.priority, b.idempotency_key, b.payload, b.content_type, b.headers,
            b.max_attempts, b.now, b.ready_at, b.expire_at
     FROM b
+    WHERE (SELECT count(*) FROM queue) >= 0  -- the queue first, see message_insert_routing
     ORDER BY b.seq
     RETURNING state
 )
