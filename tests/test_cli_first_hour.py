@@ -188,6 +188,15 @@ def test_unusable_urls_exit_2(url: str) -> None:
     one_error_line(run(url, "send", "q", "1"), 2)
 
 
+def test_a_percent_escape_that_is_not_utf8_is_an_invalid_url() -> None:
+    """Found by tests/security/test_urls.py's property test: ``%a0`` in a password
+    escaped as a raw UnicodeDecodeError."""
+    with pytest.raises(sqlbroker.InvalidURL, match="not UTF-8") as raised:
+        sqlbroker.Broker("postgresql://u:Q%a0Q@h:5432/db")
+    assert "%a0" not in str(raised.value)
+    one_error_line(run("postgresql://u:Q%a0Q@h:5432/db", "stats"), 2, "not UTF-8")
+
+
 @contextlib.contextmanager
 def _port_in_use() -> Iterator[int]:
     with socket.socket() as taken:
