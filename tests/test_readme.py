@@ -13,7 +13,9 @@ How a block runs
   for a placeholder server (``postgresql://app@db/app``), a command that installs packages or
   is the test suite itself. :func:`test_not_run_blocks_are_rare_and_say_why` keeps count.
 - Blocks of docs/outbox.md that open with ``# runs on:`` are complete programs that
-  tests/test_docs_outbox.py already runs on the backends they name; they are left to it.
+  tests/test_docs_outbox.py already runs on the backends they name, and docs/security.md's
+  "Setting it up" is run by tests/security/test_docs_setup.py in a cluster of its own;
+  they are left to those tests.
 - **Python blocks** run as ``python snippet.py``, where ``snippet.py`` is the case's
   *prelude*, then the block exactly as printed, then the case's *epilogue*. The prelude
   supplies what the surrounding prose assumes and the block does not define: a ``broker`` on
@@ -69,6 +71,7 @@ class Block:
     language: str
     code: str
     not_run: str | None
+    heading: str = ""
 
     @property
     def name(self) -> str:
@@ -90,6 +93,9 @@ def blocks() -> list[Block]:
             if fence.group(1) in RUNNABLE:
                 before = next((ln for ln in reversed(lines[:index]) if ln.strip()), "")
                 marked = NOT_RUN.match(before.strip())
+                heading = next(
+                    (ln for ln in reversed(lines[:index]) if ln.startswith("#") and " " in ln), ""
+                )
                 found.append(
                     Block(
                         path,
@@ -97,6 +103,7 @@ def blocks() -> list[Block]:
                         fence.group(1),
                         "\n".join(lines[index + 1 : end]) + "\n",
                         marked.group("why") if marked else None,
+                        heading,
                     )
                 )
             index = end + 1
@@ -104,7 +111,12 @@ def blocks() -> list[Block]:
 
 
 def _delegated(block: Block) -> bool:
-    return block.path.name == "outbox.md" and block.code.startswith("# runs on:")
+    """Blocks another test already runs as written: docs/outbox.md's complete programs
+    (tests/test_docs_outbox.py) and docs/security.md's least-privilege setup, which needs a
+    cluster of its own with the documented role names (tests/security/test_docs_setup.py)."""
+    if block.path.name == "outbox.md":
+        return block.code.startswith("# runs on:")
+    return block.path.name == "security.md" and block.heading.startswith("### Setting it up")
 
 
 # --- what the cases share ---------------------------------------------------------------------
