@@ -8,11 +8,26 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast lint typecheck env postgres chromium faketime bench bench-full faults-long fuzz clean
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[postgres,cron,dev,spark]'
-	@touch $(STAMP)
+DEMO_STAMP := $(VENV)/.demo-installed
+# pip shows its progress (what it collects and downloads); only the first run installs.
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+
+$(BIN)/python:
+	@echo "creating the virtual environment $(VENV)"
+	$(PYTHON) -m venv $(VENV)
+
+## The demo needs sqlbroker and its two dependencies (click, rich) and nothing else.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing sqlbroker (click, rich) into $(VENV) for the demo"
+	$(PIP) install -e .
+	@touch $(DEMO_STAMP)
+
+## Everything the suite needs: every extra and the test tools (about 1.5 GB, first run only).
+$(STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing sqlbroker with every extra and the test tools into $(VENV) (about 1.5 GB)"
+	$(PIP) install --upgrade pip
+	$(PIP) install -e '.[postgres,cron,metrics,dev,spark]'
+	@touch $(STAMP) $(DEMO_STAMP)
 
 env: $(STAMP)
 
@@ -41,7 +56,7 @@ faketime:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null; \
 	else echo "faketime missing: sudo apt-get install faketime" >&2; exit 1; fi
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)

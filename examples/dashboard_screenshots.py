@@ -2,12 +2,15 @@
 
 Run ``make demo`` first, then ``.venv/bin/python examples/dashboard_screenshots.py``. The
 demo's database is copied, so the replay this script does through the page (to show the
-audit) leaves the original alone. Needs Debian's chromium and the playwright package.
+audit) leaves the original alone; the copy also gets the two checkouts of
+``examples/checkout_saga.py`` and two schedules, for the Sagas and Schedules pages. Needs
+Debian's chromium and the playwright package.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,13 +33,43 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         copy = Path(scratch) / "demo.db"
         shutil.copy(args.db, copy)
+        _add_checkouts(f"sqlite:///{copy}")
         with Broker(f"sqlite:///{copy}") as broker:
+            broker.schedule("nightly-report", "reports.nightly", {"kind": "daily"}, every=86400)
+            broker.schedule("heartbeat", "ops.heartbeat", {}, every=30, missed="skip")
             board = Dashboard(broker, port=0, refresh=1.0)
             board.start()
             try:
                 shoot(board, broker, args.out, args.chromium)
             finally:
                 board.stop()
+
+
+def _add_checkouts(url: str) -> None:
+    """The two orders of examples/checkout_saga.py (one completed, one compensated)."""
+    spec = importlib.util.spec_from_file_location(
+        "checkout_saga", REPO / "examples" / "checkout_saga.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    checkout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checkout)
+    app = checkout.make_broker(url)
+    with app.backend.transaction() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER)")
+        conn.execute("INSERT OR REPLACE INTO stock VALUES ('mug', 10)")
+    app.sagas.start(
+        checkout.CHECKOUT,
+        {"sku": "mug", "quantity": 2, "amount": 19.8, "city": "Lisbon"},
+        saga_id="order-1",
+    )
+    app.sagas.start(
+        checkout.CHECKOUT,
+        {"sku": "mug", "quantity": 3, "amount": 29.7, "city": "Atlantis"},
+        saga_id="order-2",
+    )
+    app.run_until_idle(timeout=60)
+    app.close()
 
 
 def shoot(board: Dashboard, broker: Broker, out: Path, chromium: str) -> None:
@@ -66,7 +99,8 @@ def shoot(board: Dashboard, broker: Broker, out: Path, chromium: str) -> None:
         page.screenshot(path=str(out / "dead-letters.png"), full_page=True)
         print(out / "dead-letters.png")
         capture("#/audit", "audit", "audit")
-        capture("#/x/sagas", "sagas", "not-available")
+        capture("#/x/sagas", "sagas", "extension-sagas")
+        capture("#/x/schedules", "schedules", "extension-schedules")
         browser.close()
 
 

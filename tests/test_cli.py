@@ -81,7 +81,11 @@ def assert_clean_error(result: Result, code: int, *needles: str) -> None:
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/cli.db"
+    """A migrated SQLite file (a read-only command refuses one that does not exist)."""
+    url = f"sqlite:///{tmp_path}/cli.db"
+    with sqlbroker.Broker(url) as broker:
+        broker.migrate()
+    return url
 
 
 def _console_script() -> str:
@@ -347,12 +351,28 @@ def test_dlq_list_show_replay_purge(backend_url: str) -> None:
     assert "replayed 0 dead letters" in ok(backend_url, "dlq", "replay", "--all").stdout
 
 
-def test_dlq_by_id_needs_no_confirmation_and_reports_misses(sqlite_url: str) -> None:
+def test_dlq_by_id_needs_no_confirmation_and_fails_on_missing_ids(sqlite_url: str) -> None:
+    """Issue 23 item 10: a named id that does not exist is a non-zero exit (1, as
+    ``dlq show`` of it) naming the missing ids, and nothing is changed."""
     dead_id = dead_letter_one(sqlite_url, "emails", {"n": 1})
-    replayed = ok(sqlite_url, "dlq", "replay", str(dead_id), "424242", "--json")
+    for verb in ("replay", "purge"):
+        assert_clean_error(
+            run(sqlite_url, "dlq", verb, str(dead_id), "424242", "999"),
+            1,
+            "no dead letter with ids 999, 424242",
+        )
+    assert_clean_error(run(sqlite_url, "dlq", "show", "424242"), 1, "424242")
+    assert stats_row(sqlite_url, "emails")["dead"] == 1
+    replayed = ok(sqlite_url, "dlq", "replay", str(dead_id), "--json")
     assert json.loads(replayed.stdout)["replayed"] == 1
-    assert "1 named dead letter did not match" in replayed.stderr
     assert stats_row(sqlite_url, "emails")["ready"] == 1
+
+
+def test_dlq_by_id_excluded_by_a_filter_is_a_failure(sqlite_url: str) -> None:
+    dead_id = dead_letter_one(sqlite_url, "emails", {"n": 1})
+    result = run(sqlite_url, "dlq", "purge", str(dead_id), "--topic", "other")
+    assert_clean_error(result, 1, "purged 0 dead letters", "1 named dead letter did not match")
+    assert stats_row(sqlite_url, "emails")["dead"] == 1
 
 
 def test_dlq_actions_are_audited_as_the_cli_user(sqlite_url: str, tmp_path: Path) -> None:
@@ -423,8 +443,11 @@ def test_bad_json_says_what_is_wrong(sqlite_url: str) -> None:
     assert json_of(sqlite_url, "stats") == [], "nothing was written"
 
 
-def test_other_errors_exit_1(sqlite_url: str, tmp_path: Path) -> None:
-    assert_clean_error(run(f"sqlite:///{tmp_path}/missing/dir/x.db", "stats"), 1, "does not exist")
+def test_configuration_errors_exit_2(tmp_path: Path) -> None:
+    """Issue 23 item 11: a URL that cannot work is bad input (exit 2), like a bad value."""
+    assert_clean_error(run("mysql://x", "stats"), 2, "unsupported database")
+    missing_dir = f"sqlite:///{tmp_path}/missing/dir/x.db"
+    assert_clean_error(run(missing_dir, "send", "q", "1"), 2, "does not exist")
 
 
 def test_password_never_printed() -> None:

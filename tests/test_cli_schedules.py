@@ -35,6 +35,7 @@ def ok(url: str, *args: str) -> Result:
 def test_schedules_lists_deletes_pauses_and_resumes(broker: sqlbroker.Broker) -> None:
     url = broker.url if "***" not in broker.url else ""
     assert url, "the test databases have no password"
+    broker.migrate()  # the CLI's reads never create the database
     assert "no schedules yet" in ok(url, "schedules").stdout
     assert json.loads(ok(url, "schedules", "--json").stdout) == []
     nightly = broker.schedule(

@@ -3,6 +3,7 @@
 from sqlbroker.app import Broker
 from sqlbroker.core.clock import Clock, DatabaseClock, ManualClock
 from sqlbroker.core.errors import (
+    AuthenticationError,
     ConfigurationError,
     ConnectionLost,
     DatabaseBusy,
@@ -66,6 +67,7 @@ __all__ = [
     "URGENT",
     "ArchivedMessage",
     "AsyncBroker",
+    "AuthenticationError",
     "Broker",
     "Clock",
     "ConfigurationError",

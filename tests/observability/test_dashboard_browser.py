@@ -135,3 +135,25 @@ def test_hostile_text_is_shown_as_text(
     page.goto(f"{board.url}#/x/sagas")  # type: ignore[attr-defined]
     expect(page.get_by_test_id("extension-sagas")).to_be_visible()  # type: ignore[attr-defined]
     expect(page.locator("main")).to_contain_text("No sagas yet")  # type: ignore[attr-defined]
+
+
+def test_one_minute_of_handler_times_is_drawn(
+    broker: sqlbroker.Broker, board: Dashboard, page: object
+) -> None:
+    """Issue 23 item 16: with one minute of data the handler-time chart has one value per
+    series, which a line alone does not draw; each is marked with a point."""
+
+    @broker.subscriber(queue="fresh")
+    def handle(msg: sqlbroker.Message) -> None:
+        pass
+
+    broker.send_many("fresh", [1, 2, 3])
+    # Playwright's sync API holds this thread's event loop: the worker runs beside it.
+    worker = threading.Thread(target=broker.run_until_idle, kwargs={"timeout": 30})
+    worker.start()
+    worker.join(40)
+    page.goto(board.url)  # type: ignore[attr-defined]
+    page.get_by_test_id("subscription-link").click()  # type: ignore[attr-defined]
+    latency = page.get_by_test_id("latency-chart")  # type: ignore[attr-defined]
+    expect(latency).to_be_visible()
+    expect(latency.locator("circle.point")).to_have_count(2)  # p50 and p95

@@ -166,6 +166,8 @@ def test_the_token_never_reaches_the_log(
 
 def test_the_cli_reads_the_token_from_a_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/dash.db"
+    with sqlbroker.Broker(url) as broker:  # the dashboard, a read-only command, creates none
+        broker.migrate()
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SQLBROKER_")}

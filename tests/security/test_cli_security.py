@@ -54,5 +54,5 @@ def test_sqlite_refuses_roles_and_tenants(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     for args in (("roles", "grant"), ("tenants", "enable"), ("tenants", "list")):
         result = run(url, *args)
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 2, result.output  # a configuration error
         assert "needs PostgreSQL" in result.output

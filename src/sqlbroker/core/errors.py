@@ -71,7 +71,15 @@ class LimitExceeded(ValidationError):
 
 
 class ConfigurationError(SqlbrokerError):
-    """The broker cannot be set up as asked (bad URL, missing extra, refused filesystem)."""
+    """The broker cannot be set up as asked (bad URL, missing extra, refused filesystem).
+
+    Retrying changes nothing: the configuration must be fixed first.
+    """
+
+
+class AuthenticationError(ConfigurationError):
+    """The database refused the login: wrong password, unknown role, or no entry in the
+    server's access rules for it. Not transient, so never retried."""
 
 
 class InvalidURL(ValidationError, ConfigurationError):
@@ -135,12 +143,16 @@ class ConnectionLost(StorageError):
 
     ``ambiguous`` is true when a write may or may not have committed (the connection broke
     after the statement or the commit was sent). Retrying a publish with the same
-    idempotency key is then safe; retrying without one may publish twice.
+    idempotency key is then safe; retrying without one may publish twice. ``write`` says
+    whether the operation was a write: only then does the message tell the outcome
+    (``outcome unknown`` or ``outcome not applied``), since a read has none.
     """
 
-    def __init__(self, message: str, *, ambiguous: bool) -> None:
+    def __init__(self, message: str, *, ambiguous: bool, write: bool = True) -> None:
         self.ambiguous = ambiguous
-        super().__init__(f"{message} (outcome {'unknown' if ambiguous else 'not applied'})")
+        self.write = write or ambiguous
+        outcome = "unknown" if ambiguous else "not applied"
+        super().__init__(f"{message} (outcome {outcome})" if self.write else message)
 
 
 class ReservationLost(SqlbrokerError):

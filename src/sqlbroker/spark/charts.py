@@ -55,7 +55,9 @@ def _throughput(rows: list[dict[str, Any]]) -> str:
             for r in rows:
                 if r["topic"] == topic:
                     series[index[r["minute"]]] = r["messages"]
-            axes.plot(range(len(minutes)), series, label=topic, linewidth=1.4)
+            # One minute of data is a single point, which a line alone does not draw.
+            marker = "o" if len(minutes) == 1 else None
+            axes.plot(range(len(minutes)), series, label=topic, linewidth=1.4, marker=marker)
         step = max(1, len(minutes) // 8)
         axes.set_xticks(range(0, len(minutes), step))
         axes.set_xticklabels(minutes[::step], rotation=20, fontsize=8)

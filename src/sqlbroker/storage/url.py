@@ -214,6 +214,8 @@ def _check_postgres(url: str) -> None:
     except DriverError as error:
         reason = " ".join(str(error).split()) + (f" ({_ENCODE_HINT})" if secrets else "")
         raise refuse(reason) from None
+    except UnicodeDecodeError:  # psycopg decodes %xx escapes as UTF-8
+        raise refuse(f"a percent-escape that is not UTF-8; {_ENCODE_HINT}") from None
     hosts = str(params.get("host") or "").split(",")
     ports = str(params.get("port") or "").split(",")
     for port in ports:

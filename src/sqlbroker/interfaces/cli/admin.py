@@ -22,12 +22,14 @@ def schema_option(help: str) -> Callable[[F], F]:
     return click.option("--schema", "pg_schema", default=None, metavar="NAME", help=help)
 
 
-def broker_in(session: Session, pg_schema: str | None) -> Broker:
+def broker_in(session: Session, pg_schema: str | None, *, read_only: bool = False) -> Broker:
     """The session's broker, or (``pg_schema`` given) one on that PostgreSQL schema, closed
-    with the command. ``--schema`` on SQLite is bad input (``InvalidOption``)."""
+    with the command. ``--schema`` on SQLite is bad input (``InvalidOption``). A
+    ``read_only`` command gets :meth:`Session.reader`'s broker: it creates and migrates
+    nothing."""
     if pg_schema is None:
-        return session.broker()
-    broker = Broker(session.url, schema=pg_schema)
+        return session.reader() if read_only else session.broker()
+    broker = Broker(session.url, schema=pg_schema, migrate=False if read_only else None)
     click.get_current_context().call_on_close(broker.close)
     return broker
 
@@ -106,7 +108,7 @@ def schema(session: Session, print_sql: bool, pg_schema: str | None) -> None:
     if not print_sql:
         if pg_schema is not None:
             raise InvalidUsage("--schema needs --print")
-        version = session.broker().schema_version()
+        version = session.reader().schema_version()
         click.echo(f"{session.display_url}: schema version {version}")
         return
     click.echo(schema_sql(session.url, pg_schema).rstrip("\n"))

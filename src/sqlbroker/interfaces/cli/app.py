@@ -34,15 +34,21 @@ def _version() -> str:
     default=DEFAULT_URL,
     show_default=True,
     metavar="URL",
-    help=f"Database URL: sqlite:///path.db or postgresql://user@host/db (or ${URL_ENV}).",
+    help=(
+        f"Database URL: sqlite:///path.db or postgresql://user@host/db (or ${URL_ENV}, which"
+        " keeps a password out of `ps`)."
+    ),
 )
 @click.version_option(_version(), "--version", "-V", prog_name="sqlbroker")
 @click.pass_context
 def cli(ctx: click.Context, url: str) -> None:
     """sqlbroker: a message broker that lives in your database.
 
-    Failures print one "error: ..." line on stderr and exit 2 for invalid input, 1 for
-    anything else, 130 on Ctrl-C. A password in the URL is never printed.
+    Failures print one "error: ..." line on stderr and exit 2 for invalid input or
+    configuration (a bad value, an unusable URL, a refused login, a port in use), 1 for
+    anything else, 130 on Ctrl-C. A password in the URL is never printed; prefer
+    $SQLBROKER_URL to --url for one, as a command line shows in `ps`. Read-only commands
+    never create or migrate a database.
     """
     session = Session(url)
     ctx.obj = session

@@ -8,7 +8,7 @@ import click
 from sqlbroker.interfaces.cli.admin import broker_in, schema_option
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import echo_json, human_time, print_damaged, print_table, table
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 from sqlbroker.interfaces.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, Dashboard
 
 TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
@@ -70,16 +70,20 @@ def dashboard(
         raise InvalidUsage("--refresh must be more than 0 seconds")
     if token_file is not None:
         token = _read_token(token_file, also_given=token is not None)
-    broker = broker_in(session, pg_schema)
-    board = Dashboard(broker, host=host, port=port, token=token, refresh=refresh)
-    hint = " (open it once with ?token=… to log in)" if token else ""
-    click.echo(
-        f"dashboard for {session.display_url} on {board.url}{hint}; Ctrl-C to stop", err=True
-    )
-    try:
-        board.serve_forever()
-    finally:
-        board.stop()
+    broker = broker_in(session, pg_schema, read_only=True)
+    # The whole life of the server: whether it binds when made or when started, an
+    # address in use is one line naming it.
+    with listening(host, port):
+        board = Dashboard(broker, host=host, port=port, token=token, refresh=refresh)
+        hint = " (open it once with ?token=… to log in)" if token else ""
+        click.echo(
+            f"dashboard for {session.display_url} on {board.url}{hint}; Ctrl-C to stop",
+            err=True,
+        )
+        try:
+            board.serve_forever()
+        finally:
+            board.stop()
 
 
 @click.command()
@@ -88,7 +92,7 @@ def dashboard(
 @pass_session
 def audit(session: Session, limit: int, as_json: bool) -> None:
     """List replays and purges of dead letters: who, when, which and why, newest first."""
-    rows = session.broker().audit(limit=limit)
+    rows = session.reader().audit(limit=limit)
     if as_json:
         echo_json(rows)
         return
@@ -104,7 +108,14 @@ def audit(session: Session, limit: int, as_json: bool) -> None:
         for a in rows
     ]
     print_table(
-        table(None, ["id", "when", "who", "action", "dead letters", "why"], body, numeric=["id"]),
+        table(
+            None,
+            ["id", "when", "who", "action", "dead letters", "why"],
+            body,
+            numeric=["id"],
+            key="action",
+            drop=["who", "when"],
+        ),
         empty="no replays or purges yet",
     )
     print_damaged(rows)

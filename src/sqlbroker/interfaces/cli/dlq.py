@@ -12,18 +12,21 @@ from collections.abc import Callable
 from typing import TypedDict
 
 import click
-from rich.json import JSON
 from rich.table import Table
 from rich.text import Text
 
+from sqlbroker.core.errors import NotFound
 from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.serde import JSON_CONTENT_TYPE
+from sqlbroker.features.dead_letters import DeadLetters
 from sqlbroker.interfaces.cli.params import F, json_option
 from sqlbroker.interfaces.cli.render import (
     cell,
     console,
     echo_json,
     human_time,
+    json_view,
+    literal,
     payload_preview,
     plural,
     print_damaged,
@@ -39,6 +42,7 @@ from sqlbroker.interfaces.cli.session import (
 )
 
 CONFIRM_PREVIEW = 1000
+_PAST = {"replay": "replayed", "purge": "purged"}
 """How many matching dead letters are counted before asking; more shows as "more than"."""
 
 _FILTERS: list[Callable[[F], F]] = [
@@ -109,7 +113,7 @@ def list_dead(
     session: Session, limit: int, after_id: int | None, as_json: bool, **filters: str | None
 ) -> None:
     """List dead letters matching every given filter, oldest first."""
-    rows = session.broker().dead_letters.list(**_given(filters), limit=limit, after_id=after_id)
+    rows = session.reader().dead_letters.list(**_given(filters), limit=limit, after_id=after_id)
     if as_json:
         echo_json(rows)
         return
@@ -126,7 +130,15 @@ def list_dead(
         )
         for d in rows
     ]
-    print_table(table(None, columns, body, numeric=["id", "attempts"]), empty="no dead letters")
+    shown = table(
+        None,
+        columns,
+        body,
+        numeric=["id", "attempts"],
+        key="subscription",
+        drop=["dead at", "error type", "attempts", "topic"],
+    )
+    print_table(shown, empty="no dead letters")
     print_damaged(rows)
 
 
@@ -174,7 +186,7 @@ def show_dead(session: Session, dead_id: int, as_json: bool) -> None:
 
     The message, its payload and headers, why it died and the traceback.
     """
-    dead = session.broker().dead_letters.get(dead_id)
+    dead = session.reader().dead_letters.get(dead_id)
     if as_json:
         echo_json(dead)
         return
@@ -187,11 +199,15 @@ def show_dead(session: Session, dead_id: int, as_json: bool) -> None:
         out.print(Text("none", style="dim"))
     out.print(Text("\npayload", style="bold"))
     if dead.content_type == JSON_CONTENT_TYPE and not isinstance(dead.payload, bytes):
-        out.print(JSON.from_data(dead.payload, indent=2, ensure_ascii=False))
+        out.print(json_view(dead.payload))
     else:
-        out.print(Text(payload_preview(dead.payload, dead.content_type)))
+        out.print(literal(payload_preview(dead.payload, dead.content_type)))
     out.print(Text("\ntraceback", style="bold"))
-    out.print(Text(dead.traceback.rstrip("\n")) if dead.traceback else Text("none", style="dim"))
+    out.print(
+        literal(dead.traceback.rstrip("\n"), multiline=True)
+        if dead.traceback
+        else Text("none", style="dim")
+    )
 
 
 def _confirm(session: Session, verb: str, filters: DeadFilters, everything: bool) -> bool:
@@ -243,6 +259,8 @@ def _act(
     if not ids and not yes and not _confirm(session, verb, chosen, everything):
         return 0, []
     dead = session.broker().dead_letters
+    if ids:
+        _require_existing(dead, verb, ids)
     named = list(ids) or None
     actor = cli_actor()
     if verb == "replay":
@@ -253,12 +271,27 @@ def _act(
         count = dead.purge(named, **chosen, all=everything, actor=actor, note=note)
     missing = len(set(ids)) - count
     if ids and missing > 0:
-        click.echo(
-            f"warning: {plural(missing, 'named dead letter')} did not match"
-            " (no such id, or excluded by a filter)",
-            err=True,
+        raise CliFailure(
+            f"{_PAST[verb]} {plural(count, 'dead letter')},"
+            f" but {plural(missing, 'named dead letter')} did not match"
+            " (excluded by a filter, or gone meanwhile)"
         )
     return count, delivery_ids
+
+
+def _require_existing(dead: DeadLetters, verb: str, ids: tuple[int, ...]) -> None:
+    """Fail (exit 1, as ``dlq show`` of a missing id) before changing anything when a named
+    dead letter does not exist, naming every missing id."""
+    missing: list[int] = []
+    for dead_id in sorted(set(ids)):
+        try:
+            dead.get(dead_id)
+        except NotFound:
+            missing.append(dead_id)
+    if missing:
+        shown = ", ".join(str(dead_id) for dead_id in missing)
+        noun = "id" if len(missing) == 1 else "ids"
+        raise CliFailure(f"no dead letter with {noun} {shown}; nothing was {_PAST[verb]}")
 
 
 def action_options(function: F) -> F:

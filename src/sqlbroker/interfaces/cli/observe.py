@@ -17,7 +17,7 @@ from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,7 +60,8 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
     """Serve the database metrics plus this process's handler metrics on ``host:port``."""
     registry = prometheus.registry_for(broker)
     broker.add_observer(prometheus.HandlerMetrics(registry))
-    prometheus.serve(registry, port=port, host=host)
+    with listening(host, port):
+        prometheus.serve(registry, port=port, host=host)
     click.echo(f"metrics on http://{host}:{port}/metrics", err=True)
 
 
@@ -94,11 +95,12 @@ def metrics(session: Session, port: int, host: str, once: bool, window: float) -
     oldest ready age), outcome counters (sqlbroker_messages_total), recent handler-time
     quantiles, expired and unrouted messages, and live workers. Runs until Ctrl-C.
     """
-    registry = prometheus.registry_for(session.broker(), window=window)
+    registry = prometheus.registry_for(session.reader(), window=window)
     if once:
         click.echo(prometheus.exposition(registry).decode(), nl=False)
         return
-    prometheus.serve(registry, port=port, host=host)
+    with listening(host, port):
+        prometheus.serve(registry, port=port, host=host)
     click.echo(f"serving http://{host}:{port}/metrics (Ctrl-C to stop)", err=True)
     threading.Event().wait()
 
@@ -219,11 +221,12 @@ def healthcheck(
 
     Checks that the database is reachable, the schema current, a worker heartbeat fresh
     and the consumer lag under --max-lag. Exits 0 when healthy, 1 when not live (database
-    unreachable or no fresh heartbeat), 3 when live but not ready (schema or lag).
+    unreachable or no fresh heartbeat), 3 when live but not ready (schema or lag), 2 when
+    it cannot check (an unusable URL, a refused login, a SQLite file that does not exist).
     """
     if max_heartbeat_age <= 0 or max_lag <= 0:
         raise InvalidUsage("--max-heartbeat-age and --max-lag must be more than 0 seconds")
-    broker = Broker(session.url, migrate=False)
+    broker = session.reader()
     try:
         checks = _checks(
             broker,

@@ -17,6 +17,7 @@ import click
 
 from sqlbroker.core.errors import InvalidHeaders, InvalidPayload
 from sqlbroker.core.message import Priority
+from sqlbroker.core.serde import MAX_DEPTH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,6 +89,9 @@ def parse_json_payload(text: str) -> Any:
     """Parse JSON text strictly, naming the problem and where it is when it fails."""
     try:
         return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        # Far deeper than the library accepts: say so as the library would.
+        raise InvalidPayload("payload", f"nests deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as error:
         raise InvalidPayload(
             "payload",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.json import JSON
 from rich.table import Table
 from rich.text import Text
 
@@ -14,6 +13,7 @@ from sqlbroker.interfaces.cli.render import (
     console,
     echo_json,
     human_time,
+    json_view,
     print_damaged,
     print_table,
     table,
@@ -41,7 +41,7 @@ def list_sagas(
     session: Session, name: str | None, status: str | None, limit: int, as_json: bool
 ) -> None:
     """List sagas, newest first."""
-    rows = session.broker().sagas.list(name=name, status=status, limit=limit)
+    rows = session.reader().sagas.list(name=name, status=status, limit=limit)
     if as_json:
         echo_json(rows)
         return
@@ -58,7 +58,10 @@ def list_sagas(
         )
         for s in rows
     ]
-    print_table(table(None, columns, body, numeric=["step"]), empty="no sagas")
+    shown = table(
+        None, columns, body, numeric=["step"], key="id", drop=["created", "step", "finished"]
+    )
+    print_table(shown, empty="no sagas")
     print_damaged(rows)
 
 
@@ -68,7 +71,7 @@ def list_sagas(
 @pass_session
 def show_saga(session: Session, saga_id: str, as_json: bool) -> None:
     """Show one saga: its state, data and every step."""
-    found = session.broker().sagas.get(saga_id)
+    found = session.reader().sagas.get(saga_id)
     if as_json:
         echo_json(found)
         return
@@ -90,7 +93,7 @@ def show_saga(session: Session, saga_id: str, as_json: bool) -> None:
     out = console()
     out.print(grid)
     out.print(Text("\ndata", style="bold"))
-    out.print(JSON.from_data(found.data, indent=2, ensure_ascii=False))
+    out.print(json_view(found.data))
     columns = ["#", "step", "status", "attempts", "error", "finished", "compensated"]
     body = [
         (

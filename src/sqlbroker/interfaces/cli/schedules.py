@@ -38,12 +38,15 @@ def _row(schedule: Schedule) -> tuple[object, ...]:
 
 
 def _show(session: Session, as_json: bool) -> None:
-    rows = session.broker().schedules()
+    rows = session.reader().schedules()
     if as_json:
         echo_json([{**jsonable(s), "spec": s.spec} for s in rows])
         return
     columns = ["name", "topic", "schedule", "tz", "missed", "next run", "last run"]
-    print_table(table(None, columns, [_row(s) for s in rows]), empty="no schedules yet")
+    shown = table(
+        None, columns, [_row(s) for s in rows], drop=["missed", "tz", "last run", "topic"]
+    )
+    print_table(shown, empty="no schedules yet")
 
 
 @click.group(invoke_without_command=True)

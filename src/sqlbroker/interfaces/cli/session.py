@@ -3,7 +3,12 @@
 Contract of the whole CLI, enforced here once:
 
 - an ``SqlbrokerError`` becomes one red ``error: …`` line on stderr and exit code 2 for a
-  ``ValidationError`` (bad input, nothing written) or 1 for anything else;
+  ``ValidationError`` (bad input, nothing written) or a ``ConfigurationError`` (a URL,
+  login or setting that cannot work), 1 for anything else;
+- a click usage error (unknown option, bad value) is one such line too, exit code 2, with
+  a pointer to ``--help``;
+- a read-only command never creates a database or runs a migration: a missing SQLite file
+  is an exit-2 error naming it;
 - Ctrl-C (or an interrupted prompt) exits 130 without a traceback;
 - any other exception is reported the same way with exit code 1, unless
   ``SQLBROKER_DEBUG`` is set, in which case it propagates with its traceback;
@@ -13,16 +18,20 @@ Contract of the whole CLI, enforced here once:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import getpass
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any, TypeVar, cast
 
 import click
 
 from sqlbroker.app import Broker
-from sqlbroker.core.errors import SqlbrokerError, ValidationError
-from sqlbroker.storage.url import redact
+from sqlbroker.core.errors import ConfigurationError, SqlbrokerError, ValidationError
+from sqlbroker.interfaces.cli.render import escape_controls
+from sqlbroker.storage.url import parse_url, redact
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -41,7 +50,7 @@ class CliFailure(click.ClickException):
     exit_code = EXIT_FAILURE
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(redact(message).split()))
+        super().__init__(escape_controls(" ".join(redact(message).split())))
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.secho(f"error: {self.message}", fg="red", file=file, err=file is None)
@@ -70,8 +79,26 @@ class Session:
         return redact(self.url)
 
     def broker(self) -> Broker:
+        """The broker for a command that writes (on SQLite the schema is created on first
+        use, as the library does)."""
         if self._broker is None:
             self._broker = Broker(self.url)
+        return self._broker
+
+    def reader(self) -> Broker:
+        """The broker for a read-only command: it never creates a database and never
+        migrates one. A SQLite file that does not exist is an exit-2 error naming it (the
+        usual cause is a missing ``--url`` or ``$SQLBROKER_URL``)."""
+        if self._broker is None:
+            parsed = parse_url(self.url)
+            if parsed.scheme == "sqlite" and parsed.path not in (None, ":memory:"):
+                path = Path(parsed.path or "")
+                if not path.exists():
+                    raise InvalidUsage(
+                        f"no database at {path.absolute()}: pass --url or set SQLBROKER_URL"
+                        " (a read-only command never creates one)"
+                    )
+            self._broker = Broker(self.url, migrate=False)
         return self._broker
 
     def close(self) -> None:
@@ -94,19 +121,62 @@ def cli_actor() -> str:
 
 
 def failure_for(error: SqlbrokerError) -> CliFailure:
-    """The CLI failure for a library error: exit 2 for invalid input, else 1."""
-    return (
-        InvalidUsage(str(error)) if isinstance(error, ValidationError) else CliFailure(str(error))
-    )
+    """The CLI failure for a library error: exit 2 for invalid input or configuration,
+    else 1."""
+    if isinstance(error, ValidationError | ConfigurationError):
+        return InvalidUsage(str(error))
+    return CliFailure(str(error))
+
+
+def usage_failure(error: click.UsageError) -> click.ClickException:
+    """A click usage error as one ``error: …`` line (exit 2) naming where help is; the
+    help shown for a bare group (``sqlbroker dlq``) is left as it is."""
+    if isinstance(error, click.exceptions.NoArgsIsHelpError):
+        return error
+    where = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+    return InvalidUsage(error.format_message() + where)
+
+
+@contextlib.contextmanager
+def listening(host: str, port: int) -> Iterator[None]:
+    """Around binding a server socket: an address in use or not available is one line
+    naming ``host:port``, exit 2 (choose another ``--port`` or ``--host``)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        reason = {
+            errno.EADDRINUSE: "the address is already in use",
+            errno.EADDRNOTAVAIL: "the address is not available on this host",
+            errno.EACCES: "permission denied",
+        }[error.errno]
+        raise InvalidUsage(
+            f"cannot listen on {host}:{port}: {reason} (choose another --port or --host)"
+        ) from None
 
 
 class BrokerGroup(click.Group):
     """A click group that applies the CLI's error contract (see the module docstring) to
     every command below it."""
 
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as error:
+            raise usage_failure(error) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:
+            raise usage_failure(error) from None
         except (click.ClickException, click.exceptions.Exit):
             raise
         except SqlbrokerError as error:

@@ -78,7 +78,24 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
         )
         for s in rows
     ]
-    return table(title, columns, body, numeric=columns[1:])
+    return table(
+        title,
+        columns,
+        body,
+        numeric=columns[1:],
+        key="subscription",
+        drop=[
+            "expired",
+            "retry/min",
+            "dead/min",
+            "p50",
+            "scheduled",
+            "blocked",
+            "done/min",
+            "p95",
+            "running",
+        ],
+    )
 
 
 def _snapshots(
@@ -118,7 +135,7 @@ def stats(session: Session, as_json: bool, watch: float | None, count: int | Non
     Per subscription: ready, scheduled, running, blocked and dead messages, and the age
     of the oldest ready one (the consumer lag).
     """
-    broker = session.broker()
+    broker = session.reader()
     if watch is None:
         if count is not None:
             raise InvalidUsage("--count needs --watch")
@@ -181,7 +198,7 @@ def pending(
     Shows available, scheduled, blocked and running copies of every subscription, or of
     SUBSCRIPTION only.
     """
-    rows = session.broker().pending(subscription, state=state, limit=limit)
+    rows = session.reader().pending(subscription, state=state, limit=limit)
     if as_json:
         echo_json(rows)
         return
@@ -210,7 +227,15 @@ def pending(
         )
         for m in rows
     ]
-    print_table(table(None, columns, body, numeric=["id", "priority"]), empty="no pending messages")
+    shown = table(
+        None,
+        columns,
+        body,
+        numeric=["id", "priority"],
+        key="subscription",
+        drop=["key", "priority", "available at", "attempts", "last error", "state"],
+    )
+    print_table(shown, empty="no pending messages")
     print_damaged(rows)
 
 
@@ -236,7 +261,7 @@ def archive(
     Finished means completed, expired, cancelled, or published to a topic nobody
     subscribed to (unrouted). All subscriptions unless SUBSCRIPTION is given.
     """
-    rows = session.broker().archive(
+    rows = session.reader().archive(
         subscription, outcome=outcome, message_id=message_id, limit=limit
     )
     if as_json:
@@ -256,7 +281,15 @@ def archive(
         for m in rows
     ]
     print_table(
-        table(None, columns, body, numeric=["id", "attempts"]), empty="the archive is empty"
+        table(
+            None,
+            columns,
+            body,
+            numeric=["id", "attempts"],
+            key="subscription",
+            drop=["message id", "attempts", "finished at"],
+        ),
+        empty="the archive is empty",
     )
     print_damaged(rows)
 
@@ -266,10 +299,13 @@ def archive(
 @pass_session
 def subscriptions(session: Session, as_json: bool) -> None:
     """List subscriptions and their topic patterns."""
-    rows = session.broker().subscriptions()
+    rows = session.reader().subscriptions()
     if as_json:
         echo_json(rows)
         return
     body = [(s.name, ", ".join(s.patterns), human_time(s.created_at)) for s in rows]
-    print_table(table(None, ["name", "patterns", "created at"], body), empty="no subscriptions yet")
+    print_table(
+        table(None, ["name", "patterns", "created at"], body, drop=["created at"]),
+        empty="no subscriptions yet",
+    )
     print_damaged(rows, key="name")

@@ -19,7 +19,14 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from sqlbroker.core.errors import ConnectionLost, InvalidOption, SchemaError, StorageError
+from sqlbroker.core.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    ConnectionLost,
+    InvalidOption,
+    SchemaError,
+    StorageError,
+)
 from sqlbroker.storage import caller
 from sqlbroker.storage.columns import NEGATIVE_INFINITY, POSITIVE_INFINITY
 from sqlbroker.storage.url import DatabaseURL, redact
@@ -93,6 +100,38 @@ class _TimestamptzLoader(Loader):
 
 _ADAPTERS = AdaptersMap(psycopg.adapters)
 _ADAPTERS.register_loader("timestamptz", _TimestamptzLoader)
+
+
+# A failed connection attempt carries no SQLSTATE (libpq reports it as text), so a refused
+# login is told from an unreachable server by the server's message.
+_LOGIN_REFUSED = (
+    "password authentication failed",
+    "authentication failed for user",
+    "no pg_hba.conf entry",
+    "no password supplied",
+    "password is required",
+)
+_ROLE = 'role "'
+_NO_SUCH_DATABASE = 'database "'
+
+
+def connect_failure(context: str, error: psycopg.Error, *, write: bool = True) -> Exception:
+    """The error for a connection that could not be opened (nothing was sent, so nothing
+    was applied): a refused login is an :class:`AuthenticationError`, a missing database
+    or an unusable connection string a :class:`ConfigurationError` — neither is transient
+    and neither is retried — and anything else (server down, network) ``ConnectionLost``."""
+    text = " ".join(redact(str(error)).split())
+    lowered = text.lower()
+    refused = any(marker in lowered for marker in _LOGIN_REFUSED) or (
+        _ROLE in lowered and ("does not exist" in lowered or "not permitted to log in" in lowered)
+    )
+    if refused:
+        return AuthenticationError(f"{context}: the server refused the login: {text}")
+    if _NO_SUCH_DATABASE in lowered and "does not exist" in lowered:
+        return ConfigurationError(f"{context}: {text}")
+    if isinstance(error, psycopg.ProgrammingError):  # an invalid connection option
+        return ConfigurationError(f"{context}: {text}")
+    return ConnectionLost(f"{context}: {text}", ambiguous=False, write=write)
 
 
 class PostgresPool:
@@ -178,7 +217,7 @@ class PostgresPool:
         """The sessions' ``synchronous_commit``: how durable a commit is before it returns."""
         return self._settings["synchronous_commit"]
 
-    def _open_pool(self) -> ConnectionPool[Conn]:
+    def _open_pool(self, *, write: bool = True) -> ConnectionPool[Conn]:
         with self._pool_lock:
             if self._closed:
                 raise StorageError("the broker is closed")
@@ -188,9 +227,8 @@ class PostgresPool:
                 try:
                     psycopg.connect(self.url.raw, **self.connection_kwargs()).close()
                 except psycopg.Error as error:
-                    raise ConnectionLost(
-                        f"cannot connect to PostgreSQL at {self.url}: {redact(str(error)).strip()}",
-                        ambiguous=False,
+                    raise connect_failure(
+                        f"cannot connect to PostgreSQL at {self.url}", error, write=write
                     ) from None
                 self._pool = ConnectionPool(
                     self.url.raw,
@@ -209,11 +247,11 @@ class PostgresPool:
         # the connection's (a commit that has nothing to do in autocommit): on every
         # statement that is a tenth of a send's client time. A connection returned inside
         # a transaction is still rolled back by the pool.
-        pool = self._pool if self._pool is not None else self._open_pool()
+        pool = self._pool if self._pool is not None else self._open_pool(write=write)
         try:
             conn = pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
-            raise self._not_connected(error) from None
+            raise self._not_connected(error, write=write) from None
         try:
             try:
                 yield conn
@@ -225,17 +263,16 @@ class PostgresPool:
             _check_idle(pool)
             raise
 
-    def _not_connected(self, error: psycopg.OperationalError) -> ConnectionLost:
+    def _not_connected(self, error: psycopg.OperationalError, *, write: bool) -> Exception:
         """The pool gave no connection: nothing was sent, so nothing can have committed."""
         if isinstance(error, PoolTimeout):
             return ConnectionLost(
                 f"no PostgreSQL connection within {self._connect_timeout:g} s"
                 f" (pool of {self._pool_size})",
                 ambiguous=False,
+                write=write,
             )
-        return ConnectionLost(
-            f"PostgreSQL connection failed: {redact(str(error)).strip()}", ambiguous=False
-        )
+        return connect_failure("PostgreSQL connection failed", error, write=write)
 
     def translate(
         self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
@@ -260,7 +297,9 @@ class PostgresPool:
             or isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
         )
         if broken and not isinstance(error, psycopg.errors.QueryCanceled):
-            return ConnectionLost(f"lost the PostgreSQL connection: {text}", ambiguous=write)
+            return ConnectionLost(
+                f"lost the PostgreSQL connection: {text}", ambiguous=write, write=write
+            )
         return StorageError(f"PostgreSQL error: {text}")
 
     @contextmanager
@@ -318,7 +357,7 @@ class PostgresPool:
         try:
             own = await psycopg.AsyncConnection.connect(self.url.raw, **self.connection_kwargs())
         except psycopg.OperationalError as error:
-            raise self._not_connected(error) from None
+            raise self._not_connected(error, write=False) from None
         async with own:
             cursor = await own.execute(self._sql["connection_identity"])
             self._identity = tuple(await cursor.fetchone() or ())
@@ -373,7 +412,7 @@ class PostgresPool:
         except psycopg.OperationalError as error:  # PoolTimeout among them
             if not isinstance(error, PoolTimeout):
                 await _check_idle_async(pool)
-            raise self._not_connected(error) from None
+            raise self._not_connected(error, write=write) from None
         try:
             try:
                 yield conn

@@ -116,6 +116,11 @@ function chart(series, options) {
   for (const s of series) {
     const points = s.values.map((v, i) => (v === null ? null : `${x(i).toFixed(1)},${y(v).toFixed(1)}`)).filter(Boolean).join(" ");
     root.append(svg("polyline", { points, class: s.className || "", fill: "none", stroke: s.color || "#2f6fdf", "stroke-width": 1.5 }));
+    // A value with no value beside it draws no line: mark it, so one minute of data shows.
+    s.values.forEach((v, i) => {
+      const alone = v !== null && (i === 0 || s.values[i - 1] === null) && (i === s.values.length - 1 || s.values[i + 1] === null);
+      if (alone) root.append(svg("circle", { class: `point ${s.className || ""}`, cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 3, fill: s.color || "#2f6fdf" }));
+    });
   }
   return root;
 }
