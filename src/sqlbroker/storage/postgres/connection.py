@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import select
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
@@ -170,6 +171,15 @@ class PostgresPool:
         pool = self._pool if self._pool is not None else self._open_pool()
         try:
             conn = pool.getconn()
+            for _ in range(self._pool_size):
+                if _sound(conn):
+                    break
+                # The server ended this session while it sat idle (a restart, a terminated
+                # backend): nothing was sent on it, so take another instead of failing.
+                conn.close()
+                pool.putconn(conn)
+                _check_idle(pool)
+                conn = pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             raise self._not_connected(error) from None
         try:
@@ -272,6 +282,13 @@ class PostgresPool:
         pool = await self._open_async_pool()
         try:
             conn = await pool.getconn()
+            for _ in range(self._pool_size):
+                if _sound(conn):
+                    break
+                await conn.close()
+                await pool.putconn(conn)
+                await _check_idle_async(pool)
+                conn = await pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             if not isinstance(error, PoolTimeout):
                 await _check_idle_async(pool)
@@ -381,6 +398,25 @@ class PostgresPool:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+
+def _sound(conn: Conn | AsyncConn) -> bool:
+    """Whether an idle pooled connection still looks usable, without a round trip.
+
+    An idle autocommit session of the pool listens to nothing, so the server has nothing
+    to say to it: anything readable on its socket is the end of the session (the server's
+    FATAL message and the close that follows a restart or ``pg_terminate_backend``), or
+    in rare cases a notice, and a connection is cheap to replace. The test is one
+    ``poll`` with no wait, against the round trip of ``ConnectionPool.check_connection``.
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, psycopg.Error):
+        return False
 
 
 def _check_idle(pool: ConnectionPool[Conn]) -> None:
