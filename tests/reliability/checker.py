@@ -132,7 +132,8 @@ CLAIM_FORGOTTEN = 2.0
 
 @dataclass
 class ServerFaults:
-    """Monotonic times of every fault of the server; wall times of its restarts."""
+    """Monotonic times of every fault of the server or of the network to it (target
+    ``"network"``: a fault proxy's silence or resets); wall times of its restarts."""
 
     moments: list[float] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)
@@ -144,7 +145,7 @@ def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]]
     for event in events:
         if event["op"] != "fault":
             continue
-        if event["target"] == "server":
+        if event["target"] in ("server", "network"):
             server.moments.append(event["mono"])
             if event["kind"] == "restart":
                 server.restarts.append(event["wall"])

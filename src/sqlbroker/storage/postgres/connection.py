@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import select
+import socket
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -80,6 +83,7 @@ class PostgresPool:
         connect_timeout: float,
         application_name: str,
         sql: Mapping[str, str],
+        network_timeout: float = 30.0,
     ) -> None:
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 1000:
             raise InvalidOption("pool_size", "must be an integer from 1 to 1000")
@@ -89,9 +93,16 @@ class PostgresPool:
             )
         if not isinstance(connect_timeout, int | float) or not 0 < connect_timeout <= 600:
             raise InvalidOption("connect_timeout", "must be seconds, more than 0 and at most 600")
+        if (
+            not isinstance(network_timeout, int | float)
+            or isinstance(network_timeout, bool)
+            or not 1 <= network_timeout <= 3600
+        ):
+            raise InvalidOption("network_timeout", "must be seconds, from 1 to 3600")
         self.url = url
         self._pool_size = pool_size
         self._connect_timeout = float(connect_timeout)
+        self.network_timeout = float(network_timeout)
         self._settings = {
             "synchronous_commit": synchronous_commit,
             "application_name": application_name,
@@ -103,30 +114,55 @@ class PostgresPool:
         ] = weakref.WeakKeyDictionary()
         self._pool_lock = threading.Lock()
         self._closed = False
+        self._watcher = Watcher(self.network_timeout)
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Settings for any connection sqlbroker opens (the pool and the listener).
 
         ``options`` from the URL (e.g. ``?options=-c%20role%3Dsqlbroker_migrator``, so that
         a migration creates objects owned by the migrator group) are kept, ours appended.
+        TCP keepalives and ``tcp_user_timeout`` default to values derived from
+        ``network_timeout`` (a dead peer is noticed within it), each unless the URL sets it.
         """
         # TimeZone UTC: psycopg then returns times as datetime.UTC, which the claim's row
         # conversion takes as is (another zone costs an astimezone per column and row). No
         # statement depends on the session's zone: times are timestamptz, shown in UTC.
         ours = f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
+        url_options = self._url_parameters.get("options") or ""
+        network = {
+            name: value
+            for name, value in self._network_defaults().items()
+            if name not in self._url_parameters
+        }
         return {
             "autocommit": True,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
-            "options": f"{self._url_options} {ours}" if self._url_options else ours,
+            "options": f"{url_options} {ours}" if url_options else ours,
+            **network,
+        }
+
+    def _network_defaults(self) -> dict[str, str]:
+        """libpq's TCP settings that bound how long a dead peer goes unnoticed: an idle
+        connection is probed after a third of ``network_timeout`` and given up after three
+        unanswered probes a sixth apart; data sent and not acknowledged within
+        ``network_timeout`` closes it (``tcp_user_timeout``, Linux). Unix sockets ignore them.
+        """
+        timeout = self.network_timeout
+        return {
+            "keepalives": "1",
+            "keepalives_idle": str(max(1, round(timeout / 3))),
+            "keepalives_interval": str(max(1, round(timeout / 6))),
+            "keepalives_count": "3",
+            "tcp_user_timeout": str(int(timeout * 1000)),
         }
 
     @functools.cached_property
-    def _url_options(self) -> str:
+    def _url_parameters(self) -> dict[str, Any]:
         try:
-            return str(conninfo_to_dict(self.url.raw).get("options") or "")
+            return conninfo_to_dict(self.url.raw)
         except psycopg.Error:
-            return ""  # a malformed URL fails at connect, with the driver's (redacted) reason
+            return {}  # a malformed URL fails at connect, with the driver's (redacted) reason
 
     @property
     def conninfo(self) -> str:
@@ -163,7 +199,9 @@ class PostgresPool:
             return self._pool
 
     @contextmanager
-    def connection(self, *, write: bool) -> Iterator[Conn]:
+    def connection(self, *, write: bool, watched: bool = True) -> Iterator[Conn]:
+        """A pooled connection; with ``watched``, shut down if it gives no answer within
+        ``network_timeout`` (a migration, whose DDL may run long, opts out)."""
         # getconn/putconn rather than the pool's own context manager, which also enters
         # the connection's (a commit that has nothing to do in autocommit): on every
         # statement that is a tenth of a send's client time. A connection returned inside
@@ -182,15 +220,23 @@ class PostgresPool:
                 conn = pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             raise self._not_connected(error) from None
+        watch = self._watcher.watch(conn) if watched else None
         try:
             try:
                 yield conn
             except psycopg.Error as error:
+                if watch is not None and watch.fired:
+                    raise watch.lost(write=write) from None
                 raise self.translate(error, write=write, conn=conn) from None
             finally:
+                if watch is not None:
+                    self._watcher.release(conn)
                 pool.putconn(conn)
         except ConnectionLost:
-            _check_idle(pool)
+            if watch is not None and watch.fired:
+                _drain(pool)
+            else:
+                _check_idle(pool)
             raise
 
     def _not_connected(self, error: psycopg.OperationalError) -> ConnectionLost:
@@ -293,15 +339,28 @@ class PostgresPool:
             if not isinstance(error, PoolTimeout):
                 await _check_idle_async(pool)
             raise self._not_connected(error) from None
+        # The worker's claims and acks run here: a connection that gives no answer within
+        # network_timeout (a peer gone silent with its TCP session kept alive in between,
+        # where keepalives see nothing wrong) is shut down, so the call fails and the pool
+        # replaces it instead of the worker waiting for ever.
+        watchdog = Watchdog(conn, self.network_timeout)
         try:
             try:
                 yield conn
             except psycopg.Error as error:
+                if watchdog.fired:
+                    raise watchdog.lost(write=write) from None
                 raise self.translate(error, write=write, conn=conn) from None
             finally:
+                watchdog.cancel()
                 await pool.putconn(conn)
         except ConnectionLost:
-            await _check_idle_async(pool)
+            if watchdog.fired:
+                # Its idle siblings most likely went silent with it, and testing them
+                # would wait on the same silence: replace them all.
+                await _drain_async(pool)
+            else:
+                await _check_idle_async(pool)
             raise
 
     @asynccontextmanager
@@ -396,8 +455,107 @@ class PostgresPool:
         with self._pool_lock:
             self._closed = True
             pool, self._pool = self._pool, None
+        self._watcher.close()
         if pool is not None:
             pool.close()
+
+
+class Watchdog:
+    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
+    running loop): a statement waiting for an answer then fails at once with the driver's
+    "server closed the connection", where psycopg's own cancellation would first try a
+    cancel request over the same silent network."""
+
+    def __init__(self, conn: AsyncConn, seconds: float) -> None:
+        self.fired = False
+        self.seconds = seconds
+        self._conn = conn
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        sever(self._conn)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def lost(self, *, write: bool) -> ConnectionLost:
+        return ConnectionLost(
+            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
+            " the connection was closed",
+            ambiguous=write,
+        )
+
+
+class Watch:
+    """One checked-out sync connection under a :class:`Watcher`."""
+
+    __slots__ = ("conn", "deadline", "fired", "seconds")
+
+    def __init__(self, conn: Conn, seconds: float) -> None:
+        self.conn = conn
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.fired = False
+
+    def lost(self, *, write: bool) -> ConnectionLost:
+        return ConnectionLost(
+            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
+            " the connection was closed",
+            ambiguous=write,
+        )
+
+
+class Watcher:
+    """:class:`Watchdog` for the sync pool's connections, which block a thread each: one
+    thread of its own (started on first use) looks at the connections checked out every
+    tenth of ``seconds`` (at most every second) and shuts down those out for longer. A
+    checkout costs a dict insert and a pop, not a timer."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._out: dict[int, Watch] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, conn: Conn) -> Watch:
+        watch = Watch(conn, self._seconds)
+        with self._lock:
+            self._out[id(conn)] = watch
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="sqlbroker-watcher", daemon=True
+                )
+                self._thread.start()
+        return watch
+
+    def release(self, conn: Conn) -> None:
+        with self._lock:
+            self._out.pop(id(conn), None)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self._seconds / 10)):
+            now = time.monotonic()
+            with self._lock:
+                late = [w for w in self._out.values() if w.deadline <= now and not w.fired]
+                for watch in late:
+                    watch.fired = True
+            for watch in late:
+                sever(watch.conn)
+
+
+def sever(conn: Conn | AsyncConn) -> None:
+    """Shut the connection's socket down in both directions (a no-op if already closed)."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        duplicate = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()
 
 
 def _sound(conn: Conn | AsyncConn) -> bool:
@@ -426,6 +584,17 @@ def _check_idle(pool: ConnectionPool[Conn]) -> None:
     next operations get live ones instead of each failing on a dead one in turn."""
     with contextlib.suppress(Exception):  # a closed pool, a server still down: no matter
         pool.check()
+
+
+def _drain(pool: ConnectionPool[Conn]) -> None:
+    """Replace every connection of the pool (idle ones now, busy ones when returned)."""
+    with contextlib.suppress(Exception):
+        pool.drain()
+
+
+async def _drain_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
+    with contextlib.suppress(Exception):
+        await pool.drain()
 
 
 async def _check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
