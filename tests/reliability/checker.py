@@ -14,7 +14,8 @@ verdict does not depend on the code under test. A scenario is clean when:
   lease expired, shown by the database's times: the next claim came after that lease's end.
   On PostgreSQL a restart may also forget a claim made just before it (claims do not wait
   for the WAL flush): the next delivery then repeats the attempt number, and the forgotten
-  claim's time lies within ``CLAIM_FORGOTTEN`` seconds of a restart.
+  claim's time lies within ``CLAIM_FORGOTTEN`` seconds of a restart (or a failover: a
+  claim's commit does not wait for the standby either).
   A refused ack (``settle_lost``) is no explanation by itself: the lease it lost needs one
   of those causes, or two leases were valid at once. Unexplained ones are reported;
 - **double completions** = 0: no delivery's ``complete`` committed twice, and no tag has
@@ -147,7 +148,7 @@ def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]]
             continue
         if event["target"] in ("server", "network"):
             server.moments.append(event["mono"])
-            if event["kind"] == "restart":
+            if event["kind"] in ("restart", "failover"):
                 server.restarts.append(event["wall"])
         else:
             by_pid[int(event["target"])].append((event["kind"], event["mono"]))
