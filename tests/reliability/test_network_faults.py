@@ -113,6 +113,8 @@ def test_a_worker_behind_a_silent_then_reset_then_slow_network_recovers(
             for agent in (behind, direct):
                 assert agent.alive, agent.log()
                 assert agent.stop() == 0, agent.log()
+            # Its LISTEN session, silent too, was asked, found dead and replaced.
+            assert "LISTEN connection lost (no answer from PostgreSQL" in behind.log(tail=10**7)
     finally:
         proxy.stop()
 
