@@ -31,7 +31,7 @@ from reliability.pgfaults import (
     wait_drained,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.postgres
 
 RATE = 40.0
 LEASE = 3.0
@@ -64,6 +64,26 @@ def test_network_timeout_sets_libpq_keepalives_unless_the_url_does(
         sqlbroker.Broker(url, network_timeout=0)
 
 
+def test_own_statements_are_bounded_and_the_callers_transaction_is_not(pg_url: str) -> None:
+    """A pooled connection that gives no answer within ``network_timeout`` is shut down:
+    here a wait for a lock another session holds, which the watchdog cannot tell from a
+    silent network. The caller's own transaction (``backend.transaction()``, a handler's
+    effects) is never timed, however long it runs."""
+    with sqlbroker.Broker(pg_url, network_timeout=1) as broker:
+        broker.subscribe("held", ["held.#"])
+        with psycopg.connect(pg_url) as holder:
+            holder.execute("SELECT 1 FROM sqlbroker_subscription WHERE name = 'held' FOR UPDATE")
+            with pytest.raises(sqlbroker.ConnectionLost, match="network_timeout") as raised:
+                broker.unsubscribe("held")
+            # Ambiguous indeed: the server still waits for the lock on behalf of a client
+            # that left, and deletes the subscription once the holder commits.
+            assert raised.value.ambiguous
+        with broker.backend.transaction() as conn:
+            conn.execute("SELECT pg_sleep(1.5)")
+        broker.send("jobs", {"tag": "after"})  # the pool replaced its connections
+
+
+@pytest.mark.slow
 def test_a_worker_behind_a_silent_then_reset_then_slow_network_recovers(
     own_server: OwnServer, tmp_path: Path
 ) -> None:

@@ -326,10 +326,11 @@ class PostgresBackend(
             return await run_plan_async(c, self._complete_plan(leases, self._now_param()))
 
     def transaction(self) -> AbstractContextManager[Conn]:
-        return self._db.transaction()
+        # The caller's statements run in it (a handler's effects): never timed.
+        return self._db.transaction(watched=False)
 
     def transaction_async(self) -> AbstractAsyncContextManager[AsyncConn]:
-        return self._db.transaction_async()
+        return self._db.transaction_async(watched=False)
 
     async def close_async(self) -> None:
         await self._db.close_async()

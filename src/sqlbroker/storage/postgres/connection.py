@@ -278,11 +278,13 @@ class PostgresPool:
         return StorageError(f"PostgreSQL error: {text}")
 
     @contextmanager
-    def transaction(self, conn: Any = None) -> Iterator[Conn]:
+    def transaction(self, conn: Any = None, *, watched: bool = True) -> Iterator[Conn]:
         """A transaction on a pooled connection, or the caller's ``conn`` (see
-        :mod:`sqlbroker.storage.caller`) joined as :meth:`_joined` explains."""
+        :mod:`sqlbroker.storage.caller`) joined as :meth:`_joined` explains. ``watched``
+        as for :meth:`connection`: pass ``False`` when the caller's own statements (or a
+        bulk statement) run in it."""
         if conn is None:
-            with self.connection(write=True) as own, own.transaction():
+            with self.connection(write=True, watched=watched) as own, own.transaction():
                 yield own
             return
         raw = self._caller(caller.unwrap, conn)
@@ -323,7 +325,9 @@ class PostgresPool:
         raw.execute(self._sql["savepoint_release"])
 
     @asynccontextmanager
-    async def connection_async(self, *, write: bool) -> AsyncIterator[AsyncConn]:
+    async def connection_async(
+        self, *, write: bool, watched: bool = True
+    ) -> AsyncIterator[AsyncConn]:
         """:meth:`connection` from the running loop's async pool, opened on first use."""
         pool = await self._open_async_pool()
         try:
@@ -343,19 +347,20 @@ class PostgresPool:
         # network_timeout (a peer gone silent with its TCP session kept alive in between,
         # where keepalives see nothing wrong) is shut down, so the call fails and the pool
         # replaces it instead of the worker waiting for ever.
-        watchdog = Watchdog(conn, self.network_timeout)
+        watchdog = Watchdog(conn, self.network_timeout) if watched else None
         try:
             try:
                 yield conn
             except psycopg.Error as error:
-                if watchdog.fired:
+                if watchdog is not None and watchdog.fired:
                     raise watchdog.lost(write=write) from None
                 raise self.translate(error, write=write, conn=conn) from None
             finally:
-                watchdog.cancel()
+                if watchdog is not None:
+                    watchdog.cancel()
                 await pool.putconn(conn)
         except ConnectionLost:
-            if watchdog.fired:
+            if watchdog is not None and watchdog.fired:
                 # Its idle siblings most likely went silent with it, and testing them
                 # would wait on the same silence: replace them all.
                 await _drain_async(pool)
@@ -364,11 +369,16 @@ class PostgresPool:
             raise
 
     @asynccontextmanager
-    async def transaction_async(self, conn: Any = None) -> AsyncIterator[AsyncConn]:
+    async def transaction_async(
+        self, conn: Any = None, *, watched: bool = True
+    ) -> AsyncIterator[AsyncConn]:
         """:meth:`transaction` for an async caller's connection, or (``conn=None``) a
         transaction on a connection of the async pool, opened on first use."""
         if conn is None:
-            async with self.connection_async(write=True) as own, own.transaction():
+            async with (
+                self.connection_async(write=True, watched=watched) as own,
+                own.transaction(),
+            ):
                 yield own
             return
         try:
