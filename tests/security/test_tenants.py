@@ -7,6 +7,7 @@ its own connection cannot see or touch the other tenant's rows.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import sqlbroker
 from pgserver import quote_ident
 from sqlbroker.features import security
 from sqlbroker.storage.base import Lease, TenantRole
+from sqlbroker.storage.sql import load_blocks, load_migrations
 
 ACME, GLOBEX = "ten_acme_login", "ten_globex_login"
 
@@ -218,3 +220,85 @@ def test_sqlite_refuses_tenants_and_roles_clearly(tmp_path: Path) -> None:
             with pytest.raises(sqlbroker.ConfigurationError, match="PostgreSQL"):
                 operation()
         assert not security.tenants_enabled(backend)
+
+
+@pytest.mark.postgres
+def test_schema_9_keeps_a_moving_saga_with_its_tenant(pg_server: Any) -> None:
+    """A database that had tenants before schema 9: the sagas still moving take the tenant
+    of the queue their awaited message waits in, so their tenant's workers still see them."""
+    name = pg_server.create_database(f"sqlbroker_v8_{uuid.uuid4().hex[:12]}")
+    url = str(pg_server.url(name))
+    package = "sqlbroker.storage.postgres"
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(load_blocks(package, "queries.sql")["schema_version_table"].encode())
+            for version, title, script in load_migrations(f"{package}.migrations"):
+                if version > 8:
+                    break
+                conn.execute(script.encode())
+                conn.execute(
+                    "INSERT INTO sqlbroker_schema_version (version, name) VALUES (%s, %s)",
+                    (version, title),
+                )
+            waiting = uuid.uuid4()
+            conn.execute(
+                "INSERT INTO sqlbroker_subscription (name, created_at, tenant)"
+                " VALUES ('acme-saga', now(), 'acme')"
+            )
+            conn.execute(
+                "INSERT INTO sqlbroker_message (message_id, subscription, topic, state,"
+                " priority, payload, content_type, max_attempts, enqueued_at, available_at,"
+                " tenant) VALUES (%s, 'acme-saga', 'acme-saga', 'available', 2, '\\x31',"
+                " 'application/json', 5, now(), now(), 'acme')",
+                (waiting,),
+            )
+            for saga_id, status in (("moving", "running"), ("done", "completed")):
+                conn.execute(
+                    "INSERT INTO sqlbroker_saga (id, name, status, data, step, version,"
+                    " message_id, timeout, created_at, updated_at)"
+                    " VALUES (%s, 'ship', %s, '{}', 0, 1, %s, 60, now(), now())",
+                    (saga_id, status, waiting),
+                )
+        with sqlbroker.Broker(url, migrate=False) as broker:
+            assert broker.migrate() == [9]
+        with psycopg.connect(url) as conn:
+            rows = conn.execute("SELECT id, tenant FROM sqlbroker_saga ORDER BY id").fetchall()
+        assert rows == [("done", ""), ("moving", "acme")]
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.mark.postgres
+def test_a_tenants_worker_runs_its_sagas_schedules_and_heartbeats(tenants: Tenants) -> None:
+    """Isolation leaves a tenant's own work whole: a saga runs to its end, a schedule fires
+    into the tenant's subscription, once() and the heartbeat work, under the policies."""
+    saga = sqlbroker.Saga("ship", [sqlbroker.Step("pack"), sqlbroker.Step("send")], timeout=600)
+    app = sqlbroker.app.Broker(tenants.url(ACME), lease=30)
+    charged: list[int] = []
+
+    @app.saga_step(saga, "pack")
+    def pack(message: Any) -> dict[str, bool]:
+        with app.once("charge", "order-1") as first:
+            if first:
+                charged.append(1)
+        return {"packed": True}
+
+    @app.saga_step(saga, "send")
+    def send(message: Any) -> dict[str, bool]:
+        return {"sent": True}
+
+    try:
+        app.subscribe("acme-ticks", ["acme.tick"])
+        app.schedule("tick", "acme.tick", {"n": 1}, every=3600)
+        app.sagas.start(saga, {"order": 1}, saga_id="acme-saga")
+        app.run_until_idle(timeout=60)
+        assert app.sagas.get("acme-saga").status.value == "completed"
+        assert charged == [1]
+        assert [w.name for w in app.workers()] == [app.worker_name()]
+        assert [s.name for s in app.schedules()] == ["tick"]
+    finally:
+        app.close()
+    with tenants.broker(GLOBEX) as globex:
+        assert globex.workers() == []
+        assert globex.schedules() == []
+        assert globex.sagas.list() == []

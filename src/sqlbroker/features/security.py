@@ -88,8 +88,9 @@ def show_roles(backend: Backend, *, prefix: str = DEFAULT_ROLE_PREFIX) -> dict[s
 
 def enable_tenants(backend: Backend) -> None:
     """Turn row-level security on: from now on a login role mapped to a tenant sees and
-    touches only its tenant's subscriptions, messages, dead letters, archive and metrics.
-    Needs the schema's owner."""
+    touches only its tenant's subscriptions, messages, dead letters, archive, metrics,
+    schedules, sagas, processed keys, worker heartbeats and audit entries (see
+    docs/security.md for the full list). Needs the schema's owner."""
     backend.tenant_enable(enabled=True)
 
 
@@ -119,7 +120,9 @@ def tenants(backend: Backend) -> list[TenantRole]:
 
 def assign_subscription(backend: Backend, *, subscription: str, tenant: str | None) -> bool:
     """Hand an existing subscription (one created before tenants were enabled, or by an
-    unbound role) to ``tenant``, or to no tenant with ``None``. Returns whether it exists."""
+    unbound role) to ``tenant``, or to no tenant with ``None``, with its messages, dead
+    letters and archive rows: the previous tenant loses them all. Returns whether it
+    exists."""
     validate_topic(subscription, "subscription")
     return backend.tenant_assign(
         subscription=subscription, tenant=None if tenant is None else _tenant(tenant)

@@ -6,7 +6,8 @@ INSERT INTO {schema}sqlbroker_worker AS w
 SELECT %(name)s, %(host)s, %(pid)s, %(subscriptions)s, t.now, t.now,
        CASE WHEN %(stopping)s THEN t.now END
 FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now) AS t
-ON CONFLICT (name) DO UPDATE SET
+-- tenant: names are per tenant (migration 0009; '' unless tenants are enabled)
+ON CONFLICT (name, tenant) DO UPDATE SET
     host = excluded.host,
     pid = excluded.pid,
     subscriptions = excluded.subscriptions,
@@ -38,9 +39,11 @@ VALUES (%(subscription)s, %(outcome)s, %(delta)s)
 ON CONFLICT (subscription, outcome) DO UPDATE SET count = t.count + excluded.count
 
 -- name: worker_list
+-- An infinite seen_at (raw SQL) has no age: NULL, which the row decoder marks damaged.
 SELECT name, host, pid, subscriptions, started_at, seen_at, stopped_at,
-       greatest(0.0, extract(epoch FROM
-           coalesce(%(now)s::timestamptz, statement_timestamp()) - seen_at))::float8 AS seen_age
+       CASE WHEN isfinite(seen_at) THEN greatest(0.0, extract(epoch FROM
+           coalesce(%(now)s::timestamptz, statement_timestamp()) - seen_at))::float8
+       END AS seen_age
 FROM {schema}sqlbroker_worker
 ORDER BY seen_at DESC, name
 

@@ -10,7 +10,8 @@ SELECT %(scope)s, %(key)s, 'reserved', %(token)s::uuid,
        t.now + make_interval(secs => %(lease)s), t.now, NULL,
        t.now + make_interval(secs => %(window)s)
 FROM t
-ON CONFLICT (scope, key) DO UPDATE SET
+-- tenant: names are per tenant (migration 0009; '' unless tenants are enabled)
+ON CONFLICT (scope, key, tenant) DO UPDATE SET
     state = 'reserved', token = excluded.token, reserved_until = excluded.reserved_until,
     created_at = excluded.created_at, done_at = NULL, expires_at = excluded.expires_at
 WHERE p.expires_at <= excluded.created_at

@@ -16,7 +16,8 @@ INSERT INTO {schema}sqlbroker_schedule AS s (
     coalesce(%(now)s::timestamptz, statement_timestamp()),
     coalesce(%(now)s::timestamptz, statement_timestamp())
 )
-ON CONFLICT (name) DO UPDATE SET
+-- tenant: names are per tenant (migration 0009; '' unless tenants are enabled)
+ON CONFLICT (name, tenant) DO UPDATE SET
     topic = excluded.topic,
     cron = excluded.cron,
     every_seconds = excluded.every_seconds,

@@ -97,11 +97,11 @@ class PostgresSecurity:
 
     def tenant_assign(self, *, subscription: str, tenant: str | None) -> bool:
         with self._db.connection(write=True) as conn:
-            cursor = conn.execute(
+            row = conn.execute(
                 self._security_sql["tenant_assign"],
                 {"subscription": subscription, "tenant": tenant},
-            )
-            return cursor.rowcount > 0
+            ).fetchone()
+            return bool(row and row[0])
 
 
 def _first_line(error: psycopg.Error) -> str:

@@ -168,6 +168,12 @@ ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {sche
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
 ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
 ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
@@ -176,13 +182,28 @@ ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY
+ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_audit ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY
 
 -- name: tenants_disable
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
 ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT '';
 ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
@@ -191,7 +212,16 @@ ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY
+ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_schedule DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_processed DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_worker DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_saga DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_saga_step DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_audit DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY
 
 -- name: tenants_enabled
 SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = to_regclass(%(table)s)
@@ -210,4 +240,16 @@ DELETE FROM {schema}sqlbroker_tenant WHERE login_role = %(role)s
 SELECT login_role, tenant FROM {schema}sqlbroker_tenant ORDER BY tenant, login_role
 
 -- name: tenant_assign
-UPDATE {schema}sqlbroker_subscription SET tenant = %(tenant)s::text WHERE name = %(subscription)s
+-- The subscription's messages move with it (their tenant column is kept equal to their
+-- subscription's, though it grants nothing alone); its dead letters, archive rows and
+-- metrics are reached through the subscription and so move by themselves.
+WITH moved AS (
+    UPDATE {schema}sqlbroker_subscription SET tenant = %(tenant)s::text
+    WHERE name = %(subscription)s
+    RETURNING name
+),
+messages AS (
+    UPDATE {schema}sqlbroker_message SET tenant = %(tenant)s::text
+    WHERE subscription IN (SELECT name FROM moved)
+)
+SELECT count(*) FROM moved
