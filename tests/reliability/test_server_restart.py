@@ -30,6 +30,7 @@ from reliability.pgfaults import (
     consumer,
     first_after,
     producer,
+    scalar,
     terminate_backends,
     wait_all,
     wait_drained,
@@ -209,6 +210,17 @@ def test_after_its_sessions_are_terminated_the_pool_fails_no_caller(pg_url: str)
             for _ in range(4):
                 stack.enter_context(broker.backend.transaction())
         assert terminate_backends(pg_url, application_prefix="pool-under-test") == 4
+        # pg_terminate_backend only signals: calls made once the sessions have ended.
+        wait_until(
+            lambda: scalar(
+                pg_url,
+                "SELECT count(*) = 0 FROM pg_stat_activity"
+                " WHERE application_name = 'pool-under-test'",
+            ),
+            timeout=30,
+            what="the terminated sessions to end",
+            interval=0.05,
+        )
         for index in range(6):
             broker.send("jobs", {"tag": f"after-{index}"})
         assert len(broker.pending("jobs")) == 6
