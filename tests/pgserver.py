@@ -22,6 +22,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -126,18 +127,25 @@ class PostgresServer:
     """
 
     def __init__(
-        self, bin_dir: str | os.PathLike[str] | None = None, *, durable: bool = False
+        self,
+        bin_dir: str | os.PathLike[str] | None = None,
+        *,
+        durable: bool = False,
+        settings: dict[str, str] | None = None,
     ) -> None:
         """Prepare a server; nothing is started until :meth:`start`.
 
         ``bin_dir`` overrides binary discovery (see :func:`find_bin_dir`).
         ``durable=True`` leaves ``fsync``, ``synchronous_commit`` and
-        ``full_page_writes`` at PostgreSQL's (durable) defaults.
+        ``full_page_writes`` at PostgreSQL's (durable) defaults. ``settings``
+        are more server settings (e.g. ``synchronous_standby_names``).
         """
         self._durable = durable
+        self._extra_settings = dict(settings or {})
         self._bin_dir = Path(bin_dir) if bin_dir is not None else find_bin_dir()
         self._initdb = self._tool("initdb")
         self._pg_ctl = self._tool("pg_ctl")
+        self._pg_basebackup = self._tool("pg_basebackup")
         self._psql = self._tool("psql")
         self._run_as: pwd.struct_passwd | None = None
         if os.geteuid() == 0:
@@ -174,6 +182,67 @@ class PostgresServer:
             self.stop()
             raise
         return self
+
+    def start_standby(self, primary: PostgresServer) -> PostgresServer:
+        """Start this server as a streaming standby of ``primary``; return ``self``.
+
+        Its cluster is a ``pg_basebackup -R`` of the primary (the primary's
+        default ``pg_hba.conf`` lets ``127.0.0.1`` replicate with ``trust``),
+        so it follows the primary until :meth:`promote`. Make it synchronous by
+        starting the primary with ``settings={"synchronous_standby_names": "*"}``.
+        """
+        if self._running or self._base_dir is not None:
+            raise RuntimeError("PostgreSQL test server is already started")
+        self._base_dir = Path(tempfile.mkdtemp(prefix="sqlbroker-pg-", dir=self._temp_parent()))
+        atexit.register(self.stop)
+        try:
+            self._make_dirs()
+            proc = self._run(
+                [
+                    self._pg_basebackup,
+                    "-D",
+                    str(self._data_dir),
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(primary.port),
+                    "-U",
+                    SUPERUSER,
+                ],
+                as_server=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"pg_basebackup failed: {(proc.stdout + proc.stderr).strip()}")
+            self._start_server()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def promote(self) -> None:
+        """Promote a standby to a primary (``pg_ctl promote``, waiting until it is)."""
+        self._require_running()
+        proc = self._run(
+            [self._pg_ctl, "promote", "-D", str(self._data_dir), "-w", "-t", str(_START_TIMEOUT)],
+            as_server=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"pg_ctl promote failed: {(proc.stdout + proc.stderr).strip()}")
+
+    def kill_postmaster(self) -> None:
+        """SIGKILL the postmaster alone, as a crash of the server's host would end it: its
+        backends find it gone and exit, and the server stays down. :meth:`stop` cleans up."""
+        self._require_running()
+        pid = int((self._data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, signal.SIGKILL)
+        self._running = False
 
     def stop(self) -> None:
         """Stop the server immediately and delete its directory.
@@ -435,6 +504,7 @@ class PostgresServer:
             # survive an OS crash, and these make DDL-heavy tests much faster.
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
         settings |= {
+            **self._extra_settings,
             "max_connections": "300",
             "shared_buffers": "128MB",
             # pg_ctl -l captures stderr; the collector would redirect it away.

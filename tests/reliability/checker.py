@@ -14,7 +14,8 @@ verdict does not depend on the code under test. A scenario is clean when:
   lease expired, shown by the database's times: the next claim came after that lease's end.
   On PostgreSQL a restart may also forget a claim made just before it (claims do not wait
   for the WAL flush): the next delivery then repeats the attempt number, and the forgotten
-  claim's time lies within ``CLAIM_FORGOTTEN`` seconds of a restart.
+  claim's time lies within ``CLAIM_FORGOTTEN`` seconds of a restart (or a failover: a
+  claim's commit does not wait for the standby either).
   A refused ack (``settle_lost``) is no explanation by itself: the lease it lost needs one
   of those causes, or two leases were valid at once. Unexplained ones are reported;
 - **double completions** = 0: no delivery's ``complete`` committed twice, and no tag has
@@ -132,7 +133,8 @@ CLAIM_FORGOTTEN = 2.0
 
 @dataclass
 class ServerFaults:
-    """Monotonic times of every fault of the server; wall times of its restarts."""
+    """Monotonic times of every fault of the server or of the network to it (target
+    ``"network"``: a fault proxy's silence or resets); wall times of its restarts."""
 
     moments: list[float] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)
@@ -144,9 +146,9 @@ def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]]
     for event in events:
         if event["op"] != "fault":
             continue
-        if event["target"] == "server":
+        if event["target"] in ("server", "network"):
             server.moments.append(event["mono"])
-            if event["kind"] == "restart":
+            if event["kind"] in ("restart", "failover"):
                 server.restarts.append(event["wall"])
         else:
             by_pid[int(event["target"])].append((event["kind"], event["mono"]))

@@ -23,7 +23,8 @@ Events (``op``) and their fields:
   ``dead``).
 - ``settle_lost``: the outcome was refused because the lease had been lost.
 - ``fault``: ``kind`` (``kill``, ``stop``, ``cont``, ``restart``, ``terminate``, ``exit``
-  (a process about to end itself), ...) and ``target`` (a process id, or ``"server"``).
+  (a process about to end itself), ``failover``, ...) and ``target`` (a process id,
+  ``"server"``, or ``"network"``: the way to the server).
 
 The checker (``checker.py``) reads every file of a scenario's directory together.
 """

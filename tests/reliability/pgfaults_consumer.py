@@ -11,15 +11,18 @@ Environment: ``SQLBROKER_URL``, ``SQLBROKER_HISTORY`` (directory), ``SQLBROKER_N
 (``1``; ``0`` runs without a wake-up listener), ``SQLBROKER_LEASE`` (30),
 ``SQLBROKER_SLEEP`` (0), ``SQLBROKER_APPLICATION_NAME`` (PostgreSQL's, to find its
 sessions), ``SQLBROKER_TIME_CLAIMS`` (``1``: record each claim's duration as a ``claim``
-event with ``seconds`` and ``found``).
+event with ``seconds`` and ``found``), ``SQLBROKER_NETWORK_TIMEOUT`` (the broker's
+``network_timeout``, PostgreSQL only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import functools
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -44,6 +47,7 @@ def _timed_claims(backend: Any, writer: HistoryWriter) -> None:
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1)  # a stuck worker's stacks, for the test's report
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -56,6 +60,8 @@ def main() -> int:
     options: dict[str, Any] = {}
     if not url.startswith("sqlite") and env("SQLBROKER_APPLICATION_NAME"):
         options["application_name"] = env("SQLBROKER_APPLICATION_NAME")
+    if not url.startswith("sqlite") and env("SQLBROKER_NETWORK_TIMEOUT"):
+        options["network_timeout"] = float(env("SQLBROKER_NETWORK_TIMEOUT", "30"))
     broker = sqlbroker.Broker(url, lease=float(env("SQLBROKER_LEASE", "30")), **options)
     broker.add_observer(HistoryObserver(writer))
     if env("SQLBROKER_TIME_CLAIMS") == "1":

@@ -30,6 +30,7 @@ from reliability.pgfaults import (
     consumer,
     first_after,
     producer,
+    scalar,
     terminate_backends,
     wait_all,
     wait_drained,
@@ -200,17 +201,63 @@ def test_a_publish_in_the_callers_transaction_across_a_terminated_session(
         assert broker.pending("jobs") == []
 
 
-def test_after_its_sessions_are_terminated_the_pool_fails_once(pg_url: str) -> None:
-    """Every idle connection of the pool died at once (a restart, sessions terminated): the
-    first operation fails with ``ConnectionLost`` and the pool tests the others, so the
-    next operation succeeds instead of failing on each dead connection in turn. Before,
-    a claim loop retrying every 5 s on a pool of ten met a dead connection ten times."""
+def test_after_its_sessions_are_terminated_the_pool_fails_no_caller(pg_url: str) -> None:
+    """Every idle connection of the pool died at once (sessions terminated): the first
+    operation finds its connection ended before sending anything, takes a live one and
+    succeeds; so do all that follow. Before, the first failed with ``ConnectionLost``."""
     with sqlbroker.Broker(pg_url, application_name="pool-under-test") as broker:
         with contextlib.ExitStack() as stack:  # four connections at once, then idle
             for _ in range(4):
                 stack.enter_context(broker.backend.transaction())
         assert terminate_backends(pg_url, application_prefix="pool-under-test") == 4
-        with pytest.raises(sqlbroker.ConnectionLost):
-            broker.send("jobs", {"tag": "first"})
-        broker.send("jobs", {"tag": "second"})
-        assert len(broker.pending("jobs")) == 1
+        # pg_terminate_backend only signals: calls made once the sessions have ended.
+        wait_until(
+            lambda: scalar(
+                pg_url,
+                "SELECT count(*) = 0 FROM pg_stat_activity"
+                " WHERE application_name = 'pool-under-test'",
+            ),
+            timeout=30,
+            what="the terminated sessions to end",
+            interval=0.05,
+        )
+        for index in range(6):
+            broker.send("jobs", {"tag": f"after-{index}"})
+        assert len(broker.pending("jobs")) == 6
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_calls_after_a_server_restart_do_not_fail(own_server: OwnServer, mode: str) -> None:
+    """``pg_ctl restart`` ends every pooled session while it sits idle. Once the server is
+    back, no call of the sync pool or of the async pool fails: a connection the server
+    ended is discarded at checkout, before a statement is sent on it. (Before, the first
+    call on each pool raised ``ConnectionLost(ambiguous=True)``.)"""
+    url = own_server.start()
+    idle = 4
+    failures: list[str] = []
+
+    async def async_side() -> None:
+        async with sqlbroker.AsyncBroker(url) as broker:
+            async with contextlib.AsyncExitStack() as stack:
+                for _ in range(idle):
+                    await stack.enter_async_context(broker.sync.backend.transaction_async())
+            own_server.server.restart(mode)
+            for index in range(2 * idle):
+                try:
+                    await broker.send("jobs", {"tag": f"async-{index}"})
+                except sqlbroker.ConnectionLost as error:
+                    failures.append(f"async: {error}")
+
+    with sqlbroker.Broker(url) as broker:
+        with contextlib.ExitStack() as stack:
+            for _ in range(idle):
+                stack.enter_context(broker.backend.transaction())
+        own_server.server.restart(mode)
+        for index in range(2 * idle):
+            try:
+                broker.send("jobs", {"tag": f"sync-{index}"})
+            except sqlbroker.ConnectionLost as error:
+                failures.append(f"sync: {error}")
+        asyncio.run(async_side())
+        assert not failures, "\n".join(failures)
+        assert len(broker.pending("jobs")) == 4 * idle

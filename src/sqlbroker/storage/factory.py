@@ -20,7 +20,8 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     ``False``: it is only deleted, which makes acks cheaper and the archive hold expired,
     cancelled and unrouted copies only). SQLite: ``synchronous``
     (``"full"``/``"normal"``), ``busy_timeout`` (s), ``pool_size``. PostgreSQL: ``schema``,
-    ``pool_size``, ``synchronous_commit`` (``"on"``/``"off"``), ``connect_timeout`` (s).
+    ``pool_size``, ``synchronous_commit`` (``"on"``/``"off"``), ``connect_timeout`` (s),
+    ``network_timeout`` (s, 30: a dead peer is noticed within it; see docs/reliability.md).
     """
     parsed = parse_url(url)
     if clock is not None and not callable(getattr(clock, "now", None)):

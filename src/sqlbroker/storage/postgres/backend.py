@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
+from sqlbroker.core.errors import ConnectionLost
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
     Delivery,
@@ -43,6 +44,7 @@ from sqlbroker.storage.postgres.connection import (
     Plan,
     PostgresPool,
     Statement,
+    Watchdog,
     run_plan,
     run_plan_async,
 )
@@ -93,6 +95,7 @@ class PostgresBackend(
         archive_completed: bool = True,
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
+        network_timeout: float = 30.0,
         limits: Limits | None = None,
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
@@ -111,6 +114,7 @@ class PostgresBackend(
             connect_timeout=connect_timeout,
             application_name=application_name,
             sql=self._sql,
+            network_timeout=network_timeout,
         )
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
         self._promotion = PromotionThrottle()
@@ -149,6 +153,7 @@ class PostgresBackend(
         # claim without a hop between threads.
         statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.notify_channel))
         pause = 0.1
+        health_every = self._db.network_timeout / 2
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -158,9 +163,21 @@ class PostgresBackend(
                     pause = 0.1
                     # Notifications sent while we were not listening are gone: poll now.
                     on_hint(None)
-                    async for notice in conn.notifies():
-                        on_hint(notice.payload or None)
-            except psycopg.Error as error:
+                    while True:
+                        async for notice in conn.notifies(timeout=health_every):
+                            on_hint(notice.payload or None)
+                        # A session that went silent (a peer gone, its TCP session kept
+                        # alive by a proxy) would wait for notifications for ever: ask.
+                        watchdog = Watchdog(conn, health_every)
+                        try:
+                            await conn.execute(self._sql["health_check"])
+                        except psycopg.Error as error:
+                            if watchdog.fired:
+                                raise watchdog.lost(write=False) from error
+                            raise
+                        finally:
+                            watchdog.cancel()
+            except (psycopg.Error, ConnectionLost) as error:
                 log.warning(
                     "LISTEN connection lost (%s); reconnecting in %.1f s",
                     redact(str(error)).strip(),
@@ -316,10 +333,11 @@ class PostgresBackend(
             return await run_plan_async(c, self._complete_plan(leases, self._now_param()))
 
     def transaction(self) -> AbstractContextManager[Conn]:
-        return self._db.transaction()
+        # The caller's statements run in it (a handler's effects): never timed.
+        return self._db.transaction(watched=False)
 
     def transaction_async(self) -> AbstractAsyncContextManager[AsyncConn]:
-        return self._db.transaction_async()
+        return self._db.transaction_async(watched=False)
 
     async def close_async(self) -> None:
         await self._db.close_async()

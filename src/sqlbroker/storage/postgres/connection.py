@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import select
+import socket
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -152,6 +156,7 @@ class PostgresPool:
         connect_timeout: float,
         application_name: str,
         sql: Mapping[str, str],
+        network_timeout: float = 30.0,
     ) -> None:
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 1000:
             raise InvalidOption("pool_size", "must be an integer from 1 to 1000")
@@ -161,9 +166,16 @@ class PostgresPool:
             )
         if not isinstance(connect_timeout, int | float) or not 0 < connect_timeout <= 600:
             raise InvalidOption("connect_timeout", "must be seconds, more than 0 and at most 600")
+        if (
+            not isinstance(network_timeout, int | float)
+            or isinstance(network_timeout, bool)
+            or not 1 <= network_timeout <= 3600
+        ):
+            raise InvalidOption("network_timeout", "must be seconds, from 1 to 3600")
         self.url = url
         self._pool_size = pool_size
         self._connect_timeout = float(connect_timeout)
+        self.network_timeout = float(network_timeout)
         self._settings = {
             "synchronous_commit": synchronous_commit,
             "application_name": application_name,
@@ -175,6 +187,7 @@ class PostgresPool:
         ] = weakref.WeakKeyDictionary()
         self._pool_lock = threading.Lock()
         self._closed = False
+        self._watcher = Watcher(self.network_timeout)
         self._identity: tuple[Any, ...] | None = None
         """Our database's :meth:`_identity_of`, read on the first ``conn=``."""
         self._caller_identities: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = (
@@ -188,25 +201,49 @@ class PostgresPool:
 
         ``options`` from the URL (e.g. ``?options=-c%20role%3Dsqlbroker_migrator``, so that
         a migration creates objects owned by the migrator group) are kept, ours appended.
+        TCP keepalives and ``tcp_user_timeout`` default to values derived from
+        ``network_timeout`` (a dead peer is noticed within it), each unless the URL sets it.
         """
         # TimeZone UTC: psycopg then returns times as datetime.UTC, which the claim's row
         # conversion takes as is (another zone costs an astimezone per column and row). No
         # statement depends on the session's zone: times are timestamptz, shown in UTC.
         ours = f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
+        url_options = self._url_parameters.get("options") or ""
+        network = {
+            name: value
+            for name, value in self._network_defaults().items()
+            if name not in self._url_parameters
+        }
         return {
             "autocommit": True,
             "context": _ADAPTERS,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
-            "options": f"{self._url_options} {ours}" if self._url_options else ours,
+            "options": f"{url_options} {ours}" if url_options else ours,
+            **network,
+        }
+
+    def _network_defaults(self) -> dict[str, str]:
+        """libpq's TCP settings that bound how long a dead peer goes unnoticed: an idle
+        connection is probed after a third of ``network_timeout`` and given up after three
+        unanswered probes a sixth apart; data sent and not acknowledged within
+        ``network_timeout`` closes it (``tcp_user_timeout``, Linux). Unix sockets ignore them.
+        """
+        timeout = self.network_timeout
+        return {
+            "keepalives": "1",
+            "keepalives_idle": str(max(1, round(timeout / 3))),
+            "keepalives_interval": str(max(1, round(timeout / 6))),
+            "keepalives_count": "3",
+            "tcp_user_timeout": str(int(timeout * 1000)),
         }
 
     @functools.cached_property
-    def _url_options(self) -> str:
+    def _url_parameters(self) -> dict[str, Any]:
         try:
-            return str(conninfo_to_dict(self.url.raw).get("options") or "")
+            return conninfo_to_dict(self.url.raw)
         except psycopg.Error:
-            return ""  # a malformed URL fails at connect, with the driver's (redacted) reason
+            return {}  # a malformed URL fails at connect, with the driver's (redacted) reason
 
     @property
     def conninfo(self) -> str:
@@ -242,7 +279,9 @@ class PostgresPool:
             return self._pool
 
     @contextmanager
-    def connection(self, *, write: bool) -> Iterator[Conn]:
+    def connection(self, *, write: bool, watched: bool = True) -> Iterator[Conn]:
+        """A pooled connection; with ``watched``, shut down if it gives no answer within
+        ``network_timeout`` (a migration, whose DDL may run long, opts out)."""
         # getconn/putconn rather than the pool's own context manager, which also enters
         # the connection's (a commit that has nothing to do in autocommit): on every
         # statement that is a tenth of a send's client time. A connection returned inside
@@ -250,17 +289,34 @@ class PostgresPool:
         pool = self._pool if self._pool is not None else self._open_pool(write=write)
         try:
             conn = pool.getconn()
+            for _ in range(self._pool_size):
+                if _sound(conn):
+                    break
+                # The server ended this session while it sat idle (a restart, a terminated
+                # backend): nothing was sent on it, so take another instead of failing.
+                conn.close()
+                pool.putconn(conn)
+                _check_idle(pool)
+                conn = pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             raise self._not_connected(error, write=write) from None
+        watch = self._watcher.watch(conn) if watched else None
         try:
             try:
                 yield conn
             except psycopg.Error as error:
+                if watch is not None and watch.fired:
+                    raise watch.lost(write=write) from None
                 raise self.translate(error, write=write, conn=conn) from None
             finally:
+                if watch is not None:
+                    self._watcher.release(conn)
                 pool.putconn(conn)
         except ConnectionLost:
-            _check_idle(pool)
+            if watch is not None and watch.fired:
+                _drain(pool)
+            else:
+                _check_idle(pool)
             raise
 
     def _not_connected(self, error: psycopg.OperationalError, *, write: bool) -> Exception:
@@ -303,11 +359,13 @@ class PostgresPool:
         return StorageError(f"PostgreSQL error: {text}")
 
     @contextmanager
-    def transaction(self, conn: Any = None) -> Iterator[Conn]:
+    def transaction(self, conn: Any = None, *, watched: bool = True) -> Iterator[Conn]:
         """A transaction on a pooled connection, or the caller's ``conn`` (see
-        :mod:`sqlbroker.storage.caller`) joined as :meth:`_joined` explains."""
+        :mod:`sqlbroker.storage.caller`) joined as :meth:`_joined` explains. ``watched``
+        as for :meth:`connection`: pass ``False`` when the caller's own statements (or a
+        bulk statement) run in it."""
         if conn is None:
-            with self.connection(write=True) as own, own.transaction():
+            with self.connection(write=True, watched=watched) as own, own.transaction():
                 yield own
             return
         raw = self._caller(caller.unwrap, conn)
@@ -404,32 +462,60 @@ class PostgresPool:
         raw.execute(self._sql["savepoint_release"])
 
     @asynccontextmanager
-    async def connection_async(self, *, write: bool) -> AsyncIterator[AsyncConn]:
+    async def connection_async(
+        self, *, write: bool, watched: bool = True
+    ) -> AsyncIterator[AsyncConn]:
         """:meth:`connection` from the running loop's async pool, opened on first use."""
         pool = await self._open_async_pool()
         try:
             conn = await pool.getconn()
+            for _ in range(self._pool_size):
+                if _sound(conn):
+                    break
+                await conn.close()
+                await pool.putconn(conn)
+                await _check_idle_async(pool)
+                conn = await pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             if not isinstance(error, PoolTimeout):
                 await _check_idle_async(pool)
             raise self._not_connected(error, write=write) from None
+        # The worker's claims and acks run here: a connection that gives no answer within
+        # network_timeout (a peer gone silent with its TCP session kept alive in between,
+        # where keepalives see nothing wrong) is shut down, so the call fails and the pool
+        # replaces it instead of the worker waiting for ever.
+        watchdog = Watchdog(conn, self.network_timeout) if watched else None
         try:
             try:
                 yield conn
             except psycopg.Error as error:
+                if watchdog is not None and watchdog.fired:
+                    raise watchdog.lost(write=write) from None
                 raise self.translate(error, write=write, conn=conn) from None
             finally:
+                if watchdog is not None:
+                    watchdog.cancel()
                 await pool.putconn(conn)
         except ConnectionLost:
-            await _check_idle_async(pool)
+            if watchdog is not None and watchdog.fired:
+                # Its idle siblings most likely went silent with it, and testing them
+                # would wait on the same silence: replace them all.
+                await _drain_async(pool)
+            else:
+                await _check_idle_async(pool)
             raise
 
     @asynccontextmanager
-    async def transaction_async(self, conn: Any = None) -> AsyncIterator[AsyncConn]:
+    async def transaction_async(
+        self, conn: Any = None, *, watched: bool = True
+    ) -> AsyncIterator[AsyncConn]:
         """:meth:`transaction` for an async caller's connection, or (``conn=None``) a
         transaction on a connection of the async pool, opened on first use."""
         if conn is None:
-            async with self.connection_async(write=True) as own, own.transaction():
+            async with (
+                self.connection_async(write=True, watched=watched) as own,
+                own.transaction(),
+            ):
                 yield own
             return
         try:
@@ -517,8 +603,126 @@ class PostgresPool:
         with self._pool_lock:
             self._closed = True
             pool, self._pool = self._pool, None
+        self._watcher.close()
         if pool is not None:
             pool.close()
+
+
+class Watchdog:
+    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
+    running loop): a statement waiting for an answer then fails at once with the driver's
+    "server closed the connection", where psycopg's own cancellation would first try a
+    cancel request over the same silent network."""
+
+    def __init__(self, conn: AsyncConn, seconds: float) -> None:
+        self.fired = False
+        self.seconds = seconds
+        self._conn = conn
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        sever(self._conn)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def lost(self, *, write: bool) -> ConnectionLost:
+        return ConnectionLost(
+            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
+            " the connection was closed",
+            ambiguous=write,
+        )
+
+
+class Watch:
+    """One checked-out sync connection under a :class:`Watcher`."""
+
+    __slots__ = ("conn", "deadline", "fired", "seconds")
+
+    def __init__(self, conn: Conn, seconds: float) -> None:
+        self.conn = conn
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.fired = False
+
+    def lost(self, *, write: bool) -> ConnectionLost:
+        return ConnectionLost(
+            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
+            " the connection was closed",
+            ambiguous=write,
+        )
+
+
+class Watcher:
+    """:class:`Watchdog` for the sync pool's connections, which block a thread each: one
+    thread of its own (started on first use) looks at the connections checked out every
+    tenth of ``seconds`` (at most every second) and shuts down those out for longer. A
+    checkout costs a dict insert and a pop, not a timer."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._out: dict[int, Watch] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, conn: Conn) -> Watch:
+        watch = Watch(conn, self._seconds)
+        with self._lock:
+            self._out[id(conn)] = watch
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="sqlbroker-watcher", daemon=True
+                )
+                self._thread.start()
+        return watch
+
+    def release(self, conn: Conn) -> None:
+        with self._lock:
+            self._out.pop(id(conn), None)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self._seconds / 10)):
+            now = time.monotonic()
+            with self._lock:
+                late = [w for w in self._out.values() if w.deadline <= now and not w.fired]
+                for watch in late:
+                    watch.fired = True
+            for watch in late:
+                sever(watch.conn)
+
+
+def sever(conn: Conn | AsyncConn) -> None:
+    """Shut the connection's socket down in both directions (a no-op if already closed)."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        duplicate = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()
+
+
+def _sound(conn: Conn | AsyncConn) -> bool:
+    """Whether an idle pooled connection still looks usable, without a round trip.
+
+    An idle autocommit session of the pool listens to nothing, so the server has nothing
+    to say to it: anything readable on its socket is the end of the session (the server's
+    FATAL message and the close that follows a restart or ``pg_terminate_backend``), or
+    in rare cases a notice, and a connection is cheap to replace. The test is one
+    ``poll`` with no wait, against the round trip of ``ConnectionPool.check_connection``.
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, psycopg.Error):
+        return False
 
 
 def _check_idle(pool: ConnectionPool[Conn]) -> None:
@@ -528,6 +732,17 @@ def _check_idle(pool: ConnectionPool[Conn]) -> None:
     next operations get live ones instead of each failing on a dead one in turn."""
     with contextlib.suppress(Exception):  # a closed pool, a server still down: no matter
         pool.check()
+
+
+def _drain(pool: ConnectionPool[Conn]) -> None:
+    """Replace every connection of the pool (idle ones now, busy ones when returned)."""
+    with contextlib.suppress(Exception):
+        pool.drain()
+
+
+async def _drain_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
+    with contextlib.suppress(Exception):
+        await pool.drain()
 
 
 async def _check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:

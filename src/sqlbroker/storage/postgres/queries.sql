@@ -48,6 +48,9 @@ ROLLBACK TO SAVEPOINT sqlbroker; RELEASE SAVEPOINT sqlbroker
 -- name: now
 SELECT coalesce(%(now)s::timestamptz, statement_timestamp())
 
+-- name: health_check
+SELECT 1
+
 -- name: subscription_insert
 INSERT INTO {schema}sqlbroker_subscription (name, created_at)
 VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))

@@ -44,7 +44,7 @@ class PostgresSchema:
         if self.schema_version() >= len(migrations):
             return []
         applied: list[int] = []
-        with self._db.connection(write=True) as conn:
+        with self._db.connection(write=True, watched=False) as conn:
             try:
                 with conn.transaction():
                     # Serialize concurrent migrators: the second waits, then finds nothing.

@@ -99,7 +99,7 @@ class PostgresSpark:
             rows=rows,
             now=self._now_param(),
         )
-        with self._db.transaction() as conn, conn.cursor() as cursor:
+        with self._db.transaction(watched=False) as conn, conn.cursor() as cursor:
             cursor.executemany(self._spark["stage_insert"], params)
         return len(params)
 
@@ -108,7 +108,7 @@ class PostgresSpark:
     ) -> InsertResult:
         ids: list[str] = []
         duplicates = unrouted = 0
-        with self._db.transaction() as conn:
+        with self._db.transaction(watched=False) as conn:  # a whole job's rows
             rows = (
                 conn.cursor(row_factory=dict_row)
                 .execute(
