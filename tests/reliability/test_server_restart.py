@@ -168,7 +168,9 @@ def test_a_publish_in_the_callers_transaction_across_a_terminated_session(
     not the driver's, whether sqlbroker joins the caller's transaction or, on an idle
     autocommit connection, makes one of its own. Inside the caller's transaction the
     server rolls everything back, so the outcome is known (not ambiguous); our own
-    transaction's COMMIT may have been what broke, so that one is ambiguous."""
+    transaction's COMMIT may have been what broke, so that one is ambiguous. (Each caller
+    connection publishes once first: sqlbroker's first statement on a connection it has not
+    seen reads the connection's database identity, and a failure there is not ambiguous.)"""
 
     def kill(pid: int) -> None:
         with psycopg.connect(pg_url, autocommit=True) as admin:
@@ -177,8 +179,7 @@ def test_a_publish_in_the_callers_transaction_across_a_terminated_session(
     with sqlbroker.Broker(pg_url) as broker:
         for autocommit in (False, True):
             with psycopg.connect(pg_url, autocommit=autocommit) as caller:
-                if not autocommit:
-                    caller.execute("SELECT 1")  # the caller's transaction is open
+                broker.send("warm", {}, conn=caller)  # opens the caller's transaction, if any
                 kill(caller.info.backend_pid)
                 with pytest.raises(sqlbroker.ConnectionLost) as raised:
                     broker.send("jobs", {"tag": "t"}, idempotency_key="t", conn=caller)
@@ -189,8 +190,7 @@ def test_a_publish_in_the_callers_transaction_across_a_terminated_session(
             for autocommit in (False, True):
                 caller = await psycopg.AsyncConnection.connect(pg_url, autocommit=autocommit)
                 async with caller:
-                    if not autocommit:
-                        await caller.execute("SELECT 1")
+                    await broker.send("warm", {}, conn=caller)
                     kill(caller.info.backend_pid)
                     with pytest.raises(sqlbroker.ConnectionLost) as raised:
                         await broker.send("jobs", {"tag": "t"}, idempotency_key="t", conn=caller)
