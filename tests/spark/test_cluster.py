@@ -21,7 +21,7 @@ import pytest
 
 import sqlbroker
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 APP = Path(__file__).with_name("clusterapp.py")
 EXECUTORS_DATABASE = "sqlbroker_cluster_executors"
@@ -65,12 +65,14 @@ def _error(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def _sink_rows(sink: Path) -> list[dict[str, Any]]:
+    """The rows of the files the sink committed (a failed task may leave others)."""
     import pyarrow.parquet as pq
 
-    if not sink.exists():
-        return []
-    files = list(sink.glob("*.parquet"))
-    return [row for f in files for row in pq.read_table(f).select(["message_id"]).to_pylist()]
+    committed = []
+    for log in sorted((sink / "_spark_metadata").glob("[0-9]*")):
+        for line in log.read_text().splitlines()[1:]:
+            committed.append(json.loads(line)["path"].removeprefix("file://"))
+    return [row for f in committed for row in pq.read_table(f).select(["message_id"]).to_pylist()]
 
 
 def test_a_write_with_a_relative_sqlite_path_publishes_into_the_drivers_file(
@@ -158,7 +160,7 @@ def test_the_pipeline_runs_on_the_cluster_it_is_given(cluster: Any, tmp_path: Pa
     env = cluster.submit_environment()
     env["PYSPARK_SUBMIT_ARGS"] = " ".join([*settings, "pyspark-shell"])
     registered = (cluster.home / "master.log").read_text().count("Registering app")
-    command = [sys.executable, "-m", "sqlbroker.interfaces.cli", "--url", "sqlite:///app.db"]
+    command = [str(Path(sys.executable).with_name("sqlbroker")), "--url", "sqlite:///app.db"]
     export_arguments = ["--out", str(root), "--older-than", "0s", "--quiet", "--json"]
     exported = subprocess.run(
         [*command, "pipeline", "export", "--master", cluster.master_url, *export_arguments],
