@@ -161,3 +161,51 @@ def test_a_killed_query_restarted_from_its_checkpoint_loses_nothing(
         streamed = _sink_ids(spark, sink)
         assert set(streamed) == set(published)
         assert len(broker.archive("orders", outcome="completed", limit=1000)) == 400
+
+
+def test_bad_stream_options_fail_at_load(spark: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/app.db"
+
+    def load(**options: str) -> Any:
+        reader = spark.readStream.format("sqlbroker").option("url", url)
+        for name, value in options.items():
+            reader = reader.option(name, value)
+        return reader.load()
+
+    with pytest.raises(Exception, match=r"max_batch: must be from 1 to 1000000, not 0"):
+        load(subscription="orders", max_batch="0")
+    with pytest.raises(Exception, match=r"max_batch: must be an integer, not 'many'"):
+        load(subscription="orders", max_batch="many")
+    with pytest.raises(Exception, match=r"lease: must be from 5 to 86400"):
+        load(subscription="orders", lease="1")
+    assert load(subscription="orders", max_batch="50000").isStreaming
+
+
+def test_a_batch_larger_than_a_claim_page(spark: Any, tmp_path: Path) -> None:
+    """``max_batch`` has no cap of 1,000: a batch is claimed in pages."""
+    sqlite_url = f"sqlite:///{tmp_path}/app.db"
+    with sqlbroker.Broker(sqlite_url) as broker:
+        broker.subscribe("bulk", "bulk.#")
+        published = broker.publish_many(
+            [{"topic": "bulk.item", "payload": {"n": n}} for n in range(2600)]
+        )
+        sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+        query = (
+            spark.readStream.format("sqlbroker")
+            .option("url", sqlite_url)
+            .option("subscription", "bulk")
+            .option("max_batch", "2500")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+            sizes = [p["numInputRows"] for p in query.recentProgress]
+        finally:
+            query.stop()
+        assert max(sizes) == 2500
+        assert sorted(_sink_ids(spark, sink)) == sorted(published)
+        assert broker.pending("bulk") == []

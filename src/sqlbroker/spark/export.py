@@ -174,6 +174,7 @@ class ArchiveExport:
                     result.partitions += self._verify(table, staging, cutoff, max_id, count)
             if not delete:
                 self.files.delete(staging)
+                self._tidy()
                 return result
             self.step("deleting the exported rows from the database")
             backend.archive_export_commit(
@@ -189,6 +190,7 @@ class ArchiveExport:
             result.deleted = True
             self.step("publishing the Parquet files")
             self._publish(result.run_id)
+            self._tidy()
             return result
         finally:
             broker.close()
@@ -196,7 +198,10 @@ class ArchiveExport:
     def _verify(
         self, table: str, staging: str, cutoff: datetime, max_id: int, count: int
     ) -> list[PartitionCheck]:
-        written = _checksums(read_parquet(self.spark, f"{staging}/{table}"))
+        folder = f"{staging}/{table}"
+        # No file at all (Spark cannot even infer a schema) is a mismatch like any other.
+        parquet = any(name.endswith(".parquet") for name in self.files.files(folder))
+        written = _checksums(read_parquet(self.spark, folder)) if parquet else {}
         database = _checksums(_with_date(self._read(table, cutoff, max_id), table))
         total = sum(n for n, _ in written.values())
         if written != database or total != count:
@@ -221,6 +226,13 @@ class ArchiveExport:
                 # Its delete never committed: the rows are still in the database.
                 self.files.delete(path)
                 result.discarded.append(run_id)
+
+    def _tidy(self) -> None:
+        """Remove ``_staging`` once no run is left in it."""
+        if self.files.exists(f"{self.root}/_staging") and not self.files.children(
+            f"{self.root}/_staging"
+        ):
+            self.files.delete(f"{self.root}/_staging")
 
     def _publish(self, run_id: str) -> None:
         staging = f"{self.root}/_staging/{run_id}"

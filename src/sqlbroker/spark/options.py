@@ -6,16 +6,19 @@ any task starts or any SQL runs. A bad one raises an ``InvalidOption`` naming it
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, urlencode
 
-from sqlbroker.core.errors import ConfigurationError, InvalidOption
+from sqlbroker.core.errors import ConfigurationError, InvalidOption, SchemaError
 from sqlbroker.core.topics import pattern_regex, validate_pattern, validate_topic
 from sqlbroker.producer.broker import Broker
 from sqlbroker.storage.spark_base import SPARK_TABLES, SparkBackend, SparkRowFilter
-from sqlbroker.storage.url import parse_url
+from sqlbroker.storage.url import DatabaseURL, parse_url
 
 _BACKEND_OPTIONS = {"schema": str, "pool_size": int, "busy_timeout": float}
 
@@ -81,15 +84,25 @@ def point_in_time(options: Mapping[str, str], name: str) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class Connection:
-    """Where the broker lives; picklable, so that tasks on executors can open it."""
+    """Where the broker lives; picklable, so that tasks on executors can open it.
+
+    Made on the driver by :meth:`of`, which turns a SQLite path absolute (an executor runs in
+    a directory of its own), and :meth:`bind`, which records the database's identity. With
+    an identity, :meth:`open` creates and migrates nothing and refuses any other database:
+    a task that cannot reach the driver's database fails before it writes, reads or
+    acknowledges anything, instead of working on a database of its own.
+    """
 
     url: str
     backend_options: tuple[tuple[str, Any], ...] = ()
+    identity: str | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, str]) -> Connection:
         url = required(options, "url")
-        parse_url(url)
+        parsed = parse_url(url)
+        if parsed.scheme == "sqlite":
+            url = _absolute_sqlite(parsed)
         extra: list[tuple[str, Any]] = []
         for name, kind in _BACKEND_OPTIONS.items():
             raw = text(options, name)
@@ -100,15 +113,62 @@ class Connection:
                     raise InvalidOption(name, f"must be a {kind.__name__}, not {raw!r}") from None
         return cls(url=url, backend_options=tuple(extra))
 
-    def open(self) -> tuple[Broker, SparkBackend]:
-        """A broker (migrated on SQLite, checked on PostgreSQL) and its Spark operations."""
-        broker = Broker(self.url, **dict(self.backend_options))
-        backend: Any = broker.backend
-        if not hasattr(backend, "spark_stage_insert"):
+    def bind(self) -> Connection:
+        """On the driver: this connection with the identity of the database it reaches (a
+        missing SQLite file is created and migrated there, as by ``Broker``)."""
+        broker, backend = self.open()
+        try:
+            return replace(self, identity=backend.spark_identity())
+        finally:
             broker.close()
-            raise ConfigurationError(f"the {broker.backend_name} backend has no Spark support")
-        spark_backend: SparkBackend = backend
+
+    def open(self) -> tuple[Broker, SparkBackend]:
+        """A broker and its Spark operations: without an identity, as ``Broker(url)`` opens
+        it; with one, only the database of that identity (else ``ConfigurationError``)."""
+        if self.identity is None:
+            broker = Broker(self.url, **dict(self.backend_options))
+        else:
+            path = parse_url(self.url).path
+            if path is not None and not os.path.isfile(path):
+                raise ConfigurationError(
+                    f"the SQLite database {path} does not exist on {socket.gethostname()}:"
+                    " every Spark task must reach the driver's database file; nothing was"
+                    " written or acknowledged"
+                )
+            broker = Broker(self.url, migrate=False, **dict(self.backend_options))
+        try:
+            backend: Any = broker.backend
+            if not hasattr(backend, "spark_stage_insert"):
+                raise ConfigurationError(f"the {broker.backend_name} backend has no Spark support")
+            spark_backend: SparkBackend = backend
+            if self.identity is not None and spark_backend.spark_identity() != self.identity:
+                raise SchemaError("its identity differs")
+        except SchemaError as error:
+            broker.close()
+            if self.identity is None:
+                raise
+            raise ConfigurationError(
+                f"{broker.url} as resolved on {socket.gethostname()} is not the database of the"
+                f" driver ({error}): every Spark task must reach the same database (an absolute"
+                " SQLite path on the driver's disk, a PostgreSQL URL naming host and database);"
+                " nothing was written or acknowledged"
+            ) from None
+        except BaseException:
+            broker.close()
+            raise
         return broker, spark_backend
+
+
+def _absolute_sqlite(parsed: DatabaseURL) -> str:
+    """The URL of a SQLite file by its absolute path, as the driver resolves it."""
+    assert parsed.path is not None
+    if parsed.path == ":memory:":
+        raise InvalidOption(
+            "url", "an in-memory SQLite database lives in one process: Spark's tasks run in others"
+        )
+    path = os.path.abspath(os.path.expanduser(parsed.path))
+    query = f"?{urlencode(parsed.options)}" if parsed.options else ""
+    return f"sqlite:///{quote(path)}{query}"
 
 
 def row_filter(options: Mapping[str, str], *, table: str | None = None) -> SparkRowFilter:

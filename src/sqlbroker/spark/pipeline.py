@@ -5,7 +5,9 @@
     report --source ROOT --out DIR
     run    --url URL --out ROOT --older-than 30d --report DIR
 
-Without a master from ``spark-submit`` it runs on ``local[*]``. Exit status: 0 done,
+``--master`` chooses the Spark master; without it, the program runs on the master that
+``spark-submit``, ``PYSPARK_SUBMIT_ARGS`` or ``spark-defaults.conf`` gives, else on
+``local[*]``. Exit status: 0 done,
 2 invalid arguments, 1 anything else (nothing deleted unless the export was verified).
 """
 
@@ -38,16 +40,23 @@ def parse_age(text: str) -> timedelta:
     return timedelta(seconds=float(match.group(1)) * _UNIT[match.group(2)])
 
 
-def session(app: str = "sqlbroker-pipeline") -> Any:
-    """The active SparkSession, or a new one (``local[*]`` unless a master is configured)."""
+def session(app: str = "sqlbroker-pipeline", master: str | None = None) -> Any:
+    """The active SparkSession, or a new one on ``master``, else on the master that
+    ``spark-submit``, ``PYSPARK_SUBMIT_ARGS`` or ``spark-defaults.conf`` gives, else on
+    ``local[*]``."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app)
-    # Under spark-submit the JVM is already up (its gateway port is in the environment)
-    # with the master it was given; a master set here would override it.
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        builder = builder.master("local[*]").config("spark.ui.enabled", "false")
+    if master is not None:
+        builder = builder.master(master)
+    else:
+        # Starts the JVM as spark-submit would (PYSPARK_SUBMIT_ARGS, spark-defaults.conf),
+        # or finds the one spark-submit started; its settings then show in SparkConf.
+        SparkContext._ensure_initialized()
+        if not SparkConf().contains("spark.master"):
+            builder = builder.master("local[*]").config("spark.ui.enabled", "false")
     # Our progress display replaces Spark's console progress bar, which would garble it.
     builder = builder.config("spark.ui.showConsoleProgress", "false")
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
@@ -78,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     export_options(run)
     run.add_argument("--report", required=True, help="local directory for CSV/JSON/HTML")
     for command in (export, report, run):
+        command.add_argument(
+            "--master", help="Spark master (default: spark-submit's, else local[*])"
+        )
         command.add_argument("--json", action="store_true", help="print the result as JSON")
         command.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
@@ -103,7 +115,7 @@ def _run(arguments: argparse.Namespace) -> int:
     from sqlbroker.spark.export import ArchiveExport
     from sqlbroker.spark.progress import PipelineProgress
 
-    spark = session()
+    spark = session(master=arguments.master)
     output: dict[str, Any] = {}
     with PipelineProgress(spark, enabled=not arguments.quiet) as progress:
         if arguments.command in ("export", "run"):

@@ -7,7 +7,7 @@ Register it once per session with :func:`sqlbroker.spark.register`, then use
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -66,6 +66,8 @@ class MessagesReader(DataSourceReader):
             min_id=low or None,
             max_id=high or None,
         )
+        # Last: the options are all valid before the database is opened.
+        self.connection = self.connection.bind()
 
     def partitions(self) -> list[IdSlice]:
         broker, backend = self.connection.open()
@@ -88,6 +90,8 @@ class MessagesReader(DataSourceReader):
         if partition.upto_id <= partition.after_id:
             return
         if self.adbc:
+            broker, _ = self.connection.open()  # the identity check, before any row
+            broker.close()
             yield from adbc.read_range(
                 self.connection.url, self.schema, self.where, partition.after_id, partition.upto_id
             )
@@ -109,8 +113,25 @@ class MessagesReader(DataSourceReader):
             broker.close()
 
 
+def check_options(options: Mapping[str, str]) -> None:
+    """Every option given, checked in form and range (the database is not opened)."""
+    from sqlbroker.spark.stream import stream_settings
+
+    opt.Connection.of(options)
+    opt.row_filter(options)
+    opt.integer(options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000)
+    opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
+    if opt.text(options, "subscription") is not None:
+        stream_settings(options)
+
+
 class SqlbrokerDataSource(DataSource):
     """``format("sqlbroker")``: messages, archive and dead letters of a sqlbroker database."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # At load(), not when a task or a micro-batch first meets a bad option.
+        check_options(self.options)
 
     @classmethod
     def name(cls) -> str:

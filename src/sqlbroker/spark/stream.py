@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -34,8 +34,21 @@ from sqlbroker.storage.spark_base import SparkBackend
 from sqlbroker.storage.spark_rows import STREAM_COLUMNS
 
 DEFAULT_MAX_BATCH = 1_000
+MAX_BATCH = 1_000_000
+CLAIM_PAGE = 1_000
+"""Messages claimed per transaction: a larger batch is claimed in pages, each under a
+sequence number of its own, so no transaction holds the claim of a whole large batch."""
 DEFAULT_LEASE = 300.0
 DEFAULT_PARTITIONS = 2
+
+
+def stream_settings(options: Mapping[str, str]) -> tuple[int, float, int]:
+    """``max_batch``, ``lease`` and ``partitions`` of a stream, checked."""
+    return (
+        opt.integer(options, "max_batch", DEFAULT_MAX_BATCH, minimum=1, maximum=MAX_BATCH),
+        opt.number(options, "lease", DEFAULT_LEASE, minimum=5.0, maximum=86_400.0),
+        opt.integer(options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=1_000),
+    )
 
 
 class ClaimSlice(InputPartition):
@@ -60,14 +73,10 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         self.connection = opt.Connection.of(options)
         self.subscription = validate_topic(opt.required(options, "subscription"), "subscription")
         self.stream = validate_topic(opt.text(options, "stream", self.subscription), "stream")
-        self.max_batch = opt.integer(
-            options, "max_batch", DEFAULT_MAX_BATCH, minimum=1, maximum=1_000
-        )
-        self.lease = opt.number(options, "lease", DEFAULT_LEASE, minimum=5.0, maximum=86_400.0)
-        self.parts = opt.integer(
-            options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=1_000
-        )
+        self.max_batch, self.lease, self.parts = stream_settings(options)
         self.worker = f"spark:{self.stream}:{Broker.worker_name()}"
+        # Last: the options are all valid before the database is opened.
+        self.connection = self.connection.bind()
         self._reset()
 
     def _reset(self) -> None:
@@ -120,16 +129,25 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         if isinstance(rows, int) and rows > 0:
             count = min(count, rows)
         with self._lock:
-            latest = backend.spark_stream_claim(
-                stream=self.stream,
-                subscription=self.subscription,
-                limit=count,
-                lease=self.lease,
-                worker=self.worker,
-            )
-            finished = _seq(start) if start is not None else self._handed_out
-            if finished is not None and latest == finished:
-                self._ack(finished)
+            latest = None
+            while count > 0:
+                page = min(count, CLAIM_PAGE)
+                claimed = backend.spark_stream_claim(
+                    stream=self.stream,
+                    subscription=self.subscription,
+                    limit=page,
+                    lease=self.lease,
+                    worker=self.worker,
+                )
+                if claimed == latest:
+                    break  # the previous page emptied the queue
+                latest = claimed
+                count -= page
+            assert latest is not None
+            # Spark asks for the next offset only once the batch ending at start is in
+            # the sink: when there is nothing after it, that batch is done.
+            if start is not None and latest == _seq(start):
+                self._ack(latest)
             self._handed_out = latest
         self._start_keeper()
         return {"seq": latest}

@@ -112,6 +112,8 @@ class MessageWriter(DataSourceWriter):
         self.key_prefix = "spark:" + (opt.text(options, "write_id") or "") + ":"
         self.job = uuid.uuid4().hex
         self.excluded = {c for c in self.columns.values() if c is not None}
+        # Last: the options are all valid before the database is opened.
+        self.connection = self.connection.bind()
 
     # --- on the executors --------------------------------------------------------------------
 

@@ -71,6 +71,11 @@ class ExportRun:
 class SparkBackend(Protocol):
     """Storage operations of the Spark data source and the archive pipeline."""
 
+    def spark_identity(self) -> str:
+        """The database's identity: equal for every connection to the same database (and
+        schema), different for any other, a fresh file or a clone included (SQLite: a copy
+        of the file keeps it)."""
+
     # --- batch read ------------------------------------------------------------------------
     def spark_id_range(self, *, where: SparkRowFilter) -> IdRange | None:
         """The id range of the selected rows, or ``None`` when there are none."""

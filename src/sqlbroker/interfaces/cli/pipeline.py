@@ -19,9 +19,17 @@ from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
 _PROGRAM = "sqlbroker.spark.pipeline"
 
 
-def _launch(arguments: list[str]) -> None:
+_MASTER_HELP = (
+    "Spark master (spark://host:7077, local[4], …); default: the one PYSPARK_SUBMIT_ARGS or"
+    " spark-defaults.conf names, else local[*]."
+)
+
+
+def _launch(arguments: list[str], master: str | None) -> None:
     if importlib.util.find_spec("pyspark") is None:
         raise CliFailure("the pipeline needs the spark extra: pip install 'sqlbroker[spark]'")
+    if master is not None:
+        arguments = [*arguments, "--master", master]
     status = subprocess.call([sys.executable, "-m", _PROGRAM, *arguments])
     if status:
         # The pipeline printed its own error line.
@@ -48,6 +56,7 @@ def pipeline() -> None:
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=4, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--master", metavar="URL", help=_MASTER_HELP)
 @pass_session
 def export(
     session: Session,
@@ -57,13 +66,14 @@ def export(
     partitions: int,
     as_json: bool,
     quiet: bool,
+    master: str | None,
 ) -> None:
     """Export archive and dead letters older than a cutoff to Parquet (partitioned by date
     and topic), verify them against the database, then delete them there, all or nothing."""
     arguments = ["export", "--url", session.url, "--out", out, "--older-than", f"{older_than}"]
     arguments += ["--partitions", str(partitions)]
     arguments += [flag for flag, on in (("--keep", keep), ("--json", as_json)) if on]
-    _launch([*arguments, *(["--quiet"] if quiet else [])])
+    _launch([*arguments, *(["--quiet"] if quiet else [])], master)
 
 
 @pipeline.command()
@@ -71,9 +81,10 @@ def export(
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Report folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
-def report(source: str, out: str, as_json: bool, quiet: bool) -> None:
+@click.option("--master", metavar="URL", help=_MASTER_HELP)
+def report(source: str, out: str, as_json: bool, quiet: bool, master: str | None) -> None:
     """Throughput, latency percentiles, attempts, DLQ rate and top failure reasons from an
     export, as CSV, JSON and a self-contained HTML page with charts."""
     arguments = ["report", "--source", source, "--out", out]
     arguments += [flag for flag, on in (("--json", as_json), ("--quiet", quiet)) if on]
-    _launch(arguments)
+    _launch(arguments, master)

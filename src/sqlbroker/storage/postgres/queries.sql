@@ -838,4 +838,5 @@ UNION ALL SELECT 'sqlbroker_spark_stage', count(*) FROM {schema}sqlbroker_spark_
 UNION ALL SELECT 'sqlbroker_spark_stream', count(*) FROM {schema}sqlbroker_spark_stream
 UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM {schema}sqlbroker_spark_claim
 UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM {schema}sqlbroker_spark_export
+UNION ALL SELECT 'sqlbroker_identity', count(*) FROM {schema}sqlbroker_identity
 UNION ALL SELECT 'sqlbroker_tenant', count(*) FROM {schema}sqlbroker_tenant

@@ -58,6 +58,11 @@ BEGIN
             ('consumer', 'sqlbroker_schema_version', 'SELECT'),
             ('reader',   'sqlbroker_schema_version', 'SELECT'),
             ('operator', 'sqlbroker_schema_version', 'SELECT'),
+            -- … and the database's identity (Spark's tasks compare it with their driver's)
+            ('producer', 'sqlbroker_identity',       'SELECT'),
+            ('consumer', 'sqlbroker_identity',       'SELECT'),
+            ('reader',   'sqlbroker_identity',       'SELECT'),
+            ('operator', 'sqlbroker_identity',       'SELECT'),
             -- producer: publish, send (creates the queue), outbox, idempotency, sagas.start,
             -- Spark's staged writes
             ('producer', 'sqlbroker_subscription',         'SELECT, INSERT'),

@@ -8,7 +8,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from sqlbroker.core.errors import StorageError
+from sqlbroker.core.errors import SchemaError, StorageError
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import InsertResult, Lease
 from sqlbroker.storage.postgres.connection import PostgresPool
@@ -59,6 +59,13 @@ class PostgresSpark:
                 "sqlbroker.storage.postgres", "spark.sql", schema=self._qualifier
             )
         return self._spark_sql_cache
+
+    def spark_identity(self) -> str:
+        with self._db.connection(write=False) as conn:
+            row = conn.execute(self._spark["identity_get"]).fetchone()
+        if row is None:
+            raise SchemaError("the database has no identity row: run `sqlbroker migrate`")
+        return str(row[0])
 
     # --- batch read --------------------------------------------------------------------------
 

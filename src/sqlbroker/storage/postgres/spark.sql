@@ -171,3 +171,11 @@ INSERT INTO {schema}sqlbroker_spark_export (
 
 -- name: export_get
 SELECT count(*) FROM {schema}sqlbroker_spark_export WHERE run_id = %(run_id)s
+
+-- name: identity_get
+-- The stored id, the cluster's system identifier and the database's oid: a database cloned
+-- from a template or restored from a dump copies the row, not the other two.
+SELECT i.database_id || ':' || c.system_identifier::text || ':' || d.oid::text
+FROM {schema}sqlbroker_identity i
+CROSS JOIN pg_control_system() c
+JOIN pg_database d ON d.datname = current_database()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlbroker.core.errors import StorageError
+from sqlbroker.core.errors import SchemaError, StorageError
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import InsertResult, Lease
 from sqlbroker.storage.rows import batched
@@ -56,6 +56,13 @@ class SqliteSpark:
         if self._spark_sql_cache is None:
             self._spark_sql_cache = load_blocks("sqlbroker.storage.sqlite", "spark.sql")
         return self._spark_sql_cache
+
+    def spark_identity(self) -> str:
+        with self._db.read() as conn:
+            row = conn.execute(self._spark["identity_get"]).fetchone()
+        if row is None:
+            raise SchemaError("the database has no identity row: run `sqlbroker migrate`")
+        return str(row[0])
 
     # --- batch read --------------------------------------------------------------------------
 

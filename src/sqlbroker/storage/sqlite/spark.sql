@@ -156,3 +156,6 @@ INSERT INTO sqlbroker_spark_export (
 
 -- name: export_get
 SELECT count(*) FROM sqlbroker_spark_export WHERE run_id = :run_id
+
+-- name: identity_get
+SELECT database_id FROM sqlbroker_identity
