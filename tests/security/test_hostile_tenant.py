@@ -251,7 +251,7 @@ def test_a_deleted_subscriptions_leftovers_stay_with_its_tenant(tenants: Tenants
         assert [d.payload for d in a.dead_letters.list()] == ["dead of A"]
         assert [row.payload for row in a.archive()] == ["done by A"]
         assert a.backend.metric_totals() == {("reused", "completed"): 7}
-        with pytest.raises(sqlbroker.StorageError):
+        with pytest.raises(sqlbroker.StorageError, match="row-level security"):
             a.dead_letters.replay(subscription="reused", actor="a")
         assert [d.payload for d in a.dead_letters.list()] == ["dead of A"]
         assert a.dead_letters.purge(subscription="reused", actor="a") == 1
@@ -263,7 +263,21 @@ def test_a_deleted_subscriptions_leftovers_stay_with_its_tenant(tenants: Tenants
             " finished_at, tenant) VALUES (gen_random_uuid(), 'reused', 'reused', 'completed',"
             " 0, convert_to('1', 'UTF8'), 'application/json', 1, 5, 0, now(), now(), 'B')",
         )
+        _refused(
+            attacker,
+            "INSERT INTO sqlbroker_dead (delivery_id, message_id, subscription, topic,"
+            " priority, payload, content_type, attempts, max_attempts, replay_count, reason,"
+            " enqueued_at, first_failed_at, last_failed_at, dead_at, tenant) VALUES (1,"
+            " gen_random_uuid(), 'reused', 'reused', 0, convert_to('1', 'UTF8'),"
+            " 'application/json', 5, 5, 0, 'planted', now(), now(), now(), now(), 'B')",
+        )
+        _refused(
+            attacker,
+            "INSERT INTO sqlbroker_metric_total (subscription, outcome, count, tenant)"
+            " VALUES ('reused', 'completed', 1000, 'B')",
+        )
         _refused_or_harmless(attacker, "UPDATE sqlbroker_archive SET tenant = 'B'")
+        _refused_or_harmless(attacker, "UPDATE sqlbroker_dead SET tenant = 'B'")
         _refused_or_harmless(attacker, "UPDATE sqlbroker_metric_total SET tenant = 'B'")
     with tenants.broker(LOGIN_B) as b:
         assert b.archive() == []

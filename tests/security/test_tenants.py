@@ -268,6 +268,27 @@ def test_schema_9_keeps_a_moving_saga_with_its_tenant(pg_server: Any) -> None:
         pg_server.drop_database(name)
 
 
+@pytest.mark.postgres
+def test_rows_the_owner_settles_for_a_tenant_are_the_tenants(tenants: Tenants) -> None:
+    """The owner (administration) settles a tenant's messages: the dead letter and the
+    archive row take the subscription's tenant, not the owner's (none), so the tenant
+    still sees them."""
+    with tenants.broker(ACME) as acme:
+        acme.send("acme-jobs", "to be dead-lettered")
+        kept = acme.send("acme-jobs", "to be cancelled", delay=3600)
+    with sqlbroker.Broker(tenants.admin_url) as owner:
+        owner.dead_letter(owner.claim("acme-jobs")[0], reason="by the owner")
+        assert owner.cancel(kept) == 1
+    with tenants.broker(ACME) as acme:
+        assert [d.reason for d in acme.dead_letters.list()] == ["by the owner"]
+        assert [(row.payload, row.outcome.value) for row in acme.archive()] == [
+            ("to be cancelled", "cancelled")
+        ]
+    with tenants.broker(GLOBEX) as globex:
+        assert globex.dead_letters.list() == []
+        assert globex.archive() == []
+
+
 def _migrated_to(conn: psycopg.Connection[Any], last: int) -> None:
     package = "sqlbroker.storage.postgres"
     conn.execute(load_blocks(package, "queries.sql")["schema_version_table"].encode())
