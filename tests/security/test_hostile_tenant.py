@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -492,3 +493,55 @@ def test_spark_rows_are_per_tenant(tenants: Tenants) -> None:
         streams = victim.execute("SELECT name FROM sqlbroker_spark_stream").fetchall()
     assert staged == (1,)
     assert streams == [("b-reader",)]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A small local SparkSession (one executor thread), for the one Spark test below."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    from sqlbroker.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("sqlbroker-hostile-tenant")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.driver.memory", "512m")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.mark.spark
+def test_a_tenants_spark_write_and_reads_stay_its_own(tenants: Tenants, spark: Any) -> None:
+    # Both tenants route orders.#; B writes a DataFrame under its own login.
+    with tenants.broker(LOGIN_A) as a, tenants.broker(LOGIN_B) as b:
+        a.subscribe("a-orders", ["orders.#"])
+        b.subscribe("b-orders", ["orders.#"])
+    orders = spark.range(0, 12, 1, 2).selectExpr("id AS order_id")
+    orders.write.format("sqlbroker").option("url", tenants.url(LOGIN_B)).option(
+        "topic", "orders.created"
+    ).mode("append").save()
+
+    def read(login: str, table: str = "messages") -> int:
+        reader = spark.read.format("sqlbroker").option("url", tenants.url(login))
+        return int(reader.option("table", table).load().count())
+
+    assert read(LOGIN_B) == 12
+    for table in ("messages", "archive", "dead"):
+        assert read(LOGIN_A, table) == 0
+    with tenants.broker(LOGIN_A) as a, tenants.broker(LOGIN_B) as b:
+        assert a.claim("a-orders", limit=100) == []
+        claimed = b.claim("b-orders", limit=100)
+        assert sorted(d.payload["order_id"] for d in claimed) == list(range(12))
+        b.complete(claimed)
+    assert read(LOGIN_B, "archive") == 12
+    assert read(LOGIN_A, "archive") == 0
