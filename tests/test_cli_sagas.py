@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import sqlbroker
 from sqlbroker import Saga, Step
 from test_cli import ok, run
+
+# Sagas started only to be listed: no handler anywhere, which the start warns of.
+pytestmark = pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")
 
 ORDER = Saga("order", [Step("reserve"), Step("charge", compensate=False)])
 

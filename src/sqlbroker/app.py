@@ -4,7 +4,7 @@ worker runtime (L3), composed here so that neither layer imports the one above i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -12,6 +12,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import Saga
+from sqlbroker.features.sagas import warn_unhandled
 from sqlbroker.features.subscribers import (
     DEFAULT_CONCURRENCY,
     DEFAULT_TIMEOUT,
@@ -40,8 +41,12 @@ class Broker(_ProducerBroker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.subscribers: dict[str, SubscriberSpec] = {}
+        self._saga_definitions: dict[str, Saga] = {}
         self._worker: Worker | None = None
         self._observers: list[WorkerObserver] = []
+
+    def _handled_queues(self) -> Collection[str]:
+        return self.subscribers.keys()
 
     def add_observer(self, observer: WorkerObserver) -> None:
         """Subscribe ``observer`` to the lifecycle events of every worker this broker starts
@@ -168,6 +173,7 @@ class Broker(_ProducerBroker):
                 timeout=definition.timeout,
                 retry=policy,
             )(handler)
+            self._saga_definitions[saga.name] = saga
             return function
 
         return register
@@ -196,6 +202,9 @@ class Broker(_ProducerBroker):
             known = ", ".join(self.subscribers) or "none"
             raise SqlbrokerError(f"no subscriber named {', '.join(unknown)} (registered: {known})")
         specs = [self.subscribers[name] for name in chosen]
+        for saga in self._saga_definitions.values():
+            if any(queue in chosen for queue in saga.queues()):
+                warn_unhandled(self.backend, saga, self.subscribers, when="this worker runs")
         if concurrency is not None:
             slots = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
             specs = [dataclasses.replace(spec, concurrency=slots) for spec in specs]

@@ -55,3 +55,22 @@ def test_routing_does_not_backtrack_on_many_hashes(broker: sqlbroker.Broker) -> 
     routed = broker.publish(topic[:-1] + "z", 2)
     assert [p.message_id for p in broker.pending("hashes")] == [routed]
     assert [a.message_id for a in broker.archive(outcome="unrouted")] == [missed]
+
+
+def test_routing_agrees_with_the_reference_on_every_small_case(broker: sqlbroker.Broker) -> None:
+    """Every pattern of up to three segments over a, b, '*' and '#' against every topic of up
+    to three words over a and b: the cheap first/last-segment tests the routing statements
+    run before the full match must never drop a match."""
+    parts = ["a", "b", "*", "#"]
+    patterns = [
+        ".".join(combo) for size in (1, 2, 3) for combo in itertools.product(parts, repeat=size)
+    ]
+    names = {pattern: f"small-{index}" for index, pattern in enumerate(patterns)}
+    for pattern, name in names.items():
+        broker.subscribe(name, [pattern])
+    topics = [".".join(c) for size in (1, 2, 3) for c in itertools.product("ab", repeat=size)]
+    for topic in topics:
+        message_id = broker.publish(topic, {})
+        routed = {p.subscription for p in broker.pending(limit=1000) if p.message_id == message_id}
+        expected = {name for pattern, name in names.items() if pattern_matches(pattern, topic)}
+        assert routed == expected, topic

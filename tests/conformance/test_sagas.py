@@ -13,6 +13,9 @@ from sqlbroker import Saga, SagaConflict, SagaStatus, Step, StepStatus
 from sqlbroker.core.message import Delivery
 from sqlbroker.storage.base import Lease
 
+# Driven by hand, with no handlers anywhere: the start's warning says so each time.
+pytestmark = pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")
+
 CHECKOUT = Saga(
     "checkout",
     [Step("reserve"), Step("charge"), Step("notify", compensate=False), Step("ship")],

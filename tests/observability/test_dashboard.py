@@ -143,6 +143,7 @@ def test_a_token_guards_everything(broker: sqlbroker.Broker) -> None:
         board.stop()
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # a saga started to be shown
 def test_extension_pages_plug_in(board: Dashboard, broker: sqlbroker.Broker) -> None:
     status, listed = call(board, "/api/extensions")
     assert status == 200

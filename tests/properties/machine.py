@@ -31,6 +31,7 @@ from properties.model import (
     PublishPlan,
     allowed_claim,
 )
+from sqlbroker.producer.consuming import TAKE_BACK_EVERY
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 MAX_ATTEMPTS = 4
@@ -113,6 +114,7 @@ class BrokerMachine(RuleBasedStateMachine):
         self.zombies: list[sqlbroker.Delivery] = []
         self.published: dict[str, list[str | None]] = {}
         self.tokens: set[str] = set()
+        self.taken_back_at: float | None = None
 
     def _open(self) -> sqlbroker.Broker:
         return sqlbroker.Broker(
@@ -244,6 +246,10 @@ class BrokerMachine(RuleBasedStateMachine):
             self._claim(subscription, limit, 10, consumer)
 
     def _claim(self, subscription: str, limit: int, lease: int, consumer: str) -> None:
+        # A claim takes back expired leases first, at most once a second of its clock.
+        if self.taken_back_at is None or self.model.now - self.taken_back_at >= TAKE_BACK_EVERY:
+            self.taken_back_at = self.model.now
+            self.model.take_back_expired()
         candidates = self.model.claimable(subscription)
         required, free = allowed_claim(candidates, limit)
         deliveries = self.broker.claim(subscription, limit=limit, lease=lease, worker=consumer)
@@ -428,7 +434,8 @@ class BrokerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(consumer=st.sampled_from(CONSUMERS))
     def kill(self, consumer: str) -> None:
-        """The consumer vanishes: its deliveries are never settled (only the reaper helps)."""
+        """The consumer vanishes: its deliveries are never settled (a reap or a later claim
+        takes them back once their lease runs out)."""
         for owner, delivery in list(self.held):
             if owner == consumer:
                 self._settled(delivery)
@@ -438,6 +445,7 @@ class BrokerMachine(RuleBasedStateMachine):
         """The broker object is closed and a new one opened on the same database."""
         self.broker.close()
         self.broker = self._open()
+        self.taken_back_at = None  # a new broker's first claim takes back at once
 
     # --- invariants ----------------------------------------------------------------------------
 

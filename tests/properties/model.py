@@ -270,22 +270,7 @@ class Model:
     def reap(self) -> dict[str, int]:
         """One ``Broker.reap()``: spent leases die, other expired leases are released, then
         TTLs expire (the copies just released included), then old idempotency keys go."""
-        lapsed = [
-            c
-            for c in list(self.hot.values())
-            if c.token is not None
-            and c.lease_expires_at is not None
-            and c.lease_expires_at <= self.now
-        ]
-        dead = released = 0
-        for copy in lapsed:
-            if copy.attempts >= copy.max_attempts:
-                self.kill(copy, DEAD_WORKER_LOST)
-                dead += 1
-            else:
-                copy.token = None
-                copy.lease_expires_at = None
-                released += 1
+        released, dead = self.take_back_expired()
         expired = [
             c
             for c in list(self.hot.values())
@@ -305,6 +290,27 @@ class Model:
             "processed_trimmed": 0,
             "sagas_swept": 0,
         }
+
+    def take_back_expired(self) -> tuple[int, int]:
+        """The lease part of a reap, which ``Broker.claim`` also runs (at most once a
+        second): spent leases die, other expired ones are released. ``(released, dead)``."""
+        lapsed = [
+            c
+            for c in list(self.hot.values())
+            if c.token is not None
+            and c.lease_expires_at is not None
+            and c.lease_expires_at <= self.now
+        ]
+        dead = released = 0
+        for copy in lapsed:
+            if copy.attempts >= copy.max_attempts:
+                self.kill(copy, DEAD_WORKER_LOST)
+                dead += 1
+            else:
+                copy.token = None
+                copy.lease_expires_at = None
+                released += 1
+        return released, dead
 
     # --- what the database must show -------------------------------------------------------------
 

@@ -587,8 +587,15 @@ url_texts = st.builds(
 @scaled(ci=60, long=2_000)
 @given(url=st.one_of(url_texts, junk))
 def test_broker_urls(tmp_path_factory: pytest.TempPathFactory, url: Any) -> None:
-    """Constructing a broker from any URL: a broker, or ``ConfigurationError``/validation."""
-    with contextlib.suppress(sqlbroker.ConfigurationError, sqlbroker.ValidationError):
+    """Constructing a broker from any URL: a broker, or ``ConfigurationError``/validation
+    — or, for a path SQLite cannot open (a SQLite broker opens its file and creates its
+    schema at once), a ``StorageError``. Relative paths land in a scratch directory."""
+    with (
+        contextlib.chdir(tmp_path_factory.mktemp("urls")),
+        contextlib.suppress(
+            sqlbroker.ConfigurationError, sqlbroker.ValidationError, sqlbroker.StorageError
+        ),
+    ):
         sqlbroker.Broker(url).close()
 
 

@@ -101,6 +101,7 @@ def test_cancel_compensates_what_is_done(app: sqlbroker.Broker, backend_url: str
 PAYMENT = Saga("payment", [Step("reserve"), Step("charge")], timeout=600)
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # charge has no compensation
 @pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactional"])
 def test_an_output_that_is_not_a_valid_payload_fails_the_step(
     backend_url: str, transactional: bool
@@ -139,6 +140,7 @@ def test_an_output_that_is_not_a_valid_payload_fails_the_step(
         assert broker.dead_letters.list() == []
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # no compensations: none run
 def test_plain_steps_run_on_the_workers_handler_threads(backend_url: str) -> None:
     """Like any plain-function handler: a step's concurrency is what runs at once."""
     count = 10
@@ -164,6 +166,7 @@ def test_plain_steps_run_on_the_workers_handler_threads(backend_url: str) -> Non
         assert all(name.startswith("sqlbroker-handler") for name in threads), threads
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # no compensations
 def test_coroutine_steps_keep_their_bookkeeping_off_the_default_executor(
     backend_url: str,
 ) -> None:
@@ -226,6 +229,7 @@ class _SagaWorker:
         self.process.wait(timeout=30)
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # the handlers start later
 @pytest.mark.slow
 def test_every_saga_ends_with_workers_killed_in_a_loop(backend_url: str, tmp_path: Path) -> None:
     sagaapp.create_table(backend_url)

@@ -363,3 +363,45 @@ def test_a_cancelled_worker_does_not_block_the_loop_on_a_database_call_in_flight
             fallback.cancel()
             release("the test")
         assert unlocked_by == ["the application"]
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_shutdowns_that_cancel_a_slow_handler_spend_no_attempt(
+    broker: sqlbroker.Broker, kind: str
+) -> None:
+    """A deploy stops the worker while a slow handler runs and the grace period runs out:
+    the handler is given up, which is not a failure. However many deploys, the message
+    keeps its attempts and is never dead-lettered for it."""
+    started = threading.Event()
+    release = threading.Event()
+
+    if kind == "async":
+
+        @broker.subscriber(queue="slow", retry=sqlbroker.RetryPolicy(max_attempts=2))
+        async def handle(msg: sqlbroker.Message) -> None:
+            started.set()
+            await asyncio.sleep(LIMIT * 10)
+
+    else:
+
+        @broker.subscriber(queue="slow", retry=sqlbroker.RetryPolicy(max_attempts=2))
+        def handle_sync(msg: sqlbroker.Message) -> None:
+            started.set()
+            release.wait(LIMIT)
+
+    message_id = broker.send("slow", 1, max_attempts=2)
+    try:
+        for _ in range(4):
+            started.clear()
+            runner = _run_in_thread(broker, grace=0)
+            assert started.wait(LIMIT)
+            broker.stop()
+            runner.join(LIMIT)
+            assert not runner.is_alive()
+            assert broker.dead_letters.list() == []
+            (pending,) = broker.pending("slow")
+            assert pending.message_id == message_id
+            assert pending.state == sqlbroker.State.AVAILABLE
+            assert pending.attempts == 0
+    finally:
+        release.set()

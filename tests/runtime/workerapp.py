@@ -7,7 +7,8 @@ message's payload, a JSON object:
 - ``id``: the name recorded in the effects file;
 - ``sleep``: seconds the handler takes (default 0);
 - ``hang`` / ``hang_attempts``: take ``hang`` seconds instead while the attempt number is at
-  most ``hang_attempts`` (a handler stuck on its first delivery, say);
+  most ``hang_attempts`` (a handler stuck on its first delivery, say), or while the file
+  ``hang_until`` does not exist;
 - ``fail_attempts``: raise while the attempt number is at most this;
 - ``exit_attempts``: ``os._exit(1)`` while the attempt number is at most this (a message
   that kills its worker; use a large number for "always").
@@ -91,6 +92,8 @@ def _plan(msg: sqlbroker.Message) -> tuple[dict[str, Any], float]:
     if msg.attempt <= int(spec.get("exit_attempts", 0)):
         os._exit(1)
     if msg.attempt <= int(spec.get("hang_attempts", 0)):
+        return spec, float(spec.get("hang", 60.0))
+    if "hang_until" in spec and not os.path.exists(spec["hang_until"]):
         return spec, float(spec.get("hang", 60.0))
     return spec, float(spec.get("sleep", 0.0))
 

@@ -153,6 +153,7 @@ def test_the_consumer_claims_acks_retries_dead_letters_and_reaps(db: SecuredData
         _refused(lambda: consumer.dead_letters.replay(subscription="work", actor="t"))
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # started before its worker runs
 def test_a_worker_runs_handlers_sagas_and_heartbeats(db: SecuredDatabase) -> None:
     with db.broker(LOGINS["producer"]) as producer:
         producer.send_many("emails", ["a", "b", "poison"])

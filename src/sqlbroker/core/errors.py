@@ -57,6 +57,19 @@ class InvalidOption(ValidationError):
     """Any other argument outside its documented range (limits, batch sizes, options)."""
 
 
+class LimitExceeded(ValidationError):
+    """A publish or subscribe would pass one of the broker's limits; nothing was written.
+
+    ``field`` names the limit, which is also the :class:`~sqlbroker.Broker` option that
+    raises it (``max_copies``, ``max_subscriptions``, ``max_patterns``; patterns per
+    subscription are fixed); ``limit`` is its value, ``wanted`` what was asked for."""
+
+    def __init__(self, field: str, problem: str, *, limit: int, wanted: int) -> None:
+        self.limit = limit
+        self.wanted = wanted
+        super().__init__(field, problem)
+
+
 class ConfigurationError(SqlbrokerError):
     """The broker cannot be set up as asked (bad URL, missing extra, refused filesystem)."""
 

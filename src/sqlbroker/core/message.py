@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback as traceback_module
 from dataclasses import dataclass
@@ -107,11 +108,7 @@ class ErrorInfo:
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
         kind = type(error)
-        name = (
-            kind.__qualname__
-            if kind.__module__ == "builtins"
-            else f"{kind.__module__}.{kind.__qualname__}"
-        )
+        name = error_type_name(kind)
         try:
             message = str(error)
         except Exception:  # a broken __str__ must not lose the failure it describes
@@ -199,11 +196,62 @@ class PendingMessage:
     expires_at: datetime | None
     lease_expires_at: datetime | None
     last_error: str | None
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
+
+
+def _exported(name: str) -> type | None:
+    """The class ``sqlbroker.<name>`` when the package exports one (looked up in the
+    loaded package, never imported from here: core imports nothing of ours)."""
+    package = sys.modules.get("sqlbroker")
+    found = getattr(package, name, None) if package is not None and name.isidentifier() else None
+    return found if isinstance(found, type) else None
+
+
+def error_type_name(kind: type[BaseException]) -> str:
+    """How an exception's type is stored and shown: ``ValueError`` for builtins,
+    ``sqlbroker.Reject`` for a class the package exports (not the module it lives in),
+    ``module.Qualified`` for everything else."""
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    if kind.__module__.startswith("sqlbroker.") and _exported(kind.__qualname__) is kind:
+        return f"sqlbroker.{kind.__qualname__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def public_error_type(stored: str | None) -> str | None:
+    """``stored`` with the full path of an exported sqlbroker class shortened to its
+    public name (rows written before the public names: ``sqlbroker.core.policies.Reject``)."""
+    if stored is None or not stored.startswith("sqlbroker.") or stored.count(".") < 2:
+        return stored
+    kind = _exported(stored.rsplit(".", 1)[1])
+    if kind is not None and f"{kind.__module__}.{kind.__qualname__}" == stored:
+        return f"sqlbroker.{kind.__qualname__}"
+    return stored
+
+
+def error_type_matches(name: str) -> tuple[list[str], str]:
+    """What a filter on error type ``name`` matches: the exact names (``name``, and for a
+    sqlbroker class both its public name and its full path, since older rows hold the
+    latter) and a suffix (``.name``), so that ``Reject`` finds ``sqlbroker.Reject`` and
+    ``myapp.errors.Reject`` alike."""
+    exact = [name]
+    public = public_error_type(name)
+    if public is not None and public != name:
+        exact.append(public)
+    elif name.startswith("sqlbroker.") and name.count(".") == 1:
+        kind = _exported(name.split(".", 1)[1])
+        if kind is not None:
+            exact.append(f"{kind.__module__}.{kind.__qualname__}")
+    return exact, f".{name}"
 
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A copy that failed for good, with the whole original message and why it died."""
+    """A copy that failed for good, with the whole original message and why it died.
+    ``error_type`` is the exception's public name (``sqlbroker.Reject``), also for rows
+    stored under its module's path."""
 
     id: int
     message_id: str
@@ -227,6 +275,14 @@ class DeadLetter:
     first_failed_at: datetime
     last_failed_at: datetime
     dead_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
+
+    def __post_init__(self) -> None:
+        public = public_error_type(self.error_type)
+        if public != self.error_type:
+            object.__setattr__(self, "error_type", public)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +304,9 @@ class ArchivedMessage:
     enqueued_at: datetime
     first_started_at: datetime | None
     finished_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +314,9 @@ class Subscription:
     name: str
     patterns: tuple[str, ...]
     created_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)

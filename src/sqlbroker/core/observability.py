@@ -111,6 +111,9 @@ class WorkerInfo:
     seen_at: datetime
     stopped_at: datetime | None
     seen_age: float
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,9 @@ class AuditEntry:
     actor: str
     action: str
     detail: dict[str, object]
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns (stand-in values fill them);
+    ``None`` for a sound row. See docs/security.md, "Damaged rows"."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,24 @@ class Saga:
         """The queue carrying a step's action (or, with ``undo``, its compensation)."""
         return saga_queue(self.name, step, undo=undo)
 
+    def queues(self) -> tuple[str, ...]:
+        """Every queue its steps need a handler on: each action, each compensation."""
+        return tuple(
+            queue
+            for step in self.steps
+            for queue in (
+                (self.queue(step.name), self.queue(step.name, undo=True))
+                if step.compensate
+                else (self.queue(step.name),)
+            )
+        )
+
+
+class SagaWarning(UserWarning):
+    """A saga was started, or a worker runs one, while some of its steps (or their
+    compensations) have no handler in this process nor in any live worker: its sagas will
+    wait at that step until a handler runs."""
+
 
 def saga_queue(saga: str, step: str, *, undo: bool = False) -> str:
     return f"saga.{saga}.{step}.undo" if undo else f"saga.{saga}.{step}"
@@ -153,6 +171,8 @@ class SagaStep:
     started_at: datetime | None
     finished_at: datetime | None
     compensated_at: datetime | None
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns; ``None`` for a sound row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +196,8 @@ class SagaInstance:
     deadline: datetime | None
     finished_at: datetime | None
     steps: tuple[SagaStep, ...] = field(default=())
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns; ``None`` for a sound row."""
 
     def outputs(self) -> dict[str, Any]:
         """The outputs of the steps whose action completed, by step name."""

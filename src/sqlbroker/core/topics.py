@@ -5,12 +5,15 @@ joined by dots, at most 255 characters. A pattern is a topic whose segments may 
 ``*`` (exactly one segment) or ``#`` (zero or more segments), as in AMQP topic exchanges.
 
 Two matchers exist on purpose: :func:`pattern_matches` is the reference (segment by
-segment, easy to reason about) and :func:`pattern_regex` is what the databases evaluate.
-Property tests hold the second against the first. PostgreSQL's regex engine is an
-automaton; SQLite calls :func:`regex_matches`, which reads the regex back into segments
-rather than handing it to Python's backtracking ``re`` (where every ``#`` multiplies the
-ways to split a long topic: a handful of them against a 128-segment topic would hold the
-write lock for hours).
+segment, easy to reason about) and :func:`pattern_regex` is what PostgreSQL evaluates,
+built in the routing statement from the stored pattern (never read from the stored
+``regex`` column, which raw SQL could have set to anything). Property tests hold routing
+against the reference. PostgreSQL's regex engine is an automaton; SQLite routes through
+:func:`stored_pattern_matches` and evaluates other regexes (the Spark source's topic
+filter) with :func:`regex_matches`, which reads the regex back into segments rather than
+handing it to Python's backtracking ``re`` (where every ``#`` multiplies the ways to split
+a long topic: a handful of them against a 128-segment topic would hold the write lock for
+hours).
 """
 
 from __future__ import annotations
@@ -174,6 +177,40 @@ def _segments_match(parts: tuple[str, ...], words: list[str]) -> bool:
             return False
         positions = closure(following)
     return end in positions
+
+
+def route_params(topic: str) -> dict[str, str]:
+    """What the routing statements' cheap tests compare patterns with: the topic, its first
+    word and a dot (``head``), and a dot and its last word (``tail``). A pattern that
+    matches starts with ``head``, ``*.`` or ``#.`` and ends with ``tail``, ``.*`` or
+    ``.#`` (or is the topic, ``*`` or ``#``)."""
+    return {
+        "topic": topic,
+        "head": topic.split(".", 1)[0] + ".",
+        "tail": "." + topic.rsplit(".", 1)[-1],
+    }
+
+
+@lru_cache(maxsize=65536)
+def _stored_parts(pattern: str) -> tuple[str, ...] | None:
+    try:
+        validate_pattern(pattern)
+    except InvalidName:
+        return None
+    return tuple(pattern.split("."))
+
+
+def stored_pattern_matches(pattern: object, topic: str) -> bool:
+    """Does a pattern read from the database match ``topic``? Routing's one rule on
+    SQLite (``sqlbroker_pattern_match``): the pattern is validated again (a row damaged by
+    raw SQL matches nothing) and matched segment by segment, never through a stored
+    regex."""
+    parts = _stored_parts(pattern) if isinstance(pattern, str) else None
+    if parts is None:
+        return False
+    if "*" not in parts and "#" not in parts:
+        return pattern == topic
+    return _segments_match(parts, topic.split("."))
 
 
 @lru_cache(maxsize=4096)

@@ -76,7 +76,11 @@ class DeadLetters:
         limit: int = 100,
         after_id: int | None = None,
     ) -> list[DeadLetter]:
-        """Dead letters matching every given filter, oldest first; page with ``after_id``."""
+        """Dead letters matching every given filter, oldest first; page with ``after_id``.
+
+        ``error_type`` matches the exception's stored name (``sqlbroker.Reject``,
+        ``ValueError``, ``myapp.errors.PaymentError``), its full module path, or its last
+        part(s): ``Reject`` finds ``sqlbroker.Reject`` and any other class named ``Reject``."""
         where = make_filter(
             subscription=subscription,
             topic=topic,

@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+import warnings
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -43,10 +45,12 @@ from sqlbroker.core.sagas import (
     SagaConflict,
     SagaInstance,
     SagaStatus,
+    SagaWarning,
     StepStatus,
     saga_queue,
 )
 from sqlbroker.core.serde import encode_value
+from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.base import Backend
 
@@ -60,12 +64,55 @@ class SagaMoved(SqlbrokerError):
     """A saga changed under a transition that held its lock (a bug, or a lock not held)."""
 
 
-class Sagas:
-    """Sagas through one backend: ``broker.sagas``. See the module docstring."""
+WORKER_AGE = 60.0
+"""Seconds since its last heartbeat within which a worker counts as serving its queues."""
 
-    def __init__(self, backend: Backend, defaults: PublishDefaults) -> None:
+
+def warn_unhandled(
+    backend: Backend, saga: Saga, handled: Collection[str], *, when: str
+) -> list[str]:
+    """Warn (a log warning and a :class:`SagaWarning`) when queues of ``saga`` have no
+    handler: none in ``handled`` (this process's) nor in any live worker's subscriptions.
+    Returns those queues. Handlers may live in another process, so this never refuses."""
+    missing = [queue for queue in saga.queues() if queue not in handled]
+    if missing:
+        try:
+            workers = metrics.alive(backend.worker_list(), max_age=WORKER_AGE)
+        except SqlbrokerError as error:  # a check, not the caller's operation
+            log.debug("could not read the workers to check saga %s: %s", saga.name, error)
+            return []
+        serving = {queue for worker in workers for queue in worker.subscriptions}
+        missing = [queue for queue in missing if queue not in serving]
+    if missing:
+        text = (
+            f"{when} saga {saga.name!r}, but no handler in this process or any live worker"
+            f" serves {', '.join(missing)}: its sagas wait at those steps until one runs"
+            " (register them with @broker.saga_step / @broker.saga_compensation)"
+        )
+        log.warning(text, extra={"saga": saga.name, "queues": missing})
+        warnings.warn(text, SagaWarning, stacklevel=3)
+    return missing
+
+
+class Sagas:
+    """Sagas through one backend: ``broker.sagas``. See the module docstring.
+
+    ``handled`` names the queues this process has handlers for; the first :meth:`start` of
+    each saga (tracked in ``checked``, shared by the broker) warns of steps no handler
+    serves, here or in a live worker (:func:`warn_unhandled`)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        defaults: PublishDefaults,
+        *,
+        handled: Callable[[], Collection[str]] | None = None,
+        checked: set[str] | None = None,
+    ) -> None:
         self._backend = backend
         self._defaults = defaults
+        self._handled = handled
+        self._checked = checked
 
     # --- the public API ----------------------------------------------------------------------
 
@@ -104,6 +151,10 @@ class Sagas:
             steps=tuple((step.name, step.compensate) for step in saga.steps),
             timeout=saga.timeout,
         )
+        if self._checked is not None and saga.name not in self._checked:
+            self._checked.add(saga.name)
+            handled = self._handled() if self._handled is not None else ()
+            warn_unhandled(self._backend, saga, handled, when="started")
         if conn is not None:
             self._start(saga, new, conn)
         else:

@@ -204,7 +204,10 @@ class AsyncBroker:
         messages = self.sync.with_hook_headers(messages)
         backend = await self._offload.run(lambda: self.sync.backend)
         result = await backend.message_insert_many_async(
-            messages=messages, subscription=queue, conn=conn
+            messages=messages,
+            subscription=queue,
+            conn=conn,
+            max_copies=self.sync.limits.max_copies,
         )
         return result.message_ids
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
@@ -15,6 +15,13 @@ from typing import Any, Self
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError
+from sqlbroker.core.limits import (
+    DEFAULT_MAX_COPIES,
+    DEFAULT_MAX_PATTERNS,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    PATTERNS_PER_SUBSCRIPTION,
+    Limits,
+)
 from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
@@ -50,11 +57,17 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     """A message broker in your database.
 
     ``Broker("sqlite:///app.db")`` or ``Broker("postgresql://…")``. On SQLite the schema is
-    created on first use; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
+    created (or upgraded) here, so that the first publish may join the caller's open
+    transaction; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
     with a role allowed to create tables, or pass ``migrate=True``.
 
     Every duration takes seconds or a :class:`datetime.timedelta`. Bad arguments raise a
     ``ValidationError`` subclass before anything is written.
+
+    Limits (docs/guarantees.md, "Limits"; passing one raises ``LimitExceeded`` naming it and
+    writes nothing): ``max_copies`` (10,000), the copies one publish call may write —
+    messages times the subscriptions each fans out to; ``max_subscriptions`` (10,000) and
+    ``max_patterns`` (10,000) per database. A subscription has at most 100 patterns.
     """
 
     def __init__(
@@ -66,6 +79,9 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         dedupe_window: float | timedelta = DEFAULT_DEDUPE_WINDOW,
         payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        max_copies: int = DEFAULT_MAX_COPIES,
+        max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
+        max_patterns: int = DEFAULT_MAX_PATTERNS,
         clock: Clock | None = None,
         **backend_options: Any,
     ) -> None:
@@ -80,11 +96,27 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             payload_limit=check_payload_limit(payload_limit),
         )
         self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
-        self._backend: Backend = open_backend(url, clock=clock, **backend_options)
+        if "limits" in backend_options:
+            raise InvalidOption("limits", "pass max_copies, max_subscriptions, max_patterns")
+        self._limits = limits = Limits.checked(
+            max_copies=max_copies, max_subscriptions=max_subscriptions, max_patterns=max_patterns
+        )
+        self._clock = clock
+        self._backend: Backend = open_backend(url, clock=clock, limits=limits, **backend_options)
         self._ready = False
         self._ready_lock = threading.Lock()
+        if self._migrate and parsed.scheme == "sqlite":
+            # Now, not on first use: that may be a publish inside the caller's open
+            # transaction (the outbox), whose write lock a migration would wait for.
+            try:
+                self._checked()
+            except BaseException:
+                self._backend.close()
+                raise
         self.dead_letters = DeadLetters(self._checked)
         self._schedules = Schedules(self._checked, self._defaults)
+        self._sagas_checked: set[str] = set()
+        """Sagas whose handlers the first start checked (see ``Sagas``)."""
         self._publish_listeners: list[Callable[[str | None], None]] = []
         self._header_hooks: list[Callable[[], Mapping[str, str]]] = []
 
@@ -110,7 +142,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
         messages = self.with_hook_headers(messages)
         result = self._checked().message_insert_many(
-            messages=messages, subscription=queue, conn=conn
+            messages=messages, subscription=queue, conn=conn, max_copies=self._limits.max_copies
         )
         # With conn= the caller has not committed yet; NOTIFY or the change watcher
         # tells the workers once it does.
@@ -130,6 +162,11 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def backend(self) -> Backend:
         """The storage backend (for the runtime and advanced use)."""
         return self._checked()
+
+    @property
+    def limits(self) -> Limits:
+        """The limits every publish and subscribe is checked against (``max_copies``, …)."""
+        return self._limits
 
     @property
     def publish_defaults(self) -> PublishDefaults:
@@ -318,8 +355,10 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         )
         if not pattern_list:
             raise InvalidOption("patterns", "give at least one pattern")
-        if len(pattern_list) > 100:
-            raise InvalidOption("patterns", "a subscription has at most 100 patterns")
+        if len(pattern_list) > PATTERNS_PER_SUBSCRIPTION:
+            raise InvalidOption(
+                "patterns", f"a subscription has at most {PATTERNS_PER_SUBSCRIPTION} patterns"
+            )
         checked = [validate_pattern(pattern, "patterns") for pattern in pattern_list]
         return self._checked().subscription_upsert(name=name, patterns=checked, replace=replace)
 
@@ -357,7 +396,16 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         """Start, cancel and read sagas (``broker.sagas.start(saga, data)``); see
         :mod:`sqlbroker.features.sagas`. Steps are handled by the app ``Broker``'s
         ``saga_step`` and ``saga_compensation`` subscribers."""
-        return Sagas(self._checked(), self._defaults)
+        return Sagas(
+            self._checked(),
+            self._defaults,
+            handled=self._handled_queues,
+            checked=self._sagas_checked,
+        )
+
+    def _handled_queues(self) -> Collection[str]:
+        """The subscriptions this process has handlers for (the app ``Broker``'s)."""
+        return ()
 
     # --- processed keys ----------------------------------------------------------------------
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlbroker.core import validate
+from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, LeaseLost
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.topics import validate_topic
@@ -48,10 +50,18 @@ def _one(value: Delivery | Iterable[Delivery]) -> Delivery:
     return items[0]
 
 
+TAKE_BACK_EVERY = 1.0
+"""Seconds between two sweeps of expired leases by :meth:`BrokerConsumer.claim`."""
+TAKE_BACK_BATCH = 1000
+
+
 class BrokerConsumer:
     """Claims and lease settlements of :class:`~sqlbroker.Broker` (mixed into it)."""
 
     _lease: float
+    _clock: Clock | None
+    _taken_back_at: float | None = None
+    """When :meth:`claim` last swept expired leases (the clock's time, or monotonic)."""
 
     def _checked(self) -> Backend:
         raise NotImplementedError
@@ -71,7 +81,12 @@ class BrokerConsumer:
     ) -> list[Delivery]:
         """Lease up to ``limit`` messages, most urgent first. Each delivery carries a lease
         token; complete, retry or dead-letter it before ``lease`` seconds pass, or it is
-        delivered again."""
+        delivered again.
+
+        A claim also takes back expired leases (about once a second per broker): the
+        messages of a consumer that died come back to the next claim once their lease
+        has run out — or are dead-lettered as ``worker lost`` when that was their last
+        attempt — without any worker running."""
         validate_topic(subscription, "subscription")
         count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
         seconds = self._lease if lease is None else validate.lease_seconds(lease)
@@ -80,9 +95,24 @@ class BrokerConsumer:
             if worker is None
             else validate.text(worker, "worker", maximum=200, printable=True)
         )
-        return self._checked().message_claim_many(
+        backend = self._checked()
+        self._take_back_expired(backend)
+        return backend.message_claim_many(
             subscription=subscription, limit=count, lease=seconds, worker=name
         )
+
+    def _take_back_expired(self, backend: Backend) -> None:
+        """Return expired leases to their queues (dead-lettering those whose attempts are
+        spent), as a worker's reaper does, at most once every ``TAKE_BACK_EVERY`` seconds:
+        a consumer loop of one's own then sees the messages of a consumer that died, with
+        no worker running anywhere (as SQS's visibility timeout does)."""
+        now = self._clock.now() if self._clock is not None else None
+        at = now.timestamp() if now is not None else time.monotonic()
+        last = self._taken_back_at
+        if last is not None and 0 <= at - last < TAKE_BACK_EVERY:
+            return
+        self._taken_back_at = at
+        backend.lease_release_expired(limit=TAKE_BACK_BATCH)
 
     @staticmethod
     def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:

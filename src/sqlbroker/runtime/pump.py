@@ -13,7 +13,8 @@ Invariants:
 - every delivery a handler started gets exactly one outcome: also when the handler raises a
   ``BaseException``, or is given up inside its transaction (a timeout, a stop at once);
 - a delivery whose lease was lost before a handler took it is dropped, not started;
-- claimed-but-unstarted deliveries are released on shutdown without counting the attempt.
+- claimed-but-unstarted deliveries are released on shutdown without counting the attempt,
+  and so are the started ones a stop gives up (grace period exceeded): a stop is no failure.
 """
 
 from __future__ import annotations
@@ -247,8 +248,10 @@ class Pump:
                 self._failed(message, error)
                 return
             if message._take_over(uncommitted=True):
+                # Our stop is not the message's failure: give its attempt back (a snooze),
+                # or every deploy that outlasts the grace period would spend one.
                 info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
-                self._settle(RetryLater(delivery, 0.0, info))
+                self._settle(RetryLater(delivery, 0.0, info, snooze=True))
             raise
         except BaseException as error:
             # SystemExit, KeyboardInterrupt and the like from user code fail the message

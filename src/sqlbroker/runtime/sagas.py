@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost
+from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost, SqlbrokerError
 from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
 from sqlbroker.core.sagas import Saga, SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
@@ -45,6 +45,11 @@ StepFunction = Callable[["StepContext"], Any]
 
 class BadOutput(InvalidPayload):
     """An action returned a value the saga cannot store: the step fails at once."""
+
+
+class DamagedSaga(SqlbrokerError):
+    """The saga's stored row does not decode (``SagaInstance.damaged``): the step fails at
+    once rather than run on stand-in data."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,8 @@ class _StepRunner:
         return Sagas.action_verdict(state, index, msg.id)
 
     def _context(self, state: SagaInstance, msg: Message, conn: Any = None) -> StepContext:
+        if state.damaged is not None:
+            raise DamagedSaga(f"saga {state.id} does not decode: {state.damaged}")
         return StepContext(
             saga_id=state.id,
             saga=state.name,
@@ -259,7 +266,7 @@ class _StepRunner:
         compensation: the message goes to the dead letters)."""
         decision = (
             DeadLetterNow(str(error))
-            if isinstance(error, BadOutput)
+            if isinstance(error, BadOutput | DamagedSaga)
             else self._retry.decide(msg.attempt, error, max_attempts=msg.max_attempts)
         )
         if not isinstance(decision, DeadLetterNow):

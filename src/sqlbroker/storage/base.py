@@ -7,6 +7,7 @@ Every backend implements :class:`Backend` and passes the one conformance suite i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
@@ -35,12 +36,15 @@ from sqlbroker.core.observability import (
 )
 from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance
 from sqlbroker.core.validate import MAX_REASON
+from sqlbroker.storage.rows import UndecodableRow
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
     ScheduleFire,
     ScheduleRecord,
 )
+
+log = logging.getLogger("sqlbroker.storage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,25 @@ class DeadRequest:
     def __post_init__(self) -> None:
         reason = storable_text(str(self.reason)[:MAX_REASON])[:MAX_REASON]
         object.__setattr__(self, "reason", reason)
+
+
+def undecodable_deaths(damaged: Sequence[UndecodableRow]) -> list[DeadRequest]:
+    """Dead-letter requests for claimed rows that do not decode (reason ``undecodable``,
+    error type ``sqlbroker.Undecodable``, the message naming the columns), each under the
+    lease its claim issued; every claim path sends these to ``message_dead_many``."""
+    for row in damaged:
+        log.warning(
+            "message %s does not decode (%s): dead-lettered",
+            row.id,
+            row.problem,
+            extra={"delivery_id": row.id, "reason": "undecodable"},
+        )
+    return [
+        DeadRequest(
+            lease=Lease(id=row.id, token=row.lease_token), reason=row.reason, error=row.error
+        )
+        for row in damaged
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +199,7 @@ class Backend(Protocol):
         messages: Sequence[NewMessage],
         subscription: str | None,
         conn: Any = None,
+        max_copies: int | None = None,
     ) -> InsertResult:
         """Insert messages in one transaction.
 
@@ -187,10 +211,16 @@ class Backend(Protocol):
         original id and writes nothing, a conflicting one raises ``IdempotencyConflict``
         and writes nothing.
         With ``conn`` the caller's connection and transaction are used and never committed.
+        More than ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing.
         """
 
     async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any,
+        max_copies: int | None = None,
     ) -> InsertResult:
         """:meth:`message_insert_many` on the caller's async connection (psycopg's
         ``AsyncConnection``, SQLAlchemy's asyncio); SQLite has none and refuses."""

@@ -1,10 +1,17 @@
-"""Shared helpers for turning database rows into the core row dataclasses."""
+"""Turning database rows into the core row dataclasses, never raising.
+
+Every ``*_of`` function reads a row column by column through
+:class:`~sqlbroker.storage.columns.Columns`: a column that does not decode takes a stand-in
+value and is named in the row's ``damaged`` text, so a listing shows the row (by its id)
+as damaged instead of failing, and a claim dead-letters it (:func:`deliveries_of`).
+"""
 
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,26 +25,35 @@ from sqlbroker.core.message import (
     State,
     Subscription,
 )
+from sqlbroker.core.observability import (
+    AuditEntry,
+    MinuteCounts,
+    RareCount,
+    WorkerInfo,
+)
 from sqlbroker.core.serde import decode_payload, encode_json
-
-
-def utc(value: Any) -> datetime:
-    """A database time (aware datetime or Unix seconds) as an aware UTC datetime."""
-    if isinstance(value, datetime):
-        return value.astimezone(UTC)
-    return datetime.fromtimestamp(float(value), UTC)
-
-
-def utc_or_none(value: Any) -> datetime | None:
-    return None if value is None else utc(value)
-
-
-def headers_of(text: str | None) -> dict[str, str]:
-    return {} if not text else dict(json.loads(text))
-
-
-def payload_of(data: Any, content_type: str) -> Any:
-    return decode_payload(bytes(data), content_type)
+from sqlbroker.core.topics import validate_pattern
+from sqlbroker.storage.columns import (
+    NEGATIVE_INFINITY,
+    POSITIVE_INFINITY,
+    Columns,
+    buckets,
+    decode_headers,
+    integer,
+    json_object,
+    number,
+    payload_bytes,
+    payload_column,
+    strings,
+    text,
+    text_or_none,
+    time_of,
+    time_or_none_of,
+    utc,
+    uuid_text,
+)
+from sqlbroker.storage.columns import headers_of as headers_of  # for features/schedules.py
+from sqlbroker.storage.columns import utc_or_none as utc_or_none
 
 
 def payload_hash(payload: bytes, content_type: str) -> str:
@@ -87,14 +103,53 @@ CLAIM_COLUMNS = (
 
 
 def _utc_fast(value: Any) -> datetime:
-    if isinstance(value, datetime) and value.tzinfo is UTC:
+    if (
+        isinstance(value, datetime)
+        and value.tzinfo is UTC
+        and value is not POSITIVE_INFINITY
+        and value is not NEGATIVE_INFINITY
+    ):
         return value
     return utc(value)
 
 
 def delivery_of(row: Sequence[Any]) -> Delivery:
     """A claimed row (:data:`CLAIM_COLUMNS`, by position: claims are the hot path, and a
-    tuple row skips building a mapping per row)."""
+    tuple row skips building a mapping per row). Raises ``ValueError`` naming the columns
+    when the row does not decode (see :func:`deliveries_of`)."""
+    try:
+        return _delivery_fast(row)
+    except Exception:  # anything a damaged value causes; the slow path names the columns
+        pass
+    columns = Columns(row, CLAIM_COLUMNS)
+    content_type = columns.get("content_type", text, "")
+    payload = columns.get("payload", payload_bytes, b"")
+    delivery = Delivery(
+        id=columns.raw("id"),
+        message_id=columns.get("message_id", uuid_text, ""),
+        subscription=columns.get("subscription", text, ""),
+        topic=columns.get("topic", text, ""),
+        payload=decode_payload(payload, content_type),
+        content_type=content_type,
+        headers=columns.get("headers", decode_headers, {}),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        idempotency_key=columns.get("idempotency_key", text_or_none, None),
+        attempt=columns.get("attempts", integer, 0),
+        max_attempts=columns.get("max_attempts", integer, 0),
+        replay_count=columns.get("replay_count", integer, 0),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        available_at=time_of(columns, "available_at"),
+        expires_at=time_or_none_of(columns, "expires_at"),
+        lease_token=columns.get("lease_token", uuid_text, ""),
+        lease_expires_at=time_of(columns, "lease_expires_at"),
+    )
+    if columns.damaged is not None:
+        raise ValueError(columns.damaged)
+    return delivery  # the fast path failed on something the slow path accepts
+
+
+def _delivery_fast(row: Sequence[Any]) -> Delivery:
     (
         id_,
         message_id,
@@ -115,6 +170,17 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
         lease_token,
         lease_expires_at,
     ) = row
+    if (
+        type(priority) is not int
+        or type(attempts) is not int
+        or type(max_attempts) is not int
+        or type(replay_count) is not int
+        or type(topic) is not str
+        or type(subscription) is not str
+        or type(content_type) is not str
+        or lease_token is None
+    ):
+        raise ValueError("a column has the wrong type")
     return Delivery(
         id=id_,
         message_id=str(message_id),
@@ -122,7 +188,7 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
         topic=topic,
         payload=decode_payload(payload, content_type),
         content_type=content_type,
-        headers=headers_of(headers),
+        headers=decode_headers(headers),
         priority=priority,
         key=ordering_key,
         idempotency_key=idempotency_key,
@@ -137,80 +203,215 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
     )
 
 
+UNDECODABLE = "undecodable"
+"""The dead-letter reason of a claimed row that does not decode."""
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodableRow:
+    """A claimed row that does not decode: its id, the lease token the claim issued and
+    what is wrong (the columns named)."""
+
+    id: int
+    lease_token: str
+    problem: str
+
+    @property
+    def error(self) -> ErrorInfo:
+        return ErrorInfo(type="sqlbroker.Undecodable", message=self.problem)
+
+    @property
+    def reason(self) -> str:
+        return f"{UNDECODABLE}: {self.problem}"
+
+
+def deliveries_of(rows: Iterable[Sequence[Any]]) -> tuple[list[Delivery], list[UndecodableRow]]:
+    """Claimed rows as deliveries (most urgent first), and the rows that do not decode.
+    The caller dead-letters those (reason ``undecodable``) under the lease the claim just
+    issued, so a damaged row never reaches a handler and never comes back to crash the
+    next claim."""
+    deliveries: list[Delivery] = []
+    damaged: list[UndecodableRow] = []
+    for row in rows:
+        try:
+            deliveries.append(delivery_of(row))
+        except ValueError as error:
+            token = row[CLAIM_COLUMNS.index("lease_token")]
+            damaged.append(UndecodableRow(id=row[0], lease_token=str(token), problem=str(error)))
+    deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+    return deliveries, damaged
+
+
 def pending_of(row: Row) -> PendingMessage:
+    columns = Columns(row)
     return PendingMessage(
         id=row["id"],
-        message_id=str(row["message_id"]),
-        subscription=row["subscription"],
-        topic=row["topic"],
-        state=State(row["state"]),
-        priority=row["priority"],
-        key=row["ordering_key"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        enqueued_at=utc(row["enqueued_at"]),
-        available_at=utc(row["available_at"]),
-        expires_at=utc_or_none(row["expires_at"]),
-        lease_expires_at=utc_or_none(row["lease_expires_at"]),
-        last_error=row["last_error"],
+        message_id=columns.get("message_id", uuid_text, ""),
+        subscription=columns.get("subscription", text, ""),
+        topic=columns.get("topic", text, ""),
+        state=columns.get("state", State, State.AVAILABLE),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        attempts=columns.get("attempts", integer, 0),
+        max_attempts=columns.get("max_attempts", integer, 0),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        available_at=time_of(columns, "available_at"),
+        expires_at=time_or_none_of(columns, "expires_at"),
+        lease_expires_at=time_or_none_of(columns, "lease_expires_at"),
+        last_error=columns.get("last_error", text_or_none, None),
+        damaged=columns.damaged,  # last: after every column above was read
     )
 
 
 def dead_letter_of(row: Row) -> DeadLetter:
+    columns = Columns(row)
     return DeadLetter(
         id=row["id"],
-        message_id=str(row["message_id"]),
-        subscription=row["subscription"],
-        topic=row["topic"],
-        payload=payload_of(row["payload"], row["content_type"]),
-        content_type=row["content_type"],
-        headers=headers_of(row["headers"]),
-        priority=row["priority"],
-        key=row["ordering_key"],
-        idempotency_key=row["idempotency_key"],
-        attempts=row["attempts"],
-        max_attempts=row["max_attempts"],
-        replay_count=row["replay_count"],
-        reason=row["reason"],
-        error_type=row["error_type"],
-        error_message=row["error_message"],
-        traceback=row["traceback"],
-        enqueued_at=utc(row["enqueued_at"]),
-        first_started_at=utc_or_none(row["first_started_at"]),
-        first_failed_at=utc(row["first_failed_at"]),
-        last_failed_at=utc(row["last_failed_at"]),
-        dead_at=utc(row["dead_at"]),
+        message_id=columns.get("message_id", uuid_text, ""),
+        subscription=columns.get("subscription", text, ""),
+        topic=columns.get("topic", text, ""),
+        payload=payload_column(columns),
+        content_type=columns.get("content_type", text, ""),
+        headers=columns.get("headers", decode_headers, {}),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        idempotency_key=columns.get("idempotency_key", text_or_none, None),
+        attempts=columns.get("attempts", integer, 0),
+        max_attempts=columns.get("max_attempts", integer, 0),
+        replay_count=columns.get("replay_count", integer, 0),
+        reason=columns.get("reason", text, ""),
+        error_type=columns.get("error_type", text_or_none, None),
+        error_message=columns.get("error_message", text_or_none, None),
+        traceback=columns.get("traceback", text_or_none, None),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        first_started_at=time_or_none_of(columns, "first_started_at"),
+        first_failed_at=time_of(columns, "first_failed_at"),
+        last_failed_at=time_of(columns, "last_failed_at"),
+        dead_at=time_of(columns, "dead_at"),
+        damaged=columns.damaged,
     )
 
 
 def archived_of(row: Row) -> ArchivedMessage:
+    columns = Columns(row)
     return ArchivedMessage(
         id=row["id"],
-        message_id=str(row["message_id"]),
-        subscription=row["subscription"],
-        topic=row["topic"],
-        payload=payload_of(row["payload"], row["content_type"]),
-        content_type=row["content_type"],
-        headers=headers_of(row["headers"]),
-        priority=row["priority"],
-        key=row["ordering_key"],
-        outcome=Outcome(row["outcome"]),
-        attempts=row["attempts"],
-        replay_count=row["replay_count"],
-        enqueued_at=utc(row["enqueued_at"]),
-        first_started_at=utc_or_none(row["first_started_at"]),
-        finished_at=utc(row["finished_at"]),
+        message_id=columns.get("message_id", uuid_text, ""),
+        subscription=columns.get("subscription", text_or_none, None),
+        topic=columns.get("topic", text, ""),
+        payload=payload_column(columns),
+        content_type=columns.get("content_type", text, ""),
+        headers=columns.get("headers", decode_headers, {}),
+        priority=columns.get("priority", integer, 0),
+        key=columns.get("ordering_key", text_or_none, None),
+        outcome=columns.get("outcome", Outcome, Outcome.COMPLETED),
+        attempts=columns.get("attempts", integer, 0),
+        replay_count=columns.get("replay_count", integer, 0),
+        enqueued_at=time_of(columns, "enqueued_at"),
+        first_started_at=time_or_none_of(columns, "first_started_at"),
+        finished_at=time_of(columns, "finished_at"),
+        damaged=columns.damaged,
     )
 
 
 def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
-    """Group ``(name, created_at, pattern)`` rows, one per pattern, into subscriptions."""
-    grouped: dict[str, tuple[Any, list[str]]] = {}
+    """Group ``(name, created_at, pattern)`` rows, one per pattern, into subscriptions; a
+    stored pattern that is not a valid pattern (routing ignores it) marks its subscription
+    damaged."""
+    grouped: dict[str, tuple[Columns, list[str]]] = {}
     for row in rows:
-        _, patterns = grouped.setdefault(row["name"], (row["created_at"], []))
-        if row["pattern"] is not None:
-            patterns.append(row["pattern"])
-    return [
-        Subscription(name=name, patterns=tuple(patterns), created_at=utc(created))
-        for name, (created, patterns) in grouped.items()
-    ]
+        columns, patterns = grouped.setdefault(row["name"], (Columns(row), []))
+        pattern = row["pattern"]
+        if pattern is not None:
+            try:
+                patterns.append(validate_pattern(pattern))
+            except ValueError:
+                columns.note("pattern", f"{str(pattern)[:80]!r} is not a valid pattern")
+    found = []
+    for name, (columns, patterns) in grouped.items():
+        created = time_of(columns, "created_at")
+        found.append(
+            Subscription(
+                name=name, patterns=tuple(patterns), created_at=created, damaged=columns.damaged
+            )
+        )
+    return found
+
+
+def worker_of(row: Row) -> WorkerInfo:
+    """A worker row; one that does not decode counts as stopped long ago (never alive)."""
+    columns = Columns(row)
+    name = columns.get("name", text, "")
+    host = columns.get("host", text, "")
+    pid = columns.get("pid", integer, 0)
+    none: tuple[str, ...] = ()
+    subscriptions = columns.get("subscriptions", strings, none)
+    started_at = time_of(columns, "started_at")
+    seen_at = time_of(columns, "seen_at")
+    stopped_at = time_or_none_of(columns, "stopped_at")
+    seen_age = columns.get("seen_age", number, math.inf)
+    damaged = columns.damaged
+    return WorkerInfo(
+        name=name,
+        host=host,
+        pid=pid,
+        subscriptions=subscriptions,
+        started_at=started_at,
+        seen_at=seen_at,
+        stopped_at=stopped_at,
+        seen_age=seen_age if damaged is None else math.inf,
+        damaged=damaged,
+    )
+
+
+def minute_of(row: Row) -> MinuteCounts | None:
+    """A per-minute counter row, or ``None`` when it does not decode (a metric cannot show
+    a damaged row; it leaves it out)."""
+    columns = Columns(row)
+    minute = MinuteCounts(
+        subscription=columns.get("subscription", text, ""),
+        minute=time_of(columns, "minute"),
+        worker=columns.get("worker", text, ""),
+        completed=columns.get("completed", integer, 0),
+        retried=columns.get("retried", integer, 0),
+        dead=columns.get("dead", integer, 0),
+        handler_count=columns.get("handler_count", integer, 0),
+        handler_seconds=columns.get("handler_seconds", number, 0.0),
+        handler_buckets=columns.get("handler_buckets", buckets, []),
+    )
+    return None if columns.damaged is not None else minute
+
+
+def totals_of(rows: Iterable[Row]) -> dict[tuple[str, str], int]:
+    """Lifetime counters by ``(subscription, outcome)``, leaving out rows that do not
+    decode."""
+    totals: dict[tuple[str, str], int] = {}
+    for row in rows:
+        columns = Columns(row)
+        key = (columns.get("subscription", text, ""), columns.get("outcome", text, ""))
+        count = columns.get("count", integer, 0)
+        if columns.damaged is None:
+            totals[key] = count
+    return totals
+
+
+def rare_count_of(row: Row) -> RareCount:
+    columns = Columns(row)
+    return RareCount(
+        subscription=columns.get("subscription", text_or_none, None),
+        outcome=columns.get("outcome", text, ""),
+        total=columns.get("total", integer, 0),
+        recent=columns.get("recent", integer, 0),
+    )
+
+
+def audit_of(row: Row) -> AuditEntry:
+    columns = Columns(row)
+    return AuditEntry(
+        id=row["id"],
+        at=time_of(columns, "at"),
+        actor=columns.get("actor", text, ""),
+        action=columns.get("action", text, ""),
+        detail=columns.get("detail", json_object, {}),
+        damaged=columns.damaged,
+    )

@@ -6,6 +6,7 @@ Shared by both backends' schedule mixins; see the "schedules" section of
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,7 +14,11 @@ from typing import Any
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.schedules import Missed
-from sqlbroker.storage.rows import Row, utc, utc_or_none
+from sqlbroker.storage import columns as convert
+from sqlbroker.storage.columns import EPOCH, Columns, decode_headers, utc, utc_or_none
+from sqlbroker.storage.rows import Row
+
+log = logging.getLogger("sqlbroker.storage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,9 @@ class ScheduleRecord:
     paused: bool
     created_at: datetime
     updated_at: datetime
+    damaged: str | None = None
+    """Why this stored row did not decode, naming its columns; ``None`` for a sound row.
+    A damaged schedule is listed but never fired (:func:`due_records`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,31 +109,61 @@ class DueSchedules:
 
 
 def schedule_record_of(row: Row) -> ScheduleRecord:
+    columns = Columns(row)
+    text, text_or_none = convert.text, convert.text_or_none
     return ScheduleRecord(
-        name=row["name"],
-        topic=row["topic"],
-        cron=row["cron"],
-        every=row["every_seconds"],
-        tz=row["tz"],
-        missed=Missed(row["missed"]),
-        grace=float(row["grace_seconds"]),
-        start_at=utc_or_none(row["start_at"]),
-        anchor_at=utc_or_none(row["anchor_at"]),
-        payload=bytes(row["payload"]),
-        content_type=row["content_type"],
-        headers=row["headers"],
-        priority=row["priority"],
-        ordering_key=row["ordering_key"],
-        ttl=row["ttl_seconds"],
-        max_attempts=row["max_attempts"],
-        definition_hash=row["definition_hash"],
-        next_run_at=utc(row["next_run_at"]),
-        last_run_at=utc_or_none(row["last_run_at"]),
-        last_message_id=None if row["last_message_id"] is None else str(row["last_message_id"]),
-        paused=bool(row["paused"]),
-        created_at=utc(row["created_at"]),
-        updated_at=utc(row["updated_at"]),
+        name=columns.get("name", text, ""),
+        topic=columns.get("topic", text, ""),
+        cron=columns.get("cron", text_or_none, None),
+        every=columns.get("every_seconds", convert.number_or_none, None),
+        tz=columns.get("tz", text, "UTC"),
+        missed=columns.get("missed", Missed, Missed.LATEST),
+        grace=columns.get("grace_seconds", convert.number, 0.0),
+        start_at=columns.get("start_at", utc_or_none, None),
+        anchor_at=columns.get("anchor_at", utc_or_none, None),
+        payload=columns.get("payload", convert.payload_bytes, b""),
+        content_type=columns.get("content_type", text, ""),
+        headers=columns.get("headers", _headers_text, None),
+        priority=columns.get("priority", convert.integer, 0),
+        ordering_key=columns.get("ordering_key", text_or_none, None),
+        ttl=columns.get("ttl_seconds", convert.number_or_none, None),
+        max_attempts=columns.get("max_attempts", convert.integer, 1),
+        definition_hash=columns.get("definition_hash", text, ""),
+        next_run_at=columns.get("next_run_at", utc, EPOCH),
+        last_run_at=columns.get("last_run_at", utc_or_none, None),
+        last_message_id=columns.get("last_message_id", _id_or_none, None),
+        paused=bool(columns.raw("paused")),
+        created_at=columns.get("created_at", utc, EPOCH),
+        updated_at=columns.get("updated_at", utc, EPOCH),
+        damaged=columns.damaged,
     )
+
+
+def _headers_text(value: Any) -> str | None:
+    decode_headers(value)
+    return None if value is None else str(value)
+
+
+def _id_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def due_records(found: Sequence[Row]) -> list[ScheduleRecord]:
+    """Due schedule rows as records, leaving out (with a warning) those that do not decode:
+    a damaged schedule must not publish stand-in values, nor stop the others."""
+    records = []
+    for row in found:
+        record = schedule_record_of(row)
+        if record.damaged is None:
+            records.append(record)
+        else:
+            log.warning(
+                "schedule %s does not decode (%s): not fired",
+                record.name,
+                record.damaged,
+                extra={"schedule": record.name},
+            )
+    return records
 
 
 def definition_params(definition: ScheduleDefinition, *, times: Any) -> dict[str, Any]:

@@ -65,3 +65,32 @@ def load_migrations(package: str, *, schema: str = "") -> list[tuple[int, str, s
     if versions != list(range(1, len(versions) + 1)):
         raise RuntimeError(f"migrations in {package} are not numbered 1..n: {versions}")
     return found
+
+
+def printed_schema(
+    migrations: Sequence[tuple[int, str, str]],
+    *,
+    backend: str,
+    version_table: str,
+    version_row: str,
+    preamble: Sequence[str] = (),
+) -> str:
+    """The whole schema as one script a DBA (or an Alembic/Django migration) applies by
+    hand: every migration under a comment naming it, each followed by its row in the
+    versions table, so that the broker accepts the database and ``migrate`` finds nothing
+    left to do. ``version_row`` is a block with ``{version}`` and ``{name}`` markers."""
+    latest = migrations[-1][0] if migrations else 0
+    parts = [
+        f"-- sqlbroker schema, version {latest} ({backend}): migrations 1 to {latest} and"
+        " their rows in\n-- sqlbroker_schema_version. Apply it once to an empty database;"
+        " `sqlbroker migrate`\n-- then has nothing to do.",
+        *preamble,
+        version_table.rstrip().rstrip(";") + ";",
+    ]
+    for version, name, script in migrations:
+        # Both come from the file name, which load_migrations matched: digits, [a-z0-9_].
+        row = version_row.replace("{version}", str(int(version))).replace("{name}", name)
+        parts.append(f"-- migration {version:04d}_{name} (schema version {version})")
+        parts.append(script.strip())
+        parts.append(row.rstrip().rstrip(";") + ";")
+    return "\n\n".join(parts) + "\n"

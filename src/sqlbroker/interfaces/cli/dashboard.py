@@ -7,7 +7,7 @@ import click
 
 from sqlbroker.interfaces.cli.admin import broker_in, schema_option
 from sqlbroker.interfaces.cli.params import DURATION, json_option
-from sqlbroker.interfaces.cli.render import echo_json, human_time, print_table, table
+from sqlbroker.interfaces.cli.render import echo_json, human_time, print_damaged, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
 from sqlbroker.interfaces.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, Dashboard
 
@@ -107,6 +107,7 @@ def audit(session: Session, limit: int, as_json: bool) -> None:
         table(None, ["id", "when", "who", "action", "dead letters", "why"], body, numeric=["id"]),
         empty="no replays or purges yet",
     )
+    print_damaged(rows)
 
 
 def _read_token(path: str, *, also_given: bool) -> str:

@@ -26,6 +26,7 @@ from sqlbroker.interfaces.cli.render import (
     human_time,
     payload_preview,
     plural,
+    print_damaged,
     print_table,
     table,
 )
@@ -126,6 +127,7 @@ def list_dead(
         for d in rows
     ]
     print_table(table(None, columns, body, numeric=["id", "attempts"]), empty="no dead letters")
+    print_damaged(rows)
 
 
 def _details(dead: DeadLetter) -> Table:
@@ -156,6 +158,8 @@ def _details(dead: DeadLetter) -> Table:
         ("last failed at", human_time(dead.last_failed_at)),
         ("dead at", human_time(dead.dead_at)),
     ]
+    if dead.damaged:
+        fields.append(("damaged", dead.damaged))
     for name, value in fields:
         grid.add_row(name, cell(value))
     return grid
@@ -182,7 +186,7 @@ def show_dead(session: Session, dead_id: int, as_json: bool) -> None:
     else:
         out.print(Text("none", style="dim"))
     out.print(Text("\npayload", style="bold"))
-    if dead.content_type == JSON_CONTENT_TYPE:
+    if dead.content_type == JSON_CONTENT_TYPE and not isinstance(dead.payload, bytes):
         out.print(JSON.from_data(dead.payload, indent=2, ensure_ascii=False))
     else:
         out.print(Text(payload_preview(dead.payload, dead.content_type)))

@@ -129,6 +129,15 @@ def print_table(result: Table, *, empty: str) -> None:
         out.print(result)
 
 
+def print_damaged(rows: Iterable[Any], *, key: str = "id") -> None:
+    """After a listing: one line per row that did not decode (``row.damaged``), naming it
+    by ``key`` and saying which columns are wrong (docs/security.md, "Damaged rows")."""
+    out = console()
+    for row in rows:
+        if getattr(row, "damaged", None):
+            out.print(cell(f"{key} {getattr(row, key)} is damaged: {row.damaged}"), style="bold")
+
+
 def plural(count: int, singular: str, plural_form: str | None = None) -> str:
     """``1 dead letter``, ``2 dead letters``, ``2 deliveries``."""
     return f"{count} {singular if count == 1 else plural_form or singular + 's'}"

@@ -14,6 +14,7 @@ from sqlbroker.interfaces.cli.render import (
     console,
     echo_json,
     human_time,
+    print_damaged,
     print_table,
     table,
 )
@@ -58,6 +59,7 @@ def list_sagas(
         for s in rows
     ]
     print_table(table(None, columns, body, numeric=["step"]), empty="no sagas")
+    print_damaged(rows)
 
 
 @saga.command("show")

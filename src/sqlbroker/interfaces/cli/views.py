@@ -19,6 +19,7 @@ from sqlbroker.interfaces.cli.render import (
     echo_json,
     human_age,
     human_time,
+    print_damaged,
     print_table,
     table,
 )
@@ -210,6 +211,7 @@ def pending(
         for m in rows
     ]
     print_table(table(None, columns, body, numeric=["id", "priority"]), empty="no pending messages")
+    print_damaged(rows)
 
 
 @click.command()
@@ -256,6 +258,7 @@ def archive(
     print_table(
         table(None, columns, body, numeric=["id", "attempts"]), empty="the archive is empty"
     )
+    print_damaged(rows)
 
 
 @click.command()
@@ -269,3 +272,4 @@ def subscriptions(session: Session, as_json: bool) -> None:
         return
     body = [(s.name, ", ".join(s.patterns), human_time(s.created_at)) for s in rows]
     print_table(table(None, ["name", "patterns", "created at"], body), empty="no subscriptions yet")
+    print_damaged(rows, key="name")

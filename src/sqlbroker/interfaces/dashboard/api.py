@@ -214,4 +214,5 @@ def _dead_summary(dead: DeadLetter) -> dict[str, Any]:
         "attempts": dead.attempts,
         "replay_count": dead.replay_count,
         "dead_at": jsonable(dead.dead_at),
+        "damaged": dead.damaged,
     }

@@ -16,10 +16,16 @@ from sqlbroker.core.message import (
     PendingMessage,
     State,
     SubscriptionStats,
+    error_type_matches,
 )
 from sqlbroker.storage.base import DeadFilter
 from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.rows import archived_of, dead_letter_of, pending_of
+
+
+def _error_type_params(name: str | None) -> dict[str, Any]:
+    exact, suffix = error_type_matches(name) if name is not None else ([], "")
+    return {"error_types": exact, "error_suffix": suffix}
 
 
 class PostgresAdmin:
@@ -62,6 +68,7 @@ class PostgresAdmin:
             "subscription": where.subscription,
             "topic": where.topic,
             "error_type": where.error_type,
+            **_error_type_params(where.error_type),
             "reason_contains": where.reason_contains,
             "dead_before": where.dead_before,
             "dead_after": where.dead_after,

@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
+from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
     Delivery,
     Subscription,
@@ -32,7 +33,9 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     RetryRequest,
+    undecodable_deaths,
 )
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import (
     AsyncConn,
@@ -52,12 +55,7 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.rows import (
-    delivery_of,
-    error_json,
-    subscriptions_of,
-    utc,
-)
+from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
 
@@ -67,12 +65,6 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
-
-
-def _deliveries(rows: Sequence[Any]) -> list[Delivery]:
-    deliveries = [delivery_of(row) for row in rows]
-    deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
-    return deliveries
 
 
 class PostgresBackend(
@@ -101,11 +93,14 @@ class PostgresBackend(
         archive_completed: bool = True,
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
+        limits: Limits | None = None,
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
         archive = validate.flag(archive_completed, "archive_completed")
         self._url = url
         self._clock = clock
+        self.limits = limits or Limits()
+        self._known_queues = set()
         self._schema = schema
         self._qualifier = qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
@@ -192,6 +187,12 @@ class PostgresBackend(
                     "regexes": [pattern_regex(p) for p in patterns],
                 },
             )
+            ((own, subscriptions, total),) = c.execute(
+                self._sql["subscription_room"], {"name": name}
+            ).fetchall()
+            self.limits.check_room(
+                subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=total
+            )
             rows = (
                 c.cursor(row_factory=dict_row)
                 .execute(self._sql["subscription_get"], {"name": name})
@@ -200,12 +201,10 @@ class PostgresBackend(
         return subscriptions_of(rows)[0]
 
     def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.connection(write=True) as conn:
-            cursor = conn.execute(
-                self._sql["queue_ensure"],
-                {"name": name, "regex": pattern_regex(name), "now": self._now_param()},
-            )
-            return cursor.rowcount > 0
+        with self._db.transaction() as conn:
+            created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
+        self._remember_queue(name)
+        return created
 
     def subscription_list(self) -> list[Subscription]:
         with self._db.connection(write=False) as conn:
@@ -214,6 +213,7 @@ class PostgresBackend(
             )
 
     def subscription_delete(self, *, name: str) -> bool:
+        self._known_queues.discard(name)
         with self._db.connection(write=True) as conn:
             return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
 
@@ -239,7 +239,10 @@ class PostgresBackend(
             else:
                 cursor = conn.execute(*claim)
             rows = cursor.fetchall()
-        return _deliveries(rows)
+        deliveries, damaged = deliveries_of(rows)
+        if damaged:
+            self.message_dead_many(deaths=undecodable_deaths(damaged))
+        return deliveries
 
     async def message_claim_many_async(
         self,
@@ -259,7 +262,11 @@ class PostgresBackend(
             else:
                 cursor = await conn.execute(*claim)
             rows = await cursor.fetchall()
-        return _deliveries(rows)
+        deliveries, damaged = deliveries_of(rows)
+        if damaged:
+            # Rare: the sync pool, in a thread, rather than an async copy of the statement.
+            await asyncio.to_thread(self.message_dead_many, deaths=undecodable_deaths(damaged))
+        return deliveries
 
     def _claim_statements(
         self,

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
@@ -20,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from sqlbroker.core.errors import ConnectionLost, InvalidOption, SchemaError, StorageError
 from sqlbroker.storage import caller
+from sqlbroker.storage.columns import NEGATIVE_INFINITY, POSITIVE_INFINITY
 from sqlbroker.storage.url import DatabaseURL, redact
 
 Conn = psycopg.Connection[TupleRow]
@@ -59,6 +61,38 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T]) -> T:
             statement, params = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+_TIMESTAMPTZ = psycopg.adapters.types["timestamptz"].oid
+_DefaultTimestamptz = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
+
+
+class _TimestamptzLoader(Loader):
+    """timestamptz as psycopg loads it, except ``infinity`` and ``-infinity``, which
+    Python's datetime cannot hold and psycopg refuses: one such value (sqlbroker never
+    writes one; raw SQL can) would fail the whole statement reading it, a claim after it
+    committed. They load as ``rows.POSITIVE_INFINITY``/``NEGATIVE_INFINITY``, which the row
+    decoders treat as damage (docs/security.md, "Damaged rows")."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        assert _DefaultTimestamptz is not None
+        self._load = _DefaultTimestamptz(oid, context).load
+
+    def load(self, data: Any) -> Any:
+        try:
+            return self._load(data)
+        except psycopg.DataError:
+            text = bytes(data)
+            if text == b"infinity":
+                return POSITIVE_INFINITY
+            if text == b"-infinity":
+                return NEGATIVE_INFINITY
+            raise
+
+
+_ADAPTERS = AdaptersMap(psycopg.adapters)
+_ADAPTERS.register_loader("timestamptz", _TimestamptzLoader)
 
 
 class PostgresPool:
@@ -102,6 +136,13 @@ class PostgresPool:
         ] = weakref.WeakKeyDictionary()
         self._pool_lock = threading.Lock()
         self._closed = False
+        self._identity: tuple[Any, ...] | None = None
+        """Our database's :meth:`_identity_of`, read on the first ``conn=``."""
+        self._caller_identities: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each caller's connection's identity: a session cannot change database, so one
+        read per connection object (the cost of a ``conn=`` stays a dictionary lookup)."""
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Settings for any connection sqlbroker opens (the pool and the listener).
@@ -115,6 +156,7 @@ class PostgresPool:
         ours = f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
         return {
             "autocommit": True,
+            "context": _ADAPTERS,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
             "options": f"{self._url_options} {ours}" if self._url_options else ours,
@@ -240,10 +282,66 @@ class PostgresPool:
         # caller's transaction takes that transaction with it, so nothing was applied.
         ours = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
         try:
+            self._check_same_database(raw)
             with self._joined(raw):
                 yield raw
         except psycopg.Error as error:
             raise self.translate(error, write=ours, conn=raw) from None
+
+    def _check_same_database(self, raw: Conn) -> None:
+        """Refuse a caller's connection to another database (or server, or whose
+        search_path finds other sqlbroker tables): the message would land there."""
+        theirs = self._caller_identities.get(raw)
+        if theirs is None:
+            self._caller_status(raw)  # a failed transaction would refuse the read
+            theirs = self._identity_of(raw)
+            self._caller_identities[raw] = theirs
+        if theirs == self._identity:
+            return
+        # Ours is read again before refusing: a restart or a failover changes it.
+        with self.connection(write=False) as own:
+            self._identity = self._identity_of(own)
+        self._refuse_other_database(theirs)
+
+    async def _check_same_database_async(self, raw: AsyncConn) -> None:
+        """:meth:`_check_same_database` for an async caller's connection."""
+        theirs = self._caller_identities.get(raw)
+        if theirs is None:
+            self._caller_status(raw)
+            cursor = await raw.execute(self._sql["connection_identity"])
+            theirs = tuple(await cursor.fetchone() or ())
+            self._caller_identities[raw] = theirs
+        if theirs == self._identity:
+            return
+        # A connection of its own, not the loop's pool: a caller's loop (AsyncBroker's
+        # publish) has none, and one opened here would outlive the loop.
+        try:
+            own = await psycopg.AsyncConnection.connect(self.url.raw, **self.connection_kwargs())
+        except psycopg.OperationalError as error:
+            raise self._not_connected(error) from None
+        async with own:
+            cursor = await own.execute(self._sql["connection_identity"])
+            self._identity = tuple(await cursor.fetchone() or ())
+        self._refuse_other_database(theirs)
+
+    def _identity_of(self, conn: Conn) -> tuple[Any, ...]:
+        return tuple(conn.execute(self._sql["connection_identity"]).fetchone() or ())
+
+    def _refuse_other_database(self, theirs: tuple[Any, ...]) -> None:
+        ours = self._identity
+        if theirs == ours:
+            return
+        assert ours is not None
+        if theirs[0] != ours[0]:
+            where = f"database {theirs[0]!r}, not to this broker's {ours[0]!r}"
+        elif theirs[1] != ours[1]:
+            where = f"database {theirs[0]!r} of another server than this broker's"
+        else:
+            where = (
+                f"database {theirs[0]!r}, but its search_path finds other sqlbroker tables"
+                " than this broker's (or none): set the same search_path or schema"
+            )
+        raise InvalidOption("conn", f"is connected to {where} ({self.url})")
 
     @contextmanager
     def _joined(self, raw: Conn) -> Iterator[None]:
@@ -307,6 +405,7 @@ class PostgresPool:
             )
         ours = False
         try:
+            await self._check_same_database_async(raw)
             status = self._caller_status(raw)
             if raw.autocommit and status == TransactionStatus.IDLE:
                 ours = True

@@ -20,8 +20,9 @@ from sqlbroker.core.observability import (
     WorkerBeat,
     WorkerInfo,
 )
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.connection import PostgresPool
-from sqlbroker.storage.rows import utc, utc_or_none
+from sqlbroker.storage.rows import audit_of, minute_of, rare_count_of, totals_of, worker_of
 from sqlbroker.storage.sql import load_blocks
 
 
@@ -96,52 +97,19 @@ class PostgresObservability:
 
     def worker_list(self) -> list[WorkerInfo]:
         rows = self._obs_select("worker_list", {"now": self._now_param()})
-        return [
-            WorkerInfo(
-                name=row["name"],
-                host=row["host"],
-                pid=row["pid"],
-                subscriptions=tuple(json.loads(row["subscriptions"])),
-                started_at=utc(row["started_at"]),
-                seen_at=utc(row["seen_at"]),
-                stopped_at=utc_or_none(row["stopped_at"]),
-                seen_age=float(row["seen_age"]),
-            )
-            for row in rows
-        ]
+        return [worker_of(row) for row in rows]
 
     def metric_minutes(self, *, since: datetime) -> list[MinuteCounts]:
         rows = self._obs_select("metric_minutes", {"since": since})
-        return [
-            MinuteCounts(
-                subscription=row["subscription"],
-                minute=utc(row["minute"]),
-                worker=row["worker"],
-                completed=int(row["completed"]),
-                retried=int(row["retried"]),
-                dead=int(row["dead"]),
-                handler_count=int(row["handler_count"]),
-                handler_seconds=float(row["handler_seconds"]),
-                handler_buckets=[int(n) for n in json.loads(row["handler_buckets"])],
-            )
-            for row in rows
-        ]
+        return [minute for minute in map(minute_of, rows) if minute is not None]
 
     def metric_totals(self) -> dict[tuple[str, str], int]:
         rows = self._obs_select("metric_totals", {})
-        return {(row["subscription"], row["outcome"]): int(row["count"]) for row in rows}
+        return totals_of(rows)
 
     def archive_rare_counts(self, *, since: datetime) -> list[RareCount]:
         rows = self._obs_select("archive_rare_counts", {"since": since})
-        return [
-            RareCount(
-                subscription=row["subscription"],
-                outcome=row["outcome"],
-                total=int(row["total"]),
-                recent=int(row["recent"]),
-            )
-            for row in rows
-        ]
+        return [rare_count_of(row) for row in rows]
 
     def metric_trim(self, *, older_than: datetime, limit: int) -> int:
         sql = self._obs_sql
@@ -154,13 +122,4 @@ class PostgresObservability:
 
     def audit_list(self, *, limit: int, before_id: int | None) -> list[AuditEntry]:
         rows = self._obs_select("audit_list", {"limit": limit, "before_id": before_id})
-        return [
-            AuditEntry(
-                id=int(row["id"]),
-                at=utc(row["at"]),
-                actor=row["actor"],
-                action=row["action"],
-                detail=dict(json.loads(row["detail"])),
-            )
-            for row in rows
-        ]
+        return [audit_of(row) for row in rows]

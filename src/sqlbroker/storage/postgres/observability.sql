@@ -40,9 +40,11 @@ VALUES (%(subscription)s, %(outcome)s, %(delta)s)
 ON CONFLICT (subscription, outcome, tenant) DO UPDATE SET count = t.count + excluded.count
 
 -- name: worker_list
+-- An infinite seen_at (raw SQL) has no age: NULL, which the row decoder marks damaged.
 SELECT name, host, pid, subscriptions, started_at, seen_at, stopped_at,
-       greatest(0.0, extract(epoch FROM
-           coalesce(%(now)s::timestamptz, statement_timestamp()) - seen_at))::float8 AS seen_age
+       CASE WHEN isfinite(seen_at) THEN greatest(0.0, extract(epoch FROM
+           coalesce(%(now)s::timestamptz, statement_timestamp()) - seen_at))::float8
+       END AS seen_age
 FROM {schema}sqlbroker_worker
 ORDER BY seen_at DESC, name
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict
+from sqlbroker.core.limits import Limits, check_copies
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import InsertResult
@@ -20,22 +21,38 @@ def _float_or_none(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
+_KNOWN_QUEUES = 10_000
+_UNLIMITED = 2**62
+
+
 class PostgresPublishing:
     """The publish of :class:`PostgresBackend` (mixed into it)."""
 
     _db: PostgresPool
     _sql: dict[str, str]
     notify_channel: str
+    limits: Limits
+    _known_queues: set[str]
+    """Queues this process saw exist: a send to one of them is a single statement."""
 
     def _now_param(self) -> datetime | None:
         raise NotImplementedError
 
     def message_insert_many(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any = None
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any = None,
+        max_copies: int | None = None,
     ) -> InsertResult:
-        plan = self._insert_plan(messages, subscription, self._now_param())
-        if conn is None and not any(
-            m.idempotency_key is not None or m.ordering_key is not None for m in messages
+        plan = self._insert_plan(messages, subscription, self._now_param(), max_copies)
+        if (
+            conn is None
+            and (subscription is None or subscription in self._known_queues)
+            and not any(
+                m.idempotency_key is not None or m.ordering_key is not None for m in messages
+            )
         ):
             # One statement: autocommit is its own transaction.
             with self._db.connection(write=True) as c:
@@ -44,14 +61,23 @@ class PostgresPublishing:
             return run_plan(c, plan)
 
     async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any,
+        max_copies: int | None = None,
     ) -> InsertResult:
-        plan = self._insert_plan(messages, subscription, self._now_param())
+        plan = self._insert_plan(messages, subscription, self._now_param(), max_copies)
         async with self._db.transaction_async(conn) as c:
             return await run_plan_async(c, plan)
 
     def _insert_plan(
-        self, messages: Sequence[NewMessage], subscription: str | None, now: datetime | None
+        self,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        now: datetime | None,
+        max_copies: int | None = None,
     ) -> Plan[InsertResult]:
         """The statements of a publish, for :func:`run_plan` or :func:`run_plan_async` to
         run on a sync or an async connection inside one transaction."""
@@ -63,9 +89,14 @@ class PostgresPublishing:
         fresh = [m for m in messages if m.message_id not in originals]
         unrouted = 0
         if fresh:
+            if subscription is not None:
+                check_copies(len(fresh), len(messages), max_copies)
+                if subscription not in self._known_queues:
+                    yield from self._queue_create_plan(subscription, now)
             # A queue publish without ordering keys needs no routing (message_insert_queue).
             variant = "_queue" if subscription is not None and not ordering_keys else ""
             params = self._insert_params(fresh, subscription, now)
+            params["max_copies"] = _UNLIMITED if max_copies is None else max_copies
             if len(fresh) == 1:
                 statement = self._sql[f"message_insert{variant}_one"]
                 params = {
@@ -75,12 +106,40 @@ class PostgresPublishing:
             else:
                 statement = self._sql[f"message_insert{variant}"]
             rows = yield statement, params
+            if subscription is not None:
+                self._remember_queue(subscription)
             unrouted = int(rows[0][0]) if rows else 0
+            if variant == "" and rows:
+                check_copies(int(rows[0][2]), len(messages), max_copies)
         return InsertResult(
             message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
             duplicates=len(originals),
             unrouted=unrouted,
         )
+
+    def _queue_create_plan(self, name: str, now: datetime | None) -> Plan[bool]:
+        """The first send of this process to a queue: create it when it does not exist, and
+        check the limits on subscriptions and patterns (the error rolls the creation back).
+        Later sends leave the queue to the insert statement alone (one round trip)."""
+        created = yield (
+            self._sql["queue_create"],
+            {"name": name, "regex": pattern_regex(name), "now": now},
+        )
+        if created:
+            ((own, subscriptions, patterns),) = yield (
+                self._sql["subscription_room"],
+                {"name": name},
+            )
+            self.limits.check_room(
+                subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
+            )
+        return bool(created)
+
+    def _remember_queue(self, name: str) -> None:
+        """After a statement that needs the queue succeeded: later sends skip the check."""
+        if len(self._known_queues) >= _KNOWN_QUEUES:
+            self._known_queues.clear()
+        self._known_queues.add(name)
 
     def _insert_params(
         self, messages: Sequence[NewMessage], subscription: str | None, now: datetime | None

@@ -23,6 +23,19 @@ SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
 -- name: schema_version_insert
 INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES (%(version)s, %(name)s)
 
+-- name: schema_version_printed
+-- The version row of one migration in the printed schema (``sqlbroker schema --print``),
+-- which runs with no parameters: {version} and {name} come from the migration's file name.
+INSERT INTO {schema}sqlbroker_schema_version (version, name) VALUES ({version}, '{name}')
+
+-- name: connection_identity
+-- What a caller's connection (conn=) must share with the broker's own: the database, the
+-- server (its start time: two servers with a database of one name differ there) and the
+-- message table its search_path finds. Never fails, so it cannot abort the caller's
+-- transaction.
+SELECT current_database(), pg_postmaster_start_time(),
+       to_regclass('{schema}sqlbroker_message')::oid::bigint
+
 -- name: savepoint
 SAVEPOINT sqlbroker
 
@@ -65,6 +78,29 @@ ORDER BY s.name, p.pattern
 -- name: subscription_delete
 WITH gone AS (DELETE FROM {schema}sqlbroker_message WHERE subscription = %(name)s)
 DELETE FROM {schema}sqlbroker_subscription WHERE name = %(name)s
+
+-- name: subscription_room
+-- What the limits are checked against (core/limits.py): the patterns of one subscription
+-- and the totals of the database, inside the transaction that just wrote them.
+SELECT (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern WHERE subscription = %(name)s),
+       (SELECT count(*) FROM {schema}sqlbroker_subscription),
+       (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern)
+
+-- name: queue_create
+-- queue_ensure, saying whether it created the queue (a row) or found it (none). The row
+-- comes from the subscription's insert: under tenant isolation the new pattern row is not
+-- yet visible to this statement's SELECT policy, which a RETURNING there would apply.
+WITH created AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+pattern AS (
+    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, %(regex)s FROM created
+)
+SELECT name FROM created
 
 -- name: queue_ensure
 -- A queue is created on first use as a subscription whose only pattern is its own name;
@@ -167,10 +203,37 @@ queue_pattern AS (
 routes AS (
     SELECT b.seq, %(subscription)s::text AS subscription FROM b WHERE %(subscription)s::text IS NOT NULL
     UNION ALL
-    SELECT DISTINCT b.seq, p.subscription
-    FROM b JOIN {schema}sqlbroker_subscription_pattern p ON ('.' || b.topic) ~ p.regex
+    SELECT DISTINCT t.seq, p.subscription
+    FROM (SELECT b.seq, b.topic, split_part(b.topic, '.', 1) || '.' AS head,
+                 '.' || reverse(split_part(reverse(b.topic), '.', 1)) AS tail
+          FROM b) t
+    JOIN {schema}sqlbroker_subscription_pattern p ON CASE
+        -- Routing matches the stored pattern, never the stored regex (a row damaged by
+        -- raw SQL could hold any regex). Cheap tests first, as in SQLite's message_routes,
+        -- so that most patterns never reach the regex: a matching pattern's first segment
+        -- is '*', '#' or the topic's first word (head: that word and a dot), its last
+        -- segment '*', '#' or the topic's last word (tail: a dot and that word).
+        WHEN p.pattern = t.topic OR p.pattern = '#' THEN true
+        WHEN p.pattern = '*' THEN strpos(t.topic, '.') = 0
+        WHEN NOT (left(p.pattern, length(t.head)) = t.head OR left(p.pattern, 2) IN ('*.', '#.'))
+            THEN false
+        WHEN NOT (right(p.pattern, length(t.tail)) = t.tail OR right(p.pattern, 2) IN ('.*', '.#'))
+            THEN false
+        -- Only a valid pattern (validate_pattern's rule) routes: a damaged one matches
+        -- nothing. Its regex is core/topics.py's pattern_regex, built here from the
+        -- pattern (tests/conformance/test_routing_sql.py holds routing to the reference).
+        WHEN length(p.pattern) > 255
+          OR p.pattern !~ '^(\*|#|[A-Za-z0-9_-]{1,64})(\.(\*|#|[A-Za-z0-9_-]{1,64}))*$'
+          THEN false
+        ELSE ('.' || t.topic) ~ ('^' || replace(replace(replace(
+                 '.' || regexp_replace(p.pattern, '#(\.#)+', '#', 'g'),
+                 '.', '\.'), '\.*', '\.[^.]+'), '\.#', '(\.[^.]+)*') || '$')
+    END
     WHERE %(subscription)s::text IS NULL
 ),
+-- The copy limit (core/limits.py, max_copies): past it nothing below is written and the
+-- caller raises LimitExceeded from the count.
+fits AS (SELECT count(*) AS copies, count(*) <= %(max_copies)s AS ok FROM routes),
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
@@ -188,7 +251,7 @@ ins AS (
     FROM b JOIN routes r ON r.seq = b.seq
     -- Creates the queue before the first copy goes in (an unreferenced CTE would run only
     -- after the main query): with tenants, a copy may only enter an existing subscription.
-    WHERE (SELECT count(*) FROM queue) >= 0
+    WHERE (SELECT ok FROM fits) AND (SELECT count(*) FROM queue) >= 0
     ORDER BY b.seq, r.subscription
     RETURNING subscription, state
 ),
@@ -200,7 +263,7 @@ unrouted AS (
     SELECT b.message_id, b.topic, 'unrouted', b.priority, b.ordering_key, b.idempotency_key,
            b.payload, b.content_type, b.headers, 0, b.max_attempts, 0, b.now, b.now
     FROM b
-    WHERE NOT EXISTS (SELECT 1 FROM routes r WHERE r.seq = b.seq)
+    WHERE NOT EXISTS (SELECT 1 FROM routes r WHERE r.seq = b.seq) AND (SELECT ok FROM fits)
     ORDER BY b.seq
     RETURNING 1
 )
@@ -208,7 +271,8 @@ SELECT (SELECT count(*) FROM unrouted) AS unrouted,
        (SELECT count(*) FROM (
             SELECT pg_notify(%(channel)s, s.subscription)
             FROM (SELECT DISTINCT subscription FROM ins WHERE state = 'available') s
-       ) n) AS notified
+       ) n) AS notified,
+       (SELECT copies FROM fits) AS copies
 
 -- name: message_insert_queue
 -- message_insert for a queue publish without ordering keys (the common case): every copy
@@ -619,7 +683,8 @@ FROM {schema}sqlbroker_dead
 WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
   AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
   AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
-  AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+  AND (%(error_type)s::text IS NULL OR error_type = ANY(%(error_types)s::text[])
+           OR right(error_type, length(%(error_suffix)s::text)) = %(error_suffix)s::text)
   AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
   AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
   AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
@@ -640,7 +705,8 @@ WITH chosen AS (
     WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
       AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
-      AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+      AND (%(error_type)s::text IS NULL OR error_type = ANY(%(error_types)s::text[])
+           OR right(error_type, length(%(error_suffix)s::text)) = %(error_suffix)s::text)
       AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
       AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
       AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)
@@ -690,7 +756,8 @@ WITH chosen AS (
     WHERE (%(ids)b::bigint[] IS NULL OR id = ANY (%(ids)b::bigint[]))
       AND (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
       AND (%(topic)s::text IS NULL OR topic = %(topic)s::text)
-      AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+      AND (%(error_type)s::text IS NULL OR error_type = ANY(%(error_types)s::text[])
+           OR right(error_type, length(%(error_suffix)s::text)) = %(error_suffix)s::text)
       AND (%(reason_contains)s::text IS NULL OR strpos(reason, %(reason_contains)s::text) > 0)
       AND (%(dead_before)s::timestamptz IS NULL OR dead_at < %(dead_before)s::timestamptz)
       AND (%(dead_after)s::timestamptz IS NULL OR dead_at >= %(dead_after)s::timestamptz)

@@ -16,14 +16,15 @@ from psycopg.rows import dict_row
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import InsertResult
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.connection import PostgresPool
-from sqlbroker.storage.rows import utc
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
     ScheduleFire,
     ScheduleRecord,
     definition_params,
+    due_records,
     schedule_record_of,
 )
 from sqlbroker.storage.sql import load_blocks
@@ -105,7 +106,7 @@ class PostgresSchedules:
             earliest = conn.execute(sql["schedule_next_run"], {"now": now}).fetchone()
         return DueSchedules(
             now=utc(now),
-            due=[schedule_record_of(row) for row in rows if row["name"] is not None],
+            due=due_records([row for row in rows if row["name"] is not None]),
             next_run_at=None if earliest is None or earliest[0] is None else utc(earliest[0]),
         )
 

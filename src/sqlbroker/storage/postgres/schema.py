@@ -11,7 +11,7 @@ from psycopg import sql
 
 from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.storage.postgres.connection import Conn, PostgresPool
-from sqlbroker.storage.sql import load_migrations
+from sqlbroker.storage.sql import load_blocks, load_migrations, printed_schema
 from sqlbroker.storage.url import redact
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -104,7 +104,14 @@ class PostgresSchema:
 
     @staticmethod
     def schema_sql(schema: str | None = None) -> str:
+        """The complete schema script, version rows included (``sqlbroker schema --print``),
+        its tables in ``schema`` when given."""
         prefix = qualifier(schema)
-        parts = [f"CREATE SCHEMA IF NOT EXISTS {prefix[:-1]};"] if schema else []
-        parts += [script for _, _, script in load_migrations(_MIGRATIONS, schema=prefix)]
-        return "\n".join(parts)
+        blocks = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=prefix)
+        return printed_schema(
+            load_migrations(_MIGRATIONS, schema=prefix),
+            backend="PostgreSQL",
+            version_table=blocks["schema_version_table"],
+            version_row=blocks["schema_version_printed"],
+            preamble=[f"CREATE SCHEMA IF NOT EXISTS {prefix[:-1]};"] if schema else [],
+        )

@@ -15,11 +15,17 @@ from sqlbroker.core.message import (
     PendingMessage,
     State,
     SubscriptionStats,
+    error_type_matches,
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.storage.base import DeadFilter
 from sqlbroker.storage.rows import archived_of, dead_letter_of, pending_of
 from sqlbroker.storage.sqlite.connection import SqlitePool
+
+
+def _error_type_params(name: str | None) -> dict[str, Any]:
+    exact, suffix = error_type_matches(name) if name is not None else ([], "")
+    return {"error_types": json.dumps(exact), "error_suffix": suffix}
 
 
 class SqliteAdmin:
@@ -57,6 +63,7 @@ class SqliteAdmin:
             "subscription": where.subscription,
             "topic": where.topic,
             "error_type": where.error_type,
+            **_error_type_params(where.error_type),
             "reason_contains": where.reason_contains,
             "dead_before": None if where.dead_before is None else where.dead_before.timestamp(),
             "dead_after": None if where.dead_after is None else where.dead_after.timestamp(),

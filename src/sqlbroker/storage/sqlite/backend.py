@@ -26,6 +26,7 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import (
     StorageError,
 )
+from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
     Delivery,
     Outcome,
@@ -38,14 +39,11 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     RetryRequest,
+    undecodable_deaths,
 )
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.rows import (
-    delivery_of,
-    error_json,
-    subscriptions_of,
-    utc,
-)
+from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool
@@ -94,6 +92,7 @@ class SqliteBackend(
         archive_completed: bool = True,
         busy_timeout: float = 30.0,
         pool_size: int = 8,
+        limits: Limits | None = None,
     ) -> None:
         assert url.path is not None
         # Whether a claim's own commit waits for the fsync: see SqlitePool.write.
@@ -101,6 +100,7 @@ class SqliteBackend(
         self._archive_completed = validate.flag(archive_completed, "archive_completed")
         self._clock = clock
         self._url = url
+        self.limits = limits or Limits()
         self._promotion = PromotionThrottle()
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
@@ -187,6 +187,7 @@ class SqliteBackend(
                 self._sql["subscription_pattern_insert"],
                 [{"name": name, "pattern": p, "regex": pattern_regex(p)} for p in patterns],
             )
+            self._check_room(c, name)
             rows = c.execute(self._sql["subscription_get"], {"name": name}).fetchall()
         return subscriptions_of(rows)[0]
 
@@ -202,7 +203,18 @@ class SqliteBackend(
                 self._sql["subscription_pattern_insert"],
                 {"name": name, "pattern": name, "regex": pattern_regex(name)},
             )
+            self._check_room(c, name)
         return created
+
+    def _check_room(self, c: sqlite3.Connection, name: str) -> None:
+        """The limits on subscriptions and patterns, after ``name`` was written (raising
+        rolls that back)."""
+        own, subscriptions, patterns = c.execute(
+            self._sql["subscription_room"], {"name": name}
+        ).fetchone()
+        self.limits.check_room(
+            subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
+        )
 
     def subscription_list(self) -> list[Subscription]:
         with self._db.read() as conn:
@@ -244,8 +256,9 @@ class SqliteBackend(
                     "max_attempts": max_attempts,
                 },
             ).fetchall()
-        deliveries = [delivery_of(row) for row in rows]
-        deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+        deliveries, damaged = deliveries_of(rows)
+        if damaged:
+            self.message_dead_many(deaths=undecodable_deaths(damaged))
         return deliveries
 
     def _valid_ids(self, conn: sqlite3.Connection, leases: Sequence[Lease]) -> list[int]:

@@ -17,7 +17,7 @@ from sqlbroker.core.errors import (
     SchemaError,
     StorageError,
 )
-from sqlbroker.core.topics import regex_matches
+from sqlbroker.core.topics import regex_matches, stored_pattern_matches
 from sqlbroker.storage import caller
 
 _NETWORK_FILESYSTEMS = frozenset(
@@ -59,6 +59,14 @@ def _filesystem_type(path: str) -> str | None:
         if (path == mount_point or path.startswith(prefix)) and len(mount_point) >= len(best):
             best, kind = mount_point, fields[2]
     return kind
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no file can have this name
+        return False
+    return True
 
 
 def split_script(script: str) -> list[str]:
@@ -116,6 +124,8 @@ class SqlitePool:
             raise InvalidOption("busy_timeout", "must be seconds, more than 0 and at most 3600")
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 256:
             raise InvalidOption("pool_size", "must be an integer from 1 to 256")
+        if not path.isprintable() or "\x00" in path or not _encodable(path):
+            raise InvalidOption("url", "the SQLite path must be printable UTF-8 text")
         self.memory = path == ":memory:"
         self._synchronous = synchronous
         self._busy_timeout = float(busy_timeout)
@@ -191,6 +201,9 @@ class SqlitePool:
     @staticmethod
     def register_functions(conn: sqlite3.Connection) -> None:
         conn.create_function("sqlbroker_regex_match", 2, regex_matches, deterministic=True)
+        conn.create_function(
+            "sqlbroker_pattern_match", 2, stored_pattern_matches, deterministic=True
+        )
 
     @contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:

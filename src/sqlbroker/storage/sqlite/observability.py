@@ -16,7 +16,8 @@ from sqlbroker.core.observability import (
     WorkerBeat,
     WorkerInfo,
 )
-from sqlbroker.storage.rows import utc, utc_or_none
+from sqlbroker.storage.columns import utc
+from sqlbroker.storage.rows import audit_of, minute_of, rare_count_of, totals_of, worker_of
 from sqlbroker.storage.sql import load_blocks
 from sqlbroker.storage.sqlite.connection import SqlitePool
 
@@ -82,57 +83,24 @@ class SqliteObservability:
     def worker_list(self) -> list[WorkerInfo]:
         with self._db.read() as conn:
             rows = conn.execute(_SQL["worker_list"], {"now": self._now()}).fetchall()
-        return [
-            WorkerInfo(
-                name=row["name"],
-                host=row["host"],
-                pid=row["pid"],
-                subscriptions=tuple(json.loads(row["subscriptions"])),
-                started_at=utc(row["started_at"]),
-                seen_at=utc(row["seen_at"]),
-                stopped_at=utc_or_none(row["stopped_at"]),
-                seen_age=float(row["seen_age"]),
-            )
-            for row in rows
-        ]
+        return [worker_of(row) for row in rows]
 
     def metric_minutes(self, *, since: datetime) -> list[MinuteCounts]:
         with self._db.read() as conn:
             rows = conn.execute(_SQL["metric_minutes"], {"since": since.timestamp()}).fetchall()
-        return [
-            MinuteCounts(
-                subscription=row["subscription"],
-                minute=utc(row["minute"]),
-                worker=row["worker"],
-                completed=row["completed"],
-                retried=row["retried"],
-                dead=row["dead"],
-                handler_count=row["handler_count"],
-                handler_seconds=row["handler_seconds"],
-                handler_buckets=[int(n) for n in json.loads(row["handler_buckets"])],
-            )
-            for row in rows
-        ]
+        return [minute for minute in map(minute_of, rows) if minute is not None]
 
     def metric_totals(self) -> dict[tuple[str, str], int]:
         with self._db.read() as conn:
             rows = conn.execute(_SQL["metric_totals"]).fetchall()
-        return {(row["subscription"], row["outcome"]): int(row["count"]) for row in rows}
+        return totals_of(rows)
 
     def archive_rare_counts(self, *, since: datetime) -> list[RareCount]:
         with self._db.read() as conn:
             rows = conn.execute(
                 _SQL["archive_rare_counts"], {"since": since.timestamp()}
             ).fetchall()
-        return [
-            RareCount(
-                subscription=row["subscription"],
-                outcome=row["outcome"],
-                total=int(row["total"]),
-                recent=int(row["recent"]),
-            )
-            for row in rows
-        ]
+        return [rare_count_of(row) for row in rows]
 
     def metric_trim(self, *, older_than: datetime, limit: int) -> int:
         cutoff = older_than.timestamp()
@@ -148,13 +116,4 @@ class SqliteObservability:
             rows = conn.execute(
                 _SQL["audit_list"], {"limit": limit, "before_id": before_id}
             ).fetchall()
-        return [
-            AuditEntry(
-                id=row["id"],
-                at=utc(row["at"]),
-                actor=row["actor"],
-                action=row["action"],
-                detail=dict(json.loads(row["detail"])),
-            )
-            for row in rows
-        ]
+        return [audit_of(row) for row in rows]

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict, InvalidOption
+from sqlbroker.core.limits import check_copies
 from sqlbroker.core.message import NewMessage, State
+from sqlbroker.core.topics import route_params
 from sqlbroker.storage import caller
 from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.sqlite.connection import SqlitePool
@@ -32,6 +34,7 @@ class SqlitePublishing:
         messages: Sequence[NewMessage],
         subscription: str | None,
         conn: Any = None,
+        max_copies: int | None = None,
     ) -> InsertResult:
         now = self._now()
         ids: list[str] = []
@@ -79,12 +82,14 @@ class SqlitePublishing:
                         routes[message.topic] = [
                             row[0]
                             for row in c.execute(
-                                self._sql["message_routes"], {"topic": message.topic}
+                                self._sql["message_routes"], route_params(message.topic)
                             )
                         ]
                     targets = routes[message.topic]
                 if not targets:
                     unrouted.append(values)
+                # Counted before the copies are built: a huge fan-out stops here.
+                check_copies(len(rows) + len(targets), len(messages), max_copies)
                 rows.extend({**values, "subscription": target} for target in targets)
             # A queue is created by its first message, not by a duplicate that writes nothing.
             if subscription is not None and rows:
@@ -94,7 +99,12 @@ class SqlitePublishing:
         return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=len(unrouted))
 
     async def message_insert_many_async(
-        self, *, messages: Sequence[NewMessage], subscription: str | None, conn: Any
+        self,
+        *,
+        messages: Sequence[NewMessage],
+        subscription: str | None,
+        conn: Any,
+        max_copies: int | None = None,
     ) -> InsertResult:
         raise InvalidOption(
             "conn",

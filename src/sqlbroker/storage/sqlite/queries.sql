@@ -17,6 +17,12 @@ SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sqlbroker_sc
 -- name: schema_version_insert
 INSERT INTO sqlbroker_schema_version (version, name, applied_at) VALUES (:version, :name, :now)
 
+-- name: schema_version_printed
+-- The version row of one migration in the printed schema (``sqlbroker schema --print``),
+-- which runs with no parameters: {version} and {name} come from the migration's file name.
+INSERT INTO sqlbroker_schema_version (version, name, applied_at)
+VALUES ({version}, '{name}', (julianday('now') - 2440587.5) * 86400.0)
+
 -- name: subscription_insert
 INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
 ON CONFLICT (name) DO NOTHING
@@ -71,9 +77,29 @@ WHERE (topic, idempotency_key) IN (
     SELECT topic, idempotency_key FROM sqlbroker_dedupe WHERE expires_at <= :now LIMIT :limit
 )
 
+-- name: subscription_room
+-- What the limits are checked against (core/limits.py): the patterns of one subscription
+-- and the totals of the database, inside the transaction that just wrote them.
+SELECT (SELECT count(*) FROM sqlbroker_subscription_pattern WHERE subscription = :name),
+       (SELECT count(*) FROM sqlbroker_subscription),
+       (SELECT count(*) FROM sqlbroker_subscription_pattern)
+
 -- name: message_routes
+-- Routing matches the stored pattern (validated again in Python: a damaged row matches
+-- nothing), never the stored regex. Cheap tests first, so that most patterns never reach
+-- the full match: a matching pattern's first segment is '*', '#' or the topic's first
+-- word (:head is that word and a dot), and its last segment '*', '#' or the topic's last
+-- word (:tail is a dot and that word).
 SELECT DISTINCT subscription FROM sqlbroker_subscription_pattern
-WHERE sqlbroker_regex_match(regex, :topic)
+WHERE CASE
+    WHEN pattern = :topic OR pattern = '#' THEN 1
+    WHEN pattern = '*' THEN sqlbroker_pattern_match(pattern, :topic)
+    WHEN NOT (substr(pattern, 1, length(:head)) = :head OR substr(pattern, 1, 2) IN ('*.', '#.'))
+        THEN 0
+    WHEN NOT (substr(pattern, -length(:tail)) = :tail OR substr(pattern, -2) IN ('.*', '.#'))
+        THEN 0
+    ELSE sqlbroker_pattern_match(pattern, :topic)
+END
 ORDER BY subscription
 
 -- name: message_insert
@@ -328,7 +354,8 @@ FROM sqlbroker_dead
 WHERE (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
   AND (:subscription IS NULL OR subscription = :subscription)
   AND (:topic IS NULL OR topic = :topic)
-  AND (:error_type IS NULL OR error_type = :error_type)
+  AND (:error_type IS NULL OR error_type IN (SELECT value FROM json_each(:error_types))
+       OR substr(error_type, -length(:error_suffix)) = :error_suffix)
   AND (:reason_contains IS NULL OR instr(reason, :reason_contains) > 0)
   AND (:dead_before IS NULL OR dead_at < :dead_before)
   AND (:dead_after IS NULL OR dead_at >= :dead_after)
@@ -383,9 +410,11 @@ DELETE FROM sqlbroker_archive
 WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
 
 -- name: stats_hot
--- A scheduled copy whose time has come is ready: it is promoted by the next claim.
+-- A scheduled copy whose time has come is ready: it is promoted by the next claim. A time
+-- that is not a number (raw SQL; docs/security.md, "Damaged rows") has no age.
 SELECT subscription, effective_state, count(*),
-       min(CASE WHEN effective_state = 'available' THEN available_at END)
+       min(CASE WHEN effective_state = 'available' AND typeof(available_at) IN ('integer', 'real')
+                THEN available_at END)
 FROM (
     SELECT subscription, available_at,
            CASE WHEN state = 'scheduled' AND available_at <= :now THEN 'available'

@@ -14,13 +14,14 @@ from typing import Any
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import InsertResult
-from sqlbroker.storage.rows import utc
+from sqlbroker.storage.columns import utc
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
     ScheduleFire,
     ScheduleRecord,
     definition_params,
+    due_records,
     schedule_record_of,
 )
 from sqlbroker.storage.sql import load_blocks
@@ -86,7 +87,7 @@ class SqliteSchedules:
             earliest = conn.execute(_SQL["schedule_next_run"], {"now": now}).fetchone()[0]
         return DueSchedules(
             now=utc(now),
-            due=[schedule_record_of(row) for row in rows],
+            due=due_records(rows),
             next_run_at=None if earliest is None else utc(earliest),
         )
 

@@ -4,7 +4,7 @@ is at the version this sqlbroker needs."""
 from __future__ import annotations
 
 from sqlbroker.core.errors import SchemaError
-from sqlbroker.storage.sql import load_migrations
+from sqlbroker.storage.sql import load_blocks, load_migrations, printed_schema
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
 
 
@@ -51,6 +51,11 @@ class SqliteSchema:
 
     @staticmethod
     def schema_sql() -> str:
-        return "\n".join(
-            sql for _, _, sql in load_migrations("sqlbroker.storage.sqlite.migrations")
+        """The complete schema script, version rows included (``sqlbroker schema --print``)."""
+        blocks = load_blocks("sqlbroker.storage.sqlite", "queries.sql")
+        return printed_schema(
+            load_migrations("sqlbroker.storage.sqlite.migrations"),
+            backend="SQLite",
+            version_table=blocks["schema_version_table"],
+            version_row=blocks["schema_version_printed"],
         )

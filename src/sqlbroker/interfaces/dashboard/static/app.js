@@ -290,7 +290,7 @@ async function deadPage() {
       td(el("input", { type: "checkbox", "aria-label": `select ${d.id}`, "data-testid": "select-dead", checked: selected.has(d.id),
         onchange: (event) => { event.target.checked ? selected.add(d.id) : selected.delete(d.id); refresh(); } })),
       td(link(`#/dead/${d.id}`, d.id, "dead-link"), "num"), td(d.subscription), td(d.topic),
-      td(d.error_type ? `${d.error_type}: ${d.error_message || ""}` : d.reason), td(d.attempts, "num"),
+      td((d.error_type ? `${d.error_type}: ${d.error_message || ""}` : d.reason) + (d.damaged ? ` (damaged row: ${d.damaged})` : "")), td(d.attempts, "num"),
       td(d.replay_count, "num"), td(when(d.dead_at))],
   }));
   const chosen = [...selected];
@@ -312,6 +312,7 @@ async function deadDetail(id) {
     ["replays", d.replay_count], ["priority", d.priority], ["key", d.key || "-"], ["enqueued", when(d.enqueued_at)],
     ["first failed", when(d.first_failed_at)], ["last failed", when(d.last_failed_at)], ["dead at", when(d.dead_at)],
     ["headers", JSON.stringify(d.headers)]];
+  if (d.damaged) facts.push(["damaged row", d.damaged]);
   return [
     el("h1", {}, `Dead letter ${d.id}`),
     el("div", { className: "actions" },

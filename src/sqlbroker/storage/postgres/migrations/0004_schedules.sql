@@ -1,4 +1,4 @@
--- sqlbroker schema 2 (PostgreSQL): durable schedules.
+-- sqlbroker schema 4 (PostgreSQL): durable schedules.
 
 CREATE TABLE {schema}sqlbroker_schedule (
     name            text PRIMARY KEY,

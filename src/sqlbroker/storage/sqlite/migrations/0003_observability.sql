@@ -1,4 +1,4 @@
--- sqlbroker schema 2 (SQLite): worker heartbeats and the facts behind rates and latencies.
+-- sqlbroker schema 3 (SQLite): worker heartbeats and the facts behind rates and latencies.
 
 -- One row per worker process, refreshed by its heartbeat; stopped_at is set on a clean stop.
 CREATE TABLE sqlbroker_worker (

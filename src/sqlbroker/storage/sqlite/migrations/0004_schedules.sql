@@ -1,4 +1,4 @@
--- sqlbroker schema 2 (SQLite): durable schedules. Times are REAL seconds since the epoch.
+-- sqlbroker schema 4 (SQLite): durable schedules. Times are REAL seconds since the epoch.
 
 CREATE TABLE sqlbroker_schedule (
     name            TEXT PRIMARY KEY,

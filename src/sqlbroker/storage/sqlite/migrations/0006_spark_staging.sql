@@ -1,4 +1,4 @@
--- sqlbroker schema 2 (SQLite): the tables of the Spark data source and archive pipeline.
+-- sqlbroker schema 6 (SQLite): the tables of the Spark data source and archive pipeline.
 
 -- Rows a Spark write task staged, tagged by job, partition and task attempt. The driver's
 -- commit publishes the winning attempt of each partition and deletes the job's rows.
