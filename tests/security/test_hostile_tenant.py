@@ -357,6 +357,7 @@ def test_a_cannot_halt_schedules_with_times_nobody_can_read(tenants: Tenants) ->
         assert [s.name for s in b.schedules()] == ["b-tick"]
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # no worker serves it
 def test_a_cannot_change_bs_saga(tenants: Tenants) -> None:
     with tenants.broker(LOGIN_B) as b:
         b.sagas.start(SAGA, {"amount": 12}, saga_id="b-saga")

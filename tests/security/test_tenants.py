@@ -388,6 +388,7 @@ def test_schema_11_gives_leftovers_their_tenant(pg_server: Any) -> None:
         pg_server.drop_database(name)
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # started before its worker runs
 @pytest.mark.postgres
 def test_a_tenants_worker_runs_its_sagas_schedules_and_heartbeats(tenants: Tenants) -> None:
     """Isolation leaves a tenant's own work whole: a saga runs to its end, a schedule fires
