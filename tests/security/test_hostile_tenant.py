@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from click.testing import CliRunner
 import sqlbroker
 from pgserver import quote_ident
 from sqlbroker import Saga, Step
+from sqlbroker.core.observability import MinuteCounts, WorkerBeat
 from sqlbroker.features import security
 from sqlbroker.interfaces.cli import cli
 
@@ -156,6 +158,16 @@ def test_a_row_a_marks_for_b_is_refused_and_a_queues_stay_as(tenants: Tenants) -
         assert [d.payload for d in a.claim("a-jobs", limit=10)] == ["of A"]
 
 
+def _count_metrics(broker: sqlbroker.Broker, worker: str, subscription: str, done: int) -> None:
+    """What a worker of ``broker``'s tenant writes with its heartbeat: a minute, and totals."""
+    minute = broker.backend.now().replace(second=0, microsecond=0)
+    broker.backend.worker_beat(
+        beat=WorkerBeat(name=worker, host="h", pid=1, subscriptions=(subscription,)),
+        minutes=[MinuteCounts(subscription, minute, worker, completed=done, handler_count=done)],
+        totals={(subscription, "completed"): done},
+    )
+
+
 def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) -> None:
     with tenants.broker(LOGIN_A) as a:
         a.send("handover", "dead")
@@ -163,6 +175,7 @@ def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) 
         a.send("handover", "done")
         a.complete(a.claim("handover")[0])
         a.send_many("handover", ["one", "two"])
+        _count_metrics(a, "worker-of-a", "handover", 3)
     _ok(tenants.cli("tenants", "assign", "handover", "--tenant", "B"))
     with tenants.attacker() as attacker:
         seen = "SELECT count(*) FROM sqlbroker_message WHERE subscription = 'handover'"
@@ -177,10 +190,100 @@ def test_tenants_assign_takes_the_queue_and_its_messages_away(tenants: Tenants) 
         assert a.dead_letters.list() == []
         assert a.dead_letters.purge(subscription="handover", actor="a") == 0
         assert a.archive() == []
+        assert a.backend.metric_totals() == {}
     with tenants.broker(LOGIN_B) as b:
+        assert b.backend.metric_totals() == {("handover", "completed"): 3}
         assert sorted(d.payload for d in b.claim("handover", limit=10)) == ["one", "two"]
         assert [d.payload for d in b.dead_letters.list()] == ["dead"]
         assert [row.payload for row in b.archive()] == ["done"]
+
+
+_LEFTOVERS = (
+    "SELECT (SELECT count(*) FROM sqlbroker_dead WHERE subscription = %(name)s),"
+    " (SELECT count(*) FROM sqlbroker_archive WHERE subscription = %(name)s),"
+    " (SELECT count(*) FROM sqlbroker_metric_minute WHERE subscription = %(name)s),"
+    " (SELECT count(*) FROM sqlbroker_metric_total WHERE subscription = %(name)s)"
+)
+
+
+def test_a_deleted_subscriptions_leftovers_stay_with_its_tenant(tenants: Tenants) -> None:
+    # A's queue leaves dead letters, archive rows and metrics behind when A deletes it.
+    with tenants.broker(LOGIN_A) as a:
+        a.send("reused", "dead of A")
+        a.dead_letter(a.claim("reused")[0], reason="A's failure")
+        a.send("reused", "done by A")
+        a.complete(a.claim("reused")[0])
+        _count_metrics(a, "worker-of-a", "reused", 7)
+        assert a.unsubscribe("reused")
+    # B takes the name, free again, and sees nothing of A's under it: not through the
+    # API, nor counting rows in raw SQL.
+    with tenants.broker(LOGIN_B) as b:
+        b.send("reused", "of B")
+        assert b.dead_letters.list() == []
+        assert b.dead_letters.list(subscription="reused") == []
+        assert b.archive() == []
+        assert b.backend.metric_totals() == {}
+        assert [p.completed for p in b.metrics_series()["reused"] if p.completed] == []
+        (stats,) = b.stats()
+        assert (stats.subscription, stats.ready, stats.dead, stats.completed_per_minute) == (
+            "reused",
+            1,
+            0,
+            0,
+        )
+        assert b.dead_letters.replay(subscription="reused", actor="b") == []
+        assert b.dead_letters.purge(subscription="reused", actor="b") == 0
+        # B's own counters of the name neither meet A's nor add to them.
+        _count_metrics(b, "worker-of-b", "reused", 2)
+        assert b.backend.metric_totals() == {("reused", "completed"): 2}
+    with psycopg.connect(tenants.url(LOGIN_B), autocommit=True) as victim:
+        assert victim.execute(_LEFTOVERS, {"name": "reused"}).fetchone() == (0, 0, 1, 1)
+        # Nor may B change or delete them (B itself has no dead letter nor archive row).
+        for statement in (
+            "UPDATE sqlbroker_dead SET reason = 'changed by B'",
+            "DELETE FROM sqlbroker_dead",
+            "DELETE FROM sqlbroker_archive",
+            "DELETE FROM sqlbroker_metric_minute WHERE worker = 'worker-of-a'",
+        ):
+            _refused_or_harmless(victim, statement)
+    # A keeps them (dead letters are audit-relevant; retention trims A's rows for A), and
+    # can neither replay one into B's queue of that name nor plant rows for B there.
+    with tenants.broker(LOGIN_A) as a:
+        assert [d.payload for d in a.dead_letters.list()] == ["dead of A"]
+        assert [row.payload for row in a.archive()] == ["done by A"]
+        assert a.backend.metric_totals() == {("reused", "completed"): 7}
+        with pytest.raises(sqlbroker.StorageError, match="row-level security"):
+            a.dead_letters.replay(subscription="reused", actor="a")
+        assert [d.payload for d in a.dead_letters.list()] == ["dead of A"]
+        assert a.dead_letters.purge(subscription="reused", actor="a") == 1
+    with tenants.attacker() as attacker:
+        _refused(
+            attacker,
+            "INSERT INTO sqlbroker_archive (message_id, subscription, topic, outcome, priority,"
+            " payload, content_type, attempts, max_attempts, replay_count, enqueued_at,"
+            " finished_at, tenant) VALUES (gen_random_uuid(), 'reused', 'reused', 'completed',"
+            " 0, convert_to('1', 'UTF8'), 'application/json', 1, 5, 0, now(), now(), 'B')",
+        )
+        _refused(
+            attacker,
+            "INSERT INTO sqlbroker_dead (delivery_id, message_id, subscription, topic,"
+            " priority, payload, content_type, attempts, max_attempts, replay_count, reason,"
+            " enqueued_at, first_failed_at, last_failed_at, dead_at, tenant) VALUES (1,"
+            " gen_random_uuid(), 'reused', 'reused', 0, convert_to('1', 'UTF8'),"
+            " 'application/json', 5, 5, 0, 'planted', now(), now(), now(), now(), 'B')",
+        )
+        _refused(
+            attacker,
+            "INSERT INTO sqlbroker_metric_total (subscription, outcome, count, tenant)"
+            " VALUES ('reused', 'completed', 1000, 'B')",
+        )
+        _refused_or_harmless(attacker, "UPDATE sqlbroker_archive SET tenant = 'B'")
+        _refused_or_harmless(attacker, "UPDATE sqlbroker_dead SET tenant = 'B'")
+        _refused_or_harmless(attacker, "UPDATE sqlbroker_metric_total SET tenant = 'B'")
+    with tenants.broker(LOGIN_B) as b:
+        assert b.archive() == []
+        assert b.backend.metric_totals() == {("reused", "completed"): 2}
+        assert [d.payload for d in b.claim("reused")] == ["of B"]
 
 
 def _wait_until_due(broker: sqlbroker.Broker, name: str) -> None:
@@ -254,6 +357,7 @@ def test_a_cannot_halt_schedules_with_times_nobody_can_read(tenants: Tenants) ->
         assert [s.name for s in b.schedules()] == ["b-tick"]
 
 
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # no worker serves it
 def test_a_cannot_change_bs_saga(tenants: Tenants) -> None:
     with tenants.broker(LOGIN_B) as b:
         b.sagas.start(SAGA, {"amount": 12}, saga_id="b-saga")
@@ -390,3 +494,55 @@ def test_spark_rows_are_per_tenant(tenants: Tenants) -> None:
         streams = victim.execute("SELECT name FROM sqlbroker_spark_stream").fetchall()
     assert staged == (1,)
     assert streams == [("b-reader",)]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """A small local SparkSession (one executor thread), for the one Spark test below."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    from sqlbroker.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("sqlbroker-hostile-tenant")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.driver.memory", "512m")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.mark.spark
+def test_a_tenants_spark_write_and_reads_stay_its_own(tenants: Tenants, spark: Any) -> None:
+    # Both tenants route orders.#; B writes a DataFrame under its own login.
+    with tenants.broker(LOGIN_A) as a, tenants.broker(LOGIN_B) as b:
+        a.subscribe("a-orders", ["orders.#"])
+        b.subscribe("b-orders", ["orders.#"])
+    orders = spark.range(0, 12, 1, 2).selectExpr("id AS order_id")
+    orders.write.format("sqlbroker").option("url", tenants.url(LOGIN_B)).option(
+        "topic", "orders.created"
+    ).mode("append").save()
+
+    def read(login: str, table: str = "messages") -> int:
+        reader = spark.read.format("sqlbroker").option("url", tenants.url(login))
+        return int(reader.option("table", table).load().count())
+
+    assert read(LOGIN_B) == 12
+    for table in ("messages", "archive", "dead"):
+        assert read(LOGIN_A, table) == 0
+    with tenants.broker(LOGIN_A) as a, tenants.broker(LOGIN_B) as b:
+        assert a.claim("a-orders", limit=100) == []
+        claimed = b.claim("b-orders", limit=100)
+        assert sorted(d.payload["order_id"] for d in claimed) == list(range(12))
+        b.complete(claimed)
+    assert read(LOGIN_B, "archive") == 12
+    assert read(LOGIN_A, "archive") == 0

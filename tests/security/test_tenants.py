@@ -260,7 +260,7 @@ def test_schema_9_keeps_a_moving_saga_with_its_tenant(pg_server: Any) -> None:
                     (saga_id, status, waiting),
                 )
         with sqlbroker.Broker(url, migrate=False) as broker:
-            assert broker.migrate() == [9]
+            assert broker.migrate()[:1] == [9]
         with psycopg.connect(url) as conn:
             rows = conn.execute("SELECT id, tenant FROM sqlbroker_saga ORDER BY id").fetchall()
         assert rows == [("done", ""), ("moving", "acme")]
@@ -268,6 +268,127 @@ def test_schema_9_keeps_a_moving_saga_with_its_tenant(pg_server: Any) -> None:
         pg_server.drop_database(name)
 
 
+@pytest.mark.postgres
+def test_rows_the_owner_settles_for_a_tenant_are_the_tenants(tenants: Tenants) -> None:
+    """The owner (administration) settles a tenant's messages: the dead letter and the
+    archive row take the subscription's tenant, not the owner's (none), so the tenant
+    still sees them."""
+    with tenants.broker(ACME) as acme:
+        acme.send("acme-jobs", "to be dead-lettered")
+        kept = acme.send("acme-jobs", "to be cancelled", delay=3600)
+    with sqlbroker.Broker(tenants.admin_url) as owner:
+        owner.dead_letter(owner.claim("acme-jobs")[0], reason="by the owner")
+        assert owner.cancel(kept) == 1
+    with tenants.broker(ACME) as acme:
+        assert [d.reason for d in acme.dead_letters.list()] == ["by the owner"]
+        assert [(row.payload, row.outcome.value) for row in acme.archive()] == [
+            ("to be cancelled", "cancelled")
+        ]
+    with tenants.broker(GLOBEX) as globex:
+        assert globex.dead_letters.list() == []
+        assert globex.archive() == []
+
+
+def _migrated_to(conn: psycopg.Connection[Any], last: int) -> None:
+    package = "sqlbroker.storage.postgres"
+    conn.execute(load_blocks(package, "queries.sql")["schema_version_table"].encode())
+    for version, title, script in load_migrations(f"{package}.migrations"):
+        if version > last:
+            break
+        conn.execute(script.encode())
+        conn.execute(
+            "INSERT INTO sqlbroker_schema_version (version, name) VALUES (%s, %s)",
+            (version, title),
+        )
+
+
+_DEAD = (
+    "INSERT INTO sqlbroker_dead (delivery_id, message_id, subscription, topic, priority,"
+    " payload, content_type, attempts, max_attempts, replay_count, reason, enqueued_at,"
+    " first_failed_at, last_failed_at, dead_at) VALUES (1, gen_random_uuid(), %(name)s,"
+    " %(name)s, 2, '\\x31', 'application/json', 5, 5, 0, 'failed', %(at)s, %(at)s, %(at)s,"
+    " %(at)s)"
+)
+_ARCHIVE = (
+    "INSERT INTO sqlbroker_archive (message_id, subscription, topic, outcome, priority,"
+    " payload, content_type, attempts, max_attempts, replay_count, enqueued_at, finished_at,"
+    " tenant) VALUES (gen_random_uuid(), %(name)s, %(name)s, 'completed', 2, '\\x31',"
+    " 'application/json', 1, 5, 0, %(at)s, %(at)s, %(tenant)s)"
+)
+
+
+@pytest.mark.postgres
+def test_schema_11_gives_leftovers_their_tenant(pg_server: Any) -> None:
+    """A database from before schema 11: rows written since their subscription was created
+    take its tenant; leftovers of an earlier holder of the name do not go to the new one."""
+    name = pg_server.create_database(f"sqlbroker_v10_{uuid.uuid4().hex[:12]}")
+    url = str(pg_server.url(name))
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrated_to(conn, 10)
+            # 'reused' was globex's, deleted an hour ago, and is acme's since; 'gone' is
+            # deleted and nobody's; 'kept' is acme's from before tenants (assigned later).
+            conn.execute(
+                "INSERT INTO sqlbroker_subscription (name, created_at, tenant) VALUES"
+                " ('reused', now() - interval '1 minute', 'acme'),"
+                " ('kept', now() - interval '1 minute', 'acme')"
+            )
+            old, new = "now() - interval '1 hour'", "now()"
+            for subscription, at, tenant in (
+                ("reused", old, "globex"),
+                ("reused", new, "acme"),
+                ("gone", old, None),
+                ("kept", new, None),
+            ):
+                params = {"name": subscription, "tenant": tenant}
+                conn.execute(_DEAD.replace("%(at)s", at).encode(), params)
+                conn.execute(_ARCHIVE.replace("%(at)s", at).encode(), params)
+                conn.execute(
+                    "INSERT INTO sqlbroker_metric_minute (subscription, minute, worker,"
+                    " completed, retried, dead, handler_count, handler_seconds,"
+                    f" handler_buckets) VALUES (%s, date_trunc('minute', {at}), 'w', 1, 0, 0,"
+                    " 1, 0.1, '[]')",
+                    (subscription,),
+                )
+            conn.execute(
+                "INSERT INTO sqlbroker_metric_total (subscription, outcome, count)"
+                " VALUES ('reused', 'completed', 2), ('gone', 'completed', 3)"
+            )
+        with sqlbroker.Broker(url, migrate=False) as broker:
+            assert broker.migrate()[:1] == [11]
+        with psycopg.connect(url) as conn:
+
+            def owners(table: str, time: str) -> list[tuple[Any, ...]]:
+                return conn.execute(
+                    f"SELECT subscription, {time} < now() - interval '30 minutes', tenant"
+                    f" FROM {table} ORDER BY 1, 2"
+                ).fetchall()
+
+            assert owners("sqlbroker_dead", "dead_at") == [
+                ("gone", True, None),
+                ("kept", False, "acme"),
+                ("reused", False, "acme"),
+                ("reused", True, None),
+            ]
+            assert owners("sqlbroker_archive", "finished_at") == [
+                ("gone", True, None),
+                ("kept", False, "acme"),
+                ("reused", False, "acme"),
+                ("reused", True, "globex"),
+            ]
+            assert owners("sqlbroker_metric_minute", "minute") == [
+                ("gone", True, ""),
+                ("kept", False, "acme"),
+                ("reused", False, "acme"),
+                ("reused", True, ""),
+            ]
+            totals = "SELECT subscription, tenant FROM sqlbroker_metric_total ORDER BY 1"
+            assert conn.execute(totals).fetchall() == [("gone", ""), ("reused", "acme")]
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # started before its worker runs
 @pytest.mark.postgres
 def test_a_tenants_worker_runs_its_sagas_schedules_and_heartbeats(tenants: Tenants) -> None:
     """Isolation leaves a tenant's own work whole: a saga runs to its end, a schedule fires

@@ -120,8 +120,9 @@ def tenants(backend: Backend) -> list[TenantRole]:
 
 def assign_subscription(backend: Backend, *, subscription: str, tenant: str | None) -> bool:
     """Hand an existing subscription (one created before tenants were enabled, or by an
-    unbound role) to ``tenant``, or to no tenant with ``None``, with its messages, dead
-    letters and archive rows: the previous tenant loses them all. Returns whether it
+    unbound role) to ``tenant``, or to no tenant with ``None``, with its messages and its
+    tenant's dead letters, archive rows and metrics under that name: the previous tenant
+    loses them all (an earlier holder of the name keeps what it left). Returns whether it
     exists."""
     validate_topic(subscription, "subscription")
     return backend.tenant_assign(

@@ -25,7 +25,8 @@ VALUES (
     %(subscription)s, %(minute)s, %(worker)s, %(completed)s, %(retried)s, %(dead)s,
     %(handler_count)s, %(handler_seconds)s, %(handler_buckets)s
 )
-ON CONFLICT (subscription, minute, worker) DO UPDATE SET
+-- tenant: counters are per tenant (migration 0011; '' unless tenants are enabled)
+ON CONFLICT (subscription, minute, worker, tenant) DO UPDATE SET
     completed = excluded.completed,
     retried = excluded.retried,
     dead = excluded.dead,
@@ -36,7 +37,7 @@ ON CONFLICT (subscription, minute, worker) DO UPDATE SET
 -- name: metric_total_add
 INSERT INTO {schema}sqlbroker_metric_total AS t (subscription, outcome, count)
 VALUES (%(subscription)s, %(outcome)s, %(delta)s)
-ON CONFLICT (subscription, outcome) DO UPDATE SET count = t.count + excluded.count
+ON CONFLICT (subscription, outcome, tenant) DO UPDATE SET count = t.count + excluded.count
 
 -- name: worker_list
 -- An infinite seen_at (raw SQL) has no age: NULL, which the row decoder marks damaged.

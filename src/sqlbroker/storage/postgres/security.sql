@@ -171,6 +171,9 @@ ORDER BY 1
 -- name: tenants_enable
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
 ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
 ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
@@ -201,6 +204,9 @@ ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY
 -- name: tenants_disable
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT '';
+ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT '';
 ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
 ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
@@ -245,16 +251,59 @@ DELETE FROM {schema}sqlbroker_tenant WHERE login_role = %(role)s
 SELECT login_role, tenant FROM {schema}sqlbroker_tenant ORDER BY tenant, login_role
 
 -- name: tenant_assign
--- The subscription's messages move with it (their tenant column is kept equal to their
--- subscription's, though it grants nothing alone); its dead letters, archive rows and
--- metrics are reached through the subscription and so move by themselves.
-WITH moved AS (
-    UPDATE {schema}sqlbroker_subscription SET tenant = %(tenant)s::text
+-- The subscription moves with everything it holds: its messages, and the dead letters,
+-- archive rows and metrics of its current tenant (schema 11: those rows carry their
+-- tenant). Rows that an earlier holder of the name left behind stay that holder's.
+WITH old AS (
+    SELECT name, tenant FROM {schema}sqlbroker_subscription
     WHERE name = %(subscription)s
-    RETURNING name
+    FOR UPDATE
+),
+moved AS (
+    UPDATE {schema}sqlbroker_subscription s SET tenant = %(tenant)s::text
+    FROM old WHERE s.name = old.name
+    RETURNING s.name
 ),
 messages AS (
     UPDATE {schema}sqlbroker_message SET tenant = %(tenant)s::text
     WHERE subscription IN (SELECT name FROM moved)
+),
+dead AS (
+    UPDATE {schema}sqlbroker_dead d SET tenant = %(tenant)s::text
+    FROM old WHERE d.subscription = old.name AND d.tenant IS NOT DISTINCT FROM old.tenant
+),
+archived AS (
+    UPDATE {schema}sqlbroker_archive a SET tenant = %(tenant)s::text
+    FROM old WHERE a.subscription = old.name AND a.tenant IS NOT DISTINCT FROM old.tenant
+),
+-- Metric keys include the tenant, so the counters move by a delete and an insert. A minute
+-- the new tenant already has (its own worker of the same name, in the same minute, when it
+-- held the name before) keeps the new tenant's counts; lifetime totals add up.
+minutes AS (
+    DELETE FROM {schema}sqlbroker_metric_minute m
+    USING old WHERE m.subscription = old.name AND m.tenant = coalesce(old.tenant, '')
+      AND coalesce(old.tenant, '') <> coalesce(%(tenant)s::text, '')
+    RETURNING m.*
+),
+minutes_in AS (
+    INSERT INTO {schema}sqlbroker_metric_minute (
+        subscription, minute, worker, tenant, completed, retried, dead,
+        handler_count, handler_seconds, handler_buckets
+    )
+    SELECT subscription, minute, worker, coalesce(%(tenant)s::text, ''), completed, retried,
+           dead, handler_count, handler_seconds, handler_buckets
+    FROM minutes
+    ON CONFLICT (subscription, minute, worker, tenant) DO NOTHING
+),
+totals AS (
+    DELETE FROM {schema}sqlbroker_metric_total m
+    USING old WHERE m.subscription = old.name AND m.tenant = coalesce(old.tenant, '')
+      AND coalesce(old.tenant, '') <> coalesce(%(tenant)s::text, '')
+    RETURNING m.*
+),
+totals_in AS (
+    INSERT INTO {schema}sqlbroker_metric_total AS t (subscription, outcome, tenant, count)
+    SELECT subscription, outcome, coalesce(%(tenant)s::text, ''), count FROM totals
+    ON CONFLICT (subscription, outcome, tenant) DO UPDATE SET count = t.count + excluded.count
 )
 SELECT count(*) FROM moved
