@@ -423,3 +423,39 @@ def test_a_tenants_worker_runs_its_sagas_schedules_and_heartbeats(tenants: Tenan
         assert globex.workers() == []
         assert globex.schedules() == []
         assert globex.sagas.list() == []
+
+
+@pytest.mark.postgres
+def test_an_upgrade_with_tenants_enabled_isolates_the_tables_schema_9_adds(
+    pg_server: Any,
+) -> None:
+    """Tenants enabled before schema 9: the tables schema 9 puts under tenant policies are
+    isolated by the upgrade itself, their tenant defaulting to the writer's, not left open
+    until `tenants enable` runs again."""
+    name = pg_server.create_database(f"sqlbroker_v8_{uuid.uuid4().hex[:12]}")
+    url = str(pg_server.url(name))
+    added = ["schedule", "processed", "worker", "saga", "saga_step", "audit", "spark_stage"]
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            _migrated_to(conn, 8)
+            conn.execute("ALTER TABLE sqlbroker_message ENABLE ROW LEVEL SECURITY")
+        with sqlbroker.Broker(url, migrate=False) as broker:
+            broker.migrate()
+        with psycopg.connect(url) as conn:
+            isolated = dict(
+                conn.execute(
+                    "SELECT relname, relrowsecurity FROM pg_class"
+                    " WHERE relname = ANY(%s) AND relkind = 'r'",
+                    ([f"sqlbroker_{table}" for table in added],),
+                ).fetchall()
+            )
+            assert isolated == {f"sqlbroker_{table}": True for table in added}
+            defaults = conn.execute(
+                "SELECT table_name, column_default FROM information_schema.columns"
+                " WHERE column_name = 'tenant' AND table_name = ANY(%s)",
+                ([f"sqlbroker_{table}" for table in added if table != "saga_step"],),
+            ).fetchall()
+            assert len(defaults) == len(added) - 1
+            assert all("sqlbroker_session_tenant" in default for _, default in defaults)
+    finally:
+        pg_server.drop_database(name)

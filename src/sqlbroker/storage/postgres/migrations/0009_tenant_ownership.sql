@@ -104,3 +104,36 @@ CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_spark_stream
     USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
 CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_spark_claim
     USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
+
+-- With tenants already enabled, the new tables are isolated now and their tenant columns
+-- take the writer's tenant by default, as `tenants enable` does (security.sql): without
+-- this, an upgraded deployment would leave them open (and refuse bound tenants' writes)
+-- until someone ran `tenants enable` again.
+DO $enabled$
+BEGIN
+    IF (SELECT c.relrowsecurity FROM pg_catalog.pg_class c
+        WHERE c.oid = '{schema}sqlbroker_message'::regclass) THEN
+        ALTER TABLE {schema}sqlbroker_schedule
+            ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+        ALTER TABLE {schema}sqlbroker_processed
+            ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+        ALTER TABLE {schema}sqlbroker_worker
+            ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+        ALTER TABLE {schema}sqlbroker_saga
+            ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+        ALTER TABLE {schema}sqlbroker_audit
+            ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+        ALTER TABLE {schema}sqlbroker_spark_stage
+            ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+        ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_audit ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
+        ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY;
+    END IF;
+END
+$enabled$;
