@@ -44,10 +44,10 @@ from sqlbroker.storage.postgres.connection import (
     Plan,
     PostgresPool,
     Statement,
-    Watchdog,
     run_plan,
     run_plan_async,
 )
+from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.publishing import PostgresPublishing

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import os
-import select
-import socket
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -17,7 +12,6 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
-from psycopg.adapt import AdaptersMap, Loader
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
@@ -32,7 +26,16 @@ from sqlbroker.core.errors import (
     StorageError,
 )
 from sqlbroker.storage import caller
-from sqlbroker.storage.columns import NEGATIVE_INFINITY, POSITIVE_INFINITY
+from sqlbroker.storage.postgres.adapters import ADAPTERS
+from sqlbroker.storage.postgres.liveness import (
+    Watchdog,
+    Watcher,
+    check_idle,
+    check_idle_async,
+    drain,
+    drain_async,
+    sound,
+)
 from sqlbroker.storage.url import DatabaseURL, redact
 
 Conn = psycopg.Connection[TupleRow]
@@ -72,38 +75,6 @@ async def run_plan_async(conn: AsyncConn, plan: Plan[T]) -> T:
             statement, params = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-_TIMESTAMPTZ = psycopg.adapters.types["timestamptz"].oid
-_DefaultTimestamptz = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
-
-
-class _TimestamptzLoader(Loader):
-    """timestamptz as psycopg loads it, except ``infinity`` and ``-infinity``, which
-    Python's datetime cannot hold and psycopg refuses: one such value (sqlbroker never
-    writes one; raw SQL can) would fail the whole statement reading it, a claim after it
-    committed. They load as ``rows.POSITIVE_INFINITY``/``NEGATIVE_INFINITY``, which the row
-    decoders treat as damage (docs/security.md, "Damaged rows")."""
-
-    def __init__(self, oid: int, context: Any = None) -> None:
-        super().__init__(oid, context)
-        assert _DefaultTimestamptz is not None
-        self._load = _DefaultTimestamptz(oid, context).load
-
-    def load(self, data: Any) -> Any:
-        try:
-            return self._load(data)
-        except psycopg.DataError:
-            text = bytes(data)
-            if text == b"infinity":
-                return POSITIVE_INFINITY
-            if text == b"-infinity":
-                return NEGATIVE_INFINITY
-            raise
-
-
-_ADAPTERS = AdaptersMap(psycopg.adapters)
-_ADAPTERS.register_loader("timestamptz", _TimestamptzLoader)
 
 
 # A failed connection attempt carries no SQLSTATE (libpq reports it as text), so a refused
@@ -216,7 +187,7 @@ class PostgresPool:
         }
         return {
             "autocommit": True,
-            "context": _ADAPTERS,
+            "context": ADAPTERS,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
             "options": f"{url_options} {ours}" if url_options else ours,
@@ -290,13 +261,13 @@ class PostgresPool:
         try:
             conn = pool.getconn()
             for _ in range(self._pool_size):
-                if _sound(conn):
+                if sound(conn):
                     break
                 # The server ended this session while it sat idle (a restart, a terminated
                 # backend): nothing was sent on it, so take another instead of failing.
                 conn.close()
                 pool.putconn(conn)
-                _check_idle(pool)
+                check_idle(pool)
                 conn = pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             raise self._not_connected(error, write=write) from None
@@ -314,9 +285,9 @@ class PostgresPool:
                 pool.putconn(conn)
         except ConnectionLost:
             if watch is not None and watch.fired:
-                _drain(pool)
+                drain(pool)
             else:
-                _check_idle(pool)
+                check_idle(pool)
             raise
 
     def _not_connected(self, error: psycopg.OperationalError, *, write: bool) -> Exception:
@@ -470,15 +441,15 @@ class PostgresPool:
         try:
             conn = await pool.getconn()
             for _ in range(self._pool_size):
-                if _sound(conn):
+                if sound(conn):
                     break
                 await conn.close()
                 await pool.putconn(conn)
-                await _check_idle_async(pool)
+                await check_idle_async(pool)
                 conn = await pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             if not isinstance(error, PoolTimeout):
-                await _check_idle_async(pool)
+                await check_idle_async(pool)
             raise self._not_connected(error, write=write) from None
         # The worker's claims and acks run here: a connection that gives no answer within
         # network_timeout (a peer gone silent with its TCP session kept alive in between,
@@ -500,9 +471,9 @@ class PostgresPool:
             if watchdog is not None and watchdog.fired:
                 # Its idle siblings most likely went silent with it, and testing them
                 # would wait on the same silence: replace them all.
-                await _drain_async(pool)
+                await drain_async(pool)
             else:
-                await _check_idle_async(pool)
+                await check_idle_async(pool)
             raise
 
     @asynccontextmanager
@@ -606,146 +577,3 @@ class PostgresPool:
         self._watcher.close()
         if pool is not None:
             pool.close()
-
-
-class Watchdog:
-    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
-    running loop): a statement waiting for an answer then fails at once with the driver's
-    "server closed the connection", where psycopg's own cancellation would first try a
-    cancel request over the same silent network."""
-
-    def __init__(self, conn: AsyncConn, seconds: float) -> None:
-        self.fired = False
-        self.seconds = seconds
-        self._conn = conn
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
-
-    def _fire(self) -> None:
-        self.fired = True
-        sever(self._conn)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-    def lost(self, *, write: bool) -> ConnectionLost:
-        return ConnectionLost(
-            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
-            " the connection was closed",
-            ambiguous=write,
-        )
-
-
-class Watch:
-    """One checked-out sync connection under a :class:`Watcher`."""
-
-    __slots__ = ("conn", "deadline", "fired", "seconds")
-
-    def __init__(self, conn: Conn, seconds: float) -> None:
-        self.conn = conn
-        self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
-        self.fired = False
-
-    def lost(self, *, write: bool) -> ConnectionLost:
-        return ConnectionLost(
-            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
-            " the connection was closed",
-            ambiguous=write,
-        )
-
-
-class Watcher:
-    """:class:`Watchdog` for the sync pool's connections, which block a thread each: one
-    thread of its own (started on first use) looks at the connections checked out every
-    tenth of ``seconds`` (at most every second) and shuts down those out for longer. A
-    checkout costs a dict insert and a pop, not a timer."""
-
-    def __init__(self, seconds: float) -> None:
-        self._seconds = seconds
-        self._out: dict[int, Watch] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, conn: Conn) -> Watch:
-        watch = Watch(conn, self._seconds)
-        with self._lock:
-            self._out[id(conn)] = watch
-            if self._thread is None and not self._stop.is_set():
-                self._thread = threading.Thread(
-                    target=self._run, name="sqlbroker-watcher", daemon=True
-                )
-                self._thread.start()
-        return watch
-
-    def release(self, conn: Conn) -> None:
-        with self._lock:
-            self._out.pop(id(conn), None)
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(min(1.0, self._seconds / 10)):
-            now = time.monotonic()
-            with self._lock:
-                late = [w for w in self._out.values() if w.deadline <= now and not w.fired]
-                for watch in late:
-                    watch.fired = True
-            for watch in late:
-                sever(watch.conn)
-
-
-def sever(conn: Conn | AsyncConn) -> None:
-    """Shut the connection's socket down in both directions (a no-op if already closed)."""
-    with contextlib.suppress(OSError, psycopg.Error):
-        duplicate = socket.socket(fileno=os.dup(conn.fileno()))
-        try:
-            duplicate.shutdown(socket.SHUT_RDWR)
-        finally:
-            duplicate.close()
-
-
-def _sound(conn: Conn | AsyncConn) -> bool:
-    """Whether an idle pooled connection still looks usable, without a round trip.
-
-    An idle autocommit session of the pool listens to nothing, so the server has nothing
-    to say to it: anything readable on its socket is the end of the session (the server's
-    FATAL message and the close that follows a restart or ``pg_terminate_backend``), or
-    in rare cases a notice, and a connection is cheap to replace. The test is one
-    ``poll`` with no wait, against the round trip of ``ConnectionPool.check_connection``.
-    """
-    if conn.closed or conn.broken:
-        return False
-    try:
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN)
-        return not poller.poll(0)
-    except (OSError, psycopg.Error):
-        return False
-
-
-def _check_idle(pool: ConnectionPool[Conn]) -> None:
-    """One connection died under us: the server restarted or ended sessions, so the
-    pool's idle connections are likely dead too. The pool hands them out unchecked (a
-    check on every checkout costs a round trip on the hot path), so test them now: the
-    next operations get live ones instead of each failing on a dead one in turn."""
-    with contextlib.suppress(Exception):  # a closed pool, a server still down: no matter
-        pool.check()
-
-
-def _drain(pool: ConnectionPool[Conn]) -> None:
-    """Replace every connection of the pool (idle ones now, busy ones when returned)."""
-    with contextlib.suppress(Exception):
-        pool.drain()
-
-
-async def _drain_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
-    with contextlib.suppress(Exception):
-        await pool.drain()
-
-
-async def _check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
-    """:func:`_check_idle` for the async pool."""
-    with contextlib.suppress(Exception):
-        await pool.check()

@@ -1,0 +1,165 @@
+"""Telling live PostgreSQL connections from dead ones without a round trip: a poll of an
+idle pooled connection's socket, watchdogs that shut down a connection that gave no answer
+within ``network_timeout``, and the pool checks that follow a lost connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import socket
+import threading
+import time
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from sqlbroker.core.errors import ConnectionLost
+
+Conn = psycopg.Connection[TupleRow]
+AsyncConn = psycopg.AsyncConnection[TupleRow]
+
+
+def _silent(seconds: float, *, write: bool) -> ConnectionLost:
+    return ConnectionLost(
+        f"no answer from PostgreSQL within {seconds:g} s (network_timeout);"
+        " the connection was closed",
+        ambiguous=write,
+    )
+
+
+class Watchdog:
+    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
+    running loop): a statement waiting for an answer then fails at once with the driver's
+    "server closed the connection", where psycopg's own cancellation would first try a
+    cancel request over the same silent network."""
+
+    def __init__(self, conn: AsyncConn, seconds: float) -> None:
+        self.fired = False
+        self.seconds = seconds
+        self._conn = conn
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        sever(self._conn)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def lost(self, *, write: bool) -> ConnectionLost:
+        return _silent(self.seconds, write=write)
+
+
+class Watch:
+    """One checked-out sync connection under a :class:`Watcher`."""
+
+    __slots__ = ("conn", "deadline", "fired", "seconds")
+
+    def __init__(self, conn: Conn, seconds: float) -> None:
+        self.conn = conn
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.fired = False
+
+    def lost(self, *, write: bool) -> ConnectionLost:
+        return _silent(self.seconds, write=write)
+
+
+class Watcher:
+    """:class:`Watchdog` for the sync pool's connections, which block a thread each: one
+    thread of its own (started on first use) looks at the connections checked out every
+    tenth of ``seconds`` (at most every second) and shuts down those out for longer. A
+    checkout costs a dict insert and a pop, not a timer."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._out: dict[int, Watch] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, conn: Conn) -> Watch:
+        watch = Watch(conn, self._seconds)
+        with self._lock:
+            self._out[id(conn)] = watch
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="sqlbroker-watcher", daemon=True
+                )
+                self._thread.start()
+        return watch
+
+    def release(self, conn: Conn) -> None:
+        with self._lock:
+            self._out.pop(id(conn), None)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self._seconds / 10)):
+            now = time.monotonic()
+            with self._lock:
+                late = [w for w in self._out.values() if w.deadline <= now and not w.fired]
+                for watch in late:
+                    watch.fired = True
+            for watch in late:
+                sever(watch.conn)
+
+
+def sever(conn: Conn | AsyncConn) -> None:
+    """Shut the connection's socket down in both directions (a no-op if already closed)."""
+    with contextlib.suppress(OSError, psycopg.Error):
+        duplicate = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            duplicate.shutdown(socket.SHUT_RDWR)
+        finally:
+            duplicate.close()
+
+
+def sound(conn: Conn | AsyncConn) -> bool:
+    """Whether an idle pooled connection still looks usable, without a round trip.
+
+    An idle autocommit session of the pool listens to nothing, so the server has nothing
+    to say to it: anything readable on its socket is the end of the session (the server's
+    FATAL message and the close that follows a restart or ``pg_terminate_backend``), or
+    in rare cases a notice, and a connection is cheap to replace. The test is one
+    ``poll`` with no wait, against the round trip of ``ConnectionPool.check_connection``.
+    """
+    if conn.closed or conn.broken:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, psycopg.Error):
+        return False
+
+
+def check_idle(pool: ConnectionPool[Conn]) -> None:
+    """One connection died under us: the server restarted or ended sessions, so the
+    pool's idle connections are likely dead too. The pool hands them out unchecked (a
+    check on every checkout costs a round trip on the hot path), so test them now: the
+    next operations get live ones instead of each failing on a dead one in turn."""
+    with contextlib.suppress(Exception):  # a closed pool, a server still down: no matter
+        pool.check()
+
+
+def drain(pool: ConnectionPool[Conn]) -> None:
+    """Replace every connection of the pool (idle ones now, busy ones when returned)."""
+    with contextlib.suppress(Exception):
+        pool.drain()
+
+
+async def drain_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
+    with contextlib.suppress(Exception):
+        await pool.drain()
+
+
+async def check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
+    """:func:`check_idle` for the async pool."""
+    with contextlib.suppress(Exception):
+        await pool.check()
