@@ -75,7 +75,7 @@ def test_the_driver_resolves_a_relative_sqlite_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    connection = Connection.of({"url": "sqlite:///data/app.db?busy_timeout=5"})
-    assert connection.url == f"sqlite:///{tmp_path}/data/app.db?busy_timeout=5"
+    connection = Connection.of({"url": "sqlite:///data/app.db"})
+    assert connection.url == f"sqlite:///{tmp_path}/data/app.db"
     with pytest.raises(InvalidOption, match="in-memory"):
         Connection.of({"url": "sqlite:///:memory:"})

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from sqlbroker.core.errors import ConfigurationError, InvalidOption, SchemaError
 from sqlbroker.core.topics import pattern_regex, validate_pattern, validate_topic
@@ -167,8 +167,7 @@ def _absolute_sqlite(parsed: DatabaseURL) -> str:
             "url", "an in-memory SQLite database lives in one process: Spark's tasks run in others"
         )
     path = os.path.abspath(os.path.expanduser(parsed.path))
-    query = f"?{urlencode(parsed.options)}" if parsed.options else ""
-    return f"sqlite:///{quote(path)}{query}"
+    return f"sqlite:///{quote(path)}"
 
 
 def row_filter(options: Mapping[str, str], *, table: str | None = None) -> SparkRowFilter:

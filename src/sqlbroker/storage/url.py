@@ -145,8 +145,6 @@ class DatabaseURL:
     raw: str
     path: str | None = None
     """SQLite only: a filesystem path, or ``:memory:``."""
-    options: tuple[tuple[str, str], ...] = ()
-    """SQLite only, and always empty: :func:`parse_url` refuses SQLite URL options."""
 
     def __repr__(self) -> str:
         return f"DatabaseURL({str(self)!r})"
