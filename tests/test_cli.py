@@ -570,3 +570,27 @@ def test_click_usage_errors_exit_2(sqlite_url: str) -> None:
         result = run(sqlite_url, *args)
         assert result.exit_code == 2, result.output
         assert "Traceback" not in result.output
+
+
+def test_the_pipeline_hands_its_url_over_in_the_environment_not_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sqlbroker pipeline export`` starts the pipeline program with the URL in its
+    environment: a password on a command line is visible to every user through ``ps``.
+    (The launch is recorded instead of run: the program itself runs in tests/spark.)"""
+    pytest.importorskip("pyspark")
+    from sqlbroker.interfaces.cli import pipeline as pipeline_module
+
+    launched: list[tuple[list[str], Mapping[str, str] | None]] = []
+
+    def record(command: list[str], env: Mapping[str, str] | None = None) -> int:
+        launched.append((command, env))
+        return 0
+
+    monkeypatch.setattr(pipeline_module.subprocess, "call", record)
+    result = run(SECRET_URL, "pipeline", "export", "--out", str(tmp_path), "--older-than", "7d")
+    assert result.exit_code == 0, result.output
+    ((command, env),) = launched
+    assert not any("secret" in argument for argument in command), command
+    assert env is not None
+    assert env["SQLBROKER_URL"] == SECRET_URL

@@ -8,6 +8,7 @@ passes the exit status back. It needs the ``spark`` extra.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -25,12 +26,15 @@ _MASTER_HELP = (
 )
 
 
-def _launch(arguments: list[str], master: str | None) -> None:
+def _launch(arguments: list[str], master: str | None, url: str | None = None) -> None:
+    """Run the pipeline program; the URL goes through its environment, never its command
+    line, where ``ps`` would show a password to every user of the host."""
     if importlib.util.find_spec("pyspark") is None:
         raise CliFailure("the pipeline needs the spark extra: pip install 'sqlbroker[spark]'")
     if master is not None:
         arguments = [*arguments, "--master", master]
-    status = subprocess.call([sys.executable, "-m", _PROGRAM, *arguments])
+    env = None if url is None else {**os.environ, "SQLBROKER_URL": url}
+    status = subprocess.call([sys.executable, "-m", _PROGRAM, *arguments], env=env)
     if status:
         # The pipeline printed its own error line.
         sys.exit(status)
@@ -70,10 +74,10 @@ def export(
 ) -> None:
     """Export archive and dead letters older than a cutoff to Parquet (partitioned by date
     and topic), verify them against the database, then delete them there, all or nothing."""
-    arguments = ["export", "--url", session.url, "--out", out, "--older-than", f"{older_than}"]
+    arguments = ["export", "--out", out, "--older-than", f"{older_than}"]
     arguments += ["--partitions", str(partitions)]
     arguments += [flag for flag, on in (("--keep", keep), ("--json", as_json)) if on]
-    _launch([*arguments, *(["--quiet"] if quiet else [])], master)
+    _launch([*arguments, *(["--quiet"] if quiet else [])], master, url=session.url)
 
 
 @pipeline.command()
