@@ -17,8 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from tenants_setup import two_tenants
+
 import sqlbroker
-from pgserver import PostgresServer, quote_ident
+from pgserver import PostgresServer
 from sqlbroker.features import security
 
 
@@ -39,26 +41,10 @@ def main() -> None:
     parser.add_argument("--generic", action="store_true")
     args = parser.parse_args()
     with PostgresServer() as pg:
-        pg.create_database("bench")
-        admin_url = pg.url("bench")
-        admin = sqlbroker.Broker(admin_url, migrate=True)
-        admin.migrate()
-        security.grant_roles(admin.backend, create=True)
-        groups = ", ".join(
-            quote_ident(role)
-            for group, role in security.role_names().items()
-            if group != "migrator"
-        )
-        for login, tenant in (("bench_acme", "acme"), ("bench_globex", "globex")):
-            pg.execute(f"CREATE ROLE {quote_ident(login)} LOGIN IN ROLE {groups}")
-            if "--generic" in sys.argv:
-                pg.execute(
-                    f"ALTER ROLE {quote_ident(login)} SET plan_cache_mode = force_generic_plan"
-                )
-            security.set_tenant_role(admin.backend, tenant=tenant, role=login)
-        security.enable_tenants(admin.backend)
-        acme = sqlbroker.Broker(admin_url.replace("//postgres@", "//bench_acme@"))
-        globex = sqlbroker.Broker(admin_url.replace("//postgres@", "//bench_globex@"))
+        admin_url, urls = two_tenants(pg, generic_plans=args.generic)
+        admin = sqlbroker.Broker(admin_url)
+        acme = sqlbroker.Broker(urls["acme"])
+        globex = sqlbroker.Broker(urls["globex"])
         for broker, queue in ((acme, "acme-jobs"), (globex, "globex-jobs")):
             for start in range(0, args.backlog, 1000):
                 broker.send_many(queue, list(range(start, start + 1000)))

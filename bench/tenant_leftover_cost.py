@@ -24,9 +24,10 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from tenants_setup import two_tenants
+
 import sqlbroker
-from pgserver import PostgresServer, quote_ident
-from sqlbroker.features import security
+from pgserver import PostgresServer
 
 SCHEMA_10 = """
 DROP POLICY sqlbroker_tenant_isolation ON sqlbroker_dead;
@@ -72,26 +73,14 @@ def main() -> None:
     args = parser.parse_args()
     backlog = args.rounds * 2 * args.ops * 20 + 1000
     with PostgresServer() as pg:
-        pg.create_database("bench")
-        admin_url = pg.url("bench")
-        admin = sqlbroker.Broker(admin_url, migrate=True)
-        admin.migrate()
-        security.grant_roles(admin.backend, create=True)
-        groups = ", ".join(
-            quote_ident(role)
-            for group, role in security.role_names().items()
-            if group != "migrator"
-        )
-        for login, tenant in (("bench_acme", "acme"), ("bench_globex", "globex")):
-            pg.execute(f"CREATE ROLE {quote_ident(login)} LOGIN IN ROLE {groups}")
-            security.set_tenant_role(admin.backend, tenant=tenant, role=login)
-        security.enable_tenants(admin.backend)
-        acme_url = admin_url.replace("//postgres@", "//bench_acme@")
+        admin_url, urls = two_tenants(pg)
+        admin = sqlbroker.Broker(admin_url)
+        acme_url = urls["acme"]
         brokers = {"schema 10": sqlbroker.Broker(acme_url), "schema 11": sqlbroker.Broker(acme_url)}
         old = brokers["schema 10"].backend
         old._complete_sql = _schema_10(old._complete_sql)  # type: ignore[attr-defined]
         old._sql["message_dead"] = _schema_10(old._sql["message_dead"])  # type: ignore[attr-defined]
-        globex = sqlbroker.Broker(admin_url.replace("//postgres@", "//bench_globex@"))
+        globex = sqlbroker.Broker(urls["globex"])
         for broker, queue in ((brokers["schema 11"], "acme-jobs"), (globex, "globex-jobs")):
             for start in range(0, backlog, 1000):
                 broker.send_many(queue, list(range(start, start + 1000)))
