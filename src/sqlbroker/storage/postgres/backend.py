@@ -8,11 +8,13 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -37,19 +39,20 @@ from sqlbroker.storage.base import (
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.plan import Plan
+from sqlbroker.storage.postgres import dialect
 from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import (
     AsyncConn,
     Conn,
-    Plan,
     PostgresPool,
     Statement,
+    StatementPlan,
     run_plan,
     run_plan_async,
 )
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
-from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
@@ -58,6 +61,7 @@ from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
 
@@ -67,18 +71,19 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
+T = TypeVar("T")
 
 
 class PostgresBackend(
     PostgresPublishing,
     PostgresAdmin,
-    PostgresProcessed,
     PostgresObservability,
     PostgresSchedules,
     PostgresSagas,
     PostgresSpark,
     PostgresSecurity,
     PostgresSchema,
+    Executor,
 ):
     name = "postgresql"
     supports_notify = True
@@ -124,6 +129,10 @@ class PostgresBackend(
         self._complete_sql = self._sql[
             "message_complete" if archive else "message_complete_unarchived"
         ]
+        self.settings = Settings(
+            dialect="postgresql", limits=self.limits, notify_channel=self.notify_channel
+        )
+        self.async_ops = _PostgresAsyncOps(self)
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self._url!s})"
@@ -138,6 +147,36 @@ class PostgresBackend(
 
     def _now_param(self) -> datetime | None:
         return self._clock.now()
+
+    # --- the seam ----------------------------------------------------------------------------
+
+    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        """Run one operation on a pooled connection in autocommit: each of its statements
+        commits on its own (an operation of several is written to be safe that way)."""
+        with self._db.connection(write=not read_only) as conn:
+            return dialect.run(conn, self._sql, plan, self._clock.now())
+
+    @contextlib.contextmanager
+    def begin(self, conn: Any = None) -> Iterator[Tx]:
+        """One transaction for several operations: ours (committed when the block ends
+        normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
+        SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
+        with self._db.transaction(conn) as raw:
+            yield Tx(self.settings, functools.partial(self._run_on, raw))
+
+    def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
+        return dialect.run(conn, self._sql, plan, self._clock.now())
+
+    @contextlib.asynccontextmanager
+    async def begin_async(self, conn: Any = None) -> AsyncIterator[AsyncTx]:
+        """:meth:`begin` for coroutines, on a connection of the running loop's pool or the
+        caller's async connection (psycopg's ``AsyncConnection``, SQLAlchemy's asyncio)."""
+        async with self._db.transaction_async(conn) as raw:
+
+            async def run(plan: Plan[Any]) -> Any:
+                return await dialect.run_async(raw, self._sql, plan, self._clock.now())
+
+            yield AsyncTx(self.settings, run)
 
     def now(self) -> datetime:
         with self._db.connection(write=False) as conn:
@@ -342,7 +381,9 @@ class PostgresBackend(
     async def close_async(self) -> None:
         await self._db.close_async()
 
-    def _complete_plan(self, leases: Sequence[Lease], now: datetime | None) -> Plan[list[int]]:
+    def _complete_plan(
+        self, leases: Sequence[Lease], now: datetime | None
+    ) -> StatementPlan[list[int]]:
         rows = yield self._complete_sql, {**self._lease_params(leases), "now": now}
         yield from self._promote_plan(rows, now)
         return [row[0] for row in rows]
@@ -350,7 +391,9 @@ class PostgresBackend(
     def _promote_after(self, conn: Conn, removed: Sequence[tuple[Any, ...]]) -> None:
         run_plan(conn, self._promote_plan(removed, self._now_param()))
 
-    def _promote_plan(self, removed: Sequence[tuple[Any, ...]], now: datetime | None) -> Plan[None]:
+    def _promote_plan(
+        self, removed: Sequence[tuple[Any, ...]], now: datetime | None
+    ) -> StatementPlan[None]:
         """Rows ``(id, subscription, ordering_key, state, …)`` just left the hot table: keys
         whose head was among them get their next copy. A crash before this statement leaves
         the key headless until the reaper's ``key_repair``."""
@@ -466,3 +509,16 @@ class PostgresBackend(
             return conn.execute(
                 self._sql["archive_trim"], {"older_than": older_than, "limit": limit}
             ).rowcount
+
+
+class _PostgresAsyncOps(AsyncExecutor):
+    """The operations for coroutines, on the running loop's async pool."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self.settings = backend.settings
+        self._backend = backend
+
+    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        backend = self._backend
+        async with backend._db.connection_async(write=not read_only) as conn:
+            return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())

@@ -42,7 +42,8 @@ Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 T = TypeVar("T")
 Statement = tuple[str, Mapping[str, Any]]
-Plan = Generator[Statement, list[tuple[Any, ...]], T]
+StatementPlan = Generator[Statement, list[tuple[Any, ...]], T]
+
 """The statements of one operation, independent of the driver's I/O: the plan yields each
 statement with its parameters and is sent back the rows it returned. The same plan runs on
 a sync connection (:func:`run_plan`) or an async one (:func:`run_plan_async`)."""
@@ -55,7 +56,7 @@ def returned_rows(cursor: psycopg.Cursor[TupleRow] | psycopg.AsyncCursor[TupleRo
     return result is not None and result.status == ExecStatus.TUPLES_OK
 
 
-def run_plan(conn: Conn, plan: Plan[T]) -> T:
+def run_plan(conn: Conn, plan: StatementPlan[T]) -> T:
     try:
         statement, params = next(plan)
         while True:
@@ -66,7 +67,7 @@ def run_plan(conn: Conn, plan: Plan[T]) -> T:
         return done.value  # type: ignore[no-any-return]
 
 
-async def run_plan_async(conn: AsyncConn, plan: Plan[T]) -> T:
+async def run_plan_async(conn: AsyncConn, plan: StatementPlan[T]) -> T:
     try:
         statement, params = next(plan)
         while True:

@@ -12,7 +12,12 @@ from sqlbroker.core.limits import Limits, check_copies
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import InsertResult
-from sqlbroker.storage.postgres.connection import Plan, PostgresPool, run_plan, run_plan_async
+from sqlbroker.storage.postgres.connection import (
+    PostgresPool,
+    StatementPlan,
+    run_plan,
+    run_plan_async,
+)
 
 
 def _float_or_none(value: float | None) -> float | None:
@@ -78,7 +83,7 @@ class PostgresPublishing:
         subscription: str | None,
         now: datetime | None,
         max_copies: int | None = None,
-    ) -> Plan[InsertResult]:
+    ) -> StatementPlan[InsertResult]:
         """The statements of a publish, for :func:`run_plan` or :func:`run_plan_async` to
         run on a sync or an async connection inside one transaction."""
         keyed = [m for m in messages if m.idempotency_key is not None]
@@ -117,7 +122,7 @@ class PostgresPublishing:
             unrouted=unrouted,
         )
 
-    def _queue_create_plan(self, name: str, now: datetime | None) -> Plan[bool]:
+    def _queue_create_plan(self, name: str, now: datetime | None) -> StatementPlan[bool]:
         """The first send of this process to a queue: create it when it does not exist, and
         check the limits on subscriptions and patterns (the error rolls the creation back).
         Later sends leave the queue to the insert statement alone (one round trip)."""
@@ -166,7 +171,7 @@ class PostgresPublishing:
 
     def _dedupe_plan(
         self, keyed: Sequence[NewMessage], now: datetime | None
-    ) -> Plan[dict[str, str]]:
+    ) -> StatementPlan[dict[str, str]]:
         """Reserve idempotency keys; map each duplicate's message id to the original's id.
 
         Raises ``IdempotencyConflict`` (rolling the transaction back) when a live key was

@@ -16,16 +16,14 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
-from sqlbroker.core.errors import (
-    StorageError,
-)
+from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
     Delivery,
@@ -42,13 +40,15 @@ from sqlbroker.storage.base import (
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.plan import Plan
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
+from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
-from sqlbroker.storage.sqlite.processed import SqliteProcessed
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
@@ -63,6 +63,7 @@ _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
 _PROMOTE_BATCH = 1000
+T = TypeVar("T")
 _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
@@ -70,13 +71,13 @@ _WATCH_MAX = 0.05
 class SqliteBackend(
     SqlitePublishing,
     SqliteAdmin,
-    SqliteProcessed,
     SqliteObservability,
     SqliteSchedules,
     SqliteSagas,
     SqliteSpark,
     SqliteSecurity,
     SqliteSchema,
+    Executor,
 ):
     name = "sqlite"
     supports_notify = False
@@ -114,9 +115,46 @@ class SqliteBackend(
         self._threads = SqliteThreads()
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
+        self.settings = Settings(dialect="sqlite", limits=self.limits)
+        self.async_ops = _SqliteAsyncOps(self)
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
+
+    # --- the seam ----------------------------------------------------------------------------
+
+    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        """Run one operation in a write transaction of its own (a read in none)."""
+        with self._db.read() if read_only else self._db.write() as conn:
+            return dialect.run(conn, self._sql, plan, self._now())
+
+    @contextlib.contextmanager
+    def begin(self, conn: Any = None) -> Iterator[Tx]:
+        """One write transaction for several operations: ours (``BEGIN IMMEDIATE``,
+        committed when the block ends normally, rolled back otherwise), or with ``conn``
+        the caller's, joined as a savepoint and never committed here."""
+        with self._db.write(conn) as raw:
+            yield Tx(self.settings, functools.partial(self._run_on, raw))
+
+    def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
+        return dialect.run(conn, self._sql, plan, self._now())
+
+    @contextlib.asynccontextmanager
+    async def begin_async(self, conn: Any = None) -> AsyncIterator[AsyncTx]:
+        """:meth:`begin` for coroutines: the transaction is held by one of the backend's
+        threads, which runs each operation; the loop never blocks on SQLite. SQLite has
+        no async driver, so a caller's ``conn`` is refused."""
+        if conn is not None:
+            raise InvalidOption(
+                "conn", "SQLite has no async connection; publish with Broker and conn="
+            )
+        async with self.transaction_async() as raw:
+            held = self._held[id(raw)]
+
+            async def run(plan: Plan[Any]) -> Any:
+                return await held.call(functools.partial(self._run_on, raw, plan))
+
+            yield AsyncTx(self.settings, run)
 
     def _now(self) -> float:
         now = self._clock.now()
@@ -480,3 +518,15 @@ class SqliteBackend(
             return conn.execute(
                 self._sql["archive_trim"], {"older_than": older_than.timestamp(), "limit": limit}
             ).rowcount
+
+
+class _SqliteAsyncOps(AsyncExecutor):
+    """The operations for coroutines, each on one of the backend's threads."""
+
+    def __init__(self, backend: SqliteBackend) -> None:
+        self.settings = backend.settings
+        self._backend = backend
+
+    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        run = functools.partial(self._backend.execute, plan, read_only=read_only)
+        return await self._backend._threads.run(run)

@@ -1,0 +1,66 @@
+"""Operations as plans of named SQL blocks, independent of the driver and its I/O.
+
+An operation is written once, as a generator: it yields a :class:`Query` (a block name and
+its parameters) and is sent back the :class:`Rows` that statement returned, until it
+returns the operation's result. A dialect supplies the SQL of each block and runs the plan
+on a sync or an async connection; the plan never sees which.
+
+Parameters are plain Python values (``str``, numbers, ``bool``, ``datetime``, sequences of
+those); the dialect encodes them (SQLite: times as Unix seconds, sequences as JSON arrays;
+PostgreSQL: as they are). Every statement also receives ``now``: the operation's clock
+reading, the same for all its statements (``None`` on PostgreSQL unless a test clock
+overrides the database's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
+    its rows are addressable by column name (``row["id"]``), else by position."""
+
+    block: str
+    params: Mapping[str, Any]
+    named: bool = False
+
+
+class Rows(list[Any]):
+    """The rows a statement returned, and how many rows it changed (``rowcount``)."""
+
+    __slots__ = ("rowcount",)
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        super().__init__(rows)
+        self.rowcount = rowcount
+
+
+Plan = Generator[Query, Rows, T]
+
+
+def query(block: str, /, **params: Any) -> Query:
+    """A statement whose rows are read by position."""
+    return Query(block, params)
+
+
+def named(block: str, /, **params: Any) -> Query:
+    """A statement whose rows are read by column name."""
+    return Query(block, params, named=True)
+
+
+def reads(plan: F) -> F:
+    """Mark an operation as read-only: run outside a write transaction (SQLite needs no
+    write lock for it; PostgreSQL may send it to any connection)."""
+    plan.reads = True  # type: ignore[attr-defined]
+    return plan
+
+
+def is_read_only(plan: Callable[..., Any]) -> bool:
+    return bool(getattr(plan, "reads", False))

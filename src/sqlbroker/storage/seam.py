@@ -1,0 +1,146 @@
+"""The storage seam: every queue operation is a method of an executor.
+
+:class:`Executor` (blocking) and :class:`AsyncExecutor` (coroutines) carry the same
+operations, each written once as a plan (:mod:`sqlbroker.storage.plan`) in
+:mod:`sqlbroker.storage.operations`; they differ only in how a plan runs:
+
+- a backend runs each operation on a connection of its own, as one transaction (reads in
+  none);
+- a :class:`Tx` (``backend.begin(conn=None)``) runs every operation inside one transaction:
+  the backend's own, or the caller's connection joined as a savepoint, never committed by us;
+- an :class:`AsyncTx` (``backend.begin_async(conn=None)``) is the same for coroutines.
+
+So any operation can join the caller's transaction, and nothing threads ``conn=`` through
+the stack: a framework connection is adapted into a ``Tx`` once, where ``begin`` is called.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+from sqlbroker.core.limits import Limits
+from sqlbroker.storage.operations import processed
+from sqlbroker.storage.plan import Plan, is_read_only
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Run = Callable[[Plan[Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What an operation's plan may read besides its arguments: the backend's options."""
+
+    dialect: str
+    """``"sqlite"`` or ``"postgresql"``: for the rare rule that differs (documented where)."""
+    limits: Limits = field(default_factory=Limits)
+    notify_channel: str = ""
+
+
+class Operation(Generic[P, T]):
+    """A plan exposed as a blocking method of :class:`Executor`."""
+
+    def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
+        self.plan = plan
+        self.read_only = is_read_only(plan)
+
+    @overload
+    def __get__(self, executor: None, owner: type) -> Operation[P, T]: ...
+    @overload
+    def __get__(self, executor: Executor, owner: type) -> Callable[P, T]: ...
+    def __get__(self, executor: Executor | None, owner: type) -> Operation[P, T] | Callable[P, T]:
+        if executor is None:
+            return self
+        plan, read_only = self.plan, self.read_only
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return executor.execute(plan(executor.settings, *args, **kwargs), read_only=read_only)
+
+        return call
+
+
+class AsyncOperation(Generic[P, T]):
+    """A plan exposed as a coroutine method of :class:`AsyncExecutor`."""
+
+    def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
+        self.plan = plan
+        self.read_only = is_read_only(plan)
+
+    @overload
+    def __get__(self, executor: None, owner: type) -> AsyncOperation[P, T]: ...
+    @overload
+    def __get__(self, executor: AsyncExecutor, owner: type) -> Callable[P, Awaitable[T]]: ...
+    def __get__(
+        self, executor: AsyncExecutor | None, owner: type
+    ) -> AsyncOperation[P, T] | Callable[P, Awaitable[T]]:
+        if executor is None:
+            return self
+        plan, read_only = self.plan, self.read_only
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+            return executor.execute(plan(executor.settings, *args, **kwargs), read_only=read_only)
+
+        return call
+
+
+class Executor(ABC):
+    """The queue operations, blocking. Subclasses say how a plan runs."""
+
+    settings: Settings
+
+    @abstractmethod
+    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        """Run one operation's plan to its result."""
+
+    # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
+    processed_reserve = Operation(processed.reserve)
+    processed_confirm = Operation(processed.confirm)
+    processed_extend = Operation(processed.extend)
+    processed_release = Operation(processed.release)
+    processed_forget = Operation(processed.forget)
+    processed_trim = Operation(processed.trim)
+
+
+class AsyncExecutor(ABC):
+    """The queue operations as coroutines. Subclasses say how a plan runs."""
+
+    settings: Settings
+
+    @abstractmethod
+    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        """Run one operation's plan to its result."""
+
+    # --- processed keys --------------------------------------------------------------------
+    processed_reserve = AsyncOperation(processed.reserve)
+    processed_confirm = AsyncOperation(processed.confirm)
+    processed_extend = AsyncOperation(processed.extend)
+    processed_release = AsyncOperation(processed.release)
+    processed_forget = AsyncOperation(processed.forget)
+    processed_trim = AsyncOperation(processed.trim)
+
+
+class Tx(Executor):
+    """The operations inside one transaction (see ``Backend.begin``)."""
+
+    def __init__(self, settings: Settings, run: Run) -> None:
+        self.settings = settings
+        self._run = run
+
+    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        result: T = self._run(plan)
+        return result
+
+
+class AsyncTx(AsyncExecutor):
+    """The operations inside one transaction, for coroutines (see ``Backend.begin_async``)."""
+
+    def __init__(self, settings: Settings, run: Callable[[Plan[Any]], Awaitable[Any]]) -> None:
+        self.settings = settings
+        self._run = run
+
+    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+        result: T = await self._run(plan)
+        return result

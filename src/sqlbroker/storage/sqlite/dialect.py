@@ -1,0 +1,40 @@
+"""Running plans on ``sqlite3``: the SQLite dialect's encoding of parameters.
+
+Times are stored as Unix seconds (``REAL``) and sequences travel as JSON arrays, which
+the SQL unpacks with ``json_each``; rows come back as ``sqlite3.Row``, addressable by
+position and by column name alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlbroker.storage.plan import Plan, Rows
+
+T = TypeVar("T")
+
+
+def encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, list | tuple):
+        return json.dumps([encode(item) for item in value])
+    return value
+
+
+def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: float) -> T:
+    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
+    try:
+        query = next(plan)
+        while True:
+            params = {name: encode(value) for name, value in query.params.items()}
+            params["now"] = now
+            cursor = conn.execute(sql[query.block], params)
+            rows = Rows(cursor.fetchall(), cursor.rowcount)
+            query = plan.send(rows)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
