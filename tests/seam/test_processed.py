@@ -71,16 +71,26 @@ def test_operations_in_one_transaction_commit_together(backend: Any) -> None:
     )
 
 
-def test_a_failed_transaction_leaves_nothing(backend: Any) -> None:
-    with pytest.raises(RuntimeError), backend.begin() as tx:
+def reserve_then_fail(backend: Any) -> None:
+    with backend.begin() as tx:
         tx.processed_reserve(scope="s", key="k", token=token(), lease=30, window=60)
         raise RuntimeError("the caller's own step failed")
+
+
+def test_a_failed_transaction_leaves_nothing(backend: Any) -> None:
+    with pytest.raises(RuntimeError):
+        reserve_then_fail(backend)
     assert backend.processed_reserve(scope="s", key="k", token=token(), lease=30, window=60) == (
         "reserved"
     )
 
 
 def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
+    async def forget_then_fail() -> None:
+        async with backend.begin_async() as tx:
+            await tx.processed_forget(scope="s", key="k")
+            raise RuntimeError("rolled back")
+
     async def main() -> list[Any]:
         holder = token()
         seen = [
@@ -94,9 +104,7 @@ def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
                 await tx.processed_reserve(scope="s", key="k", token=token(), lease=30, window=60)
             )
         with pytest.raises(RuntimeError):
-            async with backend.begin_async() as tx:
-                await tx.processed_forget(scope="s", key="k")
-                raise RuntimeError("rolled back")
+            await forget_then_fail()
         seen.append(await backend.async_ops.processed_forget(scope="s", key="k"))
         if hasattr(backend, "close_async"):
             await backend.close_async()

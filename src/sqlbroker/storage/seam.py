@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import processed
-from sqlbroker.storage.plan import Plan, is_read_only
+from sqlbroker.storage.operations import admin, processed
+from sqlbroker.storage.plan import Plan, is_atomic, is_read_only
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -37,7 +37,12 @@ class Settings:
     dialect: str
     """``"sqlite"`` or ``"postgresql"``: for the rare rule that differs (documented where)."""
     limits: Limits = field(default_factory=Limits)
+    supports_notify: bool = False
+    """Whether commits can wake listeners (PostgreSQL's NOTIFY on ``notify_channel``)."""
     notify_channel: str = ""
+    key_locks: bool = False
+    """Whether writers of one ordering key must lock it (PostgreSQL's advisory locks);
+    SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
 
 
 class Operation(Generic[P, T]):
@@ -46,6 +51,7 @@ class Operation(Generic[P, T]):
     def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
         self.plan = plan
         self.read_only = is_read_only(plan)
+        self.atomic = is_atomic(plan)
 
     @overload
     def __get__(self, executor: None, owner: type) -> Operation[P, T]: ...
@@ -54,10 +60,12 @@ class Operation(Generic[P, T]):
     def __get__(self, executor: Executor | None, owner: type) -> Operation[P, T] | Callable[P, T]:
         if executor is None:
             return self
-        plan, read_only = self.plan, self.read_only
+        plan, read_only, atomic = self.plan, self.read_only, self.atomic
 
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return executor.execute(plan(executor.settings, *args, **kwargs), read_only=read_only)
+            return executor.execute(
+                plan(executor.settings, *args, **kwargs), read_only=read_only, atomic=atomic
+            )
 
         return call
 
@@ -68,6 +76,7 @@ class AsyncOperation(Generic[P, T]):
     def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
         self.plan = plan
         self.read_only = is_read_only(plan)
+        self.atomic = is_atomic(plan)
 
     @overload
     def __get__(self, executor: None, owner: type) -> AsyncOperation[P, T]: ...
@@ -78,10 +87,12 @@ class AsyncOperation(Generic[P, T]):
     ) -> AsyncOperation[P, T] | Callable[P, Awaitable[T]]:
         if executor is None:
             return self
-        plan, read_only = self.plan, self.read_only
+        plan, read_only, atomic = self.plan, self.read_only, self.atomic
 
         def call(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
-            return executor.execute(plan(executor.settings, *args, **kwargs), read_only=read_only)
+            return executor.execute(
+                plan(executor.settings, *args, **kwargs), read_only=read_only, atomic=atomic
+            )
 
         return call
 
@@ -92,8 +103,9 @@ class Executor(ABC):
     settings: Settings
 
     @abstractmethod
-    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
-        """Run one operation's plan to its result."""
+    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+        """Run one operation's plan to its result (see :mod:`sqlbroker.storage.plan` for
+        ``read_only`` and ``atomic``)."""
 
     # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
     processed_reserve = Operation(processed.reserve)
@@ -103,6 +115,16 @@ class Executor(ABC):
     processed_forget = Operation(processed.forget)
     processed_trim = Operation(processed.trim)
 
+    # --- listings, dead-letter admin, archive, stats -------------------------------------
+    message_list = Operation(admin.message_list)
+    dead_list = Operation(admin.dead_list)
+    dead_get = Operation(admin.dead_get)
+    dead_replay = Operation(admin.dead_replay)
+    dead_purge = Operation(admin.dead_purge)
+    archive_list = Operation(admin.archive_list)
+    stats_collect = Operation(admin.stats_collect)
+    table_counts = Operation(admin.table_counts)
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -110,7 +132,7 @@ class AsyncExecutor(ABC):
     settings: Settings
 
     @abstractmethod
-    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
         """Run one operation's plan to its result."""
 
     # --- processed keys --------------------------------------------------------------------
@@ -121,6 +143,16 @@ class AsyncExecutor(ABC):
     processed_forget = AsyncOperation(processed.forget)
     processed_trim = AsyncOperation(processed.trim)
 
+    # --- listings, dead-letter admin, archive, stats -------------------------------------
+    message_list = AsyncOperation(admin.message_list)
+    dead_list = AsyncOperation(admin.dead_list)
+    dead_get = AsyncOperation(admin.dead_get)
+    dead_replay = AsyncOperation(admin.dead_replay)
+    dead_purge = AsyncOperation(admin.dead_purge)
+    archive_list = AsyncOperation(admin.archive_list)
+    stats_collect = AsyncOperation(admin.stats_collect)
+    table_counts = AsyncOperation(admin.table_counts)
+
 
 class Tx(Executor):
     """The operations inside one transaction (see ``Backend.begin``)."""
@@ -129,7 +161,7 @@ class Tx(Executor):
         self.settings = settings
         self._run = run
 
-    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
         result: T = self._run(plan)
         return result
 
@@ -141,6 +173,6 @@ class AsyncTx(AsyncExecutor):
         self.settings = settings
         self._run = run
 
-    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
         result: T = await self._run(plan)
         return result

@@ -41,7 +41,6 @@ from sqlbroker.storage.base import (
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Plan
 from sqlbroker.storage.postgres import dialect
-from sqlbroker.storage.postgres.admin import PostgresAdmin
 from sqlbroker.storage.postgres.connection import (
     AsyncConn,
     Conn,
@@ -70,13 +69,12 @@ _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
+_SQL_FILES = ("queries.sql", "admin.sql", "processed.sql", "sagas.sql")
 T = TypeVar("T")
 
 
 class PostgresBackend(
     PostgresPublishing,
-    PostgresAdmin,
     PostgresObservability,
     PostgresSchedules,
     PostgresSagas,
@@ -130,7 +128,11 @@ class PostgresBackend(
             "message_complete" if archive else "message_complete_unarchived"
         ]
         self.settings = Settings(
-            dialect="postgresql", limits=self.limits, notify_channel=self.notify_channel
+            dialect="postgresql",
+            limits=self.limits,
+            supports_notify=True,
+            notify_channel=self.notify_channel,
+            key_locks=True,
         )
         self.async_ops = _PostgresAsyncOps(self)
 
@@ -150,9 +152,12 @@ class PostgresBackend(
 
     # --- the seam ----------------------------------------------------------------------------
 
-    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
-        """Run one operation on a pooled connection in autocommit: each of its statements
-        commits on its own (an operation of several is written to be safe that way)."""
+    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+        """Run one operation on a pooled connection: an ``atomic`` one in a transaction,
+        any other in autocommit, each of its statements committing on its own."""
+        if atomic:
+            with self._db.transaction() as conn:
+                return dialect.run(conn, self._sql, plan, self._clock.now())
         with self._db.connection(write=not read_only) as conn:
             return dialect.run(conn, self._sql, plan, self._clock.now())
 
@@ -518,7 +523,10 @@ class _PostgresAsyncOps(AsyncExecutor):
         self.settings = backend.settings
         self._backend = backend
 
-    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
         backend = self._backend
+        if atomic:
+            async with backend._db.transaction_async() as conn:
+                return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())
         async with backend._db.connection_async(write=not read_only) as conn:
             return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())

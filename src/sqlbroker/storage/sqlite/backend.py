@@ -46,7 +46,6 @@ from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
-from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
@@ -70,7 +69,6 @@ _WATCH_MAX = 0.05
 
 class SqliteBackend(
     SqlitePublishing,
-    SqliteAdmin,
     SqliteObservability,
     SqliteSchedules,
     SqliteSagas,
@@ -107,7 +105,7 @@ class SqliteBackend(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
         self._sql = load_sql(
-            "sqlbroker.storage.sqlite", ("queries.sql", "processed.sql", "sagas.sql")
+            "sqlbroker.storage.sqlite", ("queries.sql", "admin.sql", "processed.sql", "sagas.sql")
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
@@ -123,7 +121,7 @@ class SqliteBackend(
 
     # --- the seam ----------------------------------------------------------------------------
 
-    def execute(self, plan: Plan[T], *, read_only: bool) -> T:
+    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
         """Run one operation in a write transaction of its own (a read in none)."""
         with self._db.read() if read_only else self._db.write() as conn:
             return dialect.run(conn, self._sql, plan, self._now())
@@ -527,6 +525,6 @@ class _SqliteAsyncOps(AsyncExecutor):
         self.settings = backend.settings
         self._backend = backend
 
-    async def execute(self, plan: Plan[T], *, read_only: bool) -> T:
-        run = functools.partial(self._backend.execute, plan, read_only=read_only)
+    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+        run = functools.partial(self._backend.execute, plan, read_only=read_only, atomic=atomic)
         return await self._backend._threads.run(run)
