@@ -199,7 +199,7 @@ def drain_runtime(database: Database, sizes: Sizes) -> Sample:
 
 def _call_summary(calls: dict[str, dict[str, float]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    names = (("message_claim_many_async", "claim"), ("message_complete_many", "complete"))
+    names = (("async_ops.message_claim_many", "claim"), ("message_complete_many", "complete"))
     for name, short in names:
         stats = calls.get(name)
         if stats and stats["calls"]:
@@ -495,10 +495,13 @@ def runs_on(workload: str, target: str) -> bool:
 def count_calls(broker: Broker, names: list[str]) -> dict[str, dict[str, float]]:
     """Count the runtime's storage calls (and the rows they returned) for the report, by
     wrapping the backend's bound methods on this instance; sqlbroker is not modified."""
-    backend = broker.backend
     counts: dict[str, dict[str, float]] = {}
     for name in names:
-        original = getattr(backend, name)
+        *path, attribute = name.split(".")
+        owner: Any = broker.backend
+        for part in path:
+            owner = getattr(owner, part)
+        original = getattr(owner, attribute)
         stats = counts.setdefault(name, {"calls": 0, "rows": 0, "seconds": 0.0})
 
         def tally(found: Any, started: float, stats: dict[str, float]) -> Any:
@@ -515,14 +518,14 @@ def count_calls(broker: Broker, names: list[str]) -> dict[str, dict[str, float]]
                 started = time.perf_counter()
                 return tally(await _original(*a, **k), started, _stats)
 
-            setattr(backend, name, counted_async)
+            setattr(owner, attribute, counted_async)
         else:
 
             def counted(*a: Any, _original: Any = original, _stats: Any = stats, **k: Any) -> Any:
                 started = time.perf_counter()
                 return tally(_original(*a, **k), started, _stats)
 
-            setattr(backend, name, counted)
+            setattr(owner, attribute, counted)
     return counts
 
 
@@ -536,7 +539,7 @@ def consume(args: argparse.Namespace) -> None:
     marks: dict[str, float] = {}
 
     if args.mode == "drain":
-        calls = count_calls(broker, ["message_claim_many_async", "message_complete_many"])
+        calls = count_calls(broker, ["async_ops.message_claim_many", "message_complete_many"])
 
         @broker.subscriber(queue=QUEUE, concurrency=args.concurrency, prefetch=args.prefetch)
         async def drain(message: Message) -> None:

@@ -58,7 +58,7 @@ def claim_one_on_loop(
 ) -> Callable[[], object]:
     def run() -> object:
         (delivery,) = loop.run_until_complete(
-            broker.backend.message_claim_many_async(
+            broker.backend.async_ops.message_claim_many(
                 subscription="q", limit=1, lease=30.0, worker="loop"
             )
         )

@@ -1,4 +1,4 @@
-"""The worker's claim from its event loop (``message_claim_many_async``): on PostgreSQL it
+"""The worker's claim from its event loop (``async_ops.message_claim_many``): on PostgreSQL it
 runs on the loop's own async connection, so it is held to the blocking claim's contract —
 order, due delayed copies, expiry, the lease — and to its error translation."""
 
@@ -23,7 +23,7 @@ LEASE = 45.0
 def claim_on_loop(broker: sqlbroker.Broker, subscription: str, limit: int) -> list[Delivery]:
     async def claim() -> list[Delivery]:
         try:
-            return await broker.backend.message_claim_many_async(
+            return await broker.backend.async_ops.message_claim_many(
                 subscription=subscription, limit=limit, lease=LEASE, worker="loop"
             )
         finally:
@@ -87,7 +87,7 @@ def test_a_loop_claim_after_its_connection_was_terminated_does_not_fail(
         backend = broker.backend
 
         async def scenario() -> list[Delivery]:
-            first = await backend.message_claim_many_async(
+            first = await backend.async_ops.message_claim_many(
                 subscription="q", limit=1, lease=LEASE, worker="loop"
             )
             assert [d.payload for d in first] == ["a"]
@@ -107,7 +107,7 @@ def test_a_loop_claim_after_its_connection_was_terminated_does_not_fail(
                     break
                 await asyncio.sleep(0.05)
             try:
-                return await backend.message_claim_many_async(
+                return await backend.async_ops.message_claim_many(
                     subscription="q", limit=10, lease=LEASE, worker="loop"
                 )
             finally:

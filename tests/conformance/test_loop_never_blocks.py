@@ -21,7 +21,7 @@ def test_async_operations_keep_off_the_default_executor(broker: sqlbroker.Broker
         loop = asyncio.get_running_loop()
         loop.set_default_executor(RefusingExecutor())
         try:
-            (claimed,) = await backend.message_claim_many_async(
+            (claimed,) = await backend.async_ops.message_claim_many(
                 subscription="q", limit=1, lease=60, worker="loop"
             )
             async with backend.transaction_async() as conn:

@@ -32,7 +32,7 @@ def test_the_event_loop_s_pool(pg_url: str) -> None:
         backend = broker.backend
 
         async def claim() -> list[sqlbroker.Delivery]:
-            return await backend.message_claim_many_async(
+            return await backend.async_ops.message_claim_many(
                 subscription="q", limit=5, lease=30.0, worker="loop"
             )
 

@@ -34,7 +34,7 @@ from runtime.workerapp import _ReadyMarker
 
 def _timed_claims(backend: Any, writer: HistoryWriter) -> None:
     """Wrap the backend's claim (the real call, on the real database) to time it."""
-    claim = backend.message_claim_many_async
+    claim = backend.async_ops.message_claim_many
 
     @functools.wraps(claim)
     async def timed(**options: Any) -> Any:
@@ -43,7 +43,7 @@ def _timed_claims(backend: Any, writer: HistoryWriter) -> None:
         writer.record("claim", seconds=time.perf_counter() - started, found=len(found))
         return found
 
-    backend.message_claim_many_async = timed
+    backend.async_ops.message_claim_many = timed
 
 
 def main() -> int:

@@ -218,7 +218,7 @@ def test_a_claim_that_wakes_an_idle_slot_just_before_the_stop_is_not_started(
     handler slot, but the stop comes first; the handler must not start, and the message
     goes back uncounted."""
     handled: list[Any] = []
-    real_claim = broker.backend.message_claim_many_async
+    real_claim = broker.backend.async_ops.message_claim_many
 
     async def claim(**kwargs: Any) -> Any:
         found = await real_claim(**kwargs)
@@ -226,7 +226,7 @@ def test_a_claim_that_wakes_an_idle_slot_just_before_the_stop_is_not_started(
             broker.stop()
         return found
 
-    monkeypatch.setattr(broker.backend, "message_claim_many_async", claim)
+    monkeypatch.setattr(broker.backend.async_ops, "message_claim_many", claim)
 
     @broker.subscriber(queue="jobs", concurrency=1)
     async def handle(msg: sqlbroker.Message) -> None:

@@ -228,7 +228,7 @@ def test_a_multi_host_url_connects_past_a_dead_first_host(form: int, pg_url: str
                     await asyncio.sleep(0.01)
                 broker.send("q", {"n": 2})
                 await asyncio.wait_for(woken.wait(), 30)
-                claimed = await backend.message_claim_many_async(  # the async pool
+                claimed = await backend.async_ops.message_claim_many(  # the async pool
                     subscription="q", limit=10, lease=30.0, worker=None
                 )
                 assert [d.payload for d in claimed] == [{"n": 2}]

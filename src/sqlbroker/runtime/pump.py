@@ -145,7 +145,7 @@ class Pump:
                 continue
             self._hinted = False
             try:
-                found = await self._backend.message_claim_many_async(
+                found = await self._backend.async_ops.message_claim_many(
                     subscription=self.spec.name,
                     limit=min(capacity, limit_per_claim),
                     lease=self._lease,

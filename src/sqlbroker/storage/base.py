@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlbroker.core.message import (
     ArchivedMessage,
@@ -43,6 +43,9 @@ from sqlbroker.storage.schedules import (
     ScheduleFire,
     ScheduleRecord,
 )
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 
 log = logging.getLogger("sqlbroker.storage")
 
@@ -152,6 +155,16 @@ class Backend(Protocol):
     name: str
     supports_notify: bool
     notify_channel: str
+    settings: Settings
+    async_ops: AsyncExecutor
+    """Every operation as a coroutine (PostgreSQL: on the running loop's async pool;
+    SQLite: on the backend's own threads)."""
+
+    def begin(self, conn: Any = None) -> AbstractContextManager[Tx]:
+        """One transaction for several operations (see :mod:`sqlbroker.storage.seam`)."""
+
+    def begin_async(self, conn: Any = None) -> AbstractAsyncContextManager[AsyncTx]:
+        """:meth:`begin` for coroutines."""
 
     # --- lifecycle -------------------------------------------------------------------------
     def migrate(self) -> list[int]:
@@ -238,19 +251,6 @@ class Backend(Protocol):
 
         ``max_attempts`` (a consumer's retry policy) replaces a copy's own limit, so that the
         reaper's quarantine of crashing messages follows the same limit as retries."""
-
-    async def message_claim_many_async(
-        self,
-        *,
-        subscription: str,
-        limit: int,
-        lease: float,
-        worker: str | None,
-        max_attempts: int | None = None,
-    ) -> list[Delivery]:
-        """:meth:`message_claim_many` for the worker's event loop: PostgreSQL claims on a
-        connection of the loop's async pool, with no thread between the wake-up and the
-        claim; SQLite's driver blocks, so its claim runs in a thread."""
 
     def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
         """Archive the copies as completed; return the ids whose lease was still valid.

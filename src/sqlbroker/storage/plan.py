@@ -55,24 +55,47 @@ def named(block: str, /, **params: Any) -> Query:
     return Query(block, params, named=True)
 
 
-def reads(plan: F) -> F:
-    """Mark an operation as read-only: run outside a write transaction (SQLite needs no
-    write lock for it; PostgreSQL may send it to any connection)."""
-    plan.reads = True  # type: ignore[attr-defined]
+@dataclass(frozen=True, slots=True)
+class Access:
+    """How an operation touches the database, which decides how a backend runs it alone.
+
+    - ``read_only``: outside any write transaction (SQLite takes no write lock);
+    - ``atomic``: several writes that apply all or nothing — PostgreSQL runs them in one
+      transaction (SQLite runs every write in one anyway); without it PostgreSQL commits
+      each statement on its own, which saves two round trips;
+    - ``relaxed``: its commit need not wait for the disk (a claim: a crash of the machine
+      can only forget the lease, and the copy comes back); honoured unless the backend
+      keeps durable claims.
+    """
+
+    read_only: bool = False
+    atomic: bool = False
+    relaxed: bool = False
+
+
+WRITE = Access()
+
+
+def _mark(plan: F, **flags: bool) -> F:
+    plan.access = Access(**flags)  # type: ignore[attr-defined]
     return plan
+
+
+def reads(plan: F) -> F:
+    """Mark a read-only operation (see :class:`Access`)."""
+    return _mark(plan, read_only=True)
 
 
 def atomic(plan: F) -> F:
-    """Mark a writing operation of several statements that must apply all or nothing:
-    PostgreSQL runs it in a transaction (SQLite runs every write in one anyway). Without
-    it, PostgreSQL commits each statement on its own, which saves two round trips."""
-    plan.atomic = True  # type: ignore[attr-defined]
-    return plan
+    """Mark an operation whose writes apply all or nothing (see :class:`Access`)."""
+    return _mark(plan, atomic=True)
 
 
-def is_read_only(plan: Callable[..., Any]) -> bool:
-    return bool(getattr(plan, "reads", False))
+def relaxed(plan: F) -> F:
+    """Mark an operation whose commit need not wait for the disk (see :class:`Access`)."""
+    return _mark(plan, relaxed=True)
 
 
-def is_atomic(plan: Callable[..., Any]) -> bool:
-    return bool(getattr(plan, "atomic", False))
+def access_of(plan: Callable[..., Any]) -> Access:
+    access: Access = getattr(plan, "access", WRITE)
+    return access

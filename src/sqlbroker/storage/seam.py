@@ -21,9 +21,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from sqlbroker.core.clock import Clock, DatabaseClock
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import admin, processed
-from sqlbroker.storage.plan import Plan, is_atomic, is_read_only
+from sqlbroker.storage.operations import admin, messages, processed
+from sqlbroker.storage.plan import Access, Plan, access_of
+from sqlbroker.storage.promotion import PromotionThrottle
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -37,9 +39,17 @@ class Settings:
     dialect: str
     """``"sqlite"`` or ``"postgresql"``: for the rare rule that differs (documented where)."""
     limits: Limits = field(default_factory=Limits)
+    clock: Clock = field(default_factory=DatabaseClock)
+    """Every statement's ``now`` comes from it (``None``: the database's own clock)."""
+    promotion: PromotionThrottle = field(default_factory=PromotionThrottle)
+    """When a claim first promotes its subscription's due delayed copies."""
     supports_notify: bool = False
     """Whether commits can wake listeners (PostgreSQL's NOTIFY on ``notify_channel``)."""
     notify_channel: str = ""
+    dead_channel: str = ""
+    """Where dead-lettering is announced (PostgreSQL's NOTIFY)."""
+    claim_commit: str = "off"
+    """PostgreSQL: the ``synchronous_commit`` of a claim's own transaction."""
     key_locks: bool = False
     """Whether writers of one ordering key must lock it (PostgreSQL's advisory locks);
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
@@ -50,8 +60,7 @@ class Operation(Generic[P, T]):
 
     def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
         self.plan = plan
-        self.read_only = is_read_only(plan)
-        self.atomic = is_atomic(plan)
+        self.access = access_of(plan)
 
     @overload
     def __get__(self, executor: None, owner: type) -> Operation[P, T]: ...
@@ -60,12 +69,10 @@ class Operation(Generic[P, T]):
     def __get__(self, executor: Executor | None, owner: type) -> Operation[P, T] | Callable[P, T]:
         if executor is None:
             return self
-        plan, read_only, atomic = self.plan, self.read_only, self.atomic
+        plan, access = self.plan, self.access
 
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return executor.execute(
-                plan(executor.settings, *args, **kwargs), read_only=read_only, atomic=atomic
-            )
+            return executor.execute(plan(executor.settings, *args, **kwargs), access)
 
         return call
 
@@ -75,8 +82,7 @@ class AsyncOperation(Generic[P, T]):
 
     def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
         self.plan = plan
-        self.read_only = is_read_only(plan)
-        self.atomic = is_atomic(plan)
+        self.access = access_of(plan)
 
     @overload
     def __get__(self, executor: None, owner: type) -> AsyncOperation[P, T]: ...
@@ -87,12 +93,10 @@ class AsyncOperation(Generic[P, T]):
     ) -> AsyncOperation[P, T] | Callable[P, Awaitable[T]]:
         if executor is None:
             return self
-        plan, read_only, atomic = self.plan, self.read_only, self.atomic
+        plan, access = self.plan, self.access
 
-        def call(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
-            return executor.execute(
-                plan(executor.settings, *args, **kwargs), read_only=read_only, atomic=atomic
-            )
+        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await executor.execute(plan(executor.settings, *args, **kwargs), access)
 
         return call
 
@@ -103,9 +107,20 @@ class Executor(ABC):
     settings: Settings
 
     @abstractmethod
-    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
-        """Run one operation's plan to its result (see :mod:`sqlbroker.storage.plan` for
-        ``read_only`` and ``atomic``)."""
+    def execute(self, plan: Plan[T], access: Access) -> T:
+        """Run one operation's plan to its result, as ``access`` says."""
+
+    # --- leased copies and the reaper ---------------------------------------------------
+    message_claim_many = Operation(messages.message_claim_many)
+    message_retry_many = Operation(messages.message_retry_many)
+    message_dead_many = Operation(messages.message_dead_many)
+    message_extend_leases = Operation(messages.message_extend_leases)
+    message_release_many = Operation(messages.message_release_many)
+    message_cancel_many = Operation(messages.message_cancel_many)
+    lease_release_expired = Operation(messages.lease_release_expired)
+    message_expire = Operation(messages.message_expire)
+    key_repair = Operation(messages.key_repair)
+    dedupe_trim = Operation(messages.dedupe_trim)
 
     # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
     processed_reserve = Operation(processed.reserve)
@@ -132,8 +147,20 @@ class AsyncExecutor(ABC):
     settings: Settings
 
     @abstractmethod
-    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
-        """Run one operation's plan to its result."""
+    async def execute(self, plan: Plan[T], access: Access) -> T:
+        """Run one operation's plan to its result, as ``access`` says."""
+
+    # --- leased copies and the reaper ---------------------------------------------------
+    message_claim_many = AsyncOperation(messages.message_claim_many)
+    message_retry_many = AsyncOperation(messages.message_retry_many)
+    message_dead_many = AsyncOperation(messages.message_dead_many)
+    message_extend_leases = AsyncOperation(messages.message_extend_leases)
+    message_release_many = AsyncOperation(messages.message_release_many)
+    message_cancel_many = AsyncOperation(messages.message_cancel_many)
+    lease_release_expired = AsyncOperation(messages.lease_release_expired)
+    message_expire = AsyncOperation(messages.message_expire)
+    key_repair = AsyncOperation(messages.key_repair)
+    dedupe_trim = AsyncOperation(messages.dedupe_trim)
 
     # --- processed keys --------------------------------------------------------------------
     processed_reserve = AsyncOperation(processed.reserve)
@@ -161,7 +188,7 @@ class Tx(Executor):
         self.settings = settings
         self._run = run
 
-    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+    def execute(self, plan: Plan[T], access: Access) -> T:
         result: T = self._run(plan)
         return result
 
@@ -173,6 +200,6 @@ class AsyncTx(AsyncExecutor):
         self.settings = settings
         self._run = run
 
-    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+    async def execute(self, plan: Plan[T], access: Access) -> T:
         result: T = await self._run(plan)
         return result

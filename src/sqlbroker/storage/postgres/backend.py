@@ -26,26 +26,20 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import ConnectionLost
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
-    Delivery,
     Subscription,
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import (
-    DeadRequest,
     Lease,
-    ReapResult,
-    RetryRequest,
-    undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
-from sqlbroker.storage.plan import Plan
+from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect
 from sqlbroker.storage.postgres.connection import (
     AsyncConn,
     Conn,
     PostgresPool,
-    Statement,
     StatementPlan,
     run_plan,
     run_plan_async,
@@ -59,7 +53,7 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
+from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
@@ -130,11 +124,15 @@ class PostgresBackend(
         self.settings = Settings(
             dialect="postgresql",
             limits=self.limits,
+            clock=clock,
+            promotion=self._promotion,
+            dead_channel=self.dead_channel,
+            claim_commit=self._claim_commit,
             supports_notify=True,
             notify_channel=self.notify_channel,
             key_locks=True,
         )
-        self.async_ops = _PostgresAsyncOps(self)
+        self.async_ops: AsyncExecutor = _PostgresAsyncOps(self)
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self._url!s})"
@@ -152,13 +150,13 @@ class PostgresBackend(
 
     # --- the seam ----------------------------------------------------------------------------
 
-    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+    def execute(self, plan: Plan[T], access: Access) -> T:
         """Run one operation on a pooled connection: an ``atomic`` one in a transaction,
         any other in autocommit, each of its statements committing on its own."""
-        if atomic:
+        if access.atomic:
             with self._db.transaction() as conn:
                 return dialect.run(conn, self._sql, plan, self._clock.now())
-        with self._db.connection(write=not read_only) as conn:
+        with self._db.connection(write=not access.read_only) as conn:
             return dialect.run(conn, self._sql, plan, self._clock.now())
 
     @contextlib.contextmanager
@@ -280,82 +278,6 @@ class PostgresBackend(
 
     # --- consuming ---------------------------------------------------------------------------
 
-    def message_claim_many(
-        self,
-        *,
-        subscription: str,
-        limit: int,
-        lease: float,
-        worker: str | None,
-        max_attempts: int | None = None,
-    ) -> list[Delivery]:
-        promote, claim = self._claim_statements(subscription, limit, lease, worker, max_attempts)
-        with self._db.connection(write=True) as conn:
-            if promote is not None:
-                # Both statements travel in one round trip; the promotion commits first, so
-                # the claim sees delayed messages that just became due.
-                with conn.pipeline():
-                    conn.execute(*promote)
-                    cursor = conn.execute(*claim)
-            else:
-                cursor = conn.execute(*claim)
-            rows = cursor.fetchall()
-        deliveries, damaged = deliveries_of(rows)
-        if damaged:
-            self.message_dead_many(deaths=undecodable_deaths(damaged))
-        return deliveries
-
-    async def message_claim_many_async(
-        self,
-        *,
-        subscription: str,
-        limit: int,
-        lease: float,
-        worker: str | None,
-        max_attempts: int | None = None,
-    ) -> list[Delivery]:
-        promote, claim = self._claim_statements(subscription, limit, lease, worker, max_attempts)
-        async with self._db.connection_async(write=True) as conn:
-            if promote is not None:
-                async with conn.pipeline():
-                    await conn.execute(*promote)
-                    cursor = await conn.execute(*claim)
-            else:
-                cursor = await conn.execute(*claim)
-            rows = await cursor.fetchall()
-        deliveries, damaged = deliveries_of(rows)
-        if damaged:
-            # Rare: the sync pool, in a thread, rather than an async copy of the statement.
-            await asyncio.to_thread(self.message_dead_many, deaths=undecodable_deaths(damaged))
-        return deliveries
-
-    def _claim_statements(
-        self,
-        subscription: str,
-        limit: int,
-        lease: float,
-        worker: str | None,
-        max_attempts: int | None,
-    ) -> tuple[Statement | None, Statement]:
-        """The claim, and before it the promotion of due delayed copies when one is due."""
-        now = self._now_param()
-        claim = {
-            "subscription": subscription,
-            "now": now,
-            "lease": lease,
-            "limit": limit,
-            "worker": worker,
-            "max_attempts": max_attempts,
-            "claim_commit": self._claim_commit,
-        }
-        promote: Statement | None = None
-        if self._promotion.due(subscription, None if now is None else now.timestamp()):
-            promote = (
-                self._sql["message_promote_scheduled"],
-                {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
-            )
-        return promote, (self._sql["message_claim"], claim)
-
     @staticmethod
     def _lease_params(leases: Sequence[Lease]) -> dict[str, Any]:
         return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
@@ -415,99 +337,7 @@ class PostgresBackend(
                 },
             )
 
-    def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
-        if not retries:
-            return []
-        params = {
-            **self._lease_params([r.lease for r in retries]),
-            "afters": [float(r.after) for r in retries],
-            "errors": [error_json(r.error) for r in retries],
-            "snoozes": [r.snooze for r in retries],
-            "now": self._now_param(),
-            "channel": self.notify_channel,
-        }
-        with self._db.connection(write=True) as conn:
-            return [row[0] for row in conn.execute(self._sql["message_retry"], params).fetchall()]
-
-    def message_dead_many(self, *, deaths: Sequence[DeadRequest]) -> list[int]:
-        if not deaths:
-            return []
-        params = {
-            **self._lease_params([d.lease for d in deaths]),
-            "reasons": [d.reason for d in deaths],
-            "error_types": [d.error.type if d.error else None for d in deaths],
-            "error_messages": [d.error.message if d.error else None for d in deaths],
-            "tracebacks": [d.error.traceback if d.error else None for d in deaths],
-            "now": self._now_param(),
-            "dead_channel": self.dead_channel,
-        }
-        with self._db.connection(write=True) as conn:
-            rows = conn.execute(self._sql["message_dead"], params).fetchall()
-            self._promote_after(conn, rows)
-        return [row[0] for row in rows]
-
-    def message_extend_leases(
-        self, *, leases: Sequence[Lease], lease: float
-    ) -> dict[int, datetime]:
-        if not leases:
-            return {}
-        with self._db.connection(write=True) as conn:
-            rows = conn.execute(
-                self._sql["message_extend"],
-                {**self._lease_params(leases), "lease": lease, "now": self._now_param()},
-            ).fetchall()
-        return {row[0]: utc(row[1]) for row in rows}
-
-    def message_release_many(self, *, leases: Sequence[Lease]) -> list[int]:
-        if not leases:
-            return []
-        with self._db.connection(write=True) as conn:
-            rows = conn.execute(self._sql["message_release"], self._lease_params(leases)).fetchall()
-        return sorted(row[0] for row in rows)
-
-    def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
-        with self._db.connection(write=True) as conn:
-            rows = conn.execute(
-                self._sql["message_cancel"],
-                {"message_ids": list(message_ids), "now": self._now_param()},
-            ).fetchall()
-            self._promote_after(conn, rows)
-        return len(rows)
-
     # --- maintenance -------------------------------------------------------------------------
-
-    def lease_release_expired(self, *, limit: int) -> ReapResult:
-        params = {
-            "now": self._now_param(),
-            "limit": limit,
-            "dead_channel": self.dead_channel,
-            "last_error": _WORKER_LOST,
-        }
-        with self._db.connection(write=True) as conn:
-            dead = conn.execute(self._sql["lease_expired_dead"], params).fetchall()
-            self._promote_after(conn, dead)
-            released = conn.execute(self._sql["lease_expired_release"], params).rowcount
-        return ReapResult(released=released, dead=len(dead))
-
-    def message_expire(self, *, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            rows = conn.execute(
-                self._sql["message_expire"], {"now": self._now_param(), "limit": limit}
-            ).fetchall()
-            self._promote_after(conn, rows)
-        return len(rows)
-
-    def key_repair(self, *, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            return conn.execute(
-                self._sql["key_repair"], {"now": self._now_param(), "limit": limit}
-            ).rowcount
-
-    def dedupe_trim(self, *, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            return conn.execute(
-                self._sql["dedupe_trim"], {"now": self._now_param(), "limit": limit}
-            ).rowcount
 
     def archive_trim(self, *, older_than: datetime, limit: int) -> int:
         with self._db.connection(write=True) as conn:
@@ -523,10 +353,10 @@ class _PostgresAsyncOps(AsyncExecutor):
         self.settings = backend.settings
         self._backend = backend
 
-    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+    async def execute(self, plan: Plan[T], access: Access) -> T:
         backend = self._backend
-        if atomic:
+        if access.atomic:
             async with backend._db.transaction_async() as conn:
                 return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())
-        async with backend._db.connection_async(write=not read_only) as conn:
+        async with backend._db.connection_async(write=not access.read_only) as conn:
             return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())

@@ -523,8 +523,7 @@ dead AS (
     )
     SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
            payload, content_type, headers, attempts, max_attempts, replay_count,
-           'worker lost: the lease expired on the last attempt', 'sqlbroker.WorkerLost',
-           'the worker holding the message stopped acknowledging it', NULL, enqueued_at,
+           %(reason)s, %(error_type)s, %(error_message)s, NULL, enqueued_at,
            first_started_at,
            coalesce(first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
            coalesce(%(now)s::timestamptz, statement_timestamp()),

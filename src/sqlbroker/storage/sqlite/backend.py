@@ -26,23 +26,18 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
-    Delivery,
     Outcome,
     Subscription,
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import (
-    DeadRequest,
     Lease,
-    ReapResult,
-    RetryRequest,
-    undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
-from sqlbroker.storage.plan import Plan
+from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
+from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
@@ -113,17 +108,23 @@ class SqliteBackend(
         self._threads = SqliteThreads()
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
-        self.settings = Settings(dialect="sqlite", limits=self.limits)
-        self.async_ops = _SqliteAsyncOps(self)
+        self.settings = Settings(
+            dialect="sqlite", limits=self.limits, clock=clock, promotion=self._promotion
+        )
+        self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
 
     # --- the seam ----------------------------------------------------------------------------
 
-    def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
+    def execute(self, plan: Plan[T], access: Access) -> T:
         """Run one operation in a write transaction of its own (a read in none)."""
-        with self._db.read() if read_only else self._db.write() as conn:
+        if access.read_only:
+            with self._db.read() as conn:
+                return dialect.run(conn, self._sql, plan, self._now())
+        flush = self._flush_claims or not access.relaxed
+        with self._db.write(flush=flush) as conn:
             return dialect.run(conn, self._sql, plan, self._now())
 
     @contextlib.contextmanager
@@ -263,40 +264,6 @@ class SqliteBackend(
 
     # --- consuming ---------------------------------------------------------------------------
 
-    def message_claim_many(
-        self,
-        *,
-        subscription: str,
-        limit: int,
-        lease: float,
-        worker: str | None,
-        max_attempts: int | None = None,
-    ) -> list[Delivery]:
-        injected = self._clock.now()
-        now = time.time() if injected is None else injected.timestamp()
-        promote = self._promotion.due(subscription, None if injected is None else now)
-        with self._db.write(flush=self._flush_claims) as conn:
-            if promote:
-                conn.execute(
-                    self._sql["message_promote_scheduled"],
-                    {"subscription": subscription, "now": now, "limit": _PROMOTE_BATCH},
-                )
-            rows = conn.execute(
-                self._sql["message_claim"],
-                {
-                    "subscription": subscription,
-                    "now": now,
-                    "lease": lease,
-                    "limit": limit,
-                    "worker": worker,
-                    "max_attempts": max_attempts,
-                },
-            ).fetchall()
-        deliveries, damaged = deliveries_of(rows)
-        if damaged:
-            self.message_dead_many(deaths=undecodable_deaths(damaged))
-        return deliveries
-
     def _valid_ids(self, conn: sqlite3.Connection, leases: Sequence[Lease]) -> list[int]:
         batch = json.dumps([[lease.id, lease.token] for lease in leases])
         return [row[0] for row in conn.execute(self._sql["lease_valid_ids"], {"batch": batch})]
@@ -317,28 +284,11 @@ class SqliteBackend(
         heads = conn.execute(self._sql["key_heads_of_ids"], {"ids": encoded}).fetchall()
         conn.execute(self._sql["message_delete_ids"], {"ids": encoded})
         if heads:
-            keys = json.dumps([[row[0], row[1]] for row in heads])
-            conn.execute(self._sql["key_promote"], {"keys": keys, "now": now})
-
-    async def message_claim_many_async(
-        self,
-        *,
-        subscription: str,
-        limit: int,
-        lease: float,
-        worker: str | None,
-        max_attempts: int | None = None,
-    ) -> list[Delivery]:
-        return await self._threads.run(
-            functools.partial(
-                self.message_claim_many,
-                subscription=subscription,
-                limit=limit,
-                lease=lease,
-                worker=worker,
-                max_attempts=max_attempts,
+            subscriptions = json.dumps([row[0] for row in heads])
+            keys = json.dumps([row[1] for row in heads])
+            conn.execute(
+                self._sql["key_promote"], {"subscriptions": subscriptions, "keys": keys, "now": now}
             )
-        )
 
     def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
         if not leases:
@@ -388,128 +338,7 @@ class SqliteBackend(
             finally:
                 del self._held[id(conn)]
 
-    def message_retry_many(self, *, retries: Sequence[RetryRequest]) -> list[int]:
-        if not retries:
-            return []
-        batch = json.dumps(
-            [
-                [r.lease.id, r.lease.token, r.after, error_json(r.error), int(r.snooze)]
-                for r in retries
-            ]
-        )
-        with self._db.write() as conn:
-            rows = conn.execute(
-                self._sql["message_retry"], {"batch": batch, "now": self._now()}
-            ).fetchall()
-        return sorted(row[0] for row in rows)
-
-    def message_dead_many(self, *, deaths: Sequence[DeadRequest]) -> list[int]:
-        if not deaths:
-            return []
-        batch = json.dumps(
-            [
-                [
-                    d.lease.id,
-                    d.lease.token,
-                    d.reason,
-                    d.error.type if d.error else None,
-                    d.error.message if d.error else None,
-                    d.error.traceback if d.error else None,
-                ]
-                for d in deaths
-            ]
-        )
-        with self._db.write() as conn:
-            ids = self._valid_ids(conn, [d.lease for d in deaths])
-            if ids:
-                conn.execute(self._sql["dead_insert_leased"], {"batch": batch, "now": self._now()})
-                self._delete(conn, ids, self._now())
-        return ids
-
-    def message_extend_leases(
-        self, *, leases: Sequence[Lease], lease: float
-    ) -> dict[int, datetime]:
-        if not leases:
-            return {}
-        with self._db.write() as conn:
-            ids = self._valid_ids(conn, leases)
-            rows = conn.execute(
-                self._sql["message_extend"],
-                {"ids": json.dumps(ids), "now": self._now(), "lease": lease},
-            ).fetchall()
-        return {row[0]: utc(row[1]) for row in rows}
-
-    def message_release_many(self, *, leases: Sequence[Lease]) -> list[int]:
-        if not leases:
-            return []
-        with self._db.write() as conn:
-            ids = self._valid_ids(conn, leases)
-            rows = conn.execute(self._sql["message_release"], {"ids": json.dumps(ids)}).fetchall()
-        return sorted(row[0] for row in rows)
-
-    def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
-        with self._db.write() as conn:
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    self._sql["message_cancel_ids"], {"message_ids": json.dumps(list(message_ids))}
-                )
-            ]
-            self._archive_and_delete(conn, ids, Outcome.CANCELLED, self._now())
-        return len(ids)
-
     # --- maintenance -------------------------------------------------------------------------
-
-    def lease_release_expired(self, *, limit: int) -> ReapResult:
-        now = self._now()
-        with self._db.write() as conn:
-            spent = [
-                row[0]
-                for row in conn.execute(
-                    self._sql["lease_expired_spent_ids"], {"now": now, "limit": limit}
-                )
-            ]
-            if spent:
-                conn.execute(
-                    self._sql["dead_insert_ids"],
-                    {
-                        "ids": json.dumps(spent),
-                        "now": now,
-                        "reason": "worker lost: the lease expired on the last attempt",
-                        "error_type": "sqlbroker.WorkerLost",
-                        "error_message": "the worker holding the message stopped acknowledging it",
-                    },
-                )
-                self._delete(conn, spent, now)
-            released = conn.execute(
-                self._sql["lease_expired_release"],
-                {"now": now, "limit": limit, "last_error": _WORKER_LOST},
-            ).rowcount
-        return ReapResult(released=released, dead=len(spent))
-
-    def message_expire(self, *, limit: int) -> int:
-        now = self._now()
-        with self._db.write() as conn:
-            ids = [
-                row[0]
-                for row in conn.execute(
-                    self._sql["message_expired_ids"], {"now": now, "limit": limit}
-                )
-            ]
-            self._archive_and_delete(conn, ids, Outcome.EXPIRED, now)
-        return len(ids)
-
-    def key_repair(self, *, limit: int) -> int:
-        with self._db.write() as conn:
-            return conn.execute(
-                self._sql["key_repair"], {"now": self._now(), "limit": limit}
-            ).rowcount
-
-    def dedupe_trim(self, *, limit: int) -> int:
-        with self._db.write() as conn:
-            return conn.execute(
-                self._sql["dedupe_trim"], {"now": self._now(), "limit": limit}
-            ).rowcount
 
     def archive_trim(self, *, older_than: datetime, limit: int) -> int:
         with self._db.write() as conn:
@@ -525,6 +354,6 @@ class _SqliteAsyncOps(AsyncExecutor):
         self.settings = backend.settings
         self._backend = backend
 
-    async def execute(self, plan: Plan[T], *, read_only: bool, atomic: bool) -> T:
-        run = functools.partial(self._backend.execute, plan, read_only=read_only, atomic=atomic)
+    async def execute(self, plan: Plan[T], access: Access) -> T:
+        run = functools.partial(self._backend.execute, plan, access)
         return await self._backend._threads.run(run)

@@ -2,11 +2,14 @@
 
 Times are stored as Unix seconds (``REAL``) and sequences travel as JSON arrays, which
 the SQL unpacks with ``json_each``; rows come back as ``sqlite3.Row``, addressable by
-position and by column name alike.
+position and by column name alike. SQLite has no data-changing statement inside a
+``WITH``, so a block may hold several statements: they run in order with the same
+parameters, and the last one's rows are the block's.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Mapping
@@ -26,6 +29,21 @@ def encode(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def statements(block: str) -> tuple[str, ...]:
+    """The statements of a block, split once per block text."""
+    found: list[str] = []
+    buffer = ""
+    for line in block.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            found.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        found.append(buffer.strip())
+    return tuple(found)
+
+
 def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: float) -> T:
     """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
     try:
@@ -33,7 +51,10 @@ def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: fl
         while True:
             params = {name: encode(value) for name, value in query.params.items()}
             params["now"] = now
-            cursor = conn.execute(sql[query.block], params)
+            *before, last = statements(sql[query.block])
+            for statement in before:
+                conn.execute(statement, params)
+            cursor = conn.execute(last, params)
             rows = Rows(cursor.fetchall(), cursor.rowcount)
             query = plan.send(rows)
     except StopIteration as done:

@@ -201,9 +201,8 @@ WHERE id IN (
               AND b.state = 'blocked'
             ORDER BY b.id
             LIMIT 1)
-    FROM (SELECT DISTINCT json_extract(value, '$[0]') AS subscription,
-                          json_extract(value, '$[1]') AS ordering_key
-          FROM json_each(:keys)) k
+    FROM (SELECT DISTINCT s.value AS subscription, o.value AS ordering_key
+          FROM json_each(:subscriptions) s JOIN json_each(:keys) o ON o.key = s.key) k
     WHERE NOT EXISTS (
         SELECT 1 FROM sqlbroker_message o
         WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
@@ -241,53 +240,25 @@ SET state = CASE WHEN b.after > 0 THEN 'scheduled' ELSE 'available' END,
     first_failed_at = CASE WHEN b.snooze THEN sqlbroker_message.first_failed_at
                            ELSE coalesce(sqlbroker_message.first_failed_at, :now) END,
     last_failed_at = CASE WHEN b.snooze THEN sqlbroker_message.last_failed_at ELSE :now END
-FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
-             json_extract(value, '$[2]') AS after, json_extract(value, '$[3]') AS last_error,
-             json_extract(value, '$[4]') AS snooze
-      FROM json_each(:batch)) b
+FROM (SELECT i.value AS id, t.value AS token, a.value AS after, e.value AS last_error,
+             s.value AS snooze
+      FROM json_each(:ids) i
+      JOIN json_each(:tokens) t ON t.key = i.key
+      JOIN json_each(:afters) a ON a.key = i.key
+      JOIN json_each(:errors) e ON e.key = i.key
+      JOIN json_each(:snoozes) s ON s.key = i.key) b
 WHERE b.id = sqlbroker_message.id AND b.token = sqlbroker_message.lease_token
   AND sqlbroker_message.state = 'running'
 RETURNING sqlbroker_message.id
 
--- name: dead_insert_leased
-INSERT INTO sqlbroker_dead (
-    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
-    payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
-    error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
-    dead_at
-)
-SELECT m.id, m.message_id, m.subscription, m.topic, m.priority, m.ordering_key,
-       m.idempotency_key, m.payload, m.content_type, m.headers, m.attempts, m.max_attempts,
-       m.replay_count, b.reason, b.error_type, b.error_message, b.traceback, m.enqueued_at,
-       m.first_started_at, coalesce(m.first_failed_at, :now), :now, :now
-FROM sqlbroker_message m
-JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
-             json_extract(value, '$[2]') AS reason, json_extract(value, '$[3]') AS error_type,
-             json_extract(value, '$[4]') AS error_message, json_extract(value, '$[5]') AS traceback
-      FROM json_each(:batch)) b ON b.id = m.id AND b.token = m.lease_token
-WHERE m.state = 'running'
-ORDER BY m.id
-
--- name: dead_insert_ids
-INSERT INTO sqlbroker_dead (
-    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
-    payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
-    error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
-    dead_at
-)
-SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
-       payload, content_type, headers, attempts, max_attempts, replay_count, :reason,
-       :error_type, :error_message, NULL, enqueued_at, first_started_at,
-       coalesce(first_failed_at, :now), :now, :now
-FROM sqlbroker_message
-WHERE id IN (SELECT value FROM json_each(:ids))
-ORDER BY id
-
 -- name: message_extend
 UPDATE sqlbroker_message
 SET lease_expires_at = :now + :lease
-WHERE state = 'running' AND id IN (SELECT value FROM json_each(:ids))
-RETURNING id, lease_expires_at
+FROM (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+      JOIN json_each(:tokens) t ON t.key = i.key) l
+WHERE sqlbroker_message.id = l.id AND sqlbroker_message.lease_token = l.token
+  AND sqlbroker_message.state = 'running'
+RETURNING sqlbroker_message.id, sqlbroker_message.lease_expires_at
 
 -- name: message_release
 UPDATE sqlbroker_message
@@ -296,14 +267,11 @@ SET state = 'available',
     lease_token = NULL,
     lease_expires_at = NULL,
     worker = NULL
-WHERE state = 'running' AND id IN (SELECT value FROM json_each(:ids))
-RETURNING id
-
--- name: lease_expired_spent_ids
-SELECT id FROM sqlbroker_message
-WHERE state = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
-ORDER BY lease_expires_at
-LIMIT :limit
+FROM (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+      JOIN json_each(:tokens) t ON t.key = i.key) l
+WHERE sqlbroker_message.id = l.id AND sqlbroker_message.lease_token = l.token
+  AND sqlbroker_message.state = 'running'
+RETURNING sqlbroker_message.id
 
 -- name: lease_expired_release
 UPDATE sqlbroker_message
@@ -321,17 +289,101 @@ WHERE id IN (
     LIMIT :limit
 )
 
--- name: message_expired_ids
-SELECT id FROM sqlbroker_message
-WHERE expires_at <= :now AND state <> 'running'
-ORDER BY expires_at
-LIMIT :limit
-
--- name: message_cancel_ids
-SELECT id FROM sqlbroker_message
-WHERE message_id IN (SELECT value FROM json_each(:message_ids)) AND state <> 'running'
-
 -- name: archive_trim
 DELETE FROM sqlbroker_archive
 WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
 
+-- name: message_dead
+-- Two statements (SQLite has no DML in a WITH): the valid leases' copies are copied to
+-- the dead letters, then deleted, returning what promote_heads needs; both select the same
+-- rows inside one write transaction.
+INSERT INTO sqlbroker_dead (
+    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+    payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
+    error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
+    dead_at
+)
+SELECT m.id, m.message_id, m.subscription, m.topic, m.priority, m.ordering_key,
+       m.idempotency_key, m.payload, m.content_type, m.headers, m.attempts, m.max_attempts,
+       m.replay_count, b.reason, b.error_type, b.error_message, b.traceback, m.enqueued_at,
+       m.first_started_at, coalesce(m.first_failed_at, :now), :now, :now
+FROM sqlbroker_message m
+JOIN (SELECT i.value AS id, t.value AS token, r.value AS reason, et.value AS error_type,
+             em.value AS error_message, tb.value AS traceback
+      FROM json_each(:ids) i
+      JOIN json_each(:tokens) t ON t.key = i.key
+      JOIN json_each(:reasons) r ON r.key = i.key
+      JOIN json_each(:error_types) et ON et.key = i.key
+      JOIN json_each(:error_messages) em ON em.key = i.key
+      JOIN json_each(:tracebacks) tb ON tb.key = i.key) b ON b.id = m.id AND b.token = m.lease_token
+WHERE m.state = 'running'
+ORDER BY m.id;
+DELETE FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+      JOIN json_each(:tokens) t ON t.key = i.key)
+RETURNING id, subscription, ordering_key, state
+
+-- name: message_cancel
+-- Two statements, as in message_dead.
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+    enqueued_at, first_started_at, finished_at
+)
+SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, first_started_at, :now
+FROM sqlbroker_message
+WHERE message_id IN (SELECT value FROM json_each(:message_ids)) AND state <> 'running'
+ORDER BY id;
+DELETE FROM sqlbroker_message
+WHERE message_id IN (SELECT value FROM json_each(:message_ids)) AND state <> 'running'
+RETURNING id, subscription, ordering_key, state
+
+-- name: lease_expired_dead
+-- Two statements, as in message_dead: copies whose lease expired on their last attempt.
+INSERT INTO sqlbroker_dead (
+    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+    payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
+    error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
+    dead_at
+)
+SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+       payload, content_type, headers, attempts, max_attempts, replay_count, :reason,
+       :error_type, :error_message, NULL, enqueued_at, first_started_at,
+       coalesce(first_failed_at, :now), :now, :now
+FROM sqlbroker_message
+WHERE id IN (SELECT id FROM sqlbroker_message
+             WHERE state = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
+             ORDER BY lease_expires_at, id
+             LIMIT :limit)
+ORDER BY id;
+DELETE FROM sqlbroker_message
+WHERE id IN (SELECT id FROM sqlbroker_message
+             WHERE state = 'running' AND lease_expires_at <= :now AND attempts >= max_attempts
+             ORDER BY lease_expires_at, id
+             LIMIT :limit)
+RETURNING id, subscription, ordering_key, state
+
+-- name: message_expire
+-- Two statements, as in message_dead: copies whose TTL passed.
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+    enqueued_at, first_started_at, finished_at
+)
+SELECT id, message_id, subscription, topic, 'expired', priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, first_started_at, :now
+FROM sqlbroker_message
+WHERE id IN (SELECT id FROM sqlbroker_message
+             WHERE expires_at <= :now AND state <> 'running'
+             ORDER BY expires_at, id
+             LIMIT :limit)
+ORDER BY id;
+DELETE FROM sqlbroker_message
+WHERE id IN (SELECT id FROM sqlbroker_message
+             WHERE expires_at <= :now AND state <> 'running'
+             ORDER BY expires_at, id
+             LIMIT :limit)
+RETURNING id, subscription, ordering_key, state
