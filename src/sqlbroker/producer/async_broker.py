@@ -17,11 +17,12 @@ from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import LeaseLost
 from sqlbroker.core.message import (
+    NORMAL,
     ArchivedMessage,
     DeadLetter,
     Delivery,
+    ErrorInfo,
     NewMessage,
     Outcome,
     PendingMessage,
@@ -35,9 +36,15 @@ from sqlbroker.features.processed import Once
 from sqlbroker.features.publishing import build_batch, build_message, check_options
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
-from sqlbroker.producer.consuming import delivery_list
+from sqlbroker.producer.consuming import (
+    TAKE_BACK_BATCH,
+    delivery_list,
+    one_delivery,
+    raise_lost,
+    retry_request,
+)
 from sqlbroker.storage import caller
-from sqlbroker.storage.base import Lease
+from sqlbroker.storage.base import Backend, DeadRequest, Lease
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -150,46 +157,135 @@ class AsyncBroker:
     async def migrate(self) -> builtins.list[int]:
         return await self._offload.run(self.sync.migrate)
 
-    # With ``conn=`` the publish joins the caller's transaction. An async connection
-    # (psycopg's AsyncConnection, SQLAlchemy's asyncio) is awaited on this loop; a sync one
-    # is used on the calling thread, where its owner uses it (sqlite3 connections refuse
-    # other threads).
+    # A publish runs on this loop: PostgreSQL on the loop's async pool, SQLite on the
+    # backend's own threads. With ``conn=`` it joins the caller's transaction: an async
+    # connection (psycopg's AsyncConnection, SQLAlchemy's asyncio) is awaited here; a sync
+    # one is used on the calling thread, where its owner uses it (sqlite3 connections
+    # refuse other threads).
 
-    async def publish(self, topic: str, payload: Any, *, conn: Any = None, **options: Any) -> str:
-        if conn is None:
-            return await self._offload.run(self.sync.publish, topic, payload, **options)
-        if not caller.is_async(conn):
-            return self.sync.publish(topic, payload, conn=conn, **options)
-        message = build_message(topic, payload, defaults=self.sync.publish_defaults, **options)
+    async def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        priority: int = NORMAL,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        ttl: float | timedelta | None = None,
+        expires_at: datetime | None = None,
+        max_attempts: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        dedupe_window: float | timedelta | None = None,
+        content_type: str | None = None,
+        conn: Any = None,
+    ) -> str:
+        """See :meth:`Broker.publish`."""
+        if conn is not None and not caller.is_async(conn):
+            return self.sync.publish(
+                topic,
+                payload,
+                key=key,
+                priority=priority,
+                delay=delay,
+                at=at,
+                ttl=ttl,
+                expires_at=expires_at,
+                max_attempts=max_attempts,
+                headers=headers,
+                idempotency_key=idempotency_key,
+                dedupe_window=dedupe_window,
+                content_type=content_type,
+                conn=conn,
+            )
+        message = build_message(
+            topic,
+            payload,
+            defaults=self.sync.publish_defaults,
+            key=key,
+            priority=priority,
+            delay=delay,
+            at=at,
+            ttl=ttl,
+            expires_at=expires_at,
+            max_attempts=max_attempts,
+            headers=headers,
+            idempotency_key=idempotency_key,
+            dedupe_window=dedupe_window,
+            content_type=content_type,
+        )
         return (await self._insert_async([message], None, conn))[0]
 
     async def publish_many(
         self, messages: Iterable[Mapping[str, Any]], *, conn: Any = None
     ) -> builtins.list[str]:
-        if conn is None:
-            return await self._offload.run(self.sync.publish_many, _materialized(messages))
-        if not caller.is_async(conn):
+        """See :meth:`Broker.publish_many`."""
+        if conn is not None and not caller.is_async(conn):
             return self.sync.publish_many(messages, conn=conn)
         batch = build_batch(messages, defaults=self.sync.publish_defaults)
         return await self._insert_async(batch, None, conn) if batch else []
 
-    async def send(self, queue: str, payload: Any, *, conn: Any = None, **options: Any) -> str:
-        if conn is None:
-            return await self._offload.run(self.sync.send, queue, payload, **options)
-        if not caller.is_async(conn):
-            return self.sync.send(queue, payload, conn=conn, **options)
+    async def send(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        priority: int = NORMAL,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+        ttl: float | timedelta | None = None,
+        expires_at: datetime | None = None,
+        max_attempts: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        dedupe_window: float | timedelta | None = None,
+        content_type: str | None = None,
+        conn: Any = None,
+    ) -> str:
+        """See :meth:`Broker.send`."""
+        if conn is not None and not caller.is_async(conn):
+            return self.sync.send(
+                queue,
+                payload,
+                key=key,
+                priority=priority,
+                delay=delay,
+                at=at,
+                ttl=ttl,
+                expires_at=expires_at,
+                max_attempts=max_attempts,
+                headers=headers,
+                idempotency_key=idempotency_key,
+                dedupe_window=dedupe_window,
+                content_type=content_type,
+                conn=conn,
+            )
         validate_topic(queue, "queue")
-        message = build_message(queue, payload, defaults=self.sync.publish_defaults, **options)
+        message = build_message(
+            queue,
+            payload,
+            defaults=self.sync.publish_defaults,
+            key=key,
+            priority=priority,
+            delay=delay,
+            at=at,
+            ttl=ttl,
+            expires_at=expires_at,
+            max_attempts=max_attempts,
+            headers=headers,
+            idempotency_key=idempotency_key,
+            dedupe_window=dedupe_window,
+            content_type=content_type,
+        )
         return (await self._insert_async([message], queue, conn))[0]
 
     async def send_many(
         self, queue: str, payloads: Iterable[Any], *, conn: Any = None, **options: Any
     ) -> builtins.list[str]:
-        if conn is None:
-            return await self._offload.run(
-                self.sync.send_many, queue, _materialized(payloads), **options
-            )
-        if not caller.is_async(conn):
+        """See :meth:`Broker.send_many`."""
+        if conn is not None and not caller.is_async(conn):
             return self.sync.send_many(queue, payloads, conn=conn, **options)
         validate_topic(queue, "queue")
         check_options(options)
@@ -198,17 +294,26 @@ class AsyncBroker:
         )
         return await self._insert_async(batch, queue, conn) if batch else []
 
+    async def _backend(self) -> Backend:
+        """The backend, its schema checked: the first call may migrate, on a thread."""
+        ready = self.sync.ready_backend()
+        if ready is not None:
+            return ready
+        return await self._offload.run(lambda: self.sync.backend)
+
     async def _insert_async(
         self, messages: builtins.list[NewMessage], queue: str | None, conn: Any
     ) -> builtins.list[str]:
         messages = self.sync.with_hook_headers(messages)
-        backend = await self._offload.run(lambda: self.sync.backend)
+        backend = await self._backend()
         result = await backend.message_insert_many_async(
             messages=messages,
             subscription=queue,
             conn=conn,
             max_copies=self.sync.limits.max_copies,
         )
+        if conn is None:
+            self.sync.published(queue)
         return result.message_ids
 
     def once(
@@ -246,26 +351,28 @@ class AsyncBroker:
         lease: float | timedelta | None = None,
         worker: str | None = None,
     ) -> builtins.list[Delivery]:
-        return await self._offload.run(
-            self.sync.claim, subscription, limit=limit, lease=lease, worker=worker
-        )
+        """See :meth:`Broker.claim`."""
+        arguments = self.sync.claim_arguments(subscription, limit=limit, lease=lease, worker=worker)
+        operations = (await self._backend()).async_ops
+        if self.sync.take_back_due():
+            await operations.lease_release_expired(limit=TAKE_BACK_BATCH)
+        return await operations.message_claim_many(**arguments)
 
     async def complete(
         self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None
     ) -> None:
+        """See :meth:`Broker.complete`."""
         items = delivery_list(deliveries)
         if conn is None:
             await self._offload.run(self.sync.complete, items)
         elif not caller.is_async(conn):
             self.sync.complete(items, conn=conn)
         else:
-            backend = await self._offload.run(lambda: self.sync.backend)
+            backend = await self._backend()
             done = await backend.message_complete_many_async(
                 leases=[Lease.of(d) for d in items], conn=conn
             )
-            lost = [d.id for d in items if d.id not in set(done)]
-            if lost:
-                raise LeaseLost(lost)
+            raise_lost((d.id for d in items), done)
 
     async def retry(
         self,
@@ -274,24 +381,49 @@ class AsyncBroker:
         after: float | timedelta = 0.0,
         error: BaseException | str | None = None,
     ) -> None:
-        await self._offload.run(self.sync.retry, delivery, after=after, error=error)
+        """See :meth:`Broker.retry`."""
+        item = one_delivery(delivery)
+        request = retry_request(item, after=after, error=error)
+        operations = (await self._backend()).async_ops
+        if isinstance(request, DeadRequest):
+            done = await operations.message_dead_many(deaths=[request])
+        else:
+            done = await operations.message_retry_many(retries=[request])
+        raise_lost([item.id], done)
 
     async def dead_letter(
         self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
     ) -> None:
-        await self._offload.run(self.sync.dead_letter, delivery, reason=reason, error=error)
+        """See :meth:`Broker.dead_letter`."""
+        item = one_delivery(delivery)
+        request = DeadRequest(Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error))
+        operations = (await self._backend()).async_ops
+        raise_lost([item.id], await operations.message_dead_many(deaths=[request]))
 
     async def extend(
         self, delivery: Delivery, *, lease: float | timedelta | None = None
     ) -> datetime:
-        return await self._offload.run(self.sync.extend, delivery, lease=lease)
+        """See :meth:`Broker.extend`."""
+        item = one_delivery(delivery)
+        seconds = self.sync.lease if lease is None else validate.lease_seconds(lease)
+        operations = (await self._backend()).async_ops
+        extended = await operations.message_extend_leases(leases=[Lease.of(item)], lease=seconds)
+        raise_lost([item.id], extended)
+        return extended[item.id]
 
     async def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
+        """See :meth:`Broker.release`."""
         items = delivery_list(deliveries)
-        await self._offload.run(self.sync.release, items)
+        if items:
+            operations = (await self._backend()).async_ops
+            done = await operations.message_release_many(leases=[Lease.of(d) for d in items])
+            raise_lost((d.id for d in items), done)
 
     async def cancel(self, message_id: str) -> int:
-        return await self._offload.run(self.sync.cancel, message_id)
+        """See :meth:`Broker.cancel`."""
+        canonical = validate.message_id(message_id)
+        operations = (await self._backend()).async_ops
+        return await operations.message_cancel_many(message_ids=[canonical])
 
     async def reap(self, *, limit: int = 1000) -> dict[str, int]:
         return await self._offload.run(self.sync.reap, limit=limit)

@@ -144,12 +144,19 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         result = self._checked().message_insert_many(
             messages=messages, subscription=queue, conn=conn, max_copies=self._limits.max_copies
         )
-        # With conn= the caller has not committed yet; NOTIFY or the change watcher
-        # tells the workers once it does.
         if conn is None:
-            for listener in list(self._publish_listeners):
-                listener(queue)
+            self.published(queue)
         return result.message_ids
+
+    def published(self, queue: str | None) -> None:
+        """Tell the publish listeners that a publish committed. With ``conn=`` the caller
+        has not committed yet: NOTIFY or the change watcher tells the workers once it does."""
+        for listener in list(self._publish_listeners):
+            listener(queue)
+
+    def ready_backend(self) -> Backend | None:
+        """The backend once its schema was checked (the first use may migrate), else None."""
+        return self._backend if self._ready else None
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -50,6 +50,31 @@ def _one(value: Delivery | Iterable[Delivery]) -> Delivery:
     return items[0]
 
 
+def raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
+    """``LeaseLost`` naming the copies of ``wanted`` the write did not settle."""
+    lost = sorted(set(wanted) - set(done))
+    if lost:
+        raise LeaseLost(lost)
+
+
+def retry_request(
+    item: Delivery, *, after: float | timedelta, error: BaseException | str | None
+) -> RetryRequest | DeadRequest:
+    """What :meth:`BrokerConsumer.retry` writes: the retry, or the dead letter when the
+    delivery's attempts are spent."""
+    delay = validate.seconds(after, "after")
+    info = ErrorInfo.coerce(error)
+    if item.attempt >= item.max_attempts:
+        reason = f"max attempts exhausted ({item.attempt} of {item.max_attempts})"
+        return DeadRequest(Lease.of(item), reason, info)
+    return RetryRequest(Lease.of(item), delay, info)
+
+
+def one_delivery(value: Delivery | Iterable[Delivery]) -> Delivery:
+    """The one delivery that retry, dead_letter and extend act on."""
+    return _one(value)
+
+
 TAKE_BACK_EVERY = 1.0
 """Seconds between two sweeps of expired leases by :meth:`BrokerConsumer.claim`."""
 TAKE_BACK_BATCH = 1000
@@ -87,38 +112,50 @@ class BrokerConsumer:
         messages of a consumer that died come back to the next claim once their lease
         has run out — or are dead-lettered as ``worker lost`` when that was their last
         attempt — without any worker running."""
-        validate_topic(subscription, "subscription")
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
-        seconds = self._lease if lease is None else validate.lease_seconds(lease)
-        name = (
-            self.worker_name()
-            if worker is None
-            else validate.text(worker, "worker", maximum=200, printable=True)
-        )
+        arguments = self.claim_arguments(subscription, limit=limit, lease=lease, worker=worker)
         backend = self._checked()
-        self._take_back_expired(backend)
-        return backend.message_claim_many(
-            subscription=subscription, limit=count, lease=seconds, worker=name
-        )
+        if self.take_back_due():
+            backend.lease_release_expired(limit=TAKE_BACK_BATCH)
+        return backend.message_claim_many(**arguments)
 
-    def _take_back_expired(self, backend: Backend) -> None:
-        """Return expired leases to their queues (dead-lettering those whose attempts are
-        spent), as a worker's reaper does, at most once every ``TAKE_BACK_EVERY`` seconds:
-        a consumer loop of one's own then sees the messages of a consumer that died, with
-        no worker running anywhere (as SQS's visibility timeout does)."""
+    def claim_arguments(
+        self,
+        subscription: str,
+        *,
+        limit: int,
+        lease: float | timedelta | None,
+        worker: str | None,
+    ) -> dict[str, Any]:
+        """The checked arguments of a claim (both faces validate them here)."""
+        validate_topic(subscription, "subscription")
+        return {
+            "subscription": subscription,
+            "limit": validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM),
+            "lease": self._lease if lease is None else validate.lease_seconds(lease),
+            "worker": (
+                self.worker_name()
+                if worker is None
+                else validate.text(worker, "worker", maximum=200, printable=True)
+            ),
+        }
+
+    def take_back_due(self) -> bool:
+        """Whether a claim should first return expired leases to their queues
+        (dead-lettering those whose attempts are spent), as a worker's reaper does: at most
+        once every ``TAKE_BACK_EVERY`` seconds, so that a consumer loop of one's own sees
+        the messages of a consumer that died, with no worker running anywhere (as SQS's
+        visibility timeout does)."""
         now = self._clock.now() if self._clock is not None else None
         at = now.timestamp() if now is not None else time.monotonic()
         last = self._taken_back_at
         if last is not None and 0 <= at - last < TAKE_BACK_EVERY:
-            return
+            return False
         self._taken_back_at = at
-        backend.lease_release_expired(limit=TAKE_BACK_BATCH)
+        return True
 
     @staticmethod
     def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
-        lost = sorted(set(wanted) - set(done))
-        if lost:
-            raise LeaseLost(lost)
+        raise_lost(wanted, done)
 
     def complete(self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None) -> None:
         """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
@@ -143,28 +180,21 @@ class BrokerConsumer:
         """Give a delivery back to be tried again after ``after`` seconds. When its attempts
         are spent it is dead-lettered instead (reason ``max attempts exhausted``)."""
         item = _one(delivery)
-        delay = validate.seconds(after, "after")
-        info = ErrorInfo.coerce(error)
-        if item.attempt >= item.max_attempts:
-            self._dead(
-                item, f"max attempts exhausted ({item.attempt} of {item.max_attempts})", info
-            )
-            return
-        done = self._checked().message_retry_many(
-            retries=[RetryRequest(Lease.of(item), delay, info)]
-        )
-        self._raise_lost([item.id], done)
+        request = retry_request(item, after=after, error=error)
+        backend = self._checked()
+        if isinstance(request, DeadRequest):
+            done = backend.message_dead_many(deaths=[request])
+        else:
+            done = backend.message_retry_many(retries=[request])
+        raise_lost([item.id], done)
 
     def dead_letter(
         self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
     ) -> None:
         """Move a delivery to the dead letters now, keeping the whole message and why."""
         item = _one(delivery)
-        self._dead(item, validate.reason(reason), ErrorInfo.coerce(error))
-
-    def _dead(self, item: Delivery, reason: str, info: ErrorInfo | None) -> None:
-        done = self._checked().message_dead_many(deaths=[DeadRequest(Lease.of(item), reason, info)])
-        self._raise_lost([item.id], done)
+        request = DeadRequest(Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error))
+        raise_lost([item.id], self._checked().message_dead_many(deaths=[request]))
 
     def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
         """Push the delivery's lease to now + ``lease``; return the new expiry."""

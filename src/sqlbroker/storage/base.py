@@ -232,11 +232,13 @@ class Backend(Protocol):
         *,
         messages: Sequence[NewMessage],
         subscription: str | None,
-        conn: Any,
+        conn: Any = None,
         max_copies: int | None = None,
     ) -> InsertResult:
-        """:meth:`message_insert_many` on the caller's async connection (psycopg's
-        ``AsyncConnection``, SQLAlchemy's asyncio); SQLite has none and refuses."""
+        """:meth:`message_insert_many` for coroutines: on a connection of the running
+        loop's pool, or with ``conn`` the caller's async connection (psycopg's
+        ``AsyncConnection``, SQLAlchemy's asyncio); SQLite runs it on the backend's own
+        threads and refuses a ``conn`` (it has no async driver)."""
 
     def message_claim_many(
         self,

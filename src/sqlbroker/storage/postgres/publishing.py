@@ -52,28 +52,32 @@ class PostgresPublishing:
         max_copies: int | None = None,
     ) -> InsertResult:
         plan = self._insert_plan(messages, subscription, self._now_param(), max_copies)
-        if (
-            conn is None
-            and (subscription is None or subscription in self._known_queues)
-            and not any(
-                m.idempotency_key is not None or m.ordering_key is not None for m in messages
-            )
-        ):
+        if conn is None and self._one_statement(messages, subscription):
             # One statement: autocommit is its own transaction.
             with self._db.connection(write=True) as c:
                 return run_plan(c, plan)
         with self._db.transaction(conn) as c:
             return run_plan(c, plan)
 
+    def _one_statement(self, messages: Sequence[NewMessage], subscription: str | None) -> bool:
+        """Whether the publish is a single statement (no keys to reserve or lock, a queue
+        this process knows exists), which needs no transaction of its own."""
+        return (subscription is None or subscription in self._known_queues) and not any(
+            m.idempotency_key is not None or m.ordering_key is not None for m in messages
+        )
+
     async def message_insert_many_async(
         self,
         *,
         messages: Sequence[NewMessage],
         subscription: str | None,
-        conn: Any,
+        conn: Any = None,
         max_copies: int | None = None,
     ) -> InsertResult:
         plan = self._insert_plan(messages, subscription, self._now_param(), max_copies)
+        if conn is None and self._one_statement(messages, subscription):
+            async with self._db.connection_async(write=True) as c:
+                return await run_plan_async(c, plan)
         async with self._db.transaction_async(conn) as c:
             return await run_plan_async(c, plan)
 

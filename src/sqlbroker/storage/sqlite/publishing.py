@@ -3,6 +3,7 @@ caller's or one ``BEGIN IMMEDIATE`` transaction."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from sqlbroker.core.topics import route_params
 from sqlbroker.storage import caller
 from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.sqlite.connection import SqlitePool
+from sqlbroker.storage.sqlite.threads import SqliteThreads
 
 
 class SqlitePublishing:
@@ -21,6 +23,8 @@ class SqlitePublishing:
 
     _db: SqlitePool
     _sql: dict[str, str]
+
+    _threads: SqliteThreads
 
     def _now(self) -> float:
         raise NotImplementedError
@@ -103,9 +107,17 @@ class SqlitePublishing:
         *,
         messages: Sequence[NewMessage],
         subscription: str | None,
-        conn: Any,
+        conn: Any = None,
         max_copies: int | None = None,
     ) -> InsertResult:
+        if conn is None:
+            insert = functools.partial(
+                self.message_insert_many,
+                messages=messages,
+                subscription=subscription,
+                max_copies=max_copies,
+            )
+            return await self._threads.run(insert)
         raise InvalidOption(
             "conn",
             "SQLite has no async connections: pass the sqlite3.Connection itself"
