@@ -8,7 +8,7 @@ archive) into the :class:`Result` of one copy — the one rule of which trace wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -101,9 +101,17 @@ def result_subscription(
 
 
 def read_result(
-    message_id: str, records: Sequence[ResultRecord], subscription: str
+    message_id: str,
+    records: Sequence[ResultRecord],
+    subscription: str,
+    *,
+    values_kept_since: Callable[[], datetime] | None = None,
 ) -> Result | None:
-    """The result of ``subscription``'s copy, or ``None`` while it is not finished."""
+    """The result of ``subscription``'s copy, or ``None`` while it is not finished.
+
+    ``values_kept_since()`` is the oldest finish whose value is still kept (now minus the
+    retention): a completion older than that whose only trace is its archive row may have
+    had a value, trimmed since, so it raises ``NotFound`` rather than claim ``None``."""
     mine = [r for r in records if r.subscription == subscription]
     if any(r.kind == "pending" for r in mine):
         return None
@@ -122,6 +130,16 @@ def read_result(
             traceback=best.traceback,
         )
         return Result(message_id, subscription, "dead", None, error, best.reason, best.finished_at)
+    if (
+        best.kind == "completed"
+        and values_kept_since is not None
+        and best.finished_at < values_kept_since()
+    ):
+        raise NotFound(
+            f"the result of message {message_id} in {subscription} is no longer kept: it"
+            f" completed at {best.finished_at.isoformat()}, before the result retention"
+            " (result_ttl)"
+        )
     return Result(message_id, subscription, best.kind, None, None, None, best.finished_at)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlbroker.core import validate
@@ -58,12 +58,13 @@ def check_arguments(
 class _Look:
     """The state of one waiting lookup: the copy it has seen pending, if any."""
 
-    def __init__(self, message_id: str, subscription: str | None) -> None:
+    def __init__(self, message_id: str, subscription: str | None, ttl: float) -> None:
         self.message_id = message_id
         self.subscription = subscription
+        self.ttl = ttl
         self.seen: str | None = None
 
-    def read(self, records: list[ResultRecord], now: Callable[[], Any]) -> Result | None:
+    def read(self, records: list[ResultRecord], now: Callable[[], datetime]) -> Result | None:
         try:
             name = result_subscription(self.message_id, records, self.subscription or self.seen)
         except NotFound:
@@ -72,18 +73,25 @@ class _Look:
             # Seen pending, now gone without a trace: completed without a value, with
             # archive_completed=False.
             return vanished_result(self.message_id, self.seen, now())
-        found = read_result(self.message_id, records, name)
+        found = read_result(
+            self.message_id,
+            records,
+            name,
+            values_kept_since=lambda: now() - timedelta(seconds=self.ttl),
+        )
         if found is None:
             self.seen = name
         return found
 
 
 class Results:
-    """Result lookups of one broker; ``fallback_polls`` counts the waits that ended by the
-    fallback look rather than a hint (for tests and diagnosis)."""
+    """Result lookups of one broker; ``fallback_polls`` counts the sleeps of waiting
+    lookups that ended without a hint — for the fallback look, or at the end of the wait
+    (for tests and diagnosis)."""
 
-    def __init__(self, backend: Callable[[], Backend]) -> None:
+    def __init__(self, backend: Callable[[], Backend], *, ttl: float) -> None:
         self._backend = backend
+        self._ttl = ttl
         self.fallback_polls = 0
 
     def get(
@@ -95,7 +103,7 @@ class Results:
     ) -> Result | None:
         checked_id, seconds, name = check_arguments(message_id, wait, subscription)
         backend = self._backend()
-        look = _Look(checked_id, name)
+        look = _Look(checked_id, name, self._ttl)
         found = look.read(backend.result_lookup(message_id=checked_id), backend.now)
         if found is not None or seconds == 0:
             return found
@@ -106,7 +114,7 @@ class Results:
                 remaining = deadline - time.monotonic()
                 if found is not None or remaining <= 0:
                     return found
-                if not watch.wait(min(remaining, FALLBACK_POLL)) and remaining > FALLBACK_POLL:
+                if not watch.wait(min(remaining, FALLBACK_POLL)):
                     self.fallback_polls += 1
 
     async def get_async(
@@ -121,7 +129,7 @@ class Results:
         database threads), the wait on the loop."""
         checked_id, seconds, name = check_arguments(message_id, wait, subscription)
         backend: Backend = await run(self._backend)
-        look = _Look(checked_id, name)
+        look = _Look(checked_id, name, self._ttl)
 
         async def read() -> Result | None:
             result: Result | None = await run(
@@ -139,6 +147,5 @@ class Results:
                 remaining = deadline - time.monotonic()
                 if found is not None or remaining <= 0:
                     return found
-                woke = await watch.wait(min(remaining, FALLBACK_POLL))
-                if not woke and remaining > FALLBACK_POLL:
+                if not await watch.wait(min(remaining, FALLBACK_POLL)):
                     self.fallback_polls += 1

@@ -121,7 +121,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
                 self._backend.close()
                 raise
         self.dead_letters = DeadLetters(self._checked)
-        self._results = Results(self._checked)
+        self._results = Results(self._checked, ttl=self._result_ttl)
         self._schedules = Schedules(self._checked, self._defaults)
         self._sagas_checked: set[str] = set()
         """Sagas whose handlers the first start checked (see ``Sagas``)."""
