@@ -495,6 +495,43 @@ def _verify_tenants(run: Run) -> None:
     assert "globex" in run.output
 
 
+def _verify_results_cli(run: Run) -> None:
+    assert "outcome:      completed" in run.output, run.output
+    assert "is unknown" in run.output
+    assert "not a message id" in run.output
+
+
+CASES += [
+    Case(
+        "docs/results.md",
+        'message_id = broker.send("invoices", {"lines": [19.8, 5.2]})',
+        backends=("sqlite",),
+        epilogue="""
+assert result.outcome == "completed"
+assert result.value == {"total": 25.0, "count": 2}
+""",
+    ),
+    Case(
+        "docs/results.md",
+        "sqlbroker result not-a-message-id",
+        worker=True,
+        exit_codes={
+            "sqlbroker result 01936b8e-0000-7000-8000-000000000000 --json": 1,
+            "sqlbroker result not-a-message-id": 2,
+        },
+        verify=_verify_results_cli,
+    ),
+    Case(
+        "README.md",
+        "result = broker.result(order_id, wait=30)",
+        prelude=BROKER_FROM_ENV,
+        epilogue="""
+assert result is not None and result.value == {"total": 25.0}
+""",
+    ),
+]
+
+
 CASES += [
     Case(
         "docs/observability.md",

@@ -34,6 +34,7 @@ from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
     Delivery,
+    ErrorInfo,
     Outcome,
     PendingMessage,
     Priority,
@@ -42,6 +43,7 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.policies import Reject, Retry, RetryPolicy
+from sqlbroker.core.results import Result
 from sqlbroker.core.sagas import (
     Saga,
     SagaConflict,
@@ -76,6 +78,7 @@ __all__ = [
     "DatabaseClock",
     "DeadLetter",
     "Delivery",
+    "ErrorInfo",
     "IdempotencyConflict",
     "InvalidDuration",
     "InvalidHeaders",
@@ -99,6 +102,7 @@ __all__ = [
     "Priority",
     "Reject",
     "ReservationLost",
+    "Result",
     "Retry",
     "RetryPolicy",
     "Saga",

@@ -166,11 +166,11 @@ def test_a_key_promotion_probes_the_key_not_the_hot_table(
         conn = sqlite3.connect(path)
         try:
             conn.execute("ANALYZE")
-            keys = json.dumps([["keyed", "k0"]])
+            params = {"subscriptions": json.dumps(["keyed"]), "keys": json.dumps(["k0"])}
             details = [
                 row[3]
                 for row in conn.execute(
-                    "EXPLAIN QUERY PLAN " + sql["key_promote"], {"keys": keys, "now": 0.0}
+                    "EXPLAIN QUERY PLAN " + sql["key_promote"], {**params, "now": 0.0}
                 )
             ]
         finally:

@@ -288,6 +288,7 @@ class Model:
             "unblocked": 0,
             "dedupe_trimmed": len(trimmed),
             "processed_trimmed": 0,
+            "results_trimmed": 0,
             "sagas_swept": 0,
         }
 

@@ -30,6 +30,7 @@ from sqlbroker.core.message import (
     Subscription,
     SubscriptionStats,
 )
+from sqlbroker.core.results import Result
 from sqlbroker.core.schedules import Schedule
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.processed import Once
@@ -427,6 +428,19 @@ class AsyncBroker:
 
     async def reap(self, *, limit: int = 1000) -> dict[str, int]:
         return await self._offload.run(self.sync.reap, limit=limit)
+
+    async def result(
+        self,
+        message_id: str,
+        *,
+        wait: float | timedelta = 0.0,
+        subscription: str | None = None,
+    ) -> Result | None:
+        """See :meth:`Broker.result`: the wait sleeps on the event loop (lookups run on the
+        database threads), and is cancelled with the calling task."""
+        return await self.sync._results.get_async(
+            message_id, wait=wait, subscription=subscription, run=self._offload.run
+        )
 
     async def pending(
         self, subscription: str | None = None, *, state: State | str | None = None, limit: int = 100

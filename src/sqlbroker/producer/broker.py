@@ -27,6 +27,7 @@ from sqlbroker.core.message import (
     NewMessage,
     Subscription,
 )
+from sqlbroker.core.results import Result
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
 from sqlbroker.features.dead_letters import DeadLetters
@@ -38,6 +39,7 @@ from sqlbroker.features.publishing import (
     check_options,
     with_headers,
 )
+from sqlbroker.features.results import DEFAULT_RESULT_TTL, Results, check_result_ttl
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.features.schedules import Schedules
 from sqlbroker.producer.consuming import BrokerConsumer
@@ -64,6 +66,9 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     Every duration takes seconds or a :class:`datetime.timedelta`. Bad arguments raise a
     ``ValidationError`` subclass before anything is written.
 
+    ``result_ttl`` (default one day) is how long a handler's stored return value is kept
+    (:meth:`result`; the reaper trims older ones).
+
     Limits (docs/guarantees.md, "Limits"; passing one raises ``LimitExceeded`` naming it and
     writes nothing): ``max_copies`` (10,000), the copies one publish call may write —
     messages times the subscriptions each fans out to; ``max_subscriptions`` (10,000) and
@@ -82,12 +87,14 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         max_copies: int = DEFAULT_MAX_COPIES,
         max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
         max_patterns: int = DEFAULT_MAX_PATTERNS,
+        result_ttl: float | timedelta = DEFAULT_RESULT_TTL,
         clock: Clock | None = None,
         **backend_options: Any,
     ) -> None:
         parsed = parse_url(url)
         self._url = parsed
         self._lease = validate.lease_seconds(lease)
+        self._result_ttl = check_result_ttl(result_ttl)
         self._defaults = PublishDefaults(
             max_attempts=validate.integer(
                 max_attempts, "max_attempts", minimum=1, maximum=validate.MAX_ATTEMPTS
@@ -114,6 +121,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
                 self._backend.close()
                 raise
         self.dead_letters = DeadLetters(self._checked)
+        self._results = Results(self._checked, ttl=self._result_ttl)
         self._schedules = Schedules(self._checked, self._defaults)
         self._sagas_checked: set[str] = set()
         """Sagas whose handlers the first start checked (see ``Sagas``)."""
@@ -377,12 +385,37 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def subscriptions(self) -> list[Subscription]:
         return self._checked().subscription_list()
 
+    # --- results -----------------------------------------------------------------------------
+
+    def result(
+        self,
+        message_id: str,
+        *,
+        wait: float | timedelta = 0.0,
+        subscription: str | None = None,
+    ) -> Result | None:
+        """The result of the message's copy: what its handler returned (``value``), or the
+        error of a dead-lettered copy, or how it otherwise finished (docs/results.md).
+
+        Returns ``None`` while the copy is not finished — after waiting up to ``wait``
+        seconds for it, woken by a notification (PostgreSQL) or the change watcher
+        (SQLite). A message fanned out to several subscriptions has one result per copy:
+        name one with ``subscription`` (``InvalidOption`` lists them otherwise). An unknown
+        message, or one whose records are gone, raises ``NotFound``. Values are kept for
+        the broker's ``result_ttl``."""
+        return self._results.get(message_id, wait=wait, subscription=subscription)
+
+    @property
+    def result_ttl(self) -> float:
+        """How long stored results are kept, in seconds."""
+        return self._result_ttl
+
     # --- maintenance -------------------------------------------------------------------------
 
     def reap(self, *, limit: int = 1000) -> dict[str, int]:
         """One maintenance pass (the worker runs this periodically): release expired leases,
         dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys and
-        processed keys past their window."""
+        processed keys past their window and stored results older than ``result_ttl``."""
         count = validate.integer(limit, "limit", minimum=1, maximum=100_000)
         backend = self._checked()
         leases: ReapResult = backend.lease_release_expired(limit=count)
@@ -393,6 +426,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             "unblocked": backend.key_repair(limit=count),
             "dedupe_trimmed": backend.dedupe_trim(limit=count),
             "processed_trimmed": backend.processed_trim(limit=count),
+            "results_trimmed": backend.result_trim(ttl=self._result_ttl, limit=count),
             "sagas_swept": self.sagas.sweep(limit=count),
         }
 

@@ -2,6 +2,7 @@
 
 - :func:`call_handler` runs a handler under its subscriber's timeout: a coroutine function on
   the loop, a plain function on the handler threads with the caller's context;
+- :func:`completion` turns a handler's return value into a complete that stores it;
 - :func:`failure_outcome` turns a handler's exception into a retry or a dead letter by the
   subscriber's retry policy (``Retry`` raised by the handler snoozes without a decision);
 - :func:`report_dead_letter` logs a dead letter once it is written and runs the subscriber's
@@ -18,10 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from sqlbroker.core.errors import InvalidPayload
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.policies import DeadLetterNow, Retry
+from sqlbroker.core.serde import encode_value
 from sqlbroker.features.subscribers import SubscriberSpec
-from sqlbroker.runtime.message import Message, Outcome, RetryLater, SendToDead
+from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
 
 log = logging.getLogger("sqlbroker.runtime")
 
@@ -34,7 +37,8 @@ class WorkerStopped(Exception):
     """The worker stopped at once while the handler was running."""
 
 
-async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message) -> None:
+async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message) -> Any:
+    """Run the handler; return what it returned (awaited, if it returned an awaitable)."""
     handler = spec.handler
     scope = asyncio.timeout(spec.timeout)
     try:
@@ -46,7 +50,8 @@ async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message
                 context = contextvars.copy_context()
                 result = await loop.run_in_executor(threads, context.run, handler, message)
             if inspect.isawaitable(result):
-                await result
+                result = await result
+            return result
     except TimeoutError:
         if scope.expired():
             # A sync handler's thread cannot be stopped: it runs on, but its outcome no
@@ -55,6 +60,30 @@ async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message
                 f"the handler ran longer than its timeout of {spec.timeout:g} s"
             ) from None
         raise
+
+
+def completion(spec: SubscriberSpec, delivery: Delivery, value: Any, limit: int) -> Outcome:
+    """A returned handler's outcome: complete, with its return value encoded by the rules
+    of a JSON payload (``None`` stores nothing). A value that cannot be stored — not JSON,
+    or over ``limit`` bytes — dead-letters the copy at once: running the handler again
+    would return it again."""
+    if value is None:
+        return Complete(delivery)
+    try:
+        return Complete(delivery, encode_value(value, limit=limit, field="result"))
+    except InvalidPayload as error:
+        log.error(
+            "%s: the handler's return value for message %s cannot be stored: %s",
+            spec.name,
+            delivery.message_id,
+            error,
+            extra={"subscription": spec.name, "message_id": delivery.message_id},
+        )
+        return SendToDead(
+            delivery,
+            f"the handler's return value cannot be stored: {error}",
+            ErrorInfo.from_exception(error),
+        )
 
 
 def failure_outcome(spec: SubscriberSpec, delivery: Delivery, error: BaseException) -> Outcome:

@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Complete:
+    """Complete the copy; ``value`` is the handler's return value, encoded (``None``:
+    it returned ``None``, and nothing is stored)."""
+
     delivery: Delivery
+    value: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,12 +32,14 @@ from typing import Any, TypeVar
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.effects import EffectsTransaction
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.handling import (
     WorkerStopped,
     call_handler,
+    completion,
     failure_outcome,
     report_dead_letter,
 )
@@ -85,8 +87,10 @@ class Pump:
         poll_min: float,
         poll_max: float,
         observer: WorkerObserver | None = None,
+        result_limit: int = DEFAULT_PAYLOAD_LIMIT,
     ) -> None:
         self.spec = spec
+        self._result_limit = result_limit
         self._observer = observer or WorkerObserver()
         self._backend = backend
         self._lease = spec.lease or lease
@@ -240,7 +244,7 @@ class Pump:
             self._threads,
         )
         try:
-            await self._observed_call(delivery, message)
+            value = await self._observed_call(delivery, message)
         except asyncio.CancelledError as error:
             task = asyncio.current_task()
             if task is None or not task.cancelling():
@@ -259,7 +263,7 @@ class Pump:
             self._failed(message, error)
         else:
             if not manual and message._take_over(uncommitted=False):
-                self._settle(Complete(delivery))
+                self._settle(completion(self.spec, delivery, value, self._result_limit))
 
     def _failed(self, message: Message, error: BaseException) -> None:
         if message._take_over(uncommitted=True):
@@ -267,12 +271,12 @@ class Pump:
         else:
             log.warning("handler for %s raised after settling %s: %r", self.name, message, error)
 
-    async def _observed_call(self, delivery: Delivery, message: Message) -> None:
+    async def _observed_call(self, delivery: Delivery, message: Message) -> Any:
         started = time.monotonic()
         error: BaseException | None = None
         try:
             with self._observer.handler_scope(delivery):
-                await call_handler(self.spec, self._threads, message)
+                return await call_handler(self.spec, self._threads, message)
         except BaseException as raised:
             error = raised
             raise

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.features.publishing import PublishDefaults
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
@@ -73,6 +74,9 @@ class BrokerLike(Protocol):
 
     @property
     def lease(self) -> float: ...
+
+    @property
+    def publish_defaults(self) -> PublishDefaults: ...
 
     def reap(self, *, limit: int = 1000) -> dict[str, int]: ...
 
@@ -206,6 +210,7 @@ class Worker:
                     poll_min=poll_min,
                     poll_max=self._poll_max,
                     observer=self._observers,
+                    result_limit=self._broker.publish_defaults.payload_limit,
                 )
                 for spec in self._specs
             }

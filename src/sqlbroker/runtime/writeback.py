@@ -211,7 +211,10 @@ class WriteBack:
         first = group[0]
         if isinstance(first, Complete):
             leases = [Lease.of(o.delivery) for o in group]
-            return set(self._backend.message_complete_many(leases=leases))
+            values = [o.value for o in group if isinstance(o, Complete)]
+            # A batch without values passes none: the complete statement is then the plain one.
+            stored = values if any(value is not None for value in values) else None
+            return set(self._backend.message_complete_many(leases=leases, values=stored))
         if isinstance(first, RetryLater):
             retries = [
                 RetryRequest(Lease.of(o.delivery), o.after, o.error, o.snooze)

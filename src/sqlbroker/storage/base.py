@@ -34,6 +34,7 @@ from sqlbroker.core.observability import (
     WorkerBeat,
     WorkerInfo,
 )
+from sqlbroker.core.results import ResultRecord
 from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance
 from sqlbroker.core.validate import MAX_REASON
 from sqlbroker.storage.rows import UndecodableRow
@@ -149,6 +150,20 @@ class TenantRole:
     tenant: str
 
 
+class ResultWatch(Protocol):
+    """A watch on one message's results (see :meth:`Backend.result_watch`)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a hint that the message's copies may have finished (``True``) or
+        for ``timeout`` seconds (``False``). Hints can be lost: callers look up anyway."""
+
+
+class AsyncResultWatch(Protocol):
+    """:class:`ResultWatch` for coroutines."""
+
+    async def wait(self, timeout: float) -> bool: ...
+
+
 class Backend(Protocol):
     """Queue operations over one database. Thread-safe; blocking."""
 
@@ -254,11 +269,27 @@ class Backend(Protocol):
         ``max_attempts`` (a consumer's retry policy) replaces a copy's own limit, so that the
         reaper's quarantine of crashing messages follows the same limit as retries."""
 
-    def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
+    def message_complete_many(
+        self,
+        *,
+        leases: Sequence[Lease],
+        conn: Any = None,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[int]:
         """Archive the copies as completed; return the ids whose lease was still valid.
-        With ``conn`` inside that connection's transaction (see :meth:`transaction`)."""
+        With ``conn`` inside that connection's transaction (see :meth:`transaction`).
 
-    async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
+        ``values`` (aligned with ``leases``) are the handlers' encoded return values, stored
+        as results in the same statement; ``None`` (all of them, or the whole argument)
+        stores nothing and costs nothing: the statement is the one without results."""
+
+    async def message_complete_many_async(
+        self,
+        *,
+        leases: Sequence[Lease],
+        conn: Any,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[int]:
         """:meth:`message_complete_many` inside ``conn`` from :meth:`transaction_async`."""
 
     def transaction(self) -> AbstractContextManager[Any]:
@@ -312,6 +343,24 @@ class Backend(Protocol):
         """Delete idempotency keys whose window has passed; return how many."""
 
     def archive_trim(self, *, older_than: datetime, limit: int) -> int: ...
+
+    # --- stored results (see features/results.py) ------------------------------------------
+    def result_lookup(self, *, message_id: str) -> list[ResultRecord]:
+        """Every trace of the message's copies: pending ones, stored values, dead letters
+        and archive rows (``core.results.read_result`` picks each copy's result)."""
+
+    def result_trim(self, *, ttl: float, limit: int) -> int:
+        """Delete up to ``limit`` stored values older than ``ttl`` seconds (database clock)."""
+
+    def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
+        """Hints that copies of ``message_id`` may have finished. PostgreSQL: LISTEN on a
+        connection of its own to the result channel (a value stored for this message) and
+        the dead-letter channel; SQLite: the ``PRAGMA data_version`` watcher (any commit)."""
+
+    def result_watch_async(
+        self, *, message_id: str
+    ) -> AbstractAsyncContextManager[AsyncResultWatch]:
+        """:meth:`result_watch` on the running event loop."""
 
     # --- dead letters ----------------------------------------------------------------------
     def dead_list(

@@ -10,6 +10,7 @@ from sqlbroker.interfaces.cli.dlq import dlq
 from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
 from sqlbroker.interfaces.cli.pipeline import pipeline
+from sqlbroker.interfaces.cli.results import result
 from sqlbroker.interfaces.cli.sagas import saga
 from sqlbroker.interfaces.cli.schedules import scheduler, schedules
 from sqlbroker.interfaces.cli.security import roles, tenants
@@ -61,6 +62,7 @@ for _command in (
     send,
     publish,
     claim,
+    result,
     stats,
     subscribe,
     subscriptions,

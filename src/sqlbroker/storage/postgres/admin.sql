@@ -131,6 +131,7 @@ UNION ALL SELECT 'sqlbroker_subscription_pattern', count(*) FROM {schema}sqlbrok
 UNION ALL SELECT 'sqlbroker_message', count(*) FROM {schema}sqlbroker_message
 UNION ALL SELECT 'sqlbroker_archive', count(*) FROM {schema}sqlbroker_archive
 UNION ALL SELECT 'sqlbroker_dead', count(*) FROM {schema}sqlbroker_dead
+UNION ALL SELECT 'sqlbroker_result', count(*) FROM {schema}sqlbroker_result
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM {schema}sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM {schema}sqlbroker_audit
 UNION ALL SELECT 'sqlbroker_processed', count(*) FROM {schema}sqlbroker_processed

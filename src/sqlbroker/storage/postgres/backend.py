@@ -47,6 +47,7 @@ from sqlbroker.storage.postgres.connection import (
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
+from sqlbroker.storage.postgres.results import PostgresResults
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
@@ -63,7 +64,7 @@ _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_SQL_FILES = ("queries.sql", "admin.sql", "processed.sql", "sagas.sql")
+_SQL_FILES = ("queries.sql", "admin.sql", "processed.sql", "sagas.sql", "results.sql")
 T = TypeVar("T")
 
 
@@ -72,6 +73,7 @@ class PostgresBackend(
     PostgresObservability,
     PostgresSchedules,
     PostgresSagas,
+    PostgresResults,
     PostgresSpark,
     PostgresSecurity,
     PostgresSchema,
@@ -118,6 +120,8 @@ class PostgresBackend(
         # A claim's own commit: see message_claim in queries.sql.
         self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
+        self.result_channel = f"{self.notify_channel}_result"
+        self._archive_completed = archive
         self._complete_sql = self._sql[
             "message_complete" if archive else "message_complete_unarchived"
         ]
@@ -282,21 +286,33 @@ class PostgresBackend(
     def _lease_params(leases: Sequence[Lease]) -> dict[str, Any]:
         return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
 
-    def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
+    def message_complete_many(
+        self,
+        *,
+        leases: Sequence[Lease],
+        conn: Any = None,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[int]:
         if not leases:
             return []
-        plan = self._complete_plan(leases, self._now_param())
+        plan = self._complete_plan(leases, self._now_param(), values)
         if conn is None:
             with self._db.connection(write=True) as c:
                 return run_plan(c, plan)
         with self._db.transaction(conn) as c:
             return run_plan(c, plan)
 
-    async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
+    async def message_complete_many_async(
+        self,
+        *,
+        leases: Sequence[Lease],
+        conn: Any,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[int]:
         if not leases:
             return []
         async with self._db.transaction_async(conn) as c:
-            return await run_plan_async(c, self._complete_plan(leases, self._now_param()))
+            return await run_plan_async(c, self._complete_plan(leases, self._now_param(), values))
 
     def transaction(self) -> AbstractContextManager[Conn]:
         # The caller's statements run in it (a handler's effects): never timed.
@@ -309,9 +325,19 @@ class PostgresBackend(
         await self._db.close_async()
 
     def _complete_plan(
-        self, leases: Sequence[Lease], now: datetime | None
+        self, leases: Sequence[Lease], now: datetime | None, values: Sequence[bytes | None] | None
     ) -> StatementPlan[list[int]]:
-        rows = yield self._complete_sql, {**self._lease_params(leases), "now": now}
+        if values is None or all(value is None for value in values):
+            rows = yield self._complete_sql, {**self._lease_params(leases), "now": now}
+        else:
+            params = {
+                **self._lease_params(leases),
+                "values": list(values),
+                "now": now,
+                "archive": self._archive_completed,
+                "result_channel": self.result_channel,
+            }
+            rows = yield self._sql["message_complete_valued"], params
         yield from self._promote_plan(rows, now)
         return [row[0] for row in rows]
 

@@ -422,6 +422,52 @@ USING unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
 WHERE m.id = l.id AND m.lease_token::text = l.token
 RETURNING m.id, m.subscription, m.ordering_key, m.state
 
+-- name: message_complete_valued
+-- message_complete for a batch in which some handler returned a value (only then: a batch
+-- of None results runs the statement above, unchanged). The values ride along as one more
+-- array (NULL: none) and land in sqlbroker_result in the same statement; each stored one
+-- is announced on the result channel with its message id, in the same commit. ``archive``
+-- is the backend's archive_completed (false: the copies are only deleted).
+WITH l AS (
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(values)b::bytea[])
+        AS l(id, token, value)
+),
+done AS (
+    DELETE FROM {schema}sqlbroker_message m USING l
+    WHERE m.id = l.id AND m.lease_token::text = l.token
+    RETURNING m.*, l.value AS result_value
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at, tenant
+    )
+    SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
+    FROM done
+    WHERE %(archive)s
+    ORDER BY id
+),
+stored AS (
+    INSERT INTO {schema}sqlbroker_result (
+        delivery_id, message_id, subscription, value, finished_at, tenant
+    )
+    SELECT id, message_id, subscription, result_value,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
+    FROM done
+    WHERE result_value IS NOT NULL
+    ORDER BY id
+    RETURNING message_id
+),
+notified AS (
+    SELECT count((SELECT pg_notify(%(result_channel)s, message_id::text))::text) AS n FROM stored
+)
+SELECT id, subscription, ordering_key, state, (SELECT n FROM notified) FROM done ORDER BY id
+
 -- name: message_retry
 WITH l AS (
     SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(afters)b::float8[],

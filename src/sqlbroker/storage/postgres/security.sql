@@ -83,6 +83,7 @@ BEGIN
             ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT'),
+            ('consumer', 'sqlbroker_result',               'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_worker',               'SELECT, INSERT, UPDATE, DELETE'),
@@ -102,6 +103,7 @@ BEGIN
             ('operator', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
             ('operator', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
             ('operator', 'sqlbroker_dead',                 'SELECT, UPDATE, DELETE'),
+            ('operator', 'sqlbroker_result',               'SELECT, DELETE'),
             ('operator', 'sqlbroker_audit',                'SELECT, INSERT'),
             ('operator', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE, DELETE'),
             ('operator', 'sqlbroker_spark_export',         'SELECT, INSERT'),
@@ -112,6 +114,7 @@ BEGIN
             ('reader',   'sqlbroker_message',              'SELECT'),
             ('reader',   'sqlbroker_archive',              'SELECT'),
             ('reader',   'sqlbroker_dead',                 'SELECT'),
+            ('reader',   'sqlbroker_result',               'SELECT'),
             ('reader',   'sqlbroker_dedupe',               'SELECT'),
             ('reader',   'sqlbroker_audit',                'SELECT'),
             ('reader',   'sqlbroker_processed',            'SELECT'),
@@ -172,6 +175,7 @@ ORDER BY 1
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
 ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
 ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
 ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
@@ -187,6 +191,7 @@ ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_message ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_result ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
@@ -205,6 +210,7 @@ ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY
 ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT '';
 ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT '';
 ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
@@ -220,6 +226,7 @@ ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_message DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
+ALTER TABLE {schema}sqlbroker_result DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
 ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;

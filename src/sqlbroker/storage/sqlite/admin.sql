@@ -129,6 +129,7 @@ UNION ALL SELECT 'sqlbroker_subscription_pattern', count(*) FROM sqlbroker_subsc
 UNION ALL SELECT 'sqlbroker_message', count(*) FROM sqlbroker_message
 UNION ALL SELECT 'sqlbroker_archive', count(*) FROM sqlbroker_archive
 UNION ALL SELECT 'sqlbroker_dead', count(*) FROM sqlbroker_dead
+UNION ALL SELECT 'sqlbroker_result', count(*) FROM sqlbroker_result
 UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM sqlbroker_dedupe
 UNION ALL SELECT 'sqlbroker_audit', count(*) FROM sqlbroker_audit
 UNION ALL SELECT 'sqlbroker_processed', count(*) FROM sqlbroker_processed

@@ -44,6 +44,7 @@ from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
+from sqlbroker.storage.sqlite.results import SqliteResults
 from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
@@ -67,6 +68,7 @@ class SqliteBackend(
     SqliteObservability,
     SqliteSchedules,
     SqliteSagas,
+    SqliteResults,
     SqliteSpark,
     SqliteSecurity,
     SqliteSchema,
@@ -100,7 +102,8 @@ class SqliteBackend(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
         self._sql = load_sql(
-            "sqlbroker.storage.sqlite", ("queries.sql", "admin.sql", "processed.sql", "sagas.sql")
+            "sqlbroker.storage.sqlite",
+            ("queries.sql", "admin.sql", "processed.sql", "sagas.sql", "results.sql"),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
@@ -290,20 +293,43 @@ class SqliteBackend(
                 self._sql["key_promote"], {"subscriptions": subscriptions, "keys": keys, "now": now}
             )
 
-    def message_complete_many(self, *, leases: Sequence[Lease], conn: Any = None) -> list[int]:
+    def message_complete_many(
+        self,
+        *,
+        leases: Sequence[Lease],
+        conn: Any = None,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[int]:
         if not leases:
             return []
         now = self._now()
         with self._db.write(conn) as c:
             ids = self._valid_ids(c, leases)
+            if values is not None and ids:
+                valid = set(ids)
+                stored = [
+                    {"id": lease.id, "value": value, "now": now}
+                    for lease, value in zip(leases, values, strict=True)
+                    if value is not None and lease.id in valid
+                ]
+                if stored:
+                    c.executemany(self._sql["result_insert"], stored)
             if self._archive_completed:
                 self._archive_and_delete(c, ids, Outcome.COMPLETED, now)
             elif ids:
                 self._delete(c, ids, now)
         return ids
 
-    async def message_complete_many_async(self, *, leases: Sequence[Lease], conn: Any) -> list[int]:
-        complete = functools.partial(self.message_complete_many, leases=leases, conn=conn)
+    async def message_complete_many_async(
+        self,
+        *,
+        leases: Sequence[Lease],
+        conn: Any,
+        values: Sequence[bytes | None] | None = None,
+    ) -> list[int]:
+        complete = functools.partial(
+            self.message_complete_many, leases=leases, conn=conn, values=values
+        )
         held = self._held.get(id(conn))
         if held is None:
             # A caller's own connection: used on the calling thread, where its owner uses

@@ -201,8 +201,8 @@ WHERE id IN (
               AND b.state = 'blocked'
             ORDER BY b.id
             LIMIT 1)
-    FROM (SELECT DISTINCT s.value AS subscription, o.value AS ordering_key
-          FROM json_each(:subscriptions) s JOIN json_each(:keys) o ON o.key = s.key) k
+    FROM (SELECT DISTINCT js.value AS subscription, jk.value AS ordering_key
+          FROM json_each(:subscriptions) js JOIN json_each(:keys) jk ON jk.key = js.key) k
     WHERE NOT EXISTS (
         SELECT 1 FROM sqlbroker_message o
         WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key

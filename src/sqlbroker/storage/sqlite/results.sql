@@ -1,0 +1,33 @@
+-- Stored results (docs/results.md): the values written with a complete, the lookup by
+-- message id and the retention trim.
+
+-- name: result_insert
+-- Before the copy leaves the hot table, in the complete's transaction; one row per copy
+-- whose handler returned a value (a complete without values never runs it).
+INSERT INTO sqlbroker_result (delivery_id, message_id, subscription, value, finished_at)
+SELECT id, message_id, subscription, :value, :now FROM sqlbroker_message WHERE id = :id
+
+-- name: result_lookup
+-- Every trace of the message's copies, one row each: still in the hot table (pending), a
+-- stored value, a dead letter, an archive row. The caller picks, per subscription, what
+-- the copy's result is (features/results.py). Each branch is an index probe on message_id.
+SELECT subscription, 'pending' AS outcome, NULL AS value, NULL AS reason, NULL AS error_type,
+       NULL AS error_message, NULL AS traceback, NULL AS finished_at
+FROM sqlbroker_message WHERE message_id = :message_id
+UNION ALL
+SELECT subscription, 'value', value, NULL, NULL, NULL, NULL, finished_at
+FROM sqlbroker_result WHERE message_id = :message_id
+UNION ALL
+SELECT subscription, 'dead', NULL, reason, error_type, error_message, traceback, dead_at
+FROM sqlbroker_dead WHERE message_id = :message_id
+UNION ALL
+SELECT subscription, outcome, NULL, NULL, NULL, NULL, NULL, finished_at
+FROM sqlbroker_archive WHERE message_id = :message_id
+
+-- name: result_trim
+-- Results older than the retention (``ttl`` seconds), oldest first, at most ``limit``.
+DELETE FROM sqlbroker_result
+WHERE delivery_id IN (
+    SELECT delivery_id FROM sqlbroker_result WHERE finished_at < :now - :ttl
+    ORDER BY finished_at LIMIT :limit
+)

@@ -1,0 +1,369 @@
+"""Stored results (docs/results.md): a handler's return value kept with its copy, the error
+of a dead-lettered one, ``result(message_id, wait=, subscription=)`` on both faces, woken by
+a notification (PostgreSQL) or the change watcher (SQLite), retention, and the CLI.
+Both backends; the database is real."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import sqlbroker
+from runtime.support import run_until_idle, wait_until
+from sqlbroker.features import results as results_feature
+from sqlbroker.interfaces.cli.app import cli
+
+
+def _result_rows(broker: sqlbroker.Broker) -> int:
+    return broker.backend.table_counts()["sqlbroker_result"]
+
+
+def test_a_returned_value_is_stored_and_read_back(broker: sqlbroker.Broker) -> None:
+    @broker.subscriber(queue="calc")
+    def calc(msg: sqlbroker.Message) -> Any:
+        return {"double": msg.payload * 2, "text": "é", "items": [1, 2.5, None, True]}
+
+    @broker.subscriber(queue="acalc")
+    async def acalc(msg: sqlbroker.Message) -> Any:
+        return [msg.payload, "async"]
+
+    sync_id = broker.send("calc", 21)
+    async_id = broker.send("acalc", 7)
+    assert broker.result(sync_id) is None, "not finished yet"
+    run_until_idle(broker)
+
+    found = broker.result(sync_id)
+    assert found is not None
+    assert found.outcome == "completed"
+    assert found.ok
+    assert found.value == {"double": 42, "text": "é", "items": [1, 2.5, None, True]}
+    assert found.subscription == "calc"
+    assert found.message_id == sync_id
+    assert found.error is None
+    assert found.reason is None
+    later = broker.result(async_id)
+    assert later is not None
+    assert later.value == [7, "async"]
+    assert _result_rows(broker) == 2
+
+
+def test_a_none_return_stores_nothing_and_reads_as_completed(broker: sqlbroker.Broker) -> None:
+    @broker.subscriber(queue="quiet")
+    def quiet(msg: sqlbroker.Message) -> None:
+        return None
+
+    message_id = broker.send("quiet", 1)
+    run_until_idle(broker)
+    assert _result_rows(broker) == 0, "a None result writes no row"
+    found = broker.result(message_id)
+    assert found is not None
+    assert (found.outcome, found.value) == ("completed", None)
+
+
+def test_a_value_over_the_limit_or_not_json_dead_letters_the_copy(backend_url: str) -> None:
+    with sqlbroker.Broker(backend_url, migrate=True, payload_limit=1000) as broker:
+
+        @broker.subscriber(queue="big")
+        def big(msg: sqlbroker.Message) -> Any:
+            return "x" * 2000 if msg.payload == "big" else {1, 2}
+
+        too_big = broker.send("big", "big")
+        not_json = broker.send("big", "set")
+        run_until_idle(broker)
+        assert _result_rows(broker) == 0
+        for message_id, problem in ((too_big, "the limit is 1000 bytes"), (not_json, "not JSON")):
+            found = broker.result(message_id)
+            assert found is not None
+            assert found.outcome == "dead"
+            assert found.error is not None
+            assert found.error.type == "sqlbroker.InvalidPayload"
+            assert problem in found.error.message
+            assert found.reason is not None
+            assert "return value cannot be stored" in found.reason
+        dead = broker.dead_letters.list(subscription="big")
+        assert [d.attempts for d in dead] == [1, 1], "not retried: it would come back again"
+
+
+def test_a_dead_lettered_copy_reports_its_error(broker: sqlbroker.Broker) -> None:
+    @broker.subscriber(queue="fails", retry=sqlbroker.RetryPolicy(max_attempts=1))
+    def fails(msg: sqlbroker.Message) -> None:
+        raise ValueError("the card was declined")
+
+    message_id = broker.send("fails", {"order": 1})
+    run_until_idle(broker)
+    found = broker.result(message_id)
+    assert found is not None
+    assert found.outcome == "dead"
+    assert not found.ok
+    assert found.value is None
+    assert found.error is not None
+    assert (found.error.type, found.error.message) == ("ValueError", "the card was declined")
+    assert found.error.traceback is not None
+    assert "ValueError" in found.error.traceback
+    assert found.reason
+
+
+def test_results_work_without_the_archive(backend_url: str) -> None:
+    with sqlbroker.Broker(backend_url, migrate=True, archive_completed=False) as broker:
+
+        @broker.subscriber(queue="lean")
+        def lean(msg: sqlbroker.Message) -> Any:
+            return msg.payload or None
+
+        valued = broker.send("lean", "kept")
+        empty = broker.send("lean", 0)
+        run_until_idle(broker)
+        assert broker.archive("lean") == []
+        found = broker.result(valued)
+        assert found is not None
+        assert (found.outcome, found.value) == ("completed", "kept")
+        # Nothing at all is left of a None completion without the archive.
+        with pytest.raises(sqlbroker.NotFound, match="unknown"):
+            broker.result(empty)
+
+
+def test_bad_arguments_raise_validation_errors_and_unknown_ids_not_found(
+    broker: sqlbroker.Broker,
+) -> None:
+    with pytest.raises(sqlbroker.InvalidName, match="message_id"):
+        broker.result("not-a-uuid")
+    with pytest.raises(sqlbroker.InvalidName, match="message_id"):
+        broker.result(42)  # type: ignore[arg-type]
+    message_id = broker.send("q", 1)
+    with pytest.raises(sqlbroker.InvalidDuration, match="wait"):
+        broker.result(message_id, wait=-1)
+    with pytest.raises(sqlbroker.InvalidDuration, match="wait"):
+        broker.result(message_id, wait=float("nan"))
+    with pytest.raises(sqlbroker.InvalidName, match="subscription"):
+        broker.result(message_id, subscription="bad name")
+    with pytest.raises(sqlbroker.NotFound, match="unknown"):
+        broker.result("0192f0c4-0000-7000-8000-000000000000")
+    with pytest.raises(sqlbroker.NotFound, match="no copy in subscription other"):
+        broker.result(message_id, subscription="other")
+    with pytest.raises(sqlbroker.InvalidDuration, match="result_ttl"):
+        sqlbroker.Broker("sqlite:///:memory:", result_ttl=0)
+
+
+def test_a_fanned_out_message_needs_a_subscription(broker: sqlbroker.Broker) -> None:
+    broker.subscribe("billing", "orders.*")
+    broker.subscribe("emails", "orders.#")
+
+    @broker.subscriber("billing", topics="orders.*")
+    def bill(msg: sqlbroker.Message) -> Any:
+        return {"billed": msg.payload}
+
+    message_id = broker.publish("orders.created", 5)
+    with pytest.raises(sqlbroker.InvalidOption, match=r"2 subscriptions \(billing, emails\)"):
+        broker.result(message_id)
+    run_until_idle(broker)
+    found = broker.result(message_id, subscription="billing")
+    assert found is not None
+    assert found.value == {"billed": 5}
+    assert broker.result(message_id, subscription="emails") is None, "emails has no handler"
+    with pytest.raises(sqlbroker.InvalidOption, match="emails"):
+        broker.result(message_id, wait=0.1)
+
+
+@pytest.fixture
+def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fallback look would come only after the wait is over: whatever a waiting lookup
+    returns, a hint woke it."""
+    monkeypatch.setattr(results_feature, "FALLBACK_POLL", 3600.0)
+
+
+def _watching(broker: sqlbroker.Broker) -> bool:
+    """Whether a result watch is in place (its LISTEN connection, or its watcher thread)."""
+    if broker.backend_name == "sqlite":
+        # The sync watch's thread, or the async one's (the backend's listener, whose thread
+        # is the only one of that name while no worker runs).
+        names = {"sqlbroker-result", "sqlbroker-listen"}
+        return any(thread.name in names for thread in threading.enumerate())
+    with broker.backend.transaction() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
+        ).fetchone()
+    return bool(row[0])
+
+
+def _wait_in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as error:
+            box["error"] = error
+
+    thread = threading.Thread(target=run, name="result-waiter")
+    thread.start()
+    return thread, box
+
+
+@pytest.mark.usefixtures("no_fallback")
+@pytest.mark.parametrize("fails", [False, True], ids=["completed", "dead"])
+def test_a_waiting_lookup_wakes_on_the_notification(broker: sqlbroker.Broker, fails: bool) -> None:
+    release = threading.Event()
+
+    @broker.subscriber(queue="slow", retry=sqlbroker.RetryPolicy(max_attempts=1))
+    def slow(msg: sqlbroker.Message) -> Any:
+        release.wait(30)
+        if fails:
+            raise RuntimeError("gave up")
+        return {"done": msg.payload}
+
+    message_id = broker.send("slow", "job")
+    thread, box = _wait_in_thread(lambda: broker.result(message_id, wait=30))
+    wait_until(lambda: _watching(broker), timeout=20, what="the result watch")
+    release.set()
+    run_until_idle(broker)
+    thread.join(40)
+    assert not thread.is_alive()
+    assert "error" not in box, box
+    found = box["result"]
+    assert found is not None, "the wait ended without its hint"
+    if fails:
+        assert found.outcome == "dead"
+        assert found.error.message == "gave up"
+    else:
+        assert (found.outcome, found.value) == ("completed", {"done": "job"})
+    assert broker._results.fallback_polls == 0
+
+
+def test_a_copy_that_vanishes_without_a_record_reads_as_completed(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL sends no notification for a None completion: the fallback look finds it.
+    monkeypatch.setattr(results_feature, "FALLBACK_POLL", 0.05)
+    with sqlbroker.Broker(backend_url, migrate=True, archive_completed=False) as broker:
+
+        @broker.subscriber(queue="none")
+        def none(msg: sqlbroker.Message) -> None:
+            return None
+
+        message_id = broker.send("none", 1)
+        thread, box = _wait_in_thread(lambda: broker.result(message_id, wait=30))
+        wait_until(lambda: _watching(broker), timeout=20, what="the result watch")
+        run_until_idle(broker)
+        thread.join(40)
+        found = box["result"]
+        assert found is not None
+        assert (found.outcome, found.value) == ("completed", None)
+
+
+def test_a_wait_that_runs_out_returns_none(broker: sqlbroker.Broker) -> None:
+    message_id = broker.send("nobody", 1)
+    assert broker.result(message_id, wait=0.2) is None
+
+
+def test_results_are_trimmed_after_their_retention(
+    backend_url: str, clock: sqlbroker.ManualClock
+) -> None:
+    with sqlbroker.Broker(backend_url, migrate=True, clock=clock, result_ttl=3600) as broker:
+
+        @broker.subscriber(queue="kept")
+        def kept(msg: sqlbroker.Message) -> Any:
+            return msg.payload
+
+        old = broker.send_many("kept", [1, 2, 3])
+        run_until_idle(broker)
+        clock.advance(1800)
+        fresh = broker.send("kept", 4)
+        run_until_idle(broker)
+        assert broker.reap()["results_trimmed"] == 0
+        clock.advance(1801)
+        assert broker.reap(limit=2)["results_trimmed"] == 2, "in bounded batches"
+        assert broker.reap()["results_trimmed"] == 1
+        assert _result_rows(broker) == 1
+        found = broker.result(fresh)
+        assert found is not None
+        assert found.value == 4
+        # The archive still has the old completions, but not their values.
+        with pytest.raises(sqlbroker.NotFound, match="no longer kept"):
+            broker.result(old[0])
+
+
+def test_the_async_face_matches_and_wakes(
+    broker: sqlbroker.Broker, backend_url: str, no_fallback: None
+) -> None:
+    sync_signature = inspect.signature(sqlbroker.Broker.result)
+    async_signature = inspect.signature(sqlbroker.AsyncBroker.result)
+    assert sync_signature == async_signature
+
+    release = threading.Event()
+
+    @broker.subscriber(queue="twin")
+    def twin(msg: sqlbroker.Message) -> Any:
+        release.wait(30)
+        return msg.payload + 1
+
+    message_id = broker.send("twin", 1)
+
+    async def main() -> Any:
+        async with sqlbroker.AsyncBroker(backend_url) as face:
+            with pytest.raises(sqlbroker.InvalidDuration):
+                await face.result(message_id, wait=-1)
+            assert await face.result(message_id) is None
+            waiting = asyncio.ensure_future(face.result(message_id, wait=30))
+            await asyncio.to_thread(
+                wait_until, lambda: _watching(broker), timeout=20, what="the watch"
+            )
+            release.set()
+            await asyncio.to_thread(run_until_idle, broker)
+            found = await waiting
+            assert face.sync._results.fallback_polls == 0
+            return found
+
+    found = asyncio.run(main())
+    assert found is not None
+    assert (found.outcome, found.value) == ("completed", 2)
+
+
+def test_the_cli_shows_a_result_and_exits_by_outcome(backend_url: str) -> None:
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+        broker.subscribe("a", "fan.*")
+        broker.subscribe("b", "fan.*")
+
+        @broker.subscriber(queue="cli")
+        def handle(msg: sqlbroker.Message) -> Any:
+            return {"answer": msg.payload}
+
+        done = broker.send("cli", 42)
+        pending = broker.send("idle", 1)
+        fanned = broker.publish("fan.out", 1)
+        run_until_idle(broker)
+
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, ["--url", backend_url, "result", *args])
+
+    shown = run(done)
+    assert shown.exit_code == 0, shown.output
+    assert "completed" in shown.output
+    assert '{"answer":42}' in shown.output
+    as_json = run(done, "--json")
+    assert as_json.exit_code == 0
+    assert json.loads(as_json.output)["value"] == {"answer": 42}
+
+    for args, code, text in (
+        (("nope",), 2, "not a message id"),
+        ((done, "--wait", "-1"), 2, "wait"),
+        ((fanned,), 2, "pass subscription="),
+        ((pending,), 1, "not finished yet"),
+        ((pending, "--wait", "0.1"), 1, "after waiting 0.1 s"),
+        (("0192f0c4-0000-7000-8000-000000000000",), 1, "unknown"),
+    ):
+        outcome = run(*args)
+        assert outcome.exit_code == code, (args, outcome.output)
+        lines = outcome.output.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("error: "), lines
+        assert text in lines[0], lines
+    assert run(fanned, "--subscription", "a").exit_code == 1, "a has no handler"
