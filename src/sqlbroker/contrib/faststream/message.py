@@ -1,0 +1,155 @@
+"""The message a FastStream handler sees, and how its ack, nack and reject settle the
+sqlbroker copy underneath.
+
+The raw message of every subscriber is a :class:`sqlbroker.Message` delivered by a worker
+in ``ack="manual"`` mode, so each FastStream outcome becomes exactly one sqlbroker
+settlement:
+
+- ``ack()`` completes the copy (archived ``completed``);
+- ``nack(delay=None)`` asks the subscriber's :class:`~sqlbroker.RetryPolicy`: a retry after
+  its backoff (or ``delay`` seconds), or a dead letter once the attempts are spent or the
+  error is one the policy dead-letters at once;
+- ``reject(reason=None)`` dead-letters the copy now, with ``reason`` or the handler's error.
+
+FastStream calls these itself by the subscriber's ``AckPolicy`` (see the broker); a handler
+may call them too, or raise ``AckMessage``/``NackMessage``/``RejectMessage``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faststream import BaseMiddleware, StreamMessage
+from faststream.message import decode_message
+
+from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
+from sqlbroker.core.serde import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
+from sqlbroker.runtime import Message
+
+JSON = JSON_CONTENT_TYPE
+OCTETS = BYTES_CONTENT_TYPE
+CORRELATION_HEADER = "correlation_id"
+REPLY_TO_HEADER = "reply_to"
+
+
+class SqlMessage(StreamMessage[Message]):
+    """A FastStream message over one sqlbroker delivery (``raw_message``)."""
+
+    def __init__(self, *args: Any, retry: RetryPolicy, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retry = retry
+        self.error: BaseException | None = None
+        """The handler's exception, when it raised one (set by :class:`ErrorCapture`)."""
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first delivery, 2 on the first retry, …"""
+        return self.raw_message.attempt
+
+    async def ack(self) -> None:
+        """Complete the message."""
+        if self.committed is None:
+            self.raw_message.ack()
+        await super().ack()
+
+    async def nack(self, *, delay: float | None = None) -> None:
+        """Try again: after ``delay`` seconds, or the retry policy's backoff; dead-letter
+        instead when the policy says so (attempts spent, or a ``dead_on`` error)."""
+        if self.committed is None:
+            raw = self.raw_message
+            error = self.error or _Nacked("nacked by the handler")
+            decision = self.retry.decide(raw.attempt, error, max_attempts=raw.max_attempts)
+            if isinstance(decision, DeadLetterNow):
+                raw.reject(_dead_reason(decision.reason, self.error), error=self.error)
+            else:
+                raw.nack(after=decision.delay if delay is None else delay, error=self.error)
+        await super().nack()
+
+    async def reject(self, *, reason: str | None = None) -> None:
+        """Dead-letter the message now."""
+        if self.committed is None:
+            self.raw_message.reject(reason or _describe(self.error), error=self.error)
+        await super().reject()
+
+
+class _Nacked(Exception):
+    """A nack without an exception behind it (``await msg.nack()``, ``NackMessage``)."""
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "rejected by the handler"
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(error).__name__}: {first}"[:500] if first else type(error).__name__
+
+
+def _dead_reason(reason: str, error: BaseException | None) -> str:
+    """The policy's reason, with the fields at fault when validation refused the payload."""
+    problems = getattr(error, "errors", None)
+    if not callable(problems):
+        return reason
+    try:
+        details = [
+            f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in problems()
+        ]
+    except Exception:
+        return reason
+    return f"invalid payload ({reason}): {'; '.join(details)}"[:1000]
+
+
+class ErrorCapture(BaseMiddleware):
+    """Keeps the handler's exception on the :class:`SqlMessage`, so that the ack policy's
+    nack or reject (which FastStream calls without arguments) can give the retry policy and
+    the dead letter the real error and reason."""
+
+    async def consume_scope(
+        self, call_next: Callable[[Any], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        try:
+            return await call_next(msg)
+        except Exception as error:
+            if isinstance(msg, SqlMessage):
+                msg.error = error
+            raise
+
+
+def make_parser(retry: RetryPolicy) -> Callable[[Message], Awaitable[SqlMessage]]:
+    """The parser of a subscriber whose failures the ``retry`` policy decides."""
+
+    async def parse(raw: Message) -> SqlMessage:
+        payload = raw.payload
+        body = bytes(payload) if isinstance(payload, bytes | bytearray | memoryview) else None
+        if body is None:
+            body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        headers = dict(raw.headers)
+        content_type: str | None = raw.content_type
+        if content_type == OCTETS:
+            # Published without a content type: FastStream then guesses (JSON, else bytes).
+            content_type = None
+        return SqlMessage(
+            raw,
+            body,
+            headers=headers,
+            reply_to=headers.get(REPLY_TO_HEADER, ""),
+            content_type=content_type,
+            correlation_id=headers.get(CORRELATION_HEADER) or raw.id,
+            message_id=raw.id,
+            retry=retry,
+        )
+
+    return parse
+
+
+async def decode(msg: StreamMessage[Any]) -> Any:
+    """A JSON payload comes out of the database already decoded: hand it over as it is."""
+    raw = msg.raw_message
+    if (
+        isinstance(raw, Message)
+        and msg.content_type == JSON
+        and not isinstance(raw.payload, bytes | bytearray | memoryview)
+    ):
+        return raw.payload
+    return decode_message(msg)
