@@ -18,6 +18,7 @@ from faststream.middlewares import AckPolicy
 from faststream.specification.schema import BrokerSpec
 
 from sqlbroker import Message
+from sqlbroker.storage.url import parse_url
 
 from .config import SqlBrokerConfig
 from .connection import SqlConnection
@@ -89,6 +90,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         context: ContextRepo | None = None,
         **options: Any,
     ) -> None:
+        parse_url(url)  # a bad URL fails here, not at the first publish
         lease = options.get("lease")
         timeout = (
             handler_timeout.total_seconds()
