@@ -1,0 +1,240 @@
+"""SqlBroker, the FastStream broker on sqlbroker, in one process: FastStream's test client
+(dependency injection, validation, publishers), its AsyncAPI document, each ack policy and
+``Ack``/``Nack``/``Reject`` mapped onto sqlbroker's outcomes on both backends, publishing in
+the caller's transaction, and bad configuration refused with one clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import pytest
+
+pytest.importorskip("faststream")
+
+from faststream import Context
+from faststream.exceptions import AckMessage, NackMessage, RejectMessage
+from faststream.middlewares import AckPolicy
+from faststream.specification import AsyncAPI
+from pydantic import BaseModel, ValidationError
+
+import sqlbroker
+from runtime.support import wait_until
+from sqlbroker.contrib.faststream import SqlBroker, SqlMessage, TestSqlBroker
+
+
+class Order(BaseModel):
+    id: int
+    total: float
+
+
+def shop(url: str = "sqlite:///unused.db") -> tuple[SqlBroker, Any, Any]:
+    broker = SqlBroker(url)
+
+    @broker.subscriber("orders")
+    @broker.publisher("orders.done")
+    async def handle(order: Order) -> dict[str, Any]:
+        return {"id": order.id, "paid": order.total > 0}
+
+    @broker.subscriber("orders.*", group="audit")
+    async def audit(body: dict[str, Any]) -> None:
+        pass
+
+    return broker, handle, audit
+
+
+def test_the_test_client_injects_validates_and_publishes_the_result() -> None:
+    broker, handle, audit = shop()
+
+    async def scenario() -> None:
+        async with TestSqlBroker(broker) as br:
+            await br.publish({"id": "7", "total": 2.5}, "orders")
+            handle.mock.assert_called_once_with({"id": "7", "total": 2.5})
+            # the handler's result went to orders.done, which the audit group matches
+            audit.mock.assert_called_once_with({"id": 7, "paid": True})
+
+    asyncio.run(scenario())
+
+
+def test_the_test_client_raises_the_validation_error_of_a_bad_payload() -> None:
+    broker, _, audit = shop()
+
+    async def scenario() -> None:
+        async with TestSqlBroker(broker) as br:
+            with pytest.raises(ValidationError, match="total"):
+                await br.publish({"id": 1}, "orders")
+            assert audit.mock.call_count == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_asyncapi_document_lists_the_channels_without_the_password() -> None:
+    broker, _, _ = shop("postgresql://app:secret@db.example:5432/shop")
+    document = AsyncAPI(broker, schema_version="3.0.0").to_specification().to_jsonable()
+    addresses = {channel["address"] for channel in document["channels"].values()}
+    assert addresses == {"orders", "orders.done", "orders.*"}
+    server = next(iter(document["servers"].values()))
+    assert server["protocol"] == "postgresql"
+    assert "secret" not in str(document)
+    payloads = str(document["components"]["schemas"])
+    assert "total" in payloads  # the Order model of the handler's signature
+
+
+# --- ack policies on a real database ------------------------------------------------------
+
+Behaviour = Callable[[SqlMessage], Awaitable[None]]
+
+
+async def boom(message: SqlMessage) -> None:
+    raise RuntimeError("boom")
+
+
+async def nack_then_ack(message: SqlMessage) -> None:
+    if message.attempt == 1:
+        await message.nack(delay=0)
+    else:
+        await message.ack()
+
+
+async def nack_exception_once(message: SqlMessage) -> None:
+    if message.attempt == 1:
+        raise NackMessage(delay=0)
+
+
+async def reject_exception(message: SqlMessage) -> None:
+    raise RejectMessage(reason="not for this shop")
+
+
+async def ack_exception(message: SqlMessage) -> None:
+    raise AckMessage()
+
+
+CASES: dict[str, tuple[AckPolicy | None, Behaviour, str, int, str]] = {
+    # name: (policy, handler, outcome, attempts, reason fragment)
+    "nack-on-error-by-default": (None, boom, "dead", 2, "max attempts exhausted (2 of 2)"),
+    "reject-on-error": (AckPolicy.REJECT_ON_ERROR, boom, "dead", 1, "RuntimeError: boom"),
+    "ack-on-error": (AckPolicy.ACK, boom, "completed", 1, ""),
+    "ack-first": (AckPolicy.ACK_FIRST, boom, "completed", 1, ""),
+    "manual": (AckPolicy.MANUAL, nack_then_ack, "completed", 2, ""),
+    "nack-exception": (None, nack_exception_once, "completed", 2, ""),
+    "reject-exception": (None, reject_exception, "dead", 1, "not for this shop"),
+    "ack-exception": (AckPolicy.REJECT_ON_ERROR, ack_exception, "completed", 1, ""),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ack_policies_map_onto_sqlbroker_outcomes(
+    backend_url: str, broker: sqlbroker.Broker, case: str
+) -> None:
+    policy, behaviour, outcome, attempts, reason = CASES[case]
+    app = SqlBroker(backend_url, poll_interval=0.1)
+    options: dict[str, Any] = {} if policy is None else {"ack_policy": policy}
+
+    @app.subscriber(
+        "jobs", retry=sqlbroker.RetryPolicy(base=0.05, cap=0.05, jitter="none"), **options
+    )
+    async def job(body: dict[str, Any], message: Annotated[SqlMessage, Context()]) -> None:
+        await behaviour(message)
+
+    async def scenario() -> str:
+        await app.start()
+        try:
+            message_id = await app.publish({"n": 1}, "jobs", max_attempts=2)
+            await asyncio.to_thread(
+                wait_until,
+                lambda: broker.archive("jobs") or broker.dead_letters.list(subscription="jobs"),
+                timeout=30,
+                what=f"the {case} message to end",
+            )
+        finally:
+            await app.stop()
+        return message_id
+
+    message_id = asyncio.run(scenario())
+    if outcome == "completed":
+        [row] = broker.archive("jobs")
+        assert row.outcome.value == "completed"
+        assert not broker.dead_letters.list(subscription="jobs")
+    else:
+        [row] = broker.dead_letters.list(subscription="jobs")
+        assert not broker.archive("jobs")
+        assert reason in row.reason
+    assert row.message_id == message_id
+    assert row.attempts == attempts
+
+
+# --- publishing in the caller's transaction -------------------------------------------------
+
+
+def open_caller_connection(url: str) -> Any:
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        return conn
+    import psycopg
+
+    return psycopg.connect(url)
+
+
+@pytest.mark.parametrize("ending", ["rollback", "commit"])
+def test_publish_with_conn_joins_the_caller_s_transaction(
+    backend_url: str, broker: sqlbroker.Broker, ending: str
+) -> None:
+    broker.subscribe("orders", ["orders"])
+    app = SqlBroker(backend_url)
+
+    async def scenario() -> None:
+        await app.connect()
+        conn = open_caller_connection(backend_url)
+        try:
+            await app.publish({"id": 1, "total": 3}, "orders", conn=conn)
+            # not visible to anyone before the caller commits
+            assert broker.pending("orders") == []
+            getattr(conn, ending)()
+        finally:
+            conn.close()
+            await app.stop()
+
+    asyncio.run(scenario())
+    pending = broker.pending("orders")
+    assert len(pending) == (1 if ending == "commit" else 0)
+
+
+# --- bad configuration and bad input ----------------------------------------------------------
+
+
+def test_an_unknown_url_scheme_is_one_clear_error() -> None:
+    with pytest.raises(sqlbroker.InvalidURL, match="unsupported database 'mysql'"):
+        SqlBroker("mysql://db/shop")
+
+
+def test_a_wildcard_subscriber_needs_a_group() -> None:
+    app = SqlBroker("sqlite:///unused.db")
+    with pytest.raises(sqlbroker.InvalidOption, match="group"):
+        app.subscriber("orders.*")
+    with pytest.raises(sqlbroker.InvalidName):
+        app.subscriber("orders..created")
+
+
+def test_bad_publish_input_is_refused_before_anything_is_written(
+    backend_url: str, broker: sqlbroker.Broker
+) -> None:
+    broker.subscribe("orders", ["orders"])
+    app = SqlBroker(backend_url)
+
+    async def scenario() -> None:
+        await app.connect()
+        try:
+            with pytest.raises(sqlbroker.InvalidHeaders):
+                await app.publish({"id": 1}, "orders", headers={"n": 1})  # type: ignore[dict-item]
+            with pytest.raises(sqlbroker.InvalidPriority):
+                await app.publish({"id": 1}, "orders", priority=42)
+            with pytest.raises(sqlbroker.InvalidName):
+                await app.publish({"id": 1}, "orders..x")
+        finally:
+            await app.stop()
+
+    asyncio.run(scenario())
+    assert broker.pending("orders") == []
