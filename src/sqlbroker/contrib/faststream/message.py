@@ -48,16 +48,21 @@ class SqlMessage(StreamMessage[Message]):
         """1 on the first delivery, 2 on the first retry, …"""
         return self.raw_message.attempt
 
+    def _open(self) -> bool:
+        """Not settled yet: neither through this message nor through the sqlbroker
+        message itself (``raw_message.transaction()`` completes it when it commits)."""
+        return self.committed is None and not self.raw_message.settled
+
     async def ack(self) -> None:
         """Complete the message."""
-        if self.committed is None:
+        if self._open():
             self.raw_message.ack()
         await super().ack()
 
     async def nack(self, *, delay: float | None = None) -> None:
         """Try again: after ``delay`` seconds, or the retry policy's backoff; dead-letter
         instead when the policy says so (attempts spent, or a ``dead_on`` error)."""
-        if self.committed is None:
+        if self._open():
             raw = self.raw_message
             error = self.error or _Nacked("nacked by the handler")
             decision = self.retry.decide(raw.attempt, error, max_attempts=raw.max_attempts)
@@ -69,7 +74,7 @@ class SqlMessage(StreamMessage[Message]):
 
     async def reject(self, *, reason: str | None = None) -> None:
         """Dead-letter the message now."""
-        if self.committed is None:
+        if self._open():
             self.raw_message.reject(reason or _describe(self.error), error=self.error)
         await super().reject()
 
