@@ -6,6 +6,7 @@ the caller's transaction, and bad configuration refused with one clear error."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 import sqlbroker
 from runtime.support import wait_until
-from sqlbroker.contrib.faststream import SqlBroker, SqlMessage, TestSqlBroker
+from sqlbroker.contrib.faststream import SqlBroker, SqlMessage, SqlRouter, TestSqlBroker
 
 
 class Order(BaseModel):
@@ -68,6 +69,55 @@ def test_the_test_client_raises_the_validation_error_of_a_bad_payload() -> None:
             assert audit.mock.call_count == 0
 
     asyncio.run(scenario())
+
+
+def test_a_router_prefixes_its_topics_and_a_result_goes_to_reply_to() -> None:
+    broker = SqlBroker("sqlite:///unused.db")
+    router = SqlRouter(prefix="shop.")
+
+    @router.subscriber("orders")
+    async def handle(body: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": body["id"]}
+
+    @broker.subscriber("answers")
+    async def answers(body: dict[str, Any]) -> None:
+        pass
+
+    broker.include_router(router)
+
+    async def scenario() -> None:
+        async with TestSqlBroker(broker) as br:
+            await br.publish({"id": 3}, "orders", reply_to="answers")
+            assert handle.mock.call_count == 0  # "orders" is not the router's topic
+            await br.publish({"id": 4}, "shop.orders", reply_to="answers")
+            handle.mock.assert_called_once_with({"id": 4})
+            answers.mock.assert_called_once_with({"ok": 4})
+
+    asyncio.run(scenario())
+
+
+def test_the_message_carries_the_body_bytes_headers_and_ids() -> None:
+    broker = SqlBroker("sqlite:///unused.db")
+    seen: list[SqlMessage] = []
+
+    @broker.subscriber("orders")
+    async def handle(body: Any, message: Annotated[SqlMessage, Context()]) -> None:
+        seen.append(message)
+
+    async def scenario() -> None:
+        async with TestSqlBroker(broker) as br:
+            await br.publish({"id": 1, "note": "café"}, "orders", headers={"tenant": "acme"})
+            await br.publish(b"\x00raw", "orders")
+
+    asyncio.run(scenario())
+    first, second = seen
+    assert json.loads(first.body) == {"id": 1, "note": "café"}
+    assert first.content_type == "application/json"
+    assert first.headers["tenant"] == "acme"
+    assert first.message_id == first.raw_message.id
+    assert first.attempt == 1
+    assert second.body == b"\x00raw"
+    assert second.content_type is None  # published without one: FastStream's guess applies
 
 
 def test_the_asyncapi_document_lists_the_channels_without_the_password() -> None:

@@ -34,6 +34,9 @@ CORRELATION_HEADER = "correlation_id"
 REPLY_TO_HEADER = "reply_to"
 
 
+_ENCODE_LATER: Any = object()
+
+
 class SqlMessage(StreamMessage[Message]):
     """A FastStream message over one sqlbroker delivery (``raw_message``)."""
 
@@ -42,6 +45,22 @@ class SqlMessage(StreamMessage[Message]):
         self.retry = retry
         self.error: BaseException | None = None
         """The handler's exception, when it raised one (set by :class:`ErrorCapture`)."""
+
+    _body: Any
+
+    @property
+    def body(self) -> bytes:
+        """The payload as bytes. A JSON payload arrives decoded and goes to the handler as
+        it is (see :func:`decode`), so its bytes are only made here, if someone asks."""
+        if self._body is _ENCODE_LATER:
+            payload = self.raw_message.payload
+            self._body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        body: bytes = self._body
+        return body
+
+    @body.setter
+    def body(self, value: Any) -> None:
+        self._body = value
 
     @property
     def attempt(self) -> int:
@@ -126,9 +145,9 @@ def make_parser(retry: RetryPolicy) -> Callable[[Message], Awaitable[SqlMessage]
 
     async def parse(raw: Message) -> SqlMessage:
         payload = raw.payload
-        body = bytes(payload) if isinstance(payload, bytes | bytearray | memoryview) else None
-        if body is None:
-            body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        body = (
+            bytes(payload) if isinstance(payload, bytes | bytearray | memoryview) else _ENCODE_LATER
+        )
         headers = dict(raw.headers)
         content_type: str | None = raw.content_type
         if content_type == OCTETS:
@@ -152,9 +171,10 @@ async def decode(msg: StreamMessage[Any]) -> Any:
     """A JSON payload comes out of the database already decoded: hand it over as it is."""
     raw = msg.raw_message
     if (
-        isinstance(raw, Message)
+        isinstance(msg, SqlMessage)
+        and msg._body is _ENCODE_LATER
+        and isinstance(raw, Message)
         and msg.content_type == JSON
-        and not isinstance(raw.payload, bytes | bytearray | memoryview)
     ):
         return raw.payload
     return decode_message(msg)
