@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -215,6 +217,40 @@ def test_ack_policies_map_onto_sqlbroker_outcomes(
     assert row.attempts == attempts
 
 
+def test_a_subscriber_started_while_the_broker_runs_gets_a_worker_of_its_own(
+    backend_url: str, broker: sqlbroker.Broker
+) -> None:
+    app = SqlBroker(backend_url, poll_interval=0.1)
+    seen: list[Any] = []
+
+    @app.subscriber("first")
+    async def first(body: Any) -> None:
+        pass
+
+    async def scenario() -> None:
+        await app.start()
+        try:
+            late = app.subscriber("late")
+
+            @late
+            async def handle(body: dict[str, Any]) -> None:
+                seen.append(body)
+
+            await late.start()
+            await app.publish({"n": 1}, "late")
+            await asyncio.to_thread(
+                wait_until, lambda: broker.archive("late"), timeout=30, what="the late handler"
+            )
+            await late.stop()
+            await app.publish({"n": 2}, "late")  # kept for the next start
+        finally:
+            await app.stop()
+
+    asyncio.run(scenario())
+    assert seen == [{"n": 1}]
+    assert len(broker.pending("late")) == 1
+
+
 # --- publishing in the caller's transaction -------------------------------------------------
 
 
@@ -258,6 +294,18 @@ def test_publish_with_conn_joins_the_caller_s_transaction(
 def test_an_unknown_url_scheme_is_one_clear_error() -> None:
     with pytest.raises(sqlbroker.InvalidURL, match="unsupported database 'mysql'"):
         SqlBroker("mysql://db/shop")
+
+
+def test_a_missing_extra_is_one_clear_error() -> None:
+    code = "import sys; sys.modules['faststream'] = None\nimport sqlbroker.contrib.faststream"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: sqlbroker.contrib.faststream needs FastStream:"
+        " pip install 'sqlbroker[faststream]'"
+    )
 
 
 def test_a_wildcard_subscriber_needs_a_group() -> None:
