@@ -288,6 +288,32 @@ def test_publish_with_conn_joins_the_caller_s_transaction(
     assert len(pending) == (1 if ending == "commit" else 0)
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("ending", ["rollback", "commit"])
+def test_publish_with_an_async_psycopg_connection_joins_its_transaction(
+    pg_url: str, ending: str
+) -> None:
+    import psycopg
+
+    with sqlbroker.Broker(pg_url) as broker:
+        broker.subscribe("orders", ["orders"])
+        app = SqlBroker(pg_url)
+
+        async def scenario() -> None:
+            await app.connect()
+            conn = await psycopg.AsyncConnection.connect(pg_url)
+            try:
+                await app.publish({"id": 1}, "orders", conn=conn)
+                assert broker.pending("orders") == []
+                await getattr(conn, ending)()
+            finally:
+                await conn.close()
+                await app.stop()
+
+        asyncio.run(scenario())
+        assert len(broker.pending("orders")) == (1 if ending == "commit" else 0)
+
+
 # --- bad configuration and bad input ----------------------------------------------------------
 
 

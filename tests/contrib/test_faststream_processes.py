@@ -175,3 +175,27 @@ def test_a_sigkilled_app_s_message_is_redelivered_by_another_app_and_nothing_is_
     assert all(count == 1 for count in finishes.values()), finishes
     second.process.send_signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0, second.log()
+
+
+def test_faststream_docs_gen_writes_the_asyncapi_channels(tmp_path: Path) -> None:
+    out = tmp_path / "asyncapi.json"
+    env = {
+        **os.environ,
+        "FSAPP_URL": "postgresql://app:secret@db.example/shop",
+        "FSAPP_EFFECTS": str(tmp_path / "effects.jsonl"),
+        "PYTHONPATH": os.pathsep.join([str(SRC), str(HERE)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "faststream", "docs", "gen", "fsapp:app", "--out", str(out)],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(out.read_text())
+    assert {c["address"] for c in document["channels"].values()} == {"orders", "orders.done"}
+    assert "secret" not in out.read_text()
+    assert "qty" in json.dumps(document["components"])  # the Order model
