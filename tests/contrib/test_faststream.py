@@ -6,6 +6,8 @@ the caller's transaction, and bad configuration refused with one clear error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import json
 import sqlite3
 import subprocess
@@ -19,6 +21,7 @@ pytest.importorskip("faststream")
 
 from faststream import Context
 from faststream.exceptions import AckMessage, NackMessage, RejectMessage
+from faststream.message import AckStatus
 from faststream.middlewares import AckPolicy
 from faststream.specification import AsyncAPI
 from pydantic import BaseModel, ValidationError
@@ -249,6 +252,53 @@ def test_a_subscriber_started_while_the_broker_runs_gets_a_worker_of_its_own(
     asyncio.run(scenario())
     assert seen == [{"n": 1}]
     assert len(broker.pending("late")) == 1
+
+
+def _execute(url: str, sql: str) -> list[Any]:
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            rows = conn.execute(sql).fetchall()
+            conn.commit()
+            return rows
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(sql)
+        return cursor.fetchall() if cursor.description else []
+
+
+def test_a_handler_s_writes_and_its_ack_commit_together(
+    backend_url: str, broker: sqlbroker.Broker
+) -> None:
+    _execute(backend_url, "CREATE TABLE payments (order_id INTEGER PRIMARY KEY)")
+    app = SqlBroker(backend_url, poll_interval=0.1)
+    handled: list[SqlMessage] = []
+
+    @app.subscriber("payments", ack_policy=AckPolicy.REJECT_ON_ERROR)
+    async def pay(body: dict[str, Any], message: Annotated[SqlMessage, Context()]) -> None:
+        handled.append(message)
+        async with message.raw_message.transaction() as conn:
+            done = conn.execute(f"INSERT INTO payments (order_id) VALUES ({int(body['id'])})")
+            if inspect.isawaitable(done):
+                await done
+
+    async def scenario() -> None:
+        await app.start()
+        try:
+            await app.publish({"id": 7}, "payments")
+            await asyncio.to_thread(
+                wait_until, lambda: broker.archive("payments"), timeout=30, what="the payment"
+            )
+        finally:
+            await app.stop()
+
+    asyncio.run(scenario())
+    [row] = broker.archive("payments")
+    assert row.outcome.value == "completed"
+    assert row.attempts == 1
+    assert _execute(backend_url, "SELECT order_id FROM payments") == [(7,)]
+    # FastStream's ack after the handler saw the message already settled, and kept quiet
+    assert handled[0].committed is AckStatus.ACKED
 
 
 # --- publishing in the caller's transaction -------------------------------------------------
