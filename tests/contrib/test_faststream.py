@@ -301,6 +301,38 @@ def test_a_handler_s_writes_and_its_ack_commit_together(
     assert handled[0].committed is AckStatus.ACKED
 
 
+@pytest.mark.parametrize("policy", [None, AckPolicy.REJECT_ON_ERROR])
+def test_a_payload_failing_validation_is_dead_lettered_with_the_fields_at_fault(
+    backend_url: str, broker: sqlbroker.Broker, policy: AckPolicy | None
+) -> None:
+    app = SqlBroker(backend_url, poll_interval=0.1)
+    options: dict[str, Any] = {} if policy is None else {"ack_policy": policy}
+
+    @app.subscriber("orders", **options)
+    async def handle(order: Order) -> None:
+        pass
+
+    async def scenario() -> None:
+        await app.start()
+        try:
+            await app.publish({"id": "seven"}, "orders")
+            await asyncio.to_thread(
+                wait_until,
+                lambda: broker.dead_letters.list(subscription="orders"),
+                timeout=30,
+                what="the dead letter",
+            )
+        finally:
+            await app.stop()
+
+    asyncio.run(scenario())
+    [dead] = broker.dead_letters.list(subscription="orders")
+    assert dead.attempts == 1
+    assert dead.reason.startswith("invalid payload (")
+    assert "order.id: Input should be a valid integer" in dead.reason
+    assert "order.total: Field required" in dead.reason
+
+
 # --- publishing in the caller's transaction -------------------------------------------------
 
 

@@ -105,6 +105,8 @@ class _Nacked(Exception):
 def _describe(error: BaseException | None) -> str:
     if error is None:
         return "rejected by the handler"
+    if _invalid_fields(error) is not None:
+        return _dead_reason(f"rejected: {type(error).__name__}", error)
     text = str(error).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(error).__name__}: {first}"[:500] if first else type(error).__name__
@@ -112,16 +114,23 @@ def _describe(error: BaseException | None) -> str:
 
 def _dead_reason(reason: str, error: BaseException | None) -> str:
     """The policy's reason, with the fields at fault when validation refused the payload."""
+    details = _invalid_fields(error)
+    if details is None:
+        return reason
+    return f"invalid payload ({reason}): {'; '.join(details)}"[:1000]
+
+
+def _invalid_fields(error: BaseException | None) -> list[str] | None:
+    """``field: problem`` for each field a validation error (pydantic's) names."""
     problems = getattr(error, "errors", None)
     if not callable(problems):
-        return reason
+        return None
     try:
-        details = [
+        return [
             f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in problems()
         ]
     except Exception:
-        return reason
-    return f"invalid payload ({reason}): {'; '.join(details)}"[:1000]
+        return None
 
 
 class ErrorCapture(BaseMiddleware):
