@@ -173,6 +173,7 @@ CASES: dict[str, tuple[AckPolicy | None, Behaviour, str, int, str]] = {
     "ack-on-error": (AckPolicy.ACK, boom, "completed", 1, ""),
     "ack-first": (AckPolicy.ACK_FIRST, boom, "completed", 1, ""),
     "manual": (AckPolicy.MANUAL, nack_then_ack, "completed", 2, ""),
+    "manual-raises-unsettled": (AckPolicy.MANUAL, boom, "dead", 2, "max attempts exhausted"),
     "nack-exception": (None, nack_exception_once, "completed", 2, ""),
     "reject-exception": (None, reject_exception, "dead", 1, "not for this shop"),
     "ack-exception": (AckPolicy.REJECT_ON_ERROR, ack_exception, "completed", 1, ""),

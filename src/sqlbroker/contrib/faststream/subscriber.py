@@ -15,7 +15,7 @@ from faststream._internal.constants import EMPTY
 from faststream._internal.endpoint.publisher.fake import FakePublisher
 from faststream._internal.endpoint.subscriber import SubscriberSpecification, SubscriberUsecase
 from faststream._internal.endpoint.subscriber.call_item import CallsCollection
-from faststream.exceptions import FeatureNotSupportedException
+from faststream.exceptions import FeatureNotSupportedException, StopConsume
 from faststream.middlewares import AckPolicy
 from faststream.specification.asyncapi.utils import resolve_payloads
 from faststream.specification.schema import Message as SpecMessage
@@ -170,10 +170,25 @@ class SqlSubscriber(SubscriberUsecase[Message]):
         )
 
     async def _on_message(self, raw: Message) -> None:
+        """The sqlbroker handler: FastStream processes the message, and its ack policy
+        settles it through :class:`SqlMessage`. An error that left it unsettled (under
+        ``MANUAL``, or when the settlement itself failed) goes back to the worker, whose
+        retry policy decides, instead of holding the lease until the process stops."""
         if not self.running:
             # Stopped while the shared worker runs on: give the message back unspent.
             raise Retry(0.0, "the FastStream subscriber is stopped")
-        await self.consume(raw)
+        try:
+            await self.process_message(raw)
+        except StopConsume:
+            await self.stop()
+        except SystemExit:
+            await self.stop()
+            if app := self._outer_config.context.get("app"):
+                app.exit()
+        except Exception:
+            # Logged by FastStream's middleware already.
+            if not raw.settled:
+                raise
 
     async def start(self) -> None:
         await super().start()
