@@ -288,8 +288,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             "",
             "FastStream on its usual kind of broker, in the same run: Redis (Debian's"
             " `redis-server`, started by the benchmark with its defaults, which do not fsync"
-            " each write: a crash can lose acknowledged messages), a list queue with the same"
-            " handler and concurrency. As a fraction of FastStream on Redis:",
+            " each write: a crash can lose acknowledged messages), a list queue"
+            " (`@broker.subscriber(list=…)` with FastStream's defaults: one LPOP per message,"
+            " no acknowledgement) with the same handler and concurrency. SqlBroker's rates as"
+            " a fraction of FastStream on Redis:",
             "",
             "| operation | FastStream on Redis msg/s | CPU µs/msg"
             " | SqlBroker/SQLite ratio | SqlBroker/PostgreSQL ratio |",
