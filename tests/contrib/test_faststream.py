@@ -397,6 +397,44 @@ def test_publish_with_an_async_psycopg_connection_joins_its_transaction(
         assert len(broker.pending("orders")) == (1 if ending == "commit" else 0)
 
 
+@pytest.mark.parametrize("ending", ["rollback", "commit"])
+def test_publish_batch_writes_every_message_in_one_transaction(
+    backend_url: str, broker: sqlbroker.Broker, ending: str
+) -> None:
+    broker.subscribe("orders", ["orders"])
+    app = SqlBroker(backend_url)
+
+    async def scenario() -> list[str]:
+        await app.connect()
+        conn = open_caller_connection(backend_url)
+        try:
+            ids = await app.publish_batch({"id": 1}, {"id": 2}, "three", topic="orders", conn=conn)
+            assert broker.pending("orders") == []
+            getattr(conn, ending)()
+            plain = await app.publish_batch({"id": 4}, topic="orders", priority=0)
+        finally:
+            conn.close()
+            await app.stop()
+        return [*ids, *plain]
+
+    ids = asyncio.run(scenario())
+    assert len(set(ids)) == 4
+    pending = broker.pending("orders")
+    expected = ids[3:] if ending == "rollback" else ids
+    assert sorted(m.message_id for m in pending) == sorted(expected)
+
+
+def test_the_test_client_delivers_a_batch_message_by_message() -> None:
+    broker, handle, _ = shop()
+
+    async def scenario() -> None:
+        async with TestSqlBroker(broker) as br:
+            await br.publish_batch({"id": 1, "total": 1}, {"id": 2, "total": 2}, topic="orders")
+            assert handle.mock.call_count == 2
+
+    asyncio.run(scenario())
+
+
 # --- bad configuration and bad input ----------------------------------------------------------
 
 

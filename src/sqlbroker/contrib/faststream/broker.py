@@ -15,6 +15,7 @@ from faststream._internal.constants import EMPTY
 from faststream._internal.context.repository import ContextRepo
 from faststream._internal.di import FastDependsConfig
 from faststream.middlewares import AckPolicy
+from faststream.response import PublishType
 from faststream.specification.schema import BrokerSpec
 
 from sqlbroker import Message
@@ -227,6 +228,43 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             options={name: values[name] for name in PUBLISH_OPTIONS},
         )
         result: str = await self._basic_publish(cmd, producer=self.config.producer)
+        return result
+
+    async def publish_batch(  # type: ignore[override]
+        self,
+        *messages: SendableMessage,
+        topic: str = "",
+        conn: Any = None,
+        headers: dict[str, str] | None = None,
+        correlation_id: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        ttl: float | timedelta | None = None,
+        max_attempts: int | None = None,
+    ) -> list[str]:
+        """Publish ``messages`` to ``topic`` in one transaction (the caller's, with
+        ``conn=``) and return their ids, in order."""
+        if not messages:
+            return []
+        first, *rest = messages
+        cmd = SqlPublishCommand(
+            first,
+            topic=topic,
+            headers=headers,
+            correlation_id=correlation_id or self.config.id_generator(),
+            conn=conn,
+            options={
+                "key": key,
+                "priority": priority,
+                "delay": delay,
+                "ttl": ttl,
+                "max_attempts": max_attempts,
+            },
+            extra_bodies=tuple(rest),
+            _publish_type=PublishType.PUBLISH,
+        )
+        result: list[str] = await self._basic_publish_batch(cmd, producer=self.config.producer)
         return result
 
     async def request(

@@ -47,6 +47,7 @@ class SqlPublishCommand(PublishCommand):
         reply_to: str = "",
         conn: Any = None,
         options: dict[str, Any] | None = None,
+        extra_bodies: tuple[SendableMessage, ...] = (),
         _publish_type: PublishType = PublishType.PUBLISH,
     ) -> None:
         super().__init__(
@@ -59,6 +60,24 @@ class SqlPublishCommand(PublishCommand):
         )
         self.conn = conn
         self.options = {k: v for k, v in (options or {}).items() if v is not None}
+        self.extra_bodies = extra_bodies
+
+    @property
+    def batch_bodies(self) -> tuple[Any, ...]:
+        return (self.body, *self.extra_bodies)
+
+    def single(self, body: SendableMessage) -> SqlPublishCommand:
+        """This command for one of its batch's bodies."""
+        return SqlPublishCommand(
+            body,
+            topic=self.destination,
+            correlation_id=self.correlation_id,
+            headers=self.headers,
+            reply_to=self.reply_to,
+            conn=self.conn,
+            options=self.options,
+            _publish_type=self.publish_type,
+        )
 
     @classmethod
     def from_cmd(cls, cmd: PublishCommand) -> SqlPublishCommand:
@@ -75,10 +94,14 @@ class SqlPublishCommand(PublishCommand):
 
 
 async def encode_command(
-    cmd: SqlPublishCommand, codec: CodecProto, serializer: SerializerProto | None
+    cmd: SqlPublishCommand,
+    codec: CodecProto,
+    serializer: SerializerProto | None,
+    body: Any = None,
 ) -> tuple[bytes, str, dict[str, Any]]:
-    """The payload bytes, their content type and the headers a command publishes."""
-    payload, content_type = await codec.encode(cmd.body, serializer)
+    """The payload bytes, their content type and the headers a command publishes (for
+    ``body``, one of a batch's, when given)."""
+    payload, content_type = await codec.encode(cmd.body if body is None else body, serializer)
     headers = dict(cmd.headers)
     if cmd.correlation_id:
         headers[CORRELATION_HEADER] = cmd.correlation_id
@@ -136,5 +159,25 @@ class SqlProducer:
             "subscribe to the reply topic instead"
         )
 
-    async def publish_batch(self, cmd: SqlPublishCommand) -> Any:
-        raise FeatureNotSupportedException("SqlBroker publishes one message per call")
+    async def publish_batch(self, cmd: SqlPublishCommand) -> list[str]:
+        """All the batch's messages in one transaction (the caller's, with ``conn=``)."""
+        connection = self.connection
+        cmd = SqlPublishCommand.from_cmd(cmd)
+        items = []
+        for body in cmd.batch_bodies:
+            payload, content_type, headers = await encode_command(
+                cmd, self.codec, self.serializer, body
+            )
+            items.append(
+                {
+                    "topic": cmd.destination,
+                    "payload": payload,
+                    "content_type": content_type,
+                    "headers": headers or None,
+                    **cmd.options,
+                }
+            )
+        message_ids = await connection.publisher.publish_many(items, conn=cmd.conn)
+        if cmd.conn is None:
+            connection.hint()
+        return message_ids

@@ -92,6 +92,10 @@ class FakeProducer(SqlProducer):
             raise SubscriberNotFound(f"no subscriber for the reply topic {cmd.destination!r}")
         return message_id
 
+    async def publish_batch(self, cmd: SqlPublishCommand) -> list[str]:
+        cmd = SqlPublishCommand.from_cmd(cmd)
+        return [await self.publish(cmd.single(body)) for body in cmd.batch_bodies]
+
 
 class RecordedOutcome:
     """The settlement a test message got: ``kind`` is ``complete``, ``retry`` or
