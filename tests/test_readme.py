@@ -643,7 +643,8 @@ assert [(s.name, s.paused) for s in broker.schedules()] == [("billing", False)]
 assert spark.read.format("sqlbroker").option("url", "sqlite:///spark.db").load().count() == 0
 spark.stop()
 """,
-    ),    Case(
+    ),
+    Case(
         "docs/faststream.md",
         "asyncio.run(app.run())",
         marks=(pytest.mark.slow,),
