@@ -435,6 +435,35 @@ def test_the_test_client_delivers_a_batch_message_by_message() -> None:
     asyncio.run(scenario())
 
 
+def test_a_publisher_object_publishes_with_its_options_and_a_caller_connection(
+    backend_url: str, broker: sqlbroker.Broker
+) -> None:
+    broker.subscribe("orders", ["orders"])
+    app = SqlBroker(backend_url)
+    urgent = app.publisher("orders", priority=sqlbroker.URGENT, headers={"source": "web"})
+
+    async def scenario() -> list[str]:
+        await app.connect()
+        conn = open_caller_connection(backend_url)
+        try:
+            rolled_back = await urgent.publish({"id": 1}, conn=conn)
+            conn.rollback()
+            kept = await urgent.publish({"id": 2}, headers={"tenant": "acme"})
+        finally:
+            conn.close()
+            await app.stop()
+        return [rolled_back, kept]
+
+    rolled_back, kept = asyncio.run(scenario())
+    [pending] = broker.pending("orders")
+    assert pending.message_id == kept != rolled_back
+    assert pending.priority == sqlbroker.URGENT
+    [delivery] = broker.claim("orders")
+    assert delivery.headers["source"] == "web"
+    assert delivery.headers["tenant"] == "acme"
+    assert delivery.payload == {"id": 2}
+
+
 # --- bad configuration and bad input ----------------------------------------------------------
 
 
