@@ -681,7 +681,48 @@ assert spark.read.format("sqlbroker").option("url", "sqlite:///spark.db").load()
 spark.stop()
 """,
     ),
+    Case(
+        "docs/faststream.md",
+        "asyncio.run(app.run())",
+        marks=(pytest.mark.slow,),
+        stop_when=lambda run: _faststream_receipts(run) == 1,
+        verify=lambda run: _check(
+            "receipt for order 1" in run.output and _faststream_receipts(run) == 1, run
+        ),
+    ),
+    Case(
+        "docs/faststream.md",
+        'await broker.publish({"id": 1, "total": 9.5}, "orders", conn=db)',
+        backends=("sqlite",),
+        epilogue="""
+import sqlbroker
+with sqlbroker.Broker("sqlite:///shop.db") as check:
+    assert len(check.pending("orders")) == 1
+assert sqlite3.connect("shop.db").execute("SELECT count(*) FROM orders").fetchone() == (1,)
+""",
+    ),
+    Case(
+        "docs/faststream.md",
+        "async with TestSqlBroker(broker) as br:",
+        backends=("sqlite",),
+        epilogue="""
+import os
+assert not os.path.exists("shop.db")  # the test client ran the handler without a database
+""",
+    ),
 ]
+
+
+def _faststream_receipts(run: Run) -> int:
+    try:
+        with sqlbroker.Broker(run.url, migrate=False) as broker:
+            return len(broker.archive("receipts", outcome="completed"))
+    except sqlbroker.SqlbrokerError:  # the app has not created its schema yet
+        return 0
+
+
+def _check(condition: bool, run: Run) -> None:
+    assert condition, run.output
 
 
 # --- collection ---------------------------------------------------------------------------------

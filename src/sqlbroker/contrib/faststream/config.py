@@ -1,0 +1,41 @@
+"""The FastStream broker configuration of a SqlBroker: its connection and producer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from faststream._internal.configs import BrokerConfig
+from faststream._internal.parser import DefaultCodec
+from faststream.exceptions import IncorrectState
+
+from .connection import SqlConnection
+from .producer import SqlProducer
+
+
+@dataclass(kw_only=True)
+class SqlBrokerConfig(BrokerConfig):
+    producer: SqlProducer = field(default_factory=lambda: SqlProducer(DefaultCodec()))
+    lease: float | None = None
+    timeout: float | None = 300.0
+    _connection: SqlConnection | None = field(default=None, init=False, repr=False)
+    started: bool = field(default=False, init=False)
+
+    @property
+    def connection(self) -> SqlConnection:
+        if self._connection is None:
+            raise IncorrectState("SqlBroker is not connected: call connect() or start() first")
+        return self._connection
+
+    def connect(self, connection: SqlConnection) -> None:
+        self._connection = connection
+        self.producer.connect(connection, self.fd_config._serializer)
+        self.producer.codec = self.broker_codec or DefaultCodec()
+
+    def disconnect(self) -> None:
+        self._connection = None
+        self.started = False
+        self.producer.disconnect()
+
+    def defaults(self) -> dict[str, Any]:
+        return {"lease": self.lease, "timeout": self.timeout}
