@@ -367,3 +367,49 @@ def test_the_cli_shows_a_result_and_exits_by_outcome(backend_url: str) -> None:
         assert lines[0].startswith("error: "), lines
         assert text in lines[0], lines
     assert run(fanned, "--subscription", "a").exit_code == 1, "a has no handler"
+
+
+def test_manual_acks_and_the_low_level_api_store_a_result(broker: sqlbroker.Broker) -> None:
+    @broker.subscriber(queue="manual", ack="manual")
+    def manual(msg: sqlbroker.Message) -> None:
+        with pytest.raises(sqlbroker.InvalidPayload, match="result"):
+            msg.ack(result={"not", "json"})
+        msg.ack(result={"acked": msg.payload})
+
+    by_ack = broker.send("manual", 1)
+    run_until_idle(broker)
+    found = broker.result(by_ack)
+    assert found is not None
+    assert found.value == {"acked": 1}
+
+    own = broker.send_many("own", [1, 2])
+    first, second = broker.claim("own", limit=2)
+    with pytest.raises(sqlbroker.InvalidOption, match="one delivery at a time"):
+        broker.complete([first, second], result=1)
+    with pytest.raises(sqlbroker.InvalidPayload, match="result"):
+        broker.complete(first, result="x" * (broker.publish_defaults.payload_limit + 1))
+    assert len(broker.pending("own")) == 2, "nothing was written"
+    broker.complete(first, result=[first.payload])
+    broker.complete(second)
+    results = [broker.result(message_id) for message_id in own]
+    assert [(r.outcome, r.value) for r in results if r is not None] == [
+        ("completed", [1]),
+        ("completed", None),
+    ]
+    assert sqlbroker.Result in (type(r) for r in results)
+    assert "Result" in sqlbroker.__all__
+
+
+def test_the_async_low_level_complete_stores_a_result(backend_url: str) -> None:
+    async def main() -> Any:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as face:
+            message_id = await face.send("async-own", 3)
+            (delivery,) = await face.claim("async-own")
+            with pytest.raises(sqlbroker.InvalidOption, match="one delivery"):
+                await face.complete([], result=1)
+            await face.complete(delivery, result={"tripled": 9})
+            return await face.result(message_id)
+
+    found = asyncio.run(main())
+    assert found is not None
+    assert found.value == {"tripled": 9}
