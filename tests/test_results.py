@@ -181,10 +181,7 @@ def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 def _watching(broker: sqlbroker.Broker) -> bool:
     """Whether a result watch is in place (its LISTEN connection, or its watcher thread)."""
     if broker.backend_name == "sqlite":
-        # The sync watch's thread, or the async one's (the backend's listener, whose thread
-        # is the only one of that name while no worker runs).
-        names = {"sqlbroker-result", "sqlbroker-listen"}
-        return any(thread.name in names for thread in threading.enumerate())
+        return any(thread.name == "sqlbroker-result" for thread in threading.enumerate())
     with broker.backend.transaction() as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
@@ -413,3 +410,41 @@ def test_the_async_low_level_complete_stores_a_result(backend_url: str) -> None:
     found = asyncio.run(main())
     assert found is not None
     assert found.value == {"tripled": 9}
+
+
+def _watchers(broker: sqlbroker.Broker) -> int:
+    """How many result watches are open: LISTEN connections, or watcher threads."""
+    if broker.backend_name == "sqlite":
+        return sum(thread.name == "sqlbroker-result" for thread in threading.enumerate())
+    with broker.backend.transaction() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
+        ).fetchone()
+    return int(row[0])
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_many_waiting_lookups_share_one_watch(broker: sqlbroker.Broker) -> None:
+    release = threading.Event()
+
+    @broker.subscriber(queue="many", concurrency=4)
+    def many(msg: sqlbroker.Message) -> Any:
+        release.wait(30)
+        return msg.payload * 10
+
+    message_ids = broker.send_many("many", list(range(12)))
+    waiting = [
+        _wait_in_thread(lambda m=message_id: broker.result(m, wait=30))
+        for message_id in message_ids
+    ]
+    wait_until(lambda: _watching(broker), timeout=20, what="the result watch")
+    assert _watchers(broker) == 1
+    release.set()
+    run_until_idle(broker)
+    values = []
+    for thread, box in waiting:
+        thread.join(40)
+        assert "error" not in box, box
+        values.append(box["result"].value)
+    assert values == [n * 10 for n in range(12)]
+    assert broker._results.fallback_polls == 0

@@ -58,6 +58,7 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
+from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
@@ -124,6 +125,7 @@ class PostgresBackend(
         self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
         self.result_channel = f"{self.notify_channel}_result"
+        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
         self._archive_completed = archive
         self._complete_sql = self._sql[
             "message_complete" if archive else "message_complete_unarchived"
@@ -150,6 +152,7 @@ class PostgresBackend(
         return utc(row[0])
 
     def close(self) -> None:
+        self._result_hub.close()
         self._db.close()
 
     async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:

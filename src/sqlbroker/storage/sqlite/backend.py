@@ -43,6 +43,7 @@ from sqlbroker.storage.base import (
 )
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.promotion import PromotionThrottle
+from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
@@ -116,6 +117,7 @@ class SqliteBackend(
         self._threads = SqliteThreads()
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
+        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
@@ -128,6 +130,7 @@ class SqliteBackend(
         return utc(self._now())
 
     def close(self) -> None:
+        self._result_hub.close()
         self._threads.shutdown()
         self._db.close()
 
