@@ -351,9 +351,11 @@ class Backend(Protocol):
         """Delete up to ``limit`` stored values older than ``ttl`` seconds (database clock)."""
 
     def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
-        """Hints that copies of ``message_id`` may have finished. PostgreSQL: LISTEN on a
-        connection of its own to the result channel (a value stored for this message) and
-        the dead-letter channel; SQLite: the ``PRAGMA data_version`` watcher (any commit)."""
+        """Hints that copies of ``message_id`` may have finished, from one source per
+        backend shared by every waiter (``storage/result_hub.py``). PostgreSQL: LISTEN on
+        the result channel (a value stored for this message) and the dead-letter channel;
+        SQLite: the ``PRAGMA data_version`` watcher (any commit). When the block is entered
+        the source listens (or gave up for now: the caller's fallback look covers it)."""
 
     def result_watch_async(
         self, *, message_id: str
