@@ -19,6 +19,7 @@ import sqlbroker
 from runtime.support import run_until_idle, wait_until
 from sqlbroker.features import results as results_feature
 from sqlbroker.interfaces.cli.app import cli
+from sqlbroker.storage.base import Lease
 
 
 def _result_rows(broker: sqlbroker.Broker) -> int:
@@ -448,3 +449,18 @@ def test_many_waiting_lookups_share_one_watch(broker: sqlbroker.Broker) -> None:
         values.append(box["result"].value)
     assert values == [n * 10 for n in range(12)]
     assert broker._results.fallback_polls == 0
+
+
+def test_the_seam_refuses_values_that_do_not_match_the_leases(broker: sqlbroker.Broker) -> None:
+    broker.send("seam", 1)
+    (delivery,) = broker.claim("seam")
+    lease = Lease.of(delivery)
+    with pytest.raises(sqlbroker.InvalidOption, match="one per lease"):
+        broker.backend.message_complete_many(leases=[lease], values=[b"1", b"2"])
+    assert len(broker.pending("seam")) == 1, "nothing was written"
+    assert broker.backend.message_complete_many(leases=[lease], values=[b'{"a":1}']) == [
+        delivery.id
+    ]
+    found = broker.result(delivery.message_id)
+    assert found is not None
+    assert found.value == {"a": 1}

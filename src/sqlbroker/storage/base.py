@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
@@ -82,6 +83,15 @@ class DeadRequest:
     def __post_init__(self) -> None:
         reason = storable_text(str(self.reason)[:MAX_REASON])[:MAX_REASON]
         object.__setattr__(self, "reason", reason)
+
+
+def check_values(leases: Sequence[Lease], values: Sequence[bytes | None] | None) -> None:
+    """``message_complete_many``'s ``values`` are aligned with its leases (checked before
+    any SQL runs)."""
+    if values is not None and len(values) != len(leases):
+        raise InvalidOption(
+            "values", f"has {len(values)} entries for {len(leases)} leases: give one per lease"
+        )
 
 
 def undecodable_deaths(damaged: Sequence[UndecodableRow]) -> list[DeadRequest]:

@@ -34,6 +34,7 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     RetryRequest,
+    check_values,
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
@@ -330,6 +331,7 @@ class PostgresBackend(
         conn: Any = None,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
+        check_values(leases, values)
         if not leases:
             return []
         plan = self._complete_plan(leases, self._now_param(), values)
@@ -346,6 +348,7 @@ class PostgresBackend(
         conn: Any,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
+        check_values(leases, values)
         if not leases:
             return []
         async with self._db.transaction_async(conn) as c:

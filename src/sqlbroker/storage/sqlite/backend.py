@@ -39,6 +39,7 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     RetryRequest,
+    check_values,
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
@@ -316,6 +317,7 @@ class SqliteBackend(
         conn: Any = None,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
+        check_values(leases, values)
         if not leases:
             return []
         now = self._now()
