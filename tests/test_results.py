@@ -464,3 +464,17 @@ def test_the_seam_refuses_values_that_do_not_match_the_leases(broker: sqlbroker.
     found = broker.result(delivery.message_id)
     assert found is not None
     assert found.value == {"a": 1}
+
+
+def test_a_mixed_batch_stores_only_its_values(broker: sqlbroker.Broker) -> None:
+    first_id, second_id, third_id = broker.send_many("mixed", [1, 2, 3])
+    leases = [Lease.of(d) for d in broker.claim("mixed", limit=3)]
+    values = [b"[1]", None, b'"three"']
+    assert len(broker.backend.message_complete_many(leases=leases, values=values)) == 3
+    assert _result_rows(broker) == 2
+    results = [broker.result(m) for m in (first_id, second_id, third_id)]
+    assert [(r.outcome, r.value) for r in results if r is not None] == [
+        ("completed", [1]),
+        ("completed", None),
+        ("completed", "three"),
+    ]
