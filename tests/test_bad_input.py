@@ -401,6 +401,34 @@ BATCH_CASES = [
 ]
 
 CONSUMER_CASES = [
+    # Stored results (docs/results.md): a value that cannot be stored settles nothing.
+    *(
+        Case(
+            f"complete-result-{name}",
+            lambda b, d, v=value: b.complete(d, result=v),
+            "result",
+            sqlbroker.InvalidPayload,
+        )
+        for name, value in [
+            ("set", {1, 2}),
+            ("nan", math.nan),
+            ("bytes", b"raw"),
+            ("over-the-limit", "x" * LIMIT),
+        ]
+    ),
+    Case(
+        "complete-result-two-deliveries",
+        lambda b, d: b.complete([d, d], result=1),
+        "deliveries",
+        sqlbroker.InvalidOption,
+    ),
+    Case("result-bad-id", lambda b, _: b.result("nope"), "message_id", sqlbroker.InvalidName),
+    Case(
+        "result-negative-wait",
+        lambda b, d: b.result(d.message_id, wait=-1),
+        "wait",
+        sqlbroker.InvalidDuration,
+    ),
     *(
         Case(
             f"claim-lease-{name}",

@@ -19,6 +19,7 @@ import sqlbroker
 from runtime.support import run_until_idle, wait_until
 from sqlbroker.features import results as results_feature
 from sqlbroker.interfaces.cli.app import cli
+from sqlbroker.storage.base import Lease
 
 
 def _result_rows(broker: sqlbroker.Broker) -> int:
@@ -181,10 +182,7 @@ def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
 def _watching(broker: sqlbroker.Broker) -> bool:
     """Whether a result watch is in place (its LISTEN connection, or its watcher thread)."""
     if broker.backend_name == "sqlite":
-        # The sync watch's thread, or the async one's (the backend's listener, whose thread
-        # is the only one of that name while no worker runs).
-        names = {"sqlbroker-result", "sqlbroker-listen"}
-        return any(thread.name in names for thread in threading.enumerate())
+        return any(thread.name == "sqlbroker-result" for thread in threading.enumerate())
     with broker.backend.transaction() as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
@@ -367,3 +365,116 @@ def test_the_cli_shows_a_result_and_exits_by_outcome(backend_url: str) -> None:
         assert lines[0].startswith("error: "), lines
         assert text in lines[0], lines
     assert run(fanned, "--subscription", "a").exit_code == 1, "a has no handler"
+
+
+def test_manual_acks_and_the_low_level_api_store_a_result(broker: sqlbroker.Broker) -> None:
+    @broker.subscriber(queue="manual", ack="manual")
+    def manual(msg: sqlbroker.Message) -> None:
+        with pytest.raises(sqlbroker.InvalidPayload, match="result"):
+            msg.ack(result={"not", "json"})
+        msg.ack(result={"acked": msg.payload})
+
+    by_ack = broker.send("manual", 1)
+    run_until_idle(broker)
+    found = broker.result(by_ack)
+    assert found is not None
+    assert found.value == {"acked": 1}
+
+    own = broker.send_many("own", [1, 2])
+    first, second = broker.claim("own", limit=2)
+    with pytest.raises(sqlbroker.InvalidOption, match="one delivery at a time"):
+        broker.complete([first, second], result=1)
+    with pytest.raises(sqlbroker.InvalidPayload, match="result"):
+        broker.complete(first, result="x" * (broker.publish_defaults.payload_limit + 1))
+    assert len(broker.pending("own")) == 2, "nothing was written"
+    broker.complete(first, result=[first.payload])
+    broker.complete(second)
+    results = [broker.result(message_id) for message_id in own]
+    assert [(r.outcome, r.value) for r in results if r is not None] == [
+        ("completed", [1]),
+        ("completed", None),
+    ]
+    assert sqlbroker.Result in (type(r) for r in results)
+    assert "Result" in sqlbroker.__all__
+
+
+def test_the_async_low_level_complete_stores_a_result(backend_url: str) -> None:
+    async def main() -> Any:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as face:
+            message_id = await face.send("async-own", 3)
+            (delivery,) = await face.claim("async-own")
+            with pytest.raises(sqlbroker.InvalidOption, match="one delivery"):
+                await face.complete([], result=1)
+            await face.complete(delivery, result={"tripled": 9})
+            return await face.result(message_id)
+
+    found = asyncio.run(main())
+    assert found is not None
+    assert found.value == {"tripled": 9}
+
+
+def _watchers(broker: sqlbroker.Broker) -> int:
+    """How many result watches are open: LISTEN connections, or watcher threads."""
+    if broker.backend_name == "sqlite":
+        return sum(thread.name == "sqlbroker-result" for thread in threading.enumerate())
+    with broker.backend.transaction() as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
+        ).fetchone()
+    return int(row[0])
+
+
+@pytest.mark.usefixtures("no_fallback")
+def test_many_waiting_lookups_share_one_watch(broker: sqlbroker.Broker) -> None:
+    release = threading.Event()
+
+    @broker.subscriber(queue="many", concurrency=4)
+    def many(msg: sqlbroker.Message) -> Any:
+        release.wait(30)
+        return msg.payload * 10
+
+    message_ids = broker.send_many("many", list(range(12)))
+    waiting = [
+        _wait_in_thread(lambda m=message_id: broker.result(m, wait=30))
+        for message_id in message_ids
+    ]
+    wait_until(lambda: _watching(broker), timeout=20, what="the result watch")
+    assert _watchers(broker) == 1
+    release.set()
+    run_until_idle(broker)
+    values = []
+    for thread, box in waiting:
+        thread.join(40)
+        assert "error" not in box, box
+        values.append(box["result"].value)
+    assert values == [n * 10 for n in range(12)]
+    assert broker._results.fallback_polls == 0
+
+
+def test_the_seam_refuses_values_that_do_not_match_the_leases(broker: sqlbroker.Broker) -> None:
+    broker.send("seam", 1)
+    (delivery,) = broker.claim("seam")
+    lease = Lease.of(delivery)
+    with pytest.raises(sqlbroker.InvalidOption, match="one per lease"):
+        broker.backend.message_complete_many(leases=[lease], values=[b"1", b"2"])
+    assert len(broker.pending("seam")) == 1, "nothing was written"
+    assert broker.backend.message_complete_many(leases=[lease], values=[b'{"a":1}']) == [
+        delivery.id
+    ]
+    found = broker.result(delivery.message_id)
+    assert found is not None
+    assert found.value == {"a": 1}
+
+
+def test_a_mixed_batch_stores_only_its_values(broker: sqlbroker.Broker) -> None:
+    first_id, second_id, third_id = broker.send_many("mixed", [1, 2, 3])
+    leases = [Lease.of(d) for d in broker.claim("mixed", limit=3)]
+    values = [b"[1]", None, b'"three"']
+    assert len(broker.backend.message_complete_many(leases=leases, values=values)) == 3
+    assert _result_rows(broker) == 2
+    results = [broker.result(m) for m in (first_id, second_id, third_id)]
+    assert [(r.outcome, r.value) for r in results if r is not None] == [
+        ("completed", [1]),
+        ("completed", None),
+        ("completed", "three"),
+    ]

@@ -105,6 +105,22 @@ def test_tenants_never_see_or_touch_each_others_messages(tenants: Tenants) -> No
 
 
 @pytest.mark.postgres
+def test_stored_results_are_the_tenants_own(tenants: Tenants) -> None:
+    with tenants.broker(ACME) as acme, tenants.broker(GLOBEX) as globex:
+        message_id = acme.send("acme-calc", 1)
+        (delivery,) = acme.claim("acme-calc")
+        acme.complete(delivery, result={"secret": 42})
+        found = acme.result(message_id)
+        assert found is not None
+        assert found.value == {"secret": 42}
+        with pytest.raises(sqlbroker.NotFound):
+            globex.result(message_id)
+        with psycopg.connect(tenants.url(GLOBEX)) as conn:
+            (row,) = conn.execute("SELECT count(*) FROM sqlbroker_result").fetchall()
+            assert row[0] == 0, "the tenant's own SQL sees no other tenant's result"
+
+
+@pytest.mark.postgres
 def test_the_tenants_own_sql_cannot_cross_the_boundary(tenants: Tenants) -> None:
     with tenants.broker(ACME) as acme:
         acme.send("acme-jobs", "payload of acme")

@@ -2,9 +2,10 @@
 
 A lookup reads every trace of the message (``Backend.result_lookup``) and
 :func:`~sqlbroker.core.results.read_result` decides the copy's result. A waiting lookup
-sleeps on the backend's result watch — PostgreSQL: LISTEN on a connection of its own for
-the NOTIFY a stored value or a dead letter sends in its commit; SQLite: the ``PRAGMA
-data_version`` watcher — and looks again on each hint. Hints can be lost, and a copy that
+sleeps on the backend's result watch (storage/result_hub.py: one per backend, however many
+wait) — PostgreSQL: LISTEN for the NOTIFY a stored value or a dead letter sends in its
+commit; SQLite: the ``PRAGMA data_version`` watcher — and looks again on each hint (at most
+every :data:`MIN_LOOK_GAP` seconds). Hints can be lost, and a copy that
 completes without a value (or expires, or is cancelled) sends none on PostgreSQL: a bounded
 fallback look every :data:`FALLBACK_POLL` seconds covers those. The watch is entered
 before the look that follows it, so a hint sent in between is not missed.
@@ -16,6 +17,7 @@ raises ``NotFound``; a message with copies in several subscriptions needs
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -39,6 +41,9 @@ DEFAULT_RESULT_TTL = 24 * 3600.0
 MAX_WAIT = validate.MAX_LEASE
 FALLBACK_POLL = 1.0
 """Seconds between two looks of a waiting lookup when no hint came."""
+MIN_LOOK_GAP = 0.01
+"""Seconds at least between two looks of one waiting lookup: on SQLite every commit is a
+hint to every waiter, and a busy database commits every few milliseconds."""
 
 
 def check_result_ttl(value: object) -> float:
@@ -110,12 +115,14 @@ class Results:
         deadline = time.monotonic() + seconds
         with backend.result_watch(message_id=checked_id) as watch:
             while True:
+                looked = time.monotonic()
                 found = look.read(backend.result_lookup(message_id=checked_id), backend.now)
                 remaining = deadline - time.monotonic()
                 if found is not None or remaining <= 0:
                     return found
                 if not watch.wait(min(remaining, FALLBACK_POLL)):
                     self.fallback_polls += 1
+                time.sleep(max(0.0, min(looked + MIN_LOOK_GAP, deadline) - time.monotonic()))
 
     async def get_async(
         self,
@@ -143,9 +150,13 @@ class Results:
         deadline = time.monotonic() + seconds
         async with backend.result_watch_async(message_id=checked_id) as watch:
             while True:
+                looked = time.monotonic()
                 found = await read()
                 remaining = deadline - time.monotonic()
                 if found is not None or remaining <= 0:
                     return found
                 if not await watch.wait(min(remaining, FALLBACK_POLL)):
                     self.fallback_polls += 1
+                await asyncio.sleep(
+                    max(0.0, min(looked + MIN_LOOK_GAP, deadline) - time.monotonic())
+                )

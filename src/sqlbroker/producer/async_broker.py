@@ -360,18 +360,19 @@ class AsyncBroker:
         return await operations.message_claim_many(**arguments)
 
     async def complete(
-        self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None
+        self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None, result: Any = None
     ) -> None:
         """See :meth:`Broker.complete`."""
         items = delivery_list(deliveries)
         if conn is None:
-            await self._offload.run(self.sync.complete, items)
+            await self._offload.run(self.sync.complete, items, result=result)
         elif not caller.is_async(conn):
-            self.sync.complete(items, conn=conn)
+            self.sync.complete(items, conn=conn, result=result)
         else:
+            values = self.sync._result_values(items, result)
             backend = await self._backend()
             done = await backend.message_complete_many_async(
-                leases=[Lease.of(d) for d in items], conn=conn
+                leases=[Lease.of(d) for d in items], conn=conn, values=values
             )
             raise_lost((d.id for d in items), done)
 

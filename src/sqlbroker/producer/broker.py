@@ -405,6 +405,9 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         the broker's ``result_ttl``."""
         return self._results.get(message_id, wait=wait, subscription=subscription)
 
+    def _result_limit(self) -> int:
+        return self._defaults.payload_limit
+
     @property
     def result_ttl(self) -> float:
         """How long stored results are kept, in seconds."""

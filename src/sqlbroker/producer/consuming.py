@@ -14,6 +14,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, LeaseLost
 from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.serde import encode_value
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
 
@@ -157,18 +158,38 @@ class BrokerConsumer:
     def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
         raise_lost(wanted, done)
 
-    def complete(self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None) -> None:
+    def complete(
+        self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None, result: Any = None
+    ) -> None:
         """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
         are left alone and reported by one ``LeaseLost`` after the others are completed.
 
         With ``conn`` the acknowledgement joins the caller's open transaction (as a publish
         with ``conn`` does), so the caller's writes and the ack commit together; on
-        ``LeaseLost`` the caller should roll back, as another consumer has the message."""
+        ``LeaseLost`` the caller should roll back, as another consumer has the message.
+
+        ``result`` is stored as the delivery's result (docs/results.md), as a handler's
+        return value is: a JSON value under the payload limit (``InvalidPayload`` otherwise,
+        nothing written), for one delivery at a time; ``None`` stores nothing."""
         items = delivery_list(deliveries)
+        values = self._result_values(items, result)
         if not items:
             return
-        done = self._checked().message_complete_many(leases=[Lease.of(d) for d in items], conn=conn)
+        done = self._checked().message_complete_many(
+            leases=[Lease.of(d) for d in items], conn=conn, values=values
+        )
         self._raise_lost((d.id for d in items), done)
+
+    def _result_values(self, items: list[Delivery], result: Any) -> list[bytes | None] | None:
+        """The encoded ``result`` for the one delivery in ``items`` (``None``: no value)."""
+        if result is None:
+            return None
+        if len(items) != 1:
+            raise InvalidOption("result", f"is for one delivery at a time, not {len(items)}")
+        return [encode_value(result, limit=self._result_limit(), field="result")]
+
+    def _result_limit(self) -> int:
+        raise NotImplementedError
 
     def retry(
         self,

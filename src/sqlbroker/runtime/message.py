@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, encode_value
 
 if TYPE_CHECKING:
     from sqlbroker.runtime.effects import EffectsTransaction
@@ -66,7 +67,15 @@ class Message:
     :meth:`ack`, :meth:`nack` or :meth:`reject`; until then the pump keeps the lease alive.
     """
 
-    __slots__ = ("_delivery", "_effects", "_lock", "_settle", "_state", "_threads")
+    __slots__ = (
+        "_delivery",
+        "_effects",
+        "_lock",
+        "_result_limit",
+        "_settle",
+        "_state",
+        "_threads",
+    )
 
     def __init__(
         self,
@@ -74,8 +83,10 @@ class Message:
         settle: Callable[[Outcome], None] | None = None,
         effects: Callable[[Message], EffectsTransaction] | None = None,
         threads: Executor | None = None,
+        result_limit: int = DEFAULT_PAYLOAD_LIMIT,
     ) -> None:
         self._delivery = delivery
+        self._result_limit = result_limit
         self._settle = settle
         self._effects = effects
         self._threads = threads
@@ -229,9 +240,16 @@ class Message:
                 self._state = _OPEN
             raise
 
-    def ack(self) -> None:
-        """Complete the message."""
-        self._finish(Complete(self._delivery))
+    def ack(self, result: Any = None) -> None:
+        """Complete the message; ``result`` is stored as its result (docs/results.md), as a
+        handler's return value is (``InvalidPayload`` if it cannot be, and the message
+        stays unsettled)."""
+        value = (
+            None
+            if result is None
+            else encode_value(result, limit=self._result_limit, field="result")
+        )
+        self._finish(Complete(self._delivery, value))
 
     def nack(
         self, *, after: float | timedelta = 0.0, error: BaseException | str | None = None

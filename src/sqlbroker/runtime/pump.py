@@ -242,6 +242,7 @@ class Pump:
             settle if manual else None,
             functools.partial(self._effects, loop),
             self._threads,
+            self._result_limit,
         )
         try:
             value = await self._observed_call(delivery, message)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
@@ -85,6 +86,15 @@ class DeadRequest:
     def __post_init__(self) -> None:
         reason = storable_text(str(self.reason)[:MAX_REASON])[:MAX_REASON]
         object.__setattr__(self, "reason", reason)
+
+
+def check_values(leases: Sequence[Lease], values: Sequence[bytes | None] | None) -> None:
+    """``message_complete_many``'s ``values`` are aligned with its leases (checked before
+    any SQL runs)."""
+    if values is not None and len(values) != len(leases):
+        raise InvalidOption(
+            "values", f"has {len(values)} entries for {len(leases)} leases: give one per lease"
+        )
 
 
 def undecodable_deaths(damaged: Sequence[UndecodableRow]) -> list[DeadRequest]:
@@ -353,9 +363,11 @@ class Backend(Protocol):
         """Delete up to ``limit`` stored values older than ``ttl`` seconds (database clock)."""
 
     def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
-        """Hints that copies of ``message_id`` may have finished. PostgreSQL: LISTEN on a
-        connection of its own to the result channel (a value stored for this message) and
-        the dead-letter channel; SQLite: the ``PRAGMA data_version`` watcher (any commit)."""
+        """Hints that copies of ``message_id`` may have finished, from one source per
+        backend shared by every waiter (``storage/result_hub.py``). PostgreSQL: LISTEN on
+        the result channel (a value stored for this message) and the dead-letter channel;
+        SQLite: the ``PRAGMA data_version`` watcher (any commit). When the block is entered
+        the source listens (or gave up for now: the caller's fallback look covers it)."""
 
     def result_watch_async(
         self, *, message_id: str

@@ -32,6 +32,7 @@ from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import (
     Lease,
+    check_values,
 )
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
@@ -54,6 +55,7 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
+from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
@@ -121,6 +123,7 @@ class PostgresBackend(
         self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
         self.result_channel = f"{self.notify_channel}_result"
+        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
         self._archive_completed = archive
         self._complete_sql = self._sql[
             "message_complete" if archive else "message_complete_unarchived"
@@ -192,6 +195,7 @@ class PostgresBackend(
         return utc(row[0])
 
     def close(self) -> None:
+        self._result_hub.close()
         self._db.close()
 
     async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
@@ -293,6 +297,7 @@ class PostgresBackend(
         conn: Any = None,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
+        check_values(leases, values)
         if not leases:
             return []
         plan = self._complete_plan(leases, self._now_param(), values)
@@ -309,6 +314,7 @@ class PostgresBackend(
         conn: Any,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
+        check_values(leases, values)
         if not leases:
             return []
         async with self._db.transaction_async(conn) as c:

@@ -1,13 +1,14 @@
-"""PostgreSQL stored results: the lookup, the retention trim, and the watch a waiting
-``broker.result(…, wait=)`` sleeps on (LISTEN on a connection of its own). The values are
-written by ``message_complete_valued`` (queries.sql), which NOTIFYs the result channel
-with the message id in the same commit; dead letters are announced on the dead channel."""
+"""PostgreSQL stored results: the lookup, the retention trim, and the source of the hints
+a waiting ``broker.result(…, wait=)`` sleeps on (one LISTEN connection per backend, shared
+through :class:`~sqlbroker.storage.result_hub.ResultHub`). The values are written by
+``message_complete_valued`` (queries.sql), which NOTIFYs the result channel with the
+message id in the same commit; dead letters are announced on the dead channel."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+import logging
+import threading
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -15,8 +16,15 @@ import psycopg
 from psycopg import sql
 
 from sqlbroker.core.results import ResultRecord
+from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
 from sqlbroker.storage.columns import utc
-from sqlbroker.storage.postgres.connection import PostgresPool, connect_failure
+from sqlbroker.storage.postgres.connection import PostgresPool
+from sqlbroker.storage.result_hub import Hint, ResultHub
+from sqlbroker.storage.url import redact
+
+log = logging.getLogger("sqlbroker.storage")
+_LISTEN_PAUSE = 0.5
+"""Seconds between two checks of the stop flag while listening."""
 
 
 def _records(rows: list[tuple[Any, ...]]) -> list[ResultRecord]:
@@ -35,53 +43,12 @@ def _records(rows: list[tuple[Any, ...]]) -> list[ResultRecord]:
     ]
 
 
-class _Watch:
-    def __init__(self, conn: psycopg.Connection[Any], message_id: str, dead_channel: str) -> None:
-        self._conn = conn
-        self._message_id = message_id
-        self._dead_channel = dead_channel
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                for notice in self._conn.notifies(timeout=remaining, stop_after=1):
-                    if notice.payload == self._message_id or notice.channel == self._dead_channel:
-                        return True
-        except psycopg.Error as error:
-            raise connect_failure(
-                "the result watch lost its connection", error, write=False
-            ) from error
-        return False
-
-
-class _AsyncWatch:
-    def __init__(
-        self, conn: psycopg.AsyncConnection[Any], message_id: str, dead_channel: str
-    ) -> None:
-        self._conn = conn
-        self._message_id = message_id
-        self._dead_channel = dead_channel
-
-    async def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                async for notice in self._conn.notifies(timeout=remaining, stop_after=1):
-                    if notice.payload == self._message_id or notice.channel == self._dead_channel:
-                        return True
-        except psycopg.Error as error:
-            raise connect_failure(
-                "the result watch lost its connection", error, write=False
-            ) from error
-        return False
-
-
 class PostgresResults:
     """Stored-result operations of :class:`PostgresBackend` (mixed into it)."""
 
     _db: PostgresPool
     _sql: dict[str, str]
+    _result_hub: ResultHub
     result_channel: str
     dead_channel: str
 
@@ -104,43 +71,37 @@ class PostgresResults:
             sql.Identifier(self.result_channel), sql.Identifier(self.dead_channel)
         )
 
-    @contextmanager
-    def result_watch(self, *, message_id: str) -> Iterator[_Watch]:
-        # A connection of its own, not the pool's: it sits in LISTEN for the whole wait.
-        try:
-            conn = psycopg.Connection.connect(self._db.conninfo, **self._db.connection_kwargs())
-        except psycopg.Error as error:
-            raise connect_failure(
-                "the result watch could not connect", error, write=False
-            ) from error
-        try:
+    def _result_source(self, hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
+        """The result hub's source: LISTEN on a connection of its own, re-established with
+        backoff; a stored value's NOTIFY carries its message id, a dead letter's its
+        subscription (any waiter may be concerned)."""
+        pause = 0.1
+        while not stop.is_set():
             try:
-                conn.execute(self._listen_statement())
+                with psycopg.Connection.connect(
+                    self._db.conninfo, **self._db.connection_kwargs()
+                ) as conn:
+                    conn.execute(self._listen_statement())
+                    pause = 0.1
+                    ready.set()
+                    # Notifications sent while we were not listening are gone: look again.
+                    hint(None)
+                    while not stop.is_set():
+                        for notice in conn.notifies(timeout=_LISTEN_PAUSE):
+                            hint(None if notice.channel == self.dead_channel else notice.payload)
             except psycopg.Error as error:
-                raise connect_failure(
-                    "the result watch could not LISTEN", error, write=False
-                ) from error
-            yield _Watch(conn, message_id, self.dead_channel)
-        finally:
-            conn.close()
+                log.warning(
+                    "the result LISTEN connection failed (%s); retrying in %.1f s",
+                    redact(str(error)).strip(),
+                    pause,
+                )
+                stop.wait(pause)
+                pause = min(pause * 2, 5.0)
 
-    @asynccontextmanager
-    async def result_watch_async(self, *, message_id: str) -> AsyncIterator[_AsyncWatch]:
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                self._db.conninfo, **self._db.connection_kwargs()
-            )
-        except psycopg.Error as error:
-            raise connect_failure(
-                "the result watch could not connect", error, write=False
-            ) from error
-        try:
-            try:
-                await conn.execute(self._listen_statement())
-            except psycopg.Error as error:
-                raise connect_failure(
-                    "the result watch could not LISTEN", error, write=False
-                ) from error
-            yield _AsyncWatch(conn, message_id, self.dead_channel)
-        finally:
-            await conn.close()
+    def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
+        return self._result_hub.watch(message_id)
+
+    def result_watch_async(
+        self, *, message_id: str
+    ) -> AbstractAsyncContextManager[AsyncResultWatch]:
+        return self._result_hub.watch_async(message_id)

@@ -33,10 +33,12 @@ from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import (
     Lease,
+    check_values,
 )
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
+from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
@@ -115,6 +117,7 @@ class SqliteBackend(
             dialect="sqlite", limits=self.limits, clock=clock, promotion=self._promotion
         )
         self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
+        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
@@ -166,6 +169,7 @@ class SqliteBackend(
         return utc(self._now())
 
     def close(self) -> None:
+        self._result_hub.close()
         self._threads.shutdown()
         self._db.close()
 
@@ -300,6 +304,7 @@ class SqliteBackend(
         conn: Any = None,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
+        check_values(leases, values)
         if not leases:
             return []
         now = self._now()

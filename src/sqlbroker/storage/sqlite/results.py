@@ -1,51 +1,21 @@
-"""SQLite stored results: the lookup, the retention trim, and the watch a waiting
-``broker.result(…, wait=)`` sleeps on — the backend's ``PRAGMA data_version`` watcher,
-which sees every commit of every connection and process (values are written by
-``message_complete_many``, see backend.py)."""
+"""SQLite stored results: the lookup, the retention trim, and the source of the hints a
+waiting ``broker.result(…, wait=)`` sleeps on — one ``PRAGMA data_version`` watcher per
+backend (shared through :class:`~sqlbroker.storage.result_hub.ResultHub`), which sees every
+commit of every connection and process. Values are written by ``message_complete_many``
+(backend.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any
 
 from sqlbroker.core.results import ResultRecord
+from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.sqlite.connection import SqlitePool
-
-
-class _Watch:
-    def __init__(self) -> None:
-        self.changed = threading.Event()
-
-    def hint(self, _subscription: str | None) -> None:
-        self.changed.set()
-
-    def wait(self, timeout: float) -> bool:
-        woke = self.changed.wait(timeout)
-        self.changed.clear()
-        return woke
-
-
-class _AsyncWatch:
-    def __init__(self) -> None:
-        self.changed = asyncio.Event()
-
-    def hint(self, _subscription: str | None) -> None:
-        self.changed.set()
-
-    async def wait(self, timeout: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                await self.changed.wait()
-        except TimeoutError:
-            return False
-        finally:
-            self.changed.clear()
-        return True
 
 
 class SqliteResults:
@@ -53,14 +23,12 @@ class SqliteResults:
 
     _db: SqlitePool
     _sql: dict[str, str]
+    _result_hub: ResultHub
 
     def _now(self) -> float:
         raise NotImplementedError
 
     def _watch(self, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
-        raise NotImplementedError
-
-    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
         raise NotImplementedError
 
     def result_lookup(self, *, message_id: str) -> list[ResultRecord]:
@@ -74,30 +42,19 @@ class SqliteResults:
                 self._sql["result_trim"], {"now": self._now(), "ttl": ttl, "limit": limit}
             ).rowcount
 
-    @contextmanager
-    def result_watch(self, *, message_id: str) -> Iterator[_Watch]:
-        watch = _Watch()
-        stop = threading.Event()
-        watcher = threading.Thread(
-            target=self._watch, args=(watch.hint, stop), name="sqlbroker-result", daemon=True
-        )
-        watcher.start()
-        try:
-            yield watch
-        finally:
-            # Not joined: a look in progress ends on its own within one pause.
-            stop.set()
+    def _result_source(self, hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
+        """The result hub's source: the ``PRAGMA data_version`` watcher; every commit of
+        any connection or process may have finished a waited-for copy."""
+        ready.set()  # its first look hints anyway: nothing committed before it is missed
+        self._watch(lambda _subscription: hint(None), stop)
 
-    @asynccontextmanager
-    async def result_watch_async(self, *, message_id: str) -> AsyncIterator[_AsyncWatch]:
-        watch = _AsyncWatch()
-        listener = asyncio.ensure_future(self.listen_async(on_hint=watch.hint))
-        try:
-            yield watch
-        finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+    def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
+        return self._result_hub.watch(message_id)
+
+    def result_watch_async(
+        self, *, message_id: str
+    ) -> AbstractAsyncContextManager[AsyncResultWatch]:
+        return self._result_hub.watch_async(message_id)
 
 
 def _record(row: Any) -> ResultRecord:
