@@ -16,6 +16,9 @@ from sqlbroker.core.errors import SqlbrokerError
 
 class Command(BaseCommand):  # type: ignore[misc]
     help = "Run Django tasks from sqlbroker queues (a sqlbroker worker)."
+    # Checked in handle(), where a misconfigured backend (raised while the checks import
+    # the project's tasks) becomes one CommandError line rather than a traceback.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -51,6 +54,8 @@ class Command(BaseCommand):  # type: ignore[misc]
         )
 
         try:
+            if not options.get("skip_checks"):
+                self.check()
             backend = backend_named(options["backend"])
             queues = options["queues"] or sorted(backend.queues)
             broker = worker_broker(
