@@ -37,7 +37,9 @@ class Project:
     env: dict[str, str]
     workers: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    def manage(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def manage(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, str(PROJECT / "manage.py"), *args],
             cwd=self.directory,

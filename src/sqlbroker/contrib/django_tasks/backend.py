@@ -346,4 +346,5 @@ def _aware(moment: datetime | None) -> datetime | None:
     if moment is None or timezone.is_aware(moment):
         return moment
     zone = timezone.get_current_timezone() if settings.USE_TZ else timezone.get_default_timezone()
-    return timezone.make_aware(moment, zone)
+    aware: datetime = timezone.make_aware(moment, zone)
+    return aware

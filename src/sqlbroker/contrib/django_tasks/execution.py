@@ -179,4 +179,3 @@ class Trimmer:
             finally:
                 close_old_connections()
             self._stopped.wait(self._interval)
-

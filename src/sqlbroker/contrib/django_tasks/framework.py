@@ -53,10 +53,6 @@ else:
     )
 
 TaskResultDoesNotExist: type[Exception] = _exceptions.TaskResultDoesNotExist
-InvalidTask: type[Exception] = getattr(_exceptions, "InvalidTask", None) or getattr(
-    _exceptions, "InvalidTaskError"
-)
-"""Django 6 calls it ``InvalidTask``, the backport ``InvalidTaskError``."""
 
 
 def set_field(result: Any, name: str, value: Any) -> None:
@@ -68,7 +64,6 @@ __all__ = [
     "DEFAULT_TASK_QUEUE_NAME",
     "NAME",
     "BaseTaskBackend",
-    "InvalidTask",
     "Task",
     "TaskContext",
     "TaskError",

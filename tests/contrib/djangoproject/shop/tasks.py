@@ -3,9 +3,8 @@
 import time
 from pathlib import Path
 
-from sqlbroker.contrib.django_tasks.framework import task
-
 from shop.models import Done
+from sqlbroker.contrib.django_tasks.framework import task
 
 
 @task
