@@ -277,6 +277,41 @@ def test_a_killed_worker_loses_no_task(project: Project) -> None:
     assert out["records"] == list(range(2, 22)), "nothing lost"
 
 
+def test_retries_run_a_failing_task_again_before_it_fails(project: Project) -> None:
+    project.env["TASKS_OPTIONS"] = json.dumps({"RETRIES": 1})
+    failing = project.shell(
+        """
+        import json
+        from shop.tasks import boom
+        print(json.dumps(boom.enqueue(7).id))
+        """
+    )
+    worker = project.worker()
+    _wait(_finished(project, completed=0, dead=1), "the task to fail twice", project)
+    assert _stop(worker) == 0, project.log()
+    result = project.shell(
+        f"""
+        import json
+        from shop.tasks import boom
+        result = boom.get_result({failing!r})
+        print(json.dumps([result.status, result.attempts, result.errors[0].traceback]))
+        """
+    )
+    status, attempts, trace = result
+    assert (status, attempts) == ("FAILED", 2)
+    assert "boom 7" in trace
+
+
+def test_the_system_check_names_a_missing_app_and_a_deferred_sqlite(project: Project) -> None:
+    checked = project.manage("check", env={"TASKS_WITHOUT_APP": "1", "TASKS_SQLITE_DEFERRED": "1"})
+    assert checked.returncode == 1
+    assert "sqlbroker.E001" in checked.stderr
+    if project.url.startswith("sqlite"):
+        assert "sqlbroker.W001" in checked.stderr
+    else:
+        assert "sqlbroker.W001" not in checked.stderr
+
+
 @pytest.mark.parametrize(
     ("settings", "arguments", "says"),
     [

@@ -232,6 +232,17 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
                 " (its table records each task's call for get_result)",
                 id="sqlbroker.E001",
             )
+        alias = database_alias()
+        database = settings.DATABASES[alias]
+        mode = (database.get("OPTIONS") or {}).get("transaction_mode")
+        if database.get("ENGINE") == "django.db.backends.sqlite3" and mode != "IMMEDIATE":
+            yield checks.Warning(
+                f"DATABASES[{alias!r}] is SQLite without OPTIONS['transaction_mode'] ="
+                " 'IMMEDIATE': a transaction that reads before it enqueues a task may fail"
+                " with 'database is locked' while a worker writes",
+                hint="set DATABASES[...]['OPTIONS'] = {'transaction_mode': 'IMMEDIATE'}",
+                id="sqlbroker.W001",
+            )
 
 
 # --- where a task is ------------------------------------------------------------------------

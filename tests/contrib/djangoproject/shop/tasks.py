@@ -32,3 +32,8 @@ def slow(context, number, marker):
         Path(marker).write_text("started", encoding="utf-8")
         time.sleep(60)
     Done.objects.create(task="slow", number=number, attempt=attempt)
+
+
+@task
+def noop(number):
+    """Does nothing: bench/adapters_django.py measures what the backend itself costs."""

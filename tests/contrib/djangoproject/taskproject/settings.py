@@ -20,6 +20,8 @@ INSTALLED_APPS = [
 ]
 if importlib.util.find_spec("django.tasks") is None:  # Django < 6: the backport is an app
     INSTALLED_APPS.insert(1, "django_tasks")
+if os.environ.get("TASKS_WITHOUT_APP"):  # what the system check must catch
+    INSTALLED_APPS.remove("sqlbroker.contrib.django_tasks")
 
 _url = urlsplit(os.environ["TASKS_DATABASE_URL"])
 if _url.scheme == "sqlite":
@@ -28,6 +30,8 @@ if _url.scheme == "sqlite":
         "NAME": unquote(_url.path),
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
     }
+    if os.environ.get("TASKS_SQLITE_DEFERRED"):  # what the system check must warn of
+        del _database["OPTIONS"]["transaction_mode"]
 else:
     _database = {
         "ENGINE": "django.db.backends.postgresql",
