@@ -319,6 +319,7 @@ def test_the_system_check_names_a_missing_app_and_a_deferred_sqlite(project: Pro
         ({"TASKS_OPTIONS": '{"QUEUE_PREFIX": "bad prefix "}'}, (), "queue"),
         ({}, ("--backend", "other"), "settings.TASKS has no backend named 'other'"),
         ({}, ("--queue", "nope"), "queue 'nope' is not in TASKS['default']['QUEUES']"),
+        ({"TASKS_BROKER_URL": "redis://localhost/0"}, (), "redis"),
     ],
 )
 def test_bad_configuration_is_one_clear_error(
@@ -329,3 +330,28 @@ def test_bad_configuration_is_one_clear_error(
     assert says in done.stderr
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_without_the_tasks_framework_the_error_says_what_to_install() -> None:
+    """Neither ``django.tasks`` (Django ≥ 6) nor the backport importable: one clear error."""
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["django.tasks"] = None
+        sys.modules["django_tasks"] = None
+        import sqlbroker
+        try:
+            import sqlbroker.contrib.django_tasks.framework
+        except sqlbroker.ConfigurationError as error:
+            print(error)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    assert "pip install 'sqlbroker[django]'" in done.stdout, done.stderr

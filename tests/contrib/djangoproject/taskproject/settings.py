@@ -43,7 +43,10 @@ else:
     }
 DATABASES = {"default": {**_database, "ATOMIC_REQUESTS": True}}
 
-SQLBROKER = {"OPTIONS": json.loads(os.environ.get("TASKS_BROKER_OPTIONS", "{}"))}
+SQLBROKER = {
+    "URL": os.environ.get("TASKS_BROKER_URL"),  # default: the database above
+    "OPTIONS": json.loads(os.environ.get("TASKS_BROKER_OPTIONS", "{}")),
+}
 
 TASKS = {
     "default": {
