@@ -217,10 +217,9 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
             errors=[],
             worker_ids=[],
         )
-        state = locate(self.sqlbroker_queue(record.queue_name), message_id, record.enqueued_at)
-        if state is None:
-            raise TaskResultDoesNotExist(result_id)
-        _apply(result, state)
+        _apply(
+            result, locate(self.sqlbroker_queue(record.queue_name), message_id, record.enqueued_at)
+        )
         return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
@@ -248,22 +247,25 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
 # --- where a task is ------------------------------------------------------------------------
 
 Found = PendingMessage | ArchivedMessage | DeadLetter
-_PENDING_SCAN = validate.MAX_BATCH
 
 
-def locate(queue: str, message_id: str, enqueued_at: datetime) -> Found | Pending | None:
-    """Where the task's message is now: pending, archived or dead-lettered.
+class Waiting:
+    """The task's message waits in its queue (available, scheduled or blocked)."""
 
-    Copies only move forward (pending → archive or dead letters), so after the archive
-    (looked up by message id) the pending copy is looked for, and then the archive and the
-    dead letters again: a copy that moved on meanwhile is found there. The queue's pending
-    copies and its dead letters since the task was enqueued are scanned (sqlbroker has no
-    lookup of those by message id yet). ``None``: gone (its archive row was trimmed)."""
+
+def locate(queue: str, message_id: str, enqueued_at: datetime) -> Found | Waiting:
+    """Where the task's message is now: archived, running, dead-lettered or waiting.
+
+    A copy only moves forward (waiting → running → archive or dead letters, or back to
+    waiting for a retry), so the archive is read (by message id) before and after the
+    running copies: one that finishes meanwhile is found the second time. The queue's
+    running copies and its dead letters since the task was enqueued are scanned (sqlbroker
+    has no lookup of those by message id yet); the waiting ones, however many, never are:
+    a task whose record exists and is found nowhere else is waiting."""
     broker = get_broker()
     for archived in broker.archive(queue, message_id=message_id, limit=1):
         return archived
-    scanned = broker.pending(queue, limit=_PENDING_SCAN)
-    for copy in scanned:
+    for copy in broker.pending(queue, state=State.RUNNING, limit=validate.MAX_BATCH):
         if copy.message_id == message_id:
             return copy
     for archived in broker.archive(queue, message_id=message_id, limit=1):
@@ -271,13 +273,7 @@ def locate(queue: str, message_id: str, enqueued_at: datetime) -> Found | Pendin
     for dead in _dead_letters(queue, since=enqueued_at - timedelta(hours=1)):
         if dead.message_id == message_id:
             return dead
-    if len(scanned) == _PENDING_SCAN:
-        return Pending()  # deeper in the queue than the scan reaches: still waiting
-    return None
-
-
-class Pending:
-    """A copy beyond the scanned part of a deep queue: waiting, details unknown."""
+    return Waiting()
 
 
 def _dead_letters(queue: str, *, since: datetime) -> Iterator[DeadLetter]:
@@ -293,8 +289,8 @@ def _dead_letters(queue: str, *, since: datetime) -> Iterator[DeadLetter]:
         after_id = page[-1].id
 
 
-def _apply(result: TaskResult, state: Found | Pending) -> None:
-    if isinstance(state, Pending):
+def _apply(result: TaskResult, state: Found | Waiting) -> None:
+    if isinstance(state, Waiting):
         return
     if isinstance(state, PendingMessage):
         running = state.state == State.RUNNING
