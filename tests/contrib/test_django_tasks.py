@@ -125,16 +125,18 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
 ) -> None:
     ids = project.shell(
         """
+        import asyncio
         import json
         from datetime import timedelta
         from django.utils import timezone
-        from shop.tasks import boom, email, record
+        from shop.tasks import arecord, boom, email, record
 
         low = [record.using(priority=-10).enqueue(n).id for n in (1, 2, 3)]
         high = [record.using(priority=50).enqueue(n).id for n in (10, 11, 12)]
         later = record.using(run_after=timezone.now() + timedelta(seconds=2)).enqueue(40)
         ids = {"low": low, "high": high, "email": email.enqueue(20).id,
                "boom": boom.enqueue(30).id, "later": later.id,
+               "async": asyncio.run(arecord.aenqueue(50)).id,
                "run_after": later.task.run_after.isoformat()}
         ids["before"] = [record.get_result(i).status for i in low + high]
         print(json.dumps(ids))
@@ -142,7 +144,7 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
     )
     assert set(ids["before"]) == {"READY"}
     worker = project.worker("--concurrency", "1")
-    _wait(_finished(project, completed=8, dead=1), "the tasks to run", project)
+    _wait(_finished(project, completed=9, dead=1), "the tasks to run", project)
     assert _stop(worker) == 0, project.log()
 
     results = project.shell(
@@ -165,6 +167,8 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
         out["order"] = list(Done.objects.filter(task="record").order_by("id")
                             .values_list("number", flat=True))
         out["later_done_at"] = Done.objects.get(number=40).done_at.isoformat()
+        out["async"] = [backend.get_result(ids["async"]).status,
+                        list(Done.objects.filter(task="arecord").values_list("number", flat=True))]
         print(json.dumps(out))
         """
     )
@@ -177,6 +181,7 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
     assert sorted(order) == [1, 2, 3, 10, 11, 12, 40]
     assert max(order.index(n) for n in (10, 11, 12)) < min(order.index(n) for n in (1, 2, 3))
     assert results["later_done_at"] >= ids["run_after"]
+    assert results["async"] == ["SUCCESSFUL", [50]], "a coroutine task, enqueued from async code"
 
 
 def test_enqueue_joins_the_request_transaction(project: Project) -> None:

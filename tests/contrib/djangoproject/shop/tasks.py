@@ -37,3 +37,9 @@ def slow(context, number, marker):
 @task
 def noop(number):
     """Does nothing: bench/adapters_django.py measures what the backend itself costs."""
+
+
+@task
+async def arecord(number):
+    """A coroutine task: the worker runs it to completion like any other."""
+    await Done.objects.acreate(task="arecord", number=number)
