@@ -15,7 +15,9 @@ How a block runs
 - Blocks of docs/outbox.md that open with ``# runs on:`` are complete programs that
   tests/test_docs_outbox.py already runs on the backends they name, and docs/security.md's
   "Setting it up" is run by tests/security/test_docs_setup.py in a cluster of its own;
-  they are left to those tests.
+  they are left to those tests. Blocks of docs/django.md that open with ``# file: PATH``
+  are the files of its Django project: the cases of that document write them, as printed,
+  into the project their blocks run in.
 - **Python blocks** run as ``python snippet.py``, where ``snippet.py`` is the case's
   *prelude*, then the block exactly as printed, then the case's *epilogue*. The prelude
   supplies what the surrounding prose assumes and the block does not define: a ``broker`` on
@@ -116,6 +118,8 @@ def _delegated(block: Block) -> bool:
     cluster of its own with the documented role names (tests/security/test_docs_setup.py)."""
     if block.path.name == "outbox.md":
         return block.code.startswith("# runs on:")
+    if block.path.name == "django.md":
+        return block.code.startswith("# file: ")
     return block.path.name == "security.md" and block.heading.startswith("### Setting it up")
 
 
@@ -443,6 +447,40 @@ assert saga.status.value == "completed", (saga.status, saga.error)
 
 # --- docs/*.md ----------------------------------------------------------------------------------
 
+DJANGO_MANAGE_PY = """\
+import os
+import sys
+
+if __name__ == "__main__":
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+"""
+
+
+def _django_project(run: Run) -> None:
+    """docs/django.md's project: its ``# file:`` blocks as printed, and what
+    ``django-admin startproject`` and ``startapp`` would have made around them."""
+    files = {"manage.py": DJANGO_MANAGE_PY, "mysite/__init__.py": "", "shop/__init__.py": ""}
+    for block in blocks():
+        if block.path.name == "django.md" and block.code.startswith("# file: "):
+            files[block.code.split("\n", 1)[0].removeprefix("# file: ").strip()] = block.code
+    for name, text in files.items():
+        (run.directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (run.directory / name).write_text(text, encoding="utf-8")
+
+
+def _django_migrated(run: Run) -> None:
+    _django_project(run)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input"],
+        cwd=run.directory,
+        env=run.env(),
+        check=True,
+        capture_output=True,
+    )
+
 
 def _seed_subscription(run: Run) -> None:
     with run.broker() as broker:
@@ -670,6 +708,43 @@ assert [(s.name, s.paused) for s in broker.schedules()] == [("billing", False)]
         backends=("postgresql",),
         seed=_seed_tenant_roles,
         verify=_verify_tenants,
+    ),
+    Case(
+        "docs/django.md",
+        "python manage.py sqlbroker_worker",
+        backends=("sqlite",),
+        seed=_django_project,
+        background={
+            "python manage.py sqlbroker_worker\n": Background(
+                lambda run: "receipt for order 42 sent" in run.output
+            )
+        },
+        marks=(pytest.mark.slow,),
+    ),
+    Case(
+        "docs/django.md",
+        "receipt = send_receipt.enqueue(7)",
+        backends=("sqlite",),
+        seed=_django_migrated,
+        prelude="""\
+import os
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+django.setup()
+""",
+        epilogue="""
+from sqlbroker.contrib.django_tasks.framework import TaskResultDoesNotExist
+try:
+    send_receipt.get_result(receipt.id)
+except TaskResultDoesNotExist:
+    pass
+else:
+    raise AssertionError("the rolled-back task exists")
+from sqlbroker.contrib.django import get_broker
+assert get_broker().pending("tasks.emails") == [], "and its message does not either"
+""",
+        marks=(pytest.mark.slow,),
     ),
     Case(
         "docs/spark.md",

@@ -75,11 +75,23 @@ def url_of(alias: str) -> str:
     )
 
 
-def get_broker() -> Broker:
-    """The broker for the current settings, created once (thread-safe)."""
+def broker_settings() -> tuple[str, dict[str, Any]]:
+    """The URL and the ``Broker`` options that settings.SQLBROKER asks for."""
     config = _config()
     url = config.get("URL") or url_of(database_alias())
-    options = dict(config.get("OPTIONS") or {})
+    return str(url), dict(config.get("OPTIONS") or {})
+
+
+def new_broker() -> Broker:
+    """A broker of its own for the current settings (not the shared one of
+    :func:`get_broker`): for a worker that registers its own subscribers."""
+    url, options = broker_settings()
+    return Broker(url, **options)
+
+
+def get_broker() -> Broker:
+    """The broker for the current settings, created once (thread-safe)."""
+    url, options = broker_settings()
     cache_key = (url, tuple(sorted(options.items())))
     with _lock:
         broker = _brokers.get(cache_key)

@@ -1,0 +1,181 @@
+"""Running Django tasks in a sqlbroker worker: the handler of a task queue, and the broker
+that ``manage.py sqlbroker_worker`` runs."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+from django.db import close_old_connections
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from sqlbroker.app import Broker
+from sqlbroker.contrib.django import database_alias, new_broker
+from sqlbroker.contrib.django_tasks.backend import SqlbrokerBackend
+from sqlbroker.contrib.django_tasks.framework import (
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    set_field,
+    signals,
+    task_backends,
+)
+from sqlbroker.core.errors import ConfigurationError
+from sqlbroker.core.policies import Reject
+from sqlbroker.producer.consuming import BrokerConsumer
+from sqlbroker.runtime.message import Message
+
+TRIM_INTERVAL = 3600.0
+
+
+def backend_named(alias: str) -> SqlbrokerBackend:
+    """The task backend ``alias``, which must be a :class:`SqlbrokerBackend`."""
+    from django.conf import settings
+
+    if alias not in (getattr(settings, "TASKS", None) or {}):
+        raise ConfigurationError(f"settings.TASKS has no backend named {alias!r}")
+    backend = task_backends[alias]
+    if not isinstance(backend, SqlbrokerBackend):
+        raise ConfigurationError(
+            f"TASKS[{alias!r}] is {type(backend).__module__}.{type(backend).__qualname__},"
+            " not sqlbroker.contrib.django_tasks.SqlbrokerBackend"
+        )
+    return backend
+
+
+def task_handler(backend: SqlbrokerBackend) -> Callable[[Message], None]:
+    """The sqlbroker handler that runs one task message, sending Django's
+    ``task_started`` and ``task_finished`` signals around it."""
+    worker_id = BrokerConsumer.worker_name()
+
+    def run_task(msg: Message) -> None:
+        payload = msg.payload
+        if not isinstance(payload, dict) or not isinstance(payload.get("task"), str):
+            raise Reject("not a Django task message")
+        try:
+            task = import_string(payload["task"])
+        except ImportError as error:
+            raise Reject(f"task {payload['task']!r} cannot be imported: {error}") from error
+        if not isinstance(task, Task):
+            raise Reject(f"{payload['task']!r} is not a task")
+        started = timezone.now()
+        result = TaskResult(
+            task=task,
+            id=msg.id,
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=msg.enqueued_at,
+            started_at=started,
+            finished_at=None,
+            last_attempted_at=started,
+            args=payload.get("args") or [],
+            kwargs=payload.get("kwargs") or {},
+            backend=backend.alias,
+            errors=[],
+            worker_ids=[worker_id] * msg.attempt,
+        )
+        close_old_connections()
+        try:
+            signals.task_started.send(type(backend), task_result=result)
+            try:
+                if task.takes_context:
+                    task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+                else:
+                    task.call(*result.args, **result.kwargs)
+            except Exception as error:
+                if msg.attempt > backend.retries:  # the retry policy dead-letters it now
+                    set_field(result, "status", TaskResultStatus.FAILED)
+                    set_field(result, "finished_at", timezone.now())
+                    kind = type(error)
+                    result.errors.append(
+                        TaskError(
+                            exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+                            traceback="".join(traceback.format_exception(error)),
+                        )
+                    )
+                    signals.task_finished.send(type(backend), task_result=result)
+                raise
+            set_field(result, "status", TaskResultStatus.SUCCESSFUL)
+            set_field(result, "finished_at", timezone.now())
+            signals.task_finished.send(type(backend), task_result=result)
+        finally:
+            close_old_connections()
+
+    return run_task
+
+
+def worker_broker(
+    backend: SqlbrokerBackend,
+    queue_names: Sequence[str],
+    *,
+    concurrency: int,
+    timeout: float | None,
+) -> Broker:
+    """A broker of its own with one subscriber per task queue."""
+    if not queue_names:
+        raise ConfigurationError(
+            f"TASKS[{backend.alias!r}] names no QUEUES: give the queues to run (--queue)"
+        )
+    for name in queue_names:
+        if backend.queues and name not in backend.queues:
+            raise ConfigurationError(
+                f"queue {name!r} is not in TASKS[{backend.alias!r}]['QUEUES']"
+                f" ({', '.join(sorted(backend.queues))})"
+            )
+    broker = new_broker()
+    handler = task_handler(backend)
+    for name in queue_names:
+        broker.subscriber(
+            queue=backend.sqlbroker_queue(name),
+            concurrency=concurrency,
+            timeout=timeout,
+            retry=backend.retry_policy(),
+        )(handler)
+    return broker
+
+
+def trim_records(backend: SqlbrokerBackend) -> int:
+    """Delete the calls of tasks due longer ago than ``RETENTION``; return how many."""
+    from sqlbroker.contrib.django_tasks.models import TaskRecord
+
+    deleted, _ = (
+        TaskRecord.objects.using(database_alias())
+        .filter(backend=backend.alias, keep_until__lt=timezone.now())
+        .delete()
+    )
+    return int(deleted)
+
+
+class Trimmer:
+    """Runs :func:`trim_records` now and every ``interval`` seconds in a thread of its own
+    until :meth:`stop`."""
+
+    def __init__(self, backend: SqlbrokerBackend, interval: float = TRIM_INTERVAL) -> None:
+        self._backend = backend
+        self._interval = timedelta(seconds=interval).total_seconds()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sqlbroker-task-trim", daemon=True)
+
+    def start(self) -> Trimmer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                trim_records(self._backend)
+            except Exception:  # a failed trim is retried next round; tasks go on
+                import logging
+
+                logging.getLogger(__name__).exception("trimming task records failed")
+            finally:
+                close_old_connections()
+            self._stopped.wait(self._interval)
