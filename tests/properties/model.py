@@ -290,7 +290,6 @@ class Model:
             "processed_trimmed": 0,
             "results_trimmed": 0,
             "sagas_swept": 0,
-            "results_trimmed": 0,
         }
 
     def take_back_expired(self) -> tuple[int, int]:
