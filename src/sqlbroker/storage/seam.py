@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import processed
+from sqlbroker.storage.operations import processed, sagas
 from sqlbroker.storage.plan import Plan, is_read_only
 
 P = ParamSpec("P")
@@ -103,6 +103,16 @@ class Executor(ABC):
     processed_forget = Operation(processed.forget)
     processed_trim = Operation(processed.trim)
 
+    # --- sagas (multi-step workflows; features/sagas.py) ---------------------------------
+    saga_insert = Operation(sagas.insert)
+    saga_get = Operation(sagas.get)
+    saga_update = Operation(sagas.update)
+    saga_step_update = Operation(sagas.step_update)
+    saga_list = Operation(sagas.list_)
+    saga_due = Operation(sagas.due)
+    saga_counts = Operation(sagas.counts)
+    # --- end sagas ---------------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -120,6 +130,16 @@ class AsyncExecutor(ABC):
     processed_release = AsyncOperation(processed.release)
     processed_forget = AsyncOperation(processed.forget)
     processed_trim = AsyncOperation(processed.trim)
+
+    # --- sagas ---------------------------------------------------------------------------
+    saga_insert = AsyncOperation(sagas.insert)
+    saga_get = AsyncOperation(sagas.get)
+    saga_update = AsyncOperation(sagas.update)
+    saga_step_update = AsyncOperation(sagas.step_update)
+    saga_list = AsyncOperation(sagas.list_)
+    saga_due = AsyncOperation(sagas.due)
+    saga_counts = AsyncOperation(sagas.counts)
+    # --- end sagas ---------------------------------------------------------------------------
 
 
 class Tx(Executor):

@@ -54,7 +54,6 @@ from sqlbroker.storage.postgres.connection import (
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
-from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
@@ -79,7 +78,6 @@ class PostgresBackend(
     PostgresAdmin,
     PostgresObservability,
     PostgresSchedules,
-    PostgresSagas,
     PostgresSpark,
     PostgresSecurity,
     PostgresSchema,

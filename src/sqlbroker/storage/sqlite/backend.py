@@ -50,7 +50,6 @@ from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
-from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.security import SqliteSecurity
@@ -73,7 +72,6 @@ class SqliteBackend(
     SqliteAdmin,
     SqliteObservability,
     SqliteSchedules,
-    SqliteSagas,
     SqliteSpark,
     SqliteSecurity,
     SqliteSchema,
