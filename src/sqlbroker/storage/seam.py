@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import processed, sagas
+from sqlbroker.storage.operations import processed, sagas, schedules
 from sqlbroker.storage.plan import Plan, is_read_only
 
 P = ParamSpec("P")
@@ -113,6 +113,16 @@ class Executor(ABC):
     saga_counts = Operation(sagas.counts)
     # --- end sagas ---------------------------------------------------------------------------
 
+    # --- schedules (features/schedules.py; schedule_fire_many: storage/schedules.py) -------
+    schedule_upsert = Operation(schedules.upsert)
+    schedule_list = Operation(schedules.list_)
+    schedule_delete = Operation(schedules.delete)
+    schedule_set_paused = Operation(schedules.set_paused)
+    schedule_due = Operation(schedules.due)
+    schedule_advance_many = Operation(schedules.advance)
+    schedule_published = Operation(schedules.published)
+    # --- end schedules -----------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -140,6 +150,16 @@ class AsyncExecutor(ABC):
     saga_due = AsyncOperation(sagas.due)
     saga_counts = AsyncOperation(sagas.counts)
     # --- end sagas ---------------------------------------------------------------------------
+
+    # --- schedules -----------------------------------------------------------------------
+    schedule_upsert = AsyncOperation(schedules.upsert)
+    schedule_list = AsyncOperation(schedules.list_)
+    schedule_delete = AsyncOperation(schedules.delete)
+    schedule_set_paused = AsyncOperation(schedules.set_paused)
+    schedule_due = AsyncOperation(schedules.due)
+    schedule_advance_many = AsyncOperation(schedules.advance)
+    schedule_published = AsyncOperation(schedules.published)
+    # --- end schedules -----------------------------------------------------------------------
 
 
 class Tx(Executor):

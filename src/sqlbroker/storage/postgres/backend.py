@@ -54,12 +54,12 @@ from sqlbroker.storage.postgres.connection import (
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
-from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
+from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
@@ -69,7 +69,7 @@ _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql")
+_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql")
 T = TypeVar("T")
 
 
@@ -77,7 +77,6 @@ class PostgresBackend(
     PostgresPublishing,
     PostgresAdmin,
     PostgresObservability,
-    PostgresSchedules,
     PostgresSpark,
     PostgresSecurity,
     PostgresSchema,
@@ -368,6 +367,9 @@ class PostgresBackend(
             return []
         async with self._db.transaction_async(conn) as c:
             return await run_plan_async(c, self._complete_plan(leases, self._now_param()))
+
+    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
+        return fire_many(self, fires=fires)
 
     def transaction(self) -> AbstractContextManager[Conn]:
         # The caller's statements run in it (a handler's effects): never timed.

@@ -43,6 +43,7 @@ from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Plan
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
+from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
@@ -50,7 +51,6 @@ from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
-from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.security import SqliteSecurity
 from sqlbroker.storage.sqlite.spark import SqliteSpark
@@ -71,7 +71,6 @@ class SqliteBackend(
     SqlitePublishing,
     SqliteAdmin,
     SqliteObservability,
-    SqliteSchedules,
     SqliteSpark,
     SqliteSecurity,
     SqliteSchema,
@@ -105,7 +104,8 @@ class SqliteBackend(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
         self._sql = load_sql(
-            "sqlbroker.storage.sqlite", ("queries.sql", "processed.sql", "sagas.sql")
+            "sqlbroker.storage.sqlite",
+            ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql"),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
@@ -360,6 +360,9 @@ class SqliteBackend(
             # it (sqlite3 connections may refuse other threads).
             return complete()
         return await held.call(complete)
+
+    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
+        return fire_many(self, fires=fires)
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._db.write()
