@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import processed, sagas, schedules
+from sqlbroker.storage.operations import processed, sagas, schedules, security
 from sqlbroker.storage.plan import Plan, is_read_only
 
 P = ParamSpec("P")
@@ -38,6 +38,8 @@ class Settings:
     """``"sqlite"`` or ``"postgresql"``: for the rare rule that differs (documented where)."""
     limits: Limits = field(default_factory=Limits)
     notify_channel: str = ""
+    schema: str | None = None
+    """PostgreSQL: the schema of the tables (``None``: the search path's)."""
 
 
 class Operation(Generic[P, T]):
@@ -123,6 +125,18 @@ class Executor(ABC):
     schedule_published = Operation(schedules.published)
     # --- end schedules -----------------------------------------------------------------------
 
+    # --- security: roles and tenants (PostgreSQL; features/security.py) -----------------
+    roles_grant = Operation(security.roles_grant)
+    roles_show = Operation(security.roles_show)
+    roles_tables = Operation(security.roles_tables)
+    tenant_enable = Operation(security.tenant_enable)
+    tenant_enabled = Operation(security.tenant_enabled)
+    tenant_set = Operation(security.tenant_set)
+    tenant_remove = Operation(security.tenant_remove)
+    tenant_list = Operation(security.tenant_list)
+    tenant_assign = Operation(security.tenant_assign)
+    # --- end security ------------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -160,6 +174,18 @@ class AsyncExecutor(ABC):
     schedule_advance_many = AsyncOperation(schedules.advance)
     schedule_published = AsyncOperation(schedules.published)
     # --- end schedules -----------------------------------------------------------------------
+
+    # --- security ------------------------------------------------------------------------
+    roles_grant = AsyncOperation(security.roles_grant)
+    roles_show = AsyncOperation(security.roles_show)
+    roles_tables = AsyncOperation(security.roles_tables)
+    tenant_enable = AsyncOperation(security.tenant_enable)
+    tenant_enabled = AsyncOperation(security.tenant_enabled)
+    tenant_set = AsyncOperation(security.tenant_set)
+    tenant_remove = AsyncOperation(security.tenant_remove)
+    tenant_list = AsyncOperation(security.tenant_list)
+    tenant_assign = AsyncOperation(security.tenant_assign)
+    # --- end security ------------------------------------------------------------------------
 
 
 class Tx(Executor):

@@ -55,7 +55,6 @@ from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
-from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
@@ -69,7 +68,7 @@ _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql")
+_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql", "security.sql")
 T = TypeVar("T")
 
 
@@ -78,7 +77,6 @@ class PostgresBackend(
     PostgresAdmin,
     PostgresObservability,
     PostgresSpark,
-    PostgresSecurity,
     PostgresSchema,
     Executor,
 ):
@@ -127,7 +125,10 @@ class PostgresBackend(
             "message_complete" if archive else "message_complete_unarchived"
         ]
         self.settings = Settings(
-            dialect="postgresql", limits=self.limits, notify_channel=self.notify_channel
+            dialect="postgresql",
+            limits=self.limits,
+            notify_channel=self.notify_channel,
+            schema=self._schema,
         )
         self.async_ops = _PostgresAsyncOps(self)
 

@@ -52,7 +52,6 @@ from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.schema import SqliteSchema
-from sqlbroker.storage.sqlite.security import SqliteSecurity
 from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
@@ -72,7 +71,6 @@ class SqliteBackend(
     SqliteAdmin,
     SqliteObservability,
     SqliteSpark,
-    SqliteSecurity,
     SqliteSchema,
     Executor,
 ):
