@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import processed, sagas, schedules, security
+from sqlbroker.storage.operations import observability, processed, sagas, schedules, security
 from sqlbroker.storage.plan import Plan, is_read_only
 
 P = ParamSpec("P")
@@ -137,6 +137,16 @@ class Executor(ABC):
     tenant_assign = Operation(security.tenant_assign)
     # --- end security ------------------------------------------------------------------------
 
+    # --- observability: heartbeats, metrics, audit (runtime/heartbeat.py, features/metrics.py)
+    worker_beat = Operation(observability.worker_beat)
+    worker_list = Operation(observability.worker_list)
+    metric_minutes = Operation(observability.metric_minutes)
+    metric_totals = Operation(observability.metric_totals)
+    archive_rare_counts = Operation(observability.archive_rare_counts)
+    metric_trim = Operation(observability.metric_trim)
+    audit_list = Operation(observability.audit_list)
+    # --- end observability -------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -186,6 +196,16 @@ class AsyncExecutor(ABC):
     tenant_list = AsyncOperation(security.tenant_list)
     tenant_assign = AsyncOperation(security.tenant_assign)
     # --- end security ------------------------------------------------------------------------
+
+    # --- observability -------------------------------------------------------------------
+    worker_beat = AsyncOperation(observability.worker_beat)
+    worker_list = AsyncOperation(observability.worker_list)
+    metric_minutes = AsyncOperation(observability.metric_minutes)
+    metric_totals = AsyncOperation(observability.metric_totals)
+    archive_rare_counts = AsyncOperation(observability.archive_rare_counts)
+    metric_trim = AsyncOperation(observability.metric_trim)
+    audit_list = AsyncOperation(observability.audit_list)
+    # --- end observability -------------------------------------------------------------------
 
 
 class Tx(Executor):

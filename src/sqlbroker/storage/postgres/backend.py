@@ -52,7 +52,6 @@ from sqlbroker.storage.postgres.connection import (
     run_plan_async,
 )
 from sqlbroker.storage.postgres.liveness import Watchdog
-from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.spark import PostgresSpark
@@ -68,14 +67,20 @@ _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_SQL_FILES = ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql", "security.sql")
+_SQL_FILES = (
+    "queries.sql",
+    "processed.sql",
+    "sagas.sql",
+    "schedules.sql",
+    "observability.sql",
+    "security.sql",
+)
 T = TypeVar("T")
 
 
 class PostgresBackend(
     PostgresPublishing,
     PostgresAdmin,
-    PostgresObservability,
     PostgresSpark,
     PostgresSchema,
     Executor,

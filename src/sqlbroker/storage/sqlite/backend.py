@@ -49,7 +49,6 @@ from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.admin import SqliteAdmin
 from sqlbroker.storage.sqlite.connection import SqlitePool
-from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.spark import SqliteSpark
@@ -69,7 +68,6 @@ _WATCH_MAX = 0.05
 class SqliteBackend(
     SqlitePublishing,
     SqliteAdmin,
-    SqliteObservability,
     SqliteSpark,
     SqliteSchema,
     Executor,
@@ -103,7 +101,7 @@ class SqliteBackend(
         )
         self._sql = load_sql(
             "sqlbroker.storage.sqlite",
-            ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql"),
+            ("queries.sql", "processed.sql", "sagas.sql", "schedules.sql", "observability.sql"),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
