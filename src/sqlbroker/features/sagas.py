@@ -32,7 +32,9 @@ import json
 import logging
 import uuid
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -53,6 +55,7 @@ from sqlbroker.core.serde import encode_value
 from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.base import Backend
+from sqlbroker.storage.seam import Tx
 
 log = logging.getLogger("sqlbroker.sagas")
 
@@ -62,6 +65,16 @@ _DONE_LIKE = (StepStatus.DONE,)
 
 class SagaMoved(SqlbrokerError):
     """A saga changed under a transition that held its lock (a bug, or a lock not held)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Txn:
+    """The transaction a transition runs in: the seam's ``tx`` for the saga tables, and
+    the connection underneath it, through which the next step's message is published
+    (``message_insert_many`` still takes ``conn=``)."""
+
+    conn: Any
+    tx: Tx
 
 
 WORKER_AGE = 60.0
@@ -156,15 +169,21 @@ class Sagas:
             handled = self._handled() if self._handled is not None else ()
             warn_unhandled(self._backend, saga, handled, when="started")
         if conn is not None:
-            self._start(saga, new, conn)
+            with self._begin(conn) as txn:
+                self._start(txn, saga, new)
         else:
-            with self._backend.transaction() as own:
-                self._start(saga, new, own)
+            with self._backend.transaction() as own, self._begin(own) as txn:
+                self._start(txn, saga, new)
         return new.id
 
-    def _start(self, saga: Saga, new: NewSaga, conn: Any) -> None:
-        if not self._backend.saga_insert(saga=new, conn=conn):
-            found = self._backend.saga_get(id=new.id, steps=False, conn=conn)
+    @contextmanager
+    def _begin(self, conn: Any) -> Iterator[_Txn]:
+        with self._backend.begin(conn) as tx:
+            yield _Txn(conn, tx)
+
+    def _start(self, txn: _Txn, saga: Saga, new: NewSaga) -> None:
+        if not txn.tx.saga_insert(saga=new):
+            found = txn.tx.saga_get(id=new.id, steps=False)
             if found is None:  # deleted between the two statements: not ours to recreate
                 raise SagaConflict(new.id, "and removed meanwhile")
             if found.name != saga.name:
@@ -173,11 +192,9 @@ class Sagas:
                 raise SagaConflict(new.id, "with different data")
             return
         first = saga.steps[0]
-        message_id = self._send(conn, saga.name, first.name, new.id, 0)
-        self._backend.saga_step_update(
-            saga_id=new.id, index=0, status=StepStatus.RUNNING, conn=conn
-        )
-        self._update(conn, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
+        message_id = self._send(txn, saga.name, first.name, new.id, 0)
+        txn.tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
+        self._update(txn, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
@@ -203,14 +220,14 @@ class Sagas:
         """Turn a running saga back: what is done gets compensated (the step in flight
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
-        with self._backend.transaction() as conn:
-            saga = self._backend.saga_get(id=_checked_id(saga_id), lock=True, conn=conn)
+        with self._backend.transaction() as conn, self._begin(conn) as txn:
+            saga = txn.tx.saga_get(id=_checked_id(saga_id), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
             if saga.status != SagaStatus.RUNNING:
                 return False
             self._update(
-                conn,
+                txn,
                 saga,
                 SagaStatus.COMPENSATING,
                 saga.step,
@@ -235,7 +252,9 @@ class Sagas:
             return self.undo_failed(conn, saga_id, index, message_id, reason, attempt)
 
     def lock(self, conn: Any, saga_id: str) -> SagaInstance | None:
-        return self._backend.saga_get(id=saga_id, lock=True, conn=conn)
+        """The saga read under its lock inside ``conn``'s transaction (which holds it)."""
+        with self._backend.begin(conn) as tx:
+            return tx.saga_get(id=saga_id, lock=True)
 
     @staticmethod
     def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
@@ -276,81 +295,77 @@ class Sagas:
     ) -> bool:
         """Record step ``index`` done with ``output`` (JSON text) and move on; False if the
         message was stale and nothing changed."""
-        saga = self.lock(conn, saga_id)
-        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
-            return False
-        assert saga is not None
-        self._backend.saga_step_update(
-            saga_id=saga_id,
-            index=index,
-            status=StepStatus.DONE,
-            attempts=attempt,
-            output=output,
-            conn=conn,
-        )
-        if saga.status == SagaStatus.COMPENSATING:
-            self._turn_back(conn, self._relock(conn, saga_id), index, saga.error)
-            return True
-        if index + 1 < len(saga.steps):
-            step = saga.steps[index + 1]
-            next_id = self._send(conn, saga.name, step.name, saga_id, index + 1)
-            self._backend.saga_step_update(
-                saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING, conn=conn
+        with self._begin(conn) as txn:
+            saga = txn.tx.saga_get(id=saga_id, lock=True)
+            if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+                return False
+            assert saga is not None
+            txn.tx.saga_step_update(
+                saga_id=saga_id,
+                index=index,
+                status=StepStatus.DONE,
+                attempts=attempt,
+                output=output,
             )
-            self._update(conn, saga, SagaStatus.RUNNING, index + 1, None, next_id)
-        else:
-            self._update(conn, saga, SagaStatus.COMPLETED, index, None, None)
-        return True
+            if saga.status == SagaStatus.COMPENSATING:
+                self._turn_back(txn, self._relock(txn, saga_id), index, saga.error)
+                return True
+            if index + 1 < len(saga.steps):
+                step = saga.steps[index + 1]
+                next_id = self._send(txn, saga.name, step.name, saga_id, index + 1)
+                txn.tx.saga_step_update(saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING)
+                self._update(txn, saga, SagaStatus.RUNNING, index + 1, None, next_id)
+            else:
+                self._update(txn, saga, SagaStatus.COMPLETED, index, None, None)
+            return True
 
     def action_failed(
         self, conn: Any, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
         """Record step ``index`` failed for good and turn the saga back."""
-        saga = self.lock(conn, saga_id)
-        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
-            return False
-        assert saga is not None
-        self._fail_step(conn, saga, reason, attempt)
-        return True
+        with self._begin(conn) as txn:
+            saga = txn.tx.saga_get(id=saga_id, lock=True)
+            if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+                return False
+            assert saga is not None
+            self._fail_step(txn, saga, reason, attempt)
+            return True
 
     def action_skipped(self, conn: Any, saga_id: str, index: int, message_id: str) -> bool:
         """The saga turned back before step ``index``'s action ran: it never will."""
-        saga = self.lock(conn, saga_id)
-        if self.action_verdict(saga, index, message_id) != "skip":
-            return False
-        assert saga is not None
-        self._backend.saga_step_update(
-            saga_id=saga_id, index=index, status=StepStatus.CANCELLED, conn=conn
-        )
-        self._turn_back(conn, self._relock(conn, saga_id), index - 1, saga.error)
-        return True
+        with self._begin(conn) as txn:
+            saga = txn.tx.saga_get(id=saga_id, lock=True)
+            if self.action_verdict(saga, index, message_id) != "skip":
+                return False
+            assert saga is not None
+            txn.tx.saga_step_update(saga_id=saga_id, index=index, status=StepStatus.CANCELLED)
+            self._turn_back(txn, self._relock(txn, saga_id), index - 1, saga.error)
+            return True
 
     def undo_done(self, conn: Any, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
         """Record step ``index`` compensated and turn back to the step below."""
-        saga = self.lock(conn, saga_id)
-        if self.undo_verdict(saga, index, message_id) != "run":
-            return False
-        assert saga is not None
-        self._backend.saga_step_update(
-            saga_id=saga_id,
-            index=index,
-            status=StepStatus.COMPENSATED,
-            attempts=attempt,
-            conn=conn,
-        )
-        self._turn_back(conn, self._relock(conn, saga_id), index - 1, saga.error)
-        return True
+        with self._begin(conn) as txn:
+            saga = txn.tx.saga_get(id=saga_id, lock=True)
+            if self.undo_verdict(saga, index, message_id) != "run":
+                return False
+            assert saga is not None
+            txn.tx.saga_step_update(
+                saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
+            )
+            self._turn_back(txn, self._relock(txn, saga_id), index - 1, saga.error)
+            return True
 
     def undo_failed(
         self, conn: Any, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
         """Record the compensation of step ``index`` failed for good: the saga ``failed``."""
-        saga = self.lock(conn, saga_id)
-        if self.undo_verdict(saga, index, message_id) != "run":
-            return False
-        assert saga is not None
-        self._fail_undo(conn, saga, reason, attempt)
-        return True
+        with self._begin(conn) as txn:
+            saga = txn.tx.saga_get(id=saga_id, lock=True)
+            if self.undo_verdict(saga, index, message_id) != "run":
+                return False
+            assert saga is not None
+            self._fail_undo(txn, saga, reason, attempt)
+            return True
 
     # --- the sweeper ---------------------------------------------------------------------------
 
@@ -361,32 +376,32 @@ class Sagas:
         moved = 0
         for due in self._backend.saga_due(limit=limit):
             try:
-                with self._backend.transaction() as conn:
-                    saga = self.lock(conn, due.id)
+                with self._backend.transaction() as conn, self._begin(conn) as txn:
+                    saga = txn.tx.saga_get(id=due.id, lock=True)
                     if saga is None or saga.version != due.version or saga.status.terminal:
                         continue
-                    self._sweep_one(conn, saga, due.dead_reason, due.expired)
+                    self._sweep_one(txn, saga, due.dead_reason, due.expired)
                     moved += 1
             except SqlbrokerError as error:
                 log.warning("sweeping saga %s failed: %s", due.id, error)
         return moved
 
     def _sweep_one(
-        self, conn: Any, saga: SagaInstance, dead_reason: str | None, expired: bool
+        self, txn: _Txn, saga: SagaInstance, dead_reason: str | None, expired: bool
     ) -> None:
         step = saga.steps[saga.step]
         if dead_reason is not None:
             why = f"its message was dead-lettered: {dead_reason}"
             if step.status == StepStatus.RUNNING:
-                self._fail_step(conn, saga, why, step.attempts)
+                self._fail_step(txn, saga, why, step.attempts)
                 return
             if step.status == StepStatus.COMPENSATING:
-                self._fail_undo(conn, saga, why, step.attempts)
+                self._fail_undo(txn, saga, why, step.attempts)
                 return
         if expired and saga.status == SagaStatus.RUNNING:
             log.warning("saga %s (%s) timed out at step %s", saga.id, saga.name, step.name)
             self._update(
-                conn,
+                txn,
                 saga,
                 SagaStatus.COMPENSATING,
                 saga.step,
@@ -397,7 +412,7 @@ class Sagas:
         elif expired:
             log.error("saga %s (%s): compensations timed out", saga.id, saga.name)
             self._update(
-                conn,
+                txn,
                 saga,
                 SagaStatus.FAILED,
                 saga.step,
@@ -407,28 +422,26 @@ class Sagas:
 
     # --- shared moves ------------------------------------------------------------------------
 
-    def _fail_step(self, conn: Any, saga: SagaInstance, reason: str, attempt: int) -> None:
+    def _fail_step(self, txn: _Txn, saga: SagaInstance, reason: str, attempt: int) -> None:
         step = saga.steps[saga.step]
-        self._backend.saga_step_update(
+        txn.tx.saga_step_update(
             saga_id=saga.id,
             index=step.index,
             status=StepStatus.FAILED,
             attempts=attempt,
             error=reason,
-            conn=conn,
         )
         error = saga.error or f"step {step.name} failed: {reason}"
-        self._turn_back(conn, self._relock(conn, saga.id), step.index - 1, error)
+        self._turn_back(txn, self._relock(txn, saga.id), step.index - 1, error)
 
-    def _fail_undo(self, conn: Any, saga: SagaInstance, reason: str, attempt: int) -> None:
+    def _fail_undo(self, txn: _Txn, saga: SagaInstance, reason: str, attempt: int) -> None:
         step = saga.steps[saga.step]
-        self._backend.saga_step_update(
+        txn.tx.saga_step_update(
             saga_id=saga.id,
             index=step.index,
             status=StepStatus.COMPENSATION_FAILED,
             attempts=attempt,
             error=reason,
-            conn=conn,
         )
         log.error(
             "saga %s (%s): the compensation of step %s failed: %s",
@@ -438,7 +451,7 @@ class Sagas:
             reason,
         )
         self._update(
-            conn,
+            txn,
             saga,
             SagaStatus.FAILED,
             step.index,
@@ -446,17 +459,17 @@ class Sagas:
             saga.message_id,
         )
 
-    def _turn_back(self, conn: Any, saga: SagaInstance, below: int, error: str | None) -> None:
+    def _turn_back(self, txn: _Txn, saga: SagaInstance, below: int, error: str | None) -> None:
         """Send the compensation of the highest compensating ``done`` step at or below
         ``below``; with none left, the saga is ``compensated``."""
         for step in reversed(saga.steps[: below + 1]):
             if step.status in _DONE_LIKE and step.compensate:
-                undo_id = self._send(conn, saga.name, step.name, saga.id, step.index, undo=True)
-                self._backend.saga_step_update(
-                    saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING, conn=conn
+                undo_id = self._send(txn, saga.name, step.name, saga.id, step.index, undo=True)
+                txn.tx.saga_step_update(
+                    saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING
                 )
                 self._update(
-                    conn,
+                    txn,
                     saga,
                     SagaStatus.COMPENSATING,
                     step.index,
@@ -465,17 +478,17 @@ class Sagas:
                     restart=saga.status != SagaStatus.COMPENSATING,
                 )
                 return
-        self._update(conn, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
+        self._update(txn, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
 
-    def _relock(self, conn: Any, saga_id: str) -> SagaInstance:
-        saga = self.lock(conn, saga_id)
+    def _relock(self, txn: _Txn, saga_id: str) -> SagaInstance:
+        saga = txn.tx.saga_get(id=saga_id, lock=True)
         if saga is None:
             raise SagaMoved(f"saga {saga_id} vanished inside its own transaction")
         return saga
 
     def _update(
         self,
-        conn: Any,
+        txn: _Txn,
         saga: SagaInstance,
         status: SagaStatus,
         step: int,
@@ -484,7 +497,7 @@ class Sagas:
         *,
         restart: bool = False,
     ) -> None:
-        if not self._backend.saga_update(
+        if not txn.tx.saga_update(
             id=saga.id,
             version=saga.version,
             status=status,
@@ -492,13 +505,12 @@ class Sagas:
             error=error,
             message_id=message_id,
             restart_deadline=restart,
-            conn=conn,
         ):
             raise SagaMoved(f"saga {saga.id} moved on under a transition holding its lock")
 
     def _send(
         self,
-        conn: Any,
+        txn: _Txn,
         saga: str,
         step: str,
         saga_id: str,
@@ -513,7 +525,7 @@ class Sagas:
             defaults=self._defaults,
         )
         result = self._backend.message_insert_many(
-            messages=[message], subscription=queue, conn=conn
+            messages=[message], subscription=queue, conn=txn.conn
         )
         return result.message_ids[0]
 

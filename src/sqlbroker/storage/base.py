@@ -186,7 +186,9 @@ class Backend(Protocol):
     SQLite: on the backend's own threads)."""
 
     def begin(self, conn: Any = None) -> AbstractContextManager[Tx]:
-        """One transaction for several operations (see :mod:`sqlbroker.storage.seam`)."""
+        """One transaction for several operations, each a method of the ``Tx``: the
+        backend's own (committed when the block ends normally, rolled back otherwise), or
+        with ``conn`` the caller's connection, joined as a savepoint, never committed."""
 
     def begin_async(self, conn: Any = None) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
@@ -423,16 +425,13 @@ class Backend(Protocol):
 
     # --- sagas (multi-step workflows; see features/sagas.py) --------------------------------
 
-    def saga_insert(self, *, saga: NewSaga, conn: Any = None) -> bool:
+    def saga_insert(self, *, saga: NewSaga) -> bool:
         """Create a ``running`` saga at step 0 with its steps ``pending`` and its deadline
-        ``timeout`` seconds away; False (and nothing written) when the id exists.
-        With ``conn`` inside that connection's transaction."""
+        ``timeout`` seconds away; False (and nothing written) when the id exists."""
 
-    def saga_get(
-        self, *, id: str, steps: bool = True, lock: bool = False, conn: Any = None
-    ) -> SagaInstance | None:
-        """The saga (with its steps unless ``steps`` is false). ``lock`` inside ``conn``'s
-        transaction holds the saga against other transitions until it ends."""
+    def saga_get(self, *, id: str, steps: bool = True, lock: bool = False) -> SagaInstance | None:
+        """The saga (with its steps unless ``steps`` is false). ``lock`` inside a
+        transaction (``begin``) holds the saga against other transitions until it ends."""
 
     def saga_update(
         self,
@@ -444,7 +443,6 @@ class Backend(Protocol):
         error: str | None,
         message_id: str | None,
         restart_deadline: bool = False,
-        conn: Any = None,
     ) -> bool:
         """Compare-and-set: when the saga is still at ``version``, set its fields and bump
         the version (``restart_deadline``: the deadline becomes now + its timeout; a
@@ -459,7 +457,6 @@ class Backend(Protocol):
         attempts: int = 0,
         output: str | None = None,
         error: str | None = None,
-        conn: Any = None,
     ) -> bool:
         """Set a step's status (stamping the time that status stands for), raise its
         attempts to at least ``attempts``, and set ``output`` (JSON text) and ``error`` when

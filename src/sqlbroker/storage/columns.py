@@ -6,7 +6,7 @@ written headers that are not a JSON object of strings, text where a number belon
 keeps whatever it is given), a time PostgreSQL calls ``infinity``, or JSON columns that do
 not parse. A converter raises ``ValueError`` saying what is wrong; :meth:`Columns.get` turns
 that into a stand-in value and a note naming the column (the row's ``damaged`` text).
-The row decoders in :mod:`sqlbroker.storage.rows` and :mod:`sqlbroker.storage.saga_rows`
+The row decoders in :mod:`sqlbroker.storage.rows` and :mod:`sqlbroker.storage.operations.sagas`
 are written on top of it.
 """
 

@@ -23,7 +23,15 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.clock import Clock, DatabaseClock
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.operations import admin, messages, processed
+from sqlbroker.storage.operations import (
+    admin,
+    messages,
+    observability,
+    processed,
+    sagas,
+    schedules,
+    security,
+)
 from sqlbroker.storage.plan import Access, Plan, access_of
 from sqlbroker.storage.promotion import PromotionThrottle
 
@@ -53,6 +61,8 @@ class Settings:
     key_locks: bool = False
     """Whether writers of one ordering key must lock it (PostgreSQL's advisory locks);
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
+    schema: str | None = None
+    """PostgreSQL: the schema of the tables (``None``: the search path's)."""
 
 
 class Operation(Generic[P, T]):
@@ -139,6 +149,47 @@ class Executor(ABC):
     archive_list = Operation(admin.archive_list)
     stats_collect = Operation(admin.stats_collect)
     table_counts = Operation(admin.table_counts)
+    # --- sagas (multi-step workflows; features/sagas.py) ---------------------------------
+    saga_insert = Operation(sagas.insert)
+    saga_get = Operation(sagas.get)
+    saga_update = Operation(sagas.update)
+    saga_step_update = Operation(sagas.step_update)
+    saga_list = Operation(sagas.list_)
+    saga_due = Operation(sagas.due)
+    saga_counts = Operation(sagas.counts)
+    # --- end sagas ---------------------------------------------------------------------------
+
+    # --- schedules (features/schedules.py; schedule_fire_many: storage/schedules.py) -------
+    schedule_upsert = Operation(schedules.upsert)
+    schedule_list = Operation(schedules.list_)
+    schedule_delete = Operation(schedules.delete)
+    schedule_set_paused = Operation(schedules.set_paused)
+    schedule_due = Operation(schedules.due)
+    schedule_advance_many = Operation(schedules.advance)
+    schedule_published = Operation(schedules.published)
+    # --- end schedules -----------------------------------------------------------------------
+
+    # --- security: roles and tenants (PostgreSQL; features/security.py) -----------------
+    roles_grant = Operation(security.roles_grant)
+    roles_show = Operation(security.roles_show)
+    roles_tables = Operation(security.roles_tables)
+    tenant_enable = Operation(security.tenant_enable)
+    tenant_enabled = Operation(security.tenant_enabled)
+    tenant_set = Operation(security.tenant_set)
+    tenant_remove = Operation(security.tenant_remove)
+    tenant_list = Operation(security.tenant_list)
+    tenant_assign = Operation(security.tenant_assign)
+    # --- end security ------------------------------------------------------------------------
+
+    # --- observability: heartbeats, metrics, audit (runtime/heartbeat.py, features/metrics.py)
+    worker_beat = Operation(observability.worker_beat)
+    worker_list = Operation(observability.worker_list)
+    metric_minutes = Operation(observability.metric_minutes)
+    metric_totals = Operation(observability.metric_totals)
+    archive_rare_counts = Operation(observability.archive_rare_counts)
+    metric_trim = Operation(observability.metric_trim)
+    audit_list = Operation(observability.audit_list)
+    # --- end observability -------------------------------------------------------------------
 
 
 class AsyncExecutor(ABC):
@@ -179,6 +230,47 @@ class AsyncExecutor(ABC):
     archive_list = AsyncOperation(admin.archive_list)
     stats_collect = AsyncOperation(admin.stats_collect)
     table_counts = AsyncOperation(admin.table_counts)
+    # --- sagas ---------------------------------------------------------------------------
+    saga_insert = AsyncOperation(sagas.insert)
+    saga_get = AsyncOperation(sagas.get)
+    saga_update = AsyncOperation(sagas.update)
+    saga_step_update = AsyncOperation(sagas.step_update)
+    saga_list = AsyncOperation(sagas.list_)
+    saga_due = AsyncOperation(sagas.due)
+    saga_counts = AsyncOperation(sagas.counts)
+    # --- end sagas ---------------------------------------------------------------------------
+
+    # --- schedules -----------------------------------------------------------------------
+    schedule_upsert = AsyncOperation(schedules.upsert)
+    schedule_list = AsyncOperation(schedules.list_)
+    schedule_delete = AsyncOperation(schedules.delete)
+    schedule_set_paused = AsyncOperation(schedules.set_paused)
+    schedule_due = AsyncOperation(schedules.due)
+    schedule_advance_many = AsyncOperation(schedules.advance)
+    schedule_published = AsyncOperation(schedules.published)
+    # --- end schedules -----------------------------------------------------------------------
+
+    # --- security ------------------------------------------------------------------------
+    roles_grant = AsyncOperation(security.roles_grant)
+    roles_show = AsyncOperation(security.roles_show)
+    roles_tables = AsyncOperation(security.roles_tables)
+    tenant_enable = AsyncOperation(security.tenant_enable)
+    tenant_enabled = AsyncOperation(security.tenant_enabled)
+    tenant_set = AsyncOperation(security.tenant_set)
+    tenant_remove = AsyncOperation(security.tenant_remove)
+    tenant_list = AsyncOperation(security.tenant_list)
+    tenant_assign = AsyncOperation(security.tenant_assign)
+    # --- end security ------------------------------------------------------------------------
+
+    # --- observability -------------------------------------------------------------------
+    worker_beat = AsyncOperation(observability.worker_beat)
+    worker_list = AsyncOperation(observability.worker_list)
+    metric_minutes = AsyncOperation(observability.metric_minutes)
+    metric_totals = AsyncOperation(observability.metric_totals)
+    archive_rare_counts = AsyncOperation(observability.archive_rare_counts)
+    metric_trim = AsyncOperation(observability.metric_trim)
+    audit_list = AsyncOperation(observability.audit_list)
+    # --- end observability -------------------------------------------------------------------
 
 
 class Tx(Executor):

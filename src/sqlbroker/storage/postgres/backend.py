@@ -46,17 +46,14 @@ from sqlbroker.storage.postgres.connection import (
     run_plan_async,
 )
 from sqlbroker.storage.postgres.liveness import Watchdog
-from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.results import PostgresResults
-from sqlbroker.storage.postgres.sagas import PostgresSagas
-from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
-from sqlbroker.storage.postgres.security import PostgresSecurity
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.rows import subscriptions_of
+from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, redact
@@ -66,18 +63,23 @@ _PROMOTE_BATCH = 1000
 _WORKER_LOST = encode_json(
     {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
 )
-_SQL_FILES = ("queries.sql", "admin.sql", "processed.sql", "sagas.sql", "results.sql")
+_SQL_FILES = (
+    "queries.sql",
+    "admin.sql",
+    "processed.sql",
+    "sagas.sql",
+    "schedules.sql",
+    "observability.sql",
+    "security.sql",
+    "results.sql",
+)
 T = TypeVar("T")
 
 
 class PostgresBackend(
     PostgresPublishing,
-    PostgresObservability,
-    PostgresSchedules,
-    PostgresSagas,
     PostgresResults,
     PostgresSpark,
-    PostgresSecurity,
     PostgresSchema,
     Executor,
 ):
@@ -138,6 +140,7 @@ class PostgresBackend(
             supports_notify=True,
             notify_channel=self.notify_channel,
             key_locks=True,
+            schema=self._schema,
         )
         self.async_ops: AsyncExecutor = _PostgresAsyncOps(self)
 
@@ -319,6 +322,9 @@ class PostgresBackend(
             return []
         async with self._db.transaction_async(conn) as c:
             return await run_plan_async(c, self._complete_plan(leases, self._now_param(), values))
+
+    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
+        return fire_many(self, fires=fires)
 
     def transaction(self) -> AbstractContextManager[Conn]:
         # The caller's statements run in it (a handler's effects): never timed.

@@ -16,14 +16,16 @@ ON CONFLICT (name, tenant) DO UPDATE SET
     stopped_at = excluded.stopped_at
 RETURNING seen_at
 
--- name: metric_minute_upsert
+-- name: metric_minute_upsert_many
+-- One row per position of the arrays (column by column, of the same length).
 INSERT INTO {schema}sqlbroker_metric_minute (
     subscription, minute, worker, completed, retried, dead,
     handler_count, handler_seconds, handler_buckets
 )
-VALUES (
-    %(subscription)s, %(minute)s, %(worker)s, %(completed)s, %(retried)s, %(dead)s,
-    %(handler_count)s, %(handler_seconds)s, %(handler_buckets)s
+SELECT * FROM unnest(
+    %(subscriptions)s::text[], %(minutes)s::timestamptz[], %(workers)s::text[],
+    %(completed)s::bigint[], %(retried)s::bigint[], %(dead)s::bigint[],
+    %(handler_counts)s::bigint[], %(handler_seconds)s::float8[], %(handler_buckets)s::text[]
 )
 -- tenant: counters are per tenant (migration 0011; '' unless tenants are enabled)
 ON CONFLICT (subscription, minute, worker, tenant) DO UPDATE SET
@@ -34,9 +36,9 @@ ON CONFLICT (subscription, minute, worker, tenant) DO UPDATE SET
     handler_seconds = excluded.handler_seconds,
     handler_buckets = excluded.handler_buckets
 
--- name: metric_total_add
+-- name: metric_total_add_many
 INSERT INTO {schema}sqlbroker_metric_total AS t (subscription, outcome, count)
-VALUES (%(subscription)s, %(outcome)s, %(delta)s)
+SELECT * FROM unnest(%(subscriptions)s::text[], %(outcomes)s::text[], %(deltas)s::bigint[])
 ON CONFLICT (subscription, outcome, tenant) DO UPDATE SET count = t.count + excluded.count
 
 -- name: worker_list

@@ -12,9 +12,12 @@ FROM t
 ON CONFLICT (id) DO NOTHING
 RETURNING id
 
--- name: saga_step_insert
+-- name: saga_steps_insert
+-- %(names)s and %(compensate)s are arrays of the same length, in step order.
 INSERT INTO {schema}sqlbroker_saga_step (saga_id, idx, name, compensate, status)
-VALUES (%(saga_id)s, %(idx)s, %(name)s, %(compensate)s, 'pending')
+SELECT %(saga_id)s, s.idx - 1, s.name, s.compensate, 'pending'
+FROM unnest(%(names)s::text[], %(compensate)s::boolean[])
+     WITH ORDINALITY AS s(name, compensate, idx)
 
 -- name: saga_get
 SELECT id, name, status, data::text, step, version, error, message_id::text,

@@ -67,19 +67,21 @@ WHERE name = %(name)s AND paused
 SELECT count(*) FROM {schema}sqlbroker_schedule WHERE name = %(name)s
 
 -- name: schedule_due
--- The clock's now travels with the rows, so that the caller plans against the very time
+-- The clock's now and the earliest next run of the schedules not due travel with the due
+-- rows (one row of NULLs when none is due), so that the caller plans against the very time
 -- that made them due.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)
-SELECT t.now AS clock_now, s.*
+SELECT t.now AS clock_now,
+       (SELECT min(next_run_at) FROM {schema}sqlbroker_schedule
+        WHERE NOT paused AND next_run_at > t.now) AS clock_next_run,
+       s.*
 FROM t LEFT JOIN LATERAL (
     SELECT * FROM {schema}sqlbroker_schedule
     WHERE NOT paused AND next_run_at <= t.now
     ORDER BY next_run_at, name
     LIMIT %(limit)s
 ) s ON true
-
--- name: schedule_next_run
-SELECT min(next_run_at) FROM {schema}sqlbroker_schedule WHERE NOT paused AND next_run_at > %(now)s
+ORDER BY s.next_run_at, s.name
 
 -- name: schedule_advance
 -- The compare-and-set that makes a tick publish once however many schedulers race: the

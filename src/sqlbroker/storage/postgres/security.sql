@@ -1,52 +1,60 @@
 -- Least privilege and tenants (PostgreSQL). Role and schema names never become part of the
--- statement text: they travel as bound parameters into transaction-local settings, and the
+-- statement text: they travel as bound parameters into settings, and the
 -- DO blocks below quote them with format('%I') when they build a GRANT.
 
 -- name: security_settings
-SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
-       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), true),
-       set_config('sqlbroker.create_roles', %(create)s::text, true)
+-- The grant block's arguments, for the session (a transaction's own when it runs in one):
+-- in autocommit the grant is the next statement, not the same transaction. Each grant
+-- sets all three, so a value left on a pooled connection is never read by another.
+SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, false),
+       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), false),
+       set_config('sqlbroker.create_roles', %(create)s::text, false)
 
 -- name: roles_grant
 -- The grant matrix: for each group role, the privileges it gets on each sqlbroker table.
 -- Every table of the schema must appear here for the reader at least (a test checks it),
 -- so a migration that adds a table cannot silently leave a role without access. The whole
 -- block runs in one transaction: privileges are first revoked, then granted again, so the
--- result is exactly this matrix however often it runs.
+-- result is exactly this matrix however often it runs. It reads its arguments from the
+-- settings security_settings wrote just before, on the same connection. The plan checks
+-- the group roles first; the check here only catches a role dropped meanwhile.
 DO $grant$
 DECLARE
-    prefix text := current_setting('sqlbroker.role_prefix');
-    target text := current_setting('sqlbroker.grant_schema');
-    create_roles boolean := current_setting('sqlbroker.create_roles')::boolean;
+    prefix text := current_setting('sqlbroker.role_prefix', true);
+    target text := current_setting('sqlbroker.grant_schema', true);
+    create_roles boolean := coalesce(nullif(current_setting('sqlbroker.create_roles', true), ''), 'off')::boolean;
     groups text[] := ARRAY['migrator', 'producer', 'consumer', 'reader', 'operator'];
     runtime text[] := ARRAY['producer', 'consumer', 'reader', 'operator'];
     group_name text;
     entry record;
     tables text[];
 BEGIN
+    IF coalesce(prefix, '') = '' THEN
+        RAISE EXCEPTION 'sqlbroker: roles_grant runs after security_settings, on its connection';
+    END IF;
     FOREACH group_name IN ARRAY groups LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = prefix || '_' || group_name) THEN
             IF NOT create_roles THEN
-                RAISE EXCEPTION 'sqlbroker: the role % does not exist', prefix || '_' || group_name
+                RAISE EXCEPTION 'sqlbroker: the role %% does not exist', prefix || '_' || group_name
                     USING ERRCODE = 'undefined_object',
                           HINT = 'create the group roles first, or grant with --create as a role allowed to create roles';
             END IF;
-            EXECUTE format('CREATE ROLE %I NOLOGIN', prefix || '_' || group_name);
+            EXECUTE format('CREATE ROLE %%I NOLOGIN', prefix || '_' || group_name);
         END IF;
     END LOOP;
 
     SELECT array_agg(c.relname::text ORDER BY c.relname) INTO tables
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = target AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%';
+    WHERE n.nspname = target AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%%';
     IF tables IS NULL THEN
-        RAISE EXCEPTION 'sqlbroker: no sqlbroker tables in schema %', target
+        RAISE EXCEPTION 'sqlbroker: no sqlbroker tables in schema %%', target
             USING ERRCODE = 'undefined_table', HINT = 'run sqlbroker migrate first';
     END IF;
 
     FOREACH group_name IN ARRAY runtime LOOP
-        EXECUTE format('GRANT USAGE ON SCHEMA %I TO %I', target, prefix || '_' || group_name);
-        EXECUTE format('REVOKE ALL ON TABLE %s FROM %I',
-                       (SELECT string_agg(format('%I.%I', target, t), ', ') FROM unnest(tables) t),
+        EXECUTE format('GRANT USAGE ON SCHEMA %%I TO %%I', target, prefix || '_' || group_name);
+        EXECUTE format('REVOKE ALL ON TABLE %%s FROM %%I',
+                       (SELECT string_agg(format('%%I.%%I', target, t), ', ') FROM unnest(tables) t),
                        prefix || '_' || group_name);
     END LOOP;
 
@@ -132,23 +140,30 @@ BEGIN
         ) AS g(role_suffix, table_name, privileges)
         WHERE g.table_name = ANY (tables)
     LOOP
-        EXECUTE format('GRANT %s ON TABLE %I.%I TO %I',
+        EXECUTE format('GRANT %%s ON TABLE %%I.%%I TO %%I',
                        entry.privileges, target, entry.table_name, prefix || '_' || entry.role_suffix);
     END LOOP;
 
     -- Consumers and operators update messages (claim, ack, retry, release, promote) but
     -- never move one to another subscription or tenant: UPDATE on every other column.
     FOREACH group_name IN ARRAY ARRAY['consumer', 'operator'] LOOP
-        EXECUTE format('GRANT UPDATE (%s) ON TABLE %I.sqlbroker_message TO %I',
+        EXECUTE format('GRANT UPDATE (%%s) ON TABLE %%I.sqlbroker_message TO %%I',
                        (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
                         FROM pg_catalog.pg_attribute a
-                        WHERE a.attrelid = format('%I.sqlbroker_message', target)::regclass
+                        WHERE a.attrelid = format('%%I.sqlbroker_message', target)::regclass
                           AND a.attnum > 0 AND NOT a.attisdropped
                           AND a.attname NOT IN ('id', 'message_id', 'subscription', 'topic', 'tenant')),
                        target, prefix || '_' || group_name);
     END LOOP;
 END
 $grant$
+
+-- name: roles_missing
+-- The group roles <prefix>_<group> that do not exist, in the order of %(groups)s.
+SELECT g.name
+FROM unnest(%(groups)s::text[]) WITH ORDINALITY AS g(name, position)
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = g.name)
+ORDER BY g.position
 
 -- name: roles_table_grants
 -- What the grant matrix gave each group role, per table (for tests and `roles show`).
@@ -172,77 +187,87 @@ WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
 ORDER BY 1
 
 -- name: tenants_enable
-ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_message ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_result ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_audit ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY
+-- One statement (a DO block), so that it runs as one with bound parameters.
+DO $tenants$
+BEGIN
+    ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+    ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+    ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+    ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+    ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
+    ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_message ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_result ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_audit ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY;
+END
+$tenants$
 
 -- name: tenants_disable
-ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
-ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
-ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant DROP DEFAULT;
-ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant DROP DEFAULT;
-ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
-ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT '';
-ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_message DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_result DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_schedule DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_processed DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_worker DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_saga DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_saga_step DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_audit DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
-ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY
+-- One statement (a DO block), so that it runs as one with bound parameters.
+DO $tenants$
+BEGIN
+    ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
+    ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
+    ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant DROP DEFAULT;
+    ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant DROP DEFAULT;
+    ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
+    ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_message DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_result DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_schedule DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_processed DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_worker DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_saga DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_saga_step DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_audit DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY;
+END
+$tenants$
 
 -- name: tenants_enabled
-SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = to_regclass(%(table)s)
+SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = to_regclass('{schema}sqlbroker_message')
 
 -- name: tenant_role_exists
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %(role)s::text)

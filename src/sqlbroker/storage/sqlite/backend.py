@@ -40,17 +40,14 @@ from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.rows import subscriptions_of
+from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SqlitePool
-from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.results import SqliteResults
-from sqlbroker.storage.sqlite.sagas import SqliteSagas
-from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
-from sqlbroker.storage.sqlite.security import SqliteSecurity
 from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
@@ -67,12 +64,8 @@ _WATCH_MAX = 0.05
 
 class SqliteBackend(
     SqlitePublishing,
-    SqliteObservability,
-    SqliteSchedules,
-    SqliteSagas,
     SqliteResults,
     SqliteSpark,
-    SqliteSecurity,
     SqliteSchema,
     Executor,
 ):
@@ -105,7 +98,15 @@ class SqliteBackend(
         )
         self._sql = load_sql(
             "sqlbroker.storage.sqlite",
-            ("queries.sql", "admin.sql", "processed.sql", "sagas.sql", "results.sql"),
+            (
+                "queries.sql",
+                "admin.sql",
+                "processed.sql",
+                "sagas.sql",
+                "schedules.sql",
+                "observability.sql",
+                "results.sql",
+            ),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
@@ -341,6 +342,9 @@ class SqliteBackend(
             # it (sqlite3 connections may refuse other threads).
             return complete()
         return await held.call(complete)
+
+    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
+        return fire_many(self, fires=fires)
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         return self._db.write()

@@ -11,16 +11,25 @@ ON CONFLICT (name) DO UPDATE SET
     started_at = CASE WHEN :starting THEN excluded.started_at ELSE sqlbroker_worker.started_at END,
     seen_at = excluded.seen_at,
     stopped_at = excluded.stopped_at
+RETURNING seen_at
 
--- name: metric_minute_upsert
+-- name: metric_minute_upsert_many
+-- One row per position of the JSON arrays (column by column, of the same length).
 INSERT INTO sqlbroker_metric_minute (
     subscription, minute, worker, completed, retried, dead,
     handler_count, handler_seconds, handler_buckets
 )
-VALUES (
-    :subscription, :minute, :worker, :completed, :retried, :dead,
-    :handler_count, :handler_seconds, :handler_buckets
-)
+SELECT s.value,
+       json_extract(:minutes, '$[' || s.key || ']'),
+       json_extract(:workers, '$[' || s.key || ']'),
+       json_extract(:completed, '$[' || s.key || ']'),
+       json_extract(:retried, '$[' || s.key || ']'),
+       json_extract(:dead, '$[' || s.key || ']'),
+       json_extract(:handler_counts, '$[' || s.key || ']'),
+       json_extract(:handler_seconds, '$[' || s.key || ']'),
+       json_extract(:handler_buckets, '$[' || s.key || ']')
+FROM json_each(:subscriptions) s
+WHERE true  -- an upsert's SELECT needs a WHERE (SQLite's parser)
 ON CONFLICT (subscription, minute, worker) DO UPDATE SET
     completed = excluded.completed,
     retried = excluded.retried,
@@ -29,9 +38,13 @@ ON CONFLICT (subscription, minute, worker) DO UPDATE SET
     handler_seconds = excluded.handler_seconds,
     handler_buckets = excluded.handler_buckets
 
--- name: metric_total_add
+-- name: metric_total_add_many
 INSERT INTO sqlbroker_metric_total (subscription, outcome, count)
-VALUES (:subscription, :outcome, :delta)
+SELECT s.value,
+       json_extract(:outcomes, '$[' || s.key || ']'),
+       json_extract(:deltas, '$[' || s.key || ']')
+FROM json_each(:subscriptions) s
+WHERE true
 ON CONFLICT (subscription, outcome) DO UPDATE SET count = count + excluded.count
 
 -- name: worker_list

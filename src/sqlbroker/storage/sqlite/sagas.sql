@@ -9,14 +9,22 @@ VALUES (:id, :name, 'running', :data, 0, 1, NULL, NULL, :timeout,
 ON CONFLICT (id) DO NOTHING
 RETURNING id
 
--- name: saga_step_insert
+-- name: saga_steps_insert
+-- :names and :compensate are JSON arrays of the same length, in step order.
 INSERT INTO sqlbroker_saga_step (saga_id, idx, name, compensate, status)
-VALUES (:saga_id, :idx, :name, :compensate, 'pending')
+SELECT :saga_id, n.key, n.value, c.value, 'pending'
+FROM json_each(:names) n JOIN json_each(:compensate) c ON c.key = n.key
+ORDER BY n.key
 
 -- name: saga_get
 SELECT id, name, status, data, step, version, error, message_id,
        created_at, updated_at, deadline, finished_at
 FROM sqlbroker_saga WHERE id = :id
+
+-- name: saga_lock
+-- Transitions read the saga inside a write transaction, which holds the whole file: the
+-- plain read is the lock.
+-- include: saga_get
 
 -- name: saga_steps_get
 SELECT idx, name, compensate, status, attempts, output, error,

@@ -59,13 +59,21 @@ WHERE name = :name AND paused = 1
 SELECT count(*) FROM sqlbroker_schedule WHERE name = :name
 
 -- name: schedule_due
-SELECT * FROM sqlbroker_schedule
-WHERE paused = 0 AND next_run_at <= :now
-ORDER BY next_run_at, name
-LIMIT :limit
-
--- name: schedule_next_run
-SELECT min(next_run_at) FROM sqlbroker_schedule WHERE paused = 0 AND next_run_at > :now
+-- The clock's now and the earliest next run of the schedules not due travel with the due
+-- rows (one row of NULLs when none is due), so that the caller plans against the very time
+-- that made them due.
+WITH t AS (SELECT :now AS now)
+SELECT t.now AS clock_now,
+       (SELECT min(next_run_at) FROM sqlbroker_schedule
+        WHERE paused = 0 AND next_run_at > t.now) AS clock_next_run,
+       s.*
+FROM t LEFT JOIN (
+    SELECT * FROM sqlbroker_schedule
+    WHERE paused = 0 AND next_run_at <= :now
+    ORDER BY next_run_at, name
+    LIMIT :limit
+) s ON true
+ORDER BY s.next_run_at, s.name
 
 -- name: schedule_advance
 -- The compare-and-set that makes a tick publish once however many schedulers race: only

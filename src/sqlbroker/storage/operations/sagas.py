@@ -1,0 +1,206 @@
+"""Saga state: instances and their steps (see :mod:`sqlbroker.features.sagas`).
+
+A transition reads the saga with ``lock`` and writes it by compare-and-set on its version,
+all inside one transaction (``backend.begin(conn)``): PostgreSQL holds the row lock
+(``FOR UPDATE``); SQLite's write transaction holds the whole file, so its ``saga_lock``
+is the plain read. Decoding never raises (see :mod:`sqlbroker.storage.columns`): a column
+that does not decode takes a stand-in value and is named in the row's ``damaged`` text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance, SagaStatus, SagaStep, StepStatus
+from sqlbroker.storage.columns import (
+    EPOCH,
+    Columns,
+    integer,
+    json_text_or_none,
+    text,
+    text_or_none,
+    utc,
+    utc_or_none,
+)
+from sqlbroker.storage.plan import Plan, query, reads
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.seam import Settings
+
+_STEP_COLUMNS = (
+    "index",
+    "name",
+    "compensate",
+    "status",
+    "attempts",
+    "output",
+    "error",
+    "started_at",
+    "finished_at",
+    "compensated_at",
+)
+_SAGA_COLUMNS = (
+    "id",
+    "name",
+    "status",
+    "data",
+    "step",
+    "version",
+    "error",
+    "message_id",
+    "created_at",
+    "updated_at",
+    "deadline",
+    "finished_at",
+)
+
+
+def insert(settings: Settings, *, saga: NewSaga) -> Plan[bool]:
+    """Create a ``running`` saga at step 0 with its steps ``pending`` and its deadline
+    ``timeout`` seconds away; False (and nothing written) when the id exists. Two
+    statements: run it in a transaction (``begin``) so that the steps land with it."""
+    created = yield query(
+        "saga_insert", id=saga.id, name=saga.name, data=saga.data, timeout=saga.timeout
+    )
+    if not created:
+        return False
+    if saga.steps:
+        yield query(
+            "saga_steps_insert",
+            saga_id=saga.id,
+            names=[name for name, _ in saga.steps],
+            compensate=[compensate for _, compensate in saga.steps],
+        )
+    return True
+
+
+@reads
+def get(
+    settings: Settings, *, id: str, steps: bool = True, lock: bool = False
+) -> Plan[SagaInstance | None]:
+    """The saga (with its steps unless ``steps`` is false). ``lock`` inside a transaction
+    holds the saga against other transitions until it ends."""
+    row = yield query("saga_lock" if lock else "saga_get", id=id)
+    if not row:
+        return None
+    step_rows = (yield query("saga_steps_get", id=id)) if steps else []
+    return saga_of(row[0], step_rows)
+
+
+def update(
+    settings: Settings,
+    *,
+    id: str,
+    version: int,
+    status: str,
+    step: int,
+    error: str | None,
+    message_id: str | None,
+    restart_deadline: bool = False,
+) -> Plan[bool]:
+    """Compare-and-set: when the saga is still at ``version``, set its fields and bump the
+    version (``restart_deadline``: the deadline becomes now + its timeout; a terminal
+    status clears it and stamps ``finished_at``). False if it moved on."""
+    done = yield query(
+        "saga_update",
+        id=id,
+        version=version,
+        status=status,
+        step=step,
+        error=error,
+        message_id=message_id,
+        restart_deadline=restart_deadline,
+    )
+    return done.rowcount > 0
+
+
+def step_update(
+    settings: Settings,
+    *,
+    saga_id: str,
+    index: int,
+    status: str,
+    attempts: int = 0,
+    output: str | None = None,
+    error: str | None = None,
+) -> Plan[bool]:
+    """Set a step's status (stamping the time that status stands for), raise its attempts
+    to at least ``attempts``, and set ``output`` (JSON text) and ``error`` when given."""
+    done = yield query(
+        "saga_step_update",
+        saga_id=saga_id,
+        idx=index,
+        status=status,
+        attempts=attempts,
+        output=output,
+        error=error,
+    )
+    return done.rowcount > 0
+
+
+@reads
+def list_(
+    settings: Settings, *, name: str | None, status: str | None, limit: int
+) -> Plan[list[SagaInstance]]:
+    """Sagas, newest first, without their steps."""
+    rows = yield query("saga_list", name=name, status=status, limit=limit)
+    return [saga_of(row) for row in rows]
+
+
+@reads
+def due(settings: Settings, *, limit: int) -> Plan[list[DueSaga]]:
+    """Non-terminal sagas whose deadline passed or whose awaited message is dead."""
+    rows = yield query("saga_due", limit=limit)
+    return [
+        DueSaga(id=row[0], version=int(row[1]), expired=bool(row[2]), dead_reason=row[3])
+        for row in rows
+    ]
+
+
+@reads
+def counts(settings: Settings) -> Plan[dict[str, int]]:
+    """How many sagas there are in each status."""
+    rows = yield query("saga_counts")
+    return {row[0]: int(row[1]) for row in rows}
+
+
+def saga_step_of(row: Sequence[Any]) -> SagaStep:
+    columns = Columns(row, _STEP_COLUMNS)
+    return SagaStep(
+        index=columns.get("index", integer, 0),
+        name=columns.get("name", text, ""),
+        compensate=bool(columns.raw("compensate")),
+        status=columns.get("status", StepStatus, StepStatus.PENDING),
+        attempts=columns.get("attempts", integer, 0),
+        output=columns.get("output", json_text_or_none, None),
+        error=columns.get("error", text_or_none, None),
+        started_at=columns.get("started_at", utc_or_none, None),
+        finished_at=columns.get("finished_at", utc_or_none, None),
+        compensated_at=columns.get("compensated_at", utc_or_none, None),
+        damaged=columns.damaged,
+    )
+
+
+def saga_of(row: Sequence[Any], steps: Sequence[Sequence[Any]] = ()) -> SagaInstance:
+    columns = Columns(row[: len(_SAGA_COLUMNS)], _SAGA_COLUMNS)
+    decoded = tuple(saga_step_of(item) for item in steps)
+    for step in decoded:
+        if step.damaged is not None:
+            columns.note(f"step {step.index}", f"({step.damaged})")
+    return SagaInstance(
+        id=str(columns.raw("id")),
+        name=columns.get("name", text, ""),
+        status=columns.get("status", SagaStatus, SagaStatus.FAILED),
+        data=columns.get("data", json_text_or_none, None),
+        step=columns.get("step", integer, 0),
+        version=columns.get("version", integer, 0),
+        error=columns.get("error", text_or_none, None),
+        message_id=columns.get("message_id", text_or_none, None),
+        created_at=columns.get("created_at", utc, EPOCH),
+        updated_at=columns.get("updated_at", utc, EPOCH),
+        deadline=columns.get("deadline", utc_or_none, None),
+        finished_at=columns.get("finished_at", utc_or_none, None),
+        steps=decoded,
+        damaged=columns.damaged,
+    )

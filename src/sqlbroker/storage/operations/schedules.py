@@ -1,0 +1,196 @@
+"""Schedules: definitions, the due scan and the compare-and-set that fires a tick once
+(see :mod:`sqlbroker.features.schedules`; the types are in :mod:`sqlbroker.storage.schedules`).
+
+Firing is three steps in one transaction (:func:`sqlbroker.storage.schedules.fire_many`):
+:func:`advance` moves each schedule on by compare-and-set, the won ticks' messages are
+published, and :func:`published` points each schedule at the message of its last tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlbroker.core.schedules import Missed
+from sqlbroker.storage import columns as convert
+from sqlbroker.storage.columns import EPOCH, Columns, decode_headers, utc, utc_or_none
+from sqlbroker.storage.plan import Plan, named, query, reads
+from sqlbroker.storage.schedules import (
+    DueSchedules,
+    ScheduleDefinition,
+    ScheduleFire,
+    ScheduleRecord,
+)
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.seam import Settings
+
+log = logging.getLogger("sqlbroker.storage")
+
+
+def upsert(settings: Settings, *, definition: ScheduleDefinition) -> Plan[ScheduleRecord]:
+    """Create the schedule, or redefine the one of that name. An identical definition
+    changes nothing; one with the same timing keeps its next run and anchor; any other
+    takes ``next_run_at`` and ``anchor_at`` from ``definition``. Pausing survives."""
+    d = definition
+    yield query(
+        "schedule_upsert",
+        name=d.name,
+        topic=d.topic,
+        cron=d.cron,
+        every_seconds=d.every,
+        tz=d.tz,
+        missed=d.missed.value,
+        grace_seconds=d.grace,
+        start_at=d.start_at,
+        anchor_at=d.anchor_at,
+        payload=d.payload,
+        content_type=d.content_type,
+        headers=d.headers,
+        priority=d.priority,
+        ordering_key=d.ordering_key,
+        ttl_seconds=d.ttl,
+        max_attempts=d.max_attempts,
+        definition_hash=d.definition_hash,
+        timing_hash=d.timing_hash,
+        next_run_at=d.next_run_at,
+    )
+    rows = yield named("schedule_get", name=d.name)
+    return schedule_record_of(rows[0])
+
+
+@reads
+def list_(settings: Settings, *, names: Sequence[str] | None) -> Plan[list[ScheduleRecord]]:
+    """The named schedules (all with ``None``), by name."""
+    rows = yield named("schedule_list", names=None if names is None else list(names))
+    return [schedule_record_of(row) for row in rows]
+
+
+def delete(settings: Settings, *, name: str) -> Plan[bool]:
+    done = yield query("schedule_delete", name=name)
+    return done.rowcount > 0
+
+
+def set_paused(
+    settings: Settings, *, name: str, paused: bool, next_run_at: datetime | None
+) -> Plan[bool]:
+    """Pause, or resume with ``next_run_at`` (a paused schedule only: resuming a running
+    one changes nothing). Returns whether the schedule exists."""
+    if paused:
+        yield query("schedule_pause", name=name)
+    else:
+        assert next_run_at is not None
+        yield query("schedule_resume", name=name, next_run_at=next_run_at)
+    found = yield query("schedule_exists", name=name)
+    return bool(found[0][0])
+
+
+@reads
+def due(settings: Settings, *, limit: int) -> Plan[DueSchedules]:
+    """Up to ``limit`` schedules, not paused, whose next run is at or before the storage
+    clock's now, earliest first; and the earliest next run of the others. One statement,
+    so that the caller plans against the very time that made them due."""
+    rows = yield named("schedule_due", limit=limit)
+    earliest = rows[0]["clock_next_run"]
+    return DueSchedules(
+        now=utc(rows[0]["clock_now"]),
+        due=due_records([row for row in rows if row["name"] is not None]),
+        next_run_at=None if earliest is None else utc(earliest),
+    )
+
+
+def advance(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[list[ScheduleFire]]:
+    """Move each schedule from its expected next run on, provided it still has that next
+    run and definition and is not paused; return the fires that won. Schedules are taken
+    in one order (by name), so that two schedulers' batches never wait on each other."""
+    won: list[ScheduleFire] = []
+    for fire in sorted(fires, key=lambda fire: fire.name):
+        done = yield query(
+            "schedule_advance",
+            name=fire.name,
+            next_run_at=fire.next_run_at,
+            last_run_at=fire.last_run_at,
+            last_message_id=fire.messages[-1].message_id if fire.messages else None,
+            expected_next_run_at=fire.expected_next_run_at,
+            definition_hash=fire.definition_hash,
+        )
+        if done.rowcount == 1:
+            won.append(fire)
+    return won
+
+
+def published(
+    settings: Settings, *, fires: Sequence[ScheduleFire], message_ids: Sequence[str]
+) -> Plan[dict[str, list[str]]]:
+    """The message ids of each won fire (``message_ids``: the publish of all their
+    messages, in order). Where a tick's idempotency key was taken already, the id is
+    that earlier message's: the schedule's last message points at it."""
+    fired: dict[str, list[str]] = {}
+    position = 0
+    for fire in fires:
+        ids = list(message_ids[position : position + len(fire.messages)])
+        position += len(fire.messages)
+        if ids and ids[-1] != fire.messages[-1].message_id:
+            yield query("schedule_last_message", name=fire.name, last_message_id=ids[-1])
+        fired[fire.name] = ids
+    return fired
+
+
+def schedule_record_of(row: Any) -> ScheduleRecord:
+    columns = Columns(row)
+    text, text_or_none = convert.text, convert.text_or_none
+    return ScheduleRecord(
+        name=columns.get("name", text, ""),
+        topic=columns.get("topic", text, ""),
+        cron=columns.get("cron", text_or_none, None),
+        every=columns.get("every_seconds", convert.number_or_none, None),
+        tz=columns.get("tz", text, "UTC"),
+        missed=columns.get("missed", Missed, Missed.LATEST),
+        grace=columns.get("grace_seconds", convert.number, 0.0),
+        start_at=columns.get("start_at", utc_or_none, None),
+        anchor_at=columns.get("anchor_at", utc_or_none, None),
+        payload=columns.get("payload", convert.payload_bytes, b""),
+        content_type=columns.get("content_type", text, ""),
+        headers=columns.get("headers", _headers_text, None),
+        priority=columns.get("priority", convert.integer, 0),
+        ordering_key=columns.get("ordering_key", text_or_none, None),
+        ttl=columns.get("ttl_seconds", convert.number_or_none, None),
+        max_attempts=columns.get("max_attempts", convert.integer, 1),
+        definition_hash=columns.get("definition_hash", text, ""),
+        next_run_at=columns.get("next_run_at", utc, EPOCH),
+        last_run_at=columns.get("last_run_at", utc_or_none, None),
+        last_message_id=columns.get("last_message_id", _id_or_none, None),
+        paused=bool(columns.raw("paused")),
+        created_at=columns.get("created_at", utc, EPOCH),
+        updated_at=columns.get("updated_at", utc, EPOCH),
+        damaged=columns.damaged,
+    )
+
+
+def _headers_text(value: Any) -> str | None:
+    decode_headers(value)
+    return None if value is None else str(value)
+
+
+def _id_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def due_records(found: Sequence[Any]) -> list[ScheduleRecord]:
+    """Due schedule rows as records, leaving out (with a warning) those that do not decode:
+    a damaged schedule must not publish stand-in values, nor stop the others."""
+    records = []
+    for row in found:
+        record = schedule_record_of(row)
+        if record.damaged is None:
+            records.append(record)
+        else:
+            log.warning(
+                "schedule %s does not decode (%s): not fired",
+                record.name,
+                record.damaged,
+                extra={"schedule": record.name},
+            )
+    return records
