@@ -3,12 +3,11 @@
 -- DO blocks below quote them with format('%I') when they build a GRANT.
 
 -- name: security_settings
--- The grant block's arguments, for the session (a transaction's own when it runs in one):
--- in autocommit the grant is the next statement, not the same transaction. Each grant
--- sets all three, so a value left on a pooled connection is never read by another.
-SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, false),
-       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), false),
-       set_config('sqlbroker.create_roles', %(create)s::text, false)
+-- The grant block's arguments, for this transaction only (roles_grant is an atomic
+-- operation): nothing is left on a pooled connection, or on a pooler's shared session.
+SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
+       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), true),
+       set_config('sqlbroker.create_roles', %(create)s::text, true)
 
 -- name: roles_grant
 -- The grant matrix: for each group role, the privileges it gets on each sqlbroker table.
