@@ -600,14 +600,14 @@ assert len(broker.pending("emails")) == 1
         "def record_payment(msg):",
         backends=("sqlite",),
         prelude=BROKER_FROM_ENV
-        + """with broker.backend.transaction() as setup:
-    setup.execute("CREATE TABLE ledger (order_id INTEGER, amount REAL)")
+        + """with broker.backend.begin() as setup:
+    setup.connection.execute("CREATE TABLE ledger (order_id INTEGER, amount REAL)")
 """,
         epilogue="""
 broker.send("payments", {"order": 42, "amount": 19.8})
 broker.run_until_idle(timeout=30)
-with broker.backend.transaction() as check:
-    rows = check.execute("SELECT order_id, amount FROM ledger").fetchall()
+with broker.backend.begin() as check:
+    rows = check.connection.execute("SELECT order_id, amount FROM ledger").fetchall()
     assert [tuple(row) for row in rows] == [(42, 19.8)]
 assert len(broker.archive("payments", outcome="completed")) == 1
 """,

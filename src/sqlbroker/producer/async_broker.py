@@ -364,17 +364,20 @@ class AsyncBroker:
     ) -> None:
         """See :meth:`Broker.complete`."""
         items = delivery_list(deliveries)
-        if conn is None:
-            await self._offload.run(self.sync.complete, items, result=result)
-        elif not caller.is_async(conn):
+        if conn is not None and not caller.is_async(conn):
             self.sync.complete(items, conn=conn, result=result)
+            return
+        values = self.sync.result_values(items, result)
+        if not items:
+            return
+        leases = [Lease.of(d) for d in items]
+        backend = await self._backend()
+        if conn is None:
+            done = await backend.async_ops.message_complete_many(leases=leases, values=values)
         else:
-            values = self.sync._result_values(items, result)
-            backend = await self._backend()
-            done = await backend.message_complete_many_async(
-                leases=[Lease.of(d) for d in items], conn=conn, values=values
-            )
-            raise_lost((d.id for d in items), done)
+            async with backend.begin_async(conn) as tx:
+                done = await tx.message_complete_many(leases=leases, values=values)
+        raise_lost((d.id for d in items), done)
 
     async def retry(
         self,

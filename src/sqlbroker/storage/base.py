@@ -185,12 +185,14 @@ class Backend(Protocol):
     """Every operation as a coroutine (PostgreSQL: on the running loop's async pool;
     SQLite: on the backend's own threads)."""
 
-    def begin(self, conn: Any = None) -> AbstractContextManager[Tx]:
+    def begin(self, conn: Any = None, *, timed: bool = True) -> AbstractContextManager[Tx]:
         """One transaction for several operations, each a method of the ``Tx``: the
         backend's own (committed when the block ends normally, rolled back otherwise), or
         with ``conn`` the caller's connection, joined as a savepoint, never committed."""
 
-    def begin_async(self, conn: Any = None) -> AbstractAsyncContextManager[AsyncTx]:
+    def begin_async(
+        self, conn: Any = None, *, timed: bool = True
+    ) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -285,35 +287,14 @@ class Backend(Protocol):
         self,
         *,
         leases: Sequence[Lease],
-        conn: Any = None,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
-        """Archive the copies as completed; return the ids whose lease was still valid.
-        With ``conn`` inside that connection's transaction (see :meth:`transaction`).
+        """Archive the copies as completed; return the ids whose lease was still valid
+        (inside a caller's transaction: ``begin(conn).message_complete_many``).
 
         ``values`` (aligned with ``leases``) are the handlers' encoded return values, stored
         as results in the same statement; ``None`` (all of them, or the whole argument)
         stores nothing and costs nothing: the statement is the one without results."""
-
-    async def message_complete_many_async(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        """:meth:`message_complete_many` inside ``conn`` from :meth:`transaction_async`."""
-
-    def transaction(self) -> AbstractContextManager[Any]:
-        """A write transaction on a connection of the backend's own, yielding the driver
-        connection (``sqlite3.Connection`` / ``psycopg.Connection``) for the caller's
-        statements: it commits when the block ends normally and rolls back otherwise.
-        Handlers' exactly-once effects use it with ``message_complete_many(conn=)``."""
-
-    def transaction_async(self) -> AbstractAsyncContextManager[Any]:
-        """:meth:`transaction` for coroutines: PostgreSQL yields a
-        ``psycopg.AsyncConnection`` from a pool of the running loop; SQLite yields its
-        ``sqlite3.Connection``, one transaction of the loop at a time."""
 
     async def close_async(self) -> None:
         """Let go of what :meth:`transaction_async` holds for the running event loop."""

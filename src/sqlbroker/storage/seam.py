@@ -58,6 +58,10 @@ class Settings:
     """Where dead-lettering is announced (PostgreSQL's NOTIFY)."""
     claim_commit: str = "off"
     """PostgreSQL: the ``synchronous_commit`` of a claim's own transaction."""
+    archive_completed: bool = True
+    """Whether a completed copy is kept in the archive (else only deleted)."""
+    result_channel: str = ""
+    """Where a stored result is announced (PostgreSQL's NOTIFY)."""
     key_locks: bool = False
     """Whether writers of one ordering key must lock it (PostgreSQL's advisory locks);
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
@@ -122,6 +126,7 @@ class Executor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = Operation(messages.message_claim_many)
+    message_complete_many = Operation(messages.message_complete_many)
     message_retry_many = Operation(messages.message_retry_many)
     message_dead_many = Operation(messages.message_dead_many)
     message_extend_leases = Operation(messages.message_extend_leases)
@@ -203,6 +208,7 @@ class AsyncExecutor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = AsyncOperation(messages.message_claim_many)
+    message_complete_many = AsyncOperation(messages.message_complete_many)
     message_retry_many = AsyncOperation(messages.message_retry_many)
     message_dead_many = AsyncOperation(messages.message_dead_many)
     message_extend_leases = AsyncOperation(messages.message_extend_leases)
@@ -274,11 +280,15 @@ class AsyncExecutor(ABC):
 
 
 class Tx(Executor):
-    """The operations inside one transaction (see ``Backend.begin``)."""
+    """The operations inside one transaction (see ``Backend.begin``).
 
-    def __init__(self, settings: Settings, run: Run) -> None:
+    ``connection`` is the driver connection it runs on, for the caller's own statements in
+    the same transaction (a handler's effects, an outbox's writes)."""
+
+    def __init__(self, settings: Settings, run: Run, connection: Any) -> None:
         self.settings = settings
         self._run = run
+        self.connection = connection
 
     def execute(self, plan: Plan[T], access: Access) -> T:
         result: T = self._run(plan)
@@ -286,11 +296,15 @@ class Tx(Executor):
 
 
 class AsyncTx(AsyncExecutor):
-    """The operations inside one transaction, for coroutines (see ``Backend.begin_async``)."""
+    """The operations inside one transaction, for coroutines (see ``Backend.begin_async``);
+    ``connection`` as for :class:`Tx`."""
 
-    def __init__(self, settings: Settings, run: Callable[[Plan[Any]], Awaitable[Any]]) -> None:
+    def __init__(
+        self, settings: Settings, run: Callable[[Plan[Any]], Awaitable[Any]], connection: Any
+    ) -> None:
         self.settings = settings
         self._run = run
+        self.connection = connection
 
     async def execute(self, plan: Plan[T], access: Access) -> T:
         result: T = await self._run(plan)

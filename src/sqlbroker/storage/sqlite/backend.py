@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import sqlite3
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -26,15 +25,10 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import (
-    Outcome,
     Subscription,
 )
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
-from sqlbroker.storage.base import (
-    Lease,
-    check_values,
-)
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -115,7 +109,11 @@ class SqliteBackend(
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
         self.settings = Settings(
-            dialect="sqlite", limits=self.limits, clock=clock, promotion=self._promotion
+            dialect="sqlite",
+            limits=self.limits,
+            clock=clock,
+            promotion=self._promotion,
+            archive_completed=self._archive_completed,
         )
         self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
         self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
@@ -135,18 +133,19 @@ class SqliteBackend(
             return dialect.run(conn, self._sql, plan, self._now())
 
     @contextlib.contextmanager
-    def begin(self, conn: Any = None) -> Iterator[Tx]:
+    def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
         """One write transaction for several operations: ours (``BEGIN IMMEDIATE``,
         committed when the block ends normally, rolled back otherwise), or with ``conn``
-        the caller's, joined as a savepoint and never committed here."""
+        the caller's, joined as a savepoint and never committed here. (``timed`` is
+        PostgreSQL's: SQLite's statements are bounded by ``busy_timeout``.)"""
         with self._db.write(conn) as raw:
-            yield Tx(self.settings, functools.partial(self._run_on, raw))
+            yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
         return dialect.run(conn, self._sql, plan, self._now())
 
     @contextlib.asynccontextmanager
-    async def begin_async(self, conn: Any = None) -> AsyncIterator[AsyncTx]:
+    async def begin_async(self, conn: Any = None, *, timed: bool = True) -> AsyncIterator[AsyncTx]:
         """:meth:`begin` for coroutines: the transaction is held by one of the backend's
         threads, which runs each operation; the loop never blocks on SQLite. SQLite has
         no async driver, so a caller's ``conn`` is refused."""
@@ -160,7 +159,7 @@ class SqliteBackend(
             async def run(plan: Plan[Any]) -> Any:
                 return await held.call(functools.partial(self._run_on, raw, plan))
 
-            yield AsyncTx(self.settings, run)
+            yield AsyncTx(self.settings, run, raw)
 
     def _now(self) -> float:
         now = self._clock.now()
@@ -272,82 +271,8 @@ class SqliteBackend(
 
     # --- consuming ---------------------------------------------------------------------------
 
-    def _valid_ids(self, conn: sqlite3.Connection, leases: Sequence[Lease]) -> list[int]:
-        batch = json.dumps([[lease.id, lease.token] for lease in leases])
-        return [row[0] for row in conn.execute(self._sql["lease_valid_ids"], {"batch": batch})]
-
-    def _archive_and_delete(
-        self, conn: sqlite3.Connection, ids: Sequence[int], outcome: Outcome, now: float
-    ) -> None:
-        if ids:
-            conn.execute(
-                self._sql["archive_insert_ids"],
-                {"ids": json.dumps(list(ids)), "outcome": outcome.value, "now": now},
-            )
-            self._delete(conn, ids, now)
-
-    def _delete(self, conn: sqlite3.Connection, ids: Sequence[int], now: float) -> None:
-        """Delete copies from the hot table; keys whose head left get their next copy."""
-        encoded = json.dumps(list(ids))
-        heads = conn.execute(self._sql["key_heads_of_ids"], {"ids": encoded}).fetchall()
-        conn.execute(self._sql["message_delete_ids"], {"ids": encoded})
-        if heads:
-            subscriptions = json.dumps([row[0] for row in heads])
-            keys = json.dumps([row[1] for row in heads])
-            conn.execute(
-                self._sql["key_promote"], {"subscriptions": subscriptions, "keys": keys, "now": now}
-            )
-
-    def message_complete_many(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any = None,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        check_values(leases, values)
-        if not leases:
-            return []
-        now = self._now()
-        with self._db.write(conn) as c:
-            ids = self._valid_ids(c, leases)
-            if values is not None and ids:
-                valid = set(ids)
-                stored = [
-                    {"id": lease.id, "value": value, "now": now}
-                    for lease, value in zip(leases, values, strict=True)
-                    if value is not None and lease.id in valid
-                ]
-                if stored:
-                    c.executemany(self._sql["result_insert"], stored)
-            if self._archive_completed:
-                self._archive_and_delete(c, ids, Outcome.COMPLETED, now)
-            elif ids:
-                self._delete(c, ids, now)
-        return ids
-
-    async def message_complete_many_async(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        complete = functools.partial(
-            self.message_complete_many, leases=leases, conn=conn, values=values
-        )
-        held = self._held.get(id(conn))
-        if held is None:
-            # A caller's own connection: used on the calling thread, where its owner uses
-            # it (sqlite3 connections may refuse other threads).
-            return complete()
-        return await held.call(complete)
-
     def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
         return fire_many(self, fires=fires)
-
-    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        return self._db.write()
 
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
