@@ -1,0 +1,1 @@
+"""Framework adapters (sqlbroker.contrib)."""
