@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("celery")
+from celery import Celery
+from kombu import Connection
 
-from celery import Celery  # noqa: E402
-from kombu import Connection  # noqa: E402
-
-import sqlbroker  # noqa: E402
-from sqlbroker.contrib.celery import SCHEME, publishing_in, queue_name  # noqa: E402
+import sqlbroker
+from sqlbroker.contrib.celery import SCHEME, publishing_in, queue_name
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -43,7 +41,7 @@ def app(broker: sqlbroker.Broker, backend_url: str) -> Iterator[Celery]:
     made.close()
 
 
-def _take(app: Celery, count: int) -> list[Any]:
+def _take(app: Celery, count: int) -> tuple[list[Any], Any, Any]:
     """``count`` messages of the ``celery`` queue, as a Celery worker receives them, left
     unacknowledged (the caller acks or rejects them, then closes the connection)."""
     conn = app.connection_for_read()
@@ -99,7 +97,7 @@ def test_unacknowledged_messages_come_back_when_the_connection_closes(
     app: Celery, broker: sqlbroker.Broker
 ) -> None:
     app.tasks["shop.add"].delay(1, 2)
-    (message,), conn, queue = _take(app, 1)
+    (_held,), conn, queue = _take(app, 1)
     assert broker.claim("celery") == [], "leased while Celery holds it"
     queue.close()
     conn.close()

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("celery")
-
-import sqlbroker  # noqa: E402
-from runtime.support import wait_until  # noqa: E402
+import sqlbroker
+from runtime.support import wait_until
 
 pytestmark = pytest.mark.slow
 
