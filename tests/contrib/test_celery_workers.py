@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-APP = '''\
+APP = """\
 import json
 import os
 import time
@@ -46,7 +46,7 @@ def work(n, seconds=0.0):
     _note("started.log", n)
     time.sleep(seconds)
     _note("done.log", n)
-'''
+"""
 
 
 class Workers:
@@ -161,9 +161,7 @@ def test_a_sigkilled_worker_loses_nothing(workers: Workers, broker: sqlbroker.Br
 
 
 @pytest.mark.parametrize("workers", ['{"visibility_timeout": 1}'], indirect=True)
-def test_a_task_longer_than_its_lease_runs_once(
-    workers: Workers, broker: sqlbroker.Broker
-) -> None:
+def test_a_task_longer_than_its_lease_runs_once(workers: Workers, broker: sqlbroker.Broker) -> None:
     """Two workers, a one-second lease and a four-second task: were the lease not extended,
     the idle worker would take the task while it runs."""
     one = workers.start("one")
