@@ -96,6 +96,8 @@ def noop(msg):
 class Sample:
     publish_rate: float
     drain_rate: float
+    other_cpu_pct: float = 0.0
+    """CPU the rest of the machine used meanwhile, as a share of all cores."""
 
 
 @dataclass
@@ -121,6 +123,10 @@ class Redis:
     def __init__(self, directory: Path) -> None:
         if not Path(REDIS_SERVER).exists():
             sys.exit("redis-server is missing: apt-get install redis-server")
+        try:
+            import redis
+        except ImportError:
+            sys.exit("the redis client is missing: pip install redis")
         self.port = _free_port()
         self.process = subprocess.Popen(
             [
@@ -135,8 +141,7 @@ class Redis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        import redis
-
+        harness.OWN_ROOTS.append(self.process.pid)
         self.client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 30
         while True:
@@ -316,11 +321,14 @@ def main() -> None:
     try:
         for repeat in range(args.repeats):
             for contender in contenders:
-                sample = run_once(contender, work, args.tasks, args.publishers)
+                with harness.NoiseMeter() as noise:
+                    sample = run_once(contender, work, args.tasks, args.publishers)
+                sample.other_cpu_pct = noise.other_cpu_pct
                 samples[contender.name].append(sample)
                 print(
                     f"[{repeat + 1}/{args.repeats}] {contender.name}: publish"
-                    f" {sample.publish_rate:,.0f}/s, drain {sample.drain_rate:,.0f}/s",
+                    f" {sample.publish_rate:,.0f}/s, drain {sample.drain_rate:,.0f}/s"
+                    f" (others used {sample.other_cpu_pct:.0f} % of the CPU)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -368,13 +376,14 @@ def report(samples: dict[str, list[Sample]], args: argparse.Namespace, redis_ver
         " one worker process with 2 slots (Celery: prefork `-c 2`, `acks_late`), first task"
         " start to last task end. Medians; ratios to Celery on Redis.",
         "",
-        "| contender | publish tasks/s | × Redis | drain tasks/s | × Redis |",
-        "|---|---:|---:|---:|---:|",
+        "| contender | publish tasks/s | × Redis | drain tasks/s | × Redis | others' CPU |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, (publish, drain) in median.items():
+        noise = statistics.median(s.other_cpu_pct for s in samples[name])
         lines.append(
             f"| {name} | {publish:,.0f} | {publish / base_publish:.2f} | {drain:,.0f} |"
-            f" {drain / base_drain:.2f} |"
+            f" {drain / base_drain:.2f} | {noise:.0f} % |"
         )
     text = "\n".join(lines) + "\n"
     print(text)
