@@ -303,6 +303,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--publishers", type=int, default=8, help="publishing threads")
+    parser.add_argument(
+        "--max-noise", type=float, default=25.0, help="%% CPU of others that repeats a sample"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -321,9 +324,12 @@ def main() -> None:
     try:
         for repeat in range(args.repeats):
             for contender in contenders:
-                with harness.NoiseMeter() as noise:
-                    sample = run_once(contender, work, args.tasks, args.publishers)
-                sample.other_cpu_pct = noise.other_cpu_pct
+                for _ in range(3):  # a sample others disturbed is measured again, twice at most
+                    with harness.NoiseMeter() as noise:
+                        sample = run_once(contender, work, args.tasks, args.publishers)
+                    sample.other_cpu_pct = noise.other_cpu_pct
+                    if sample.other_cpu_pct <= args.max_noise:
+                        break
                 samples[contender.name].append(sample)
                 print(
                     f"[{repeat + 1}/{args.repeats}] {contender.name}: publish"
