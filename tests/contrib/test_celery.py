@@ -210,3 +210,16 @@ def test_a_missing_celery_extra_is_one_clear_error() -> None:
     )
     assert done.stdout.startswith("ConfigurationError"), done.stdout + done.stderr
     assert "pip install 'sqlbroker[celery]'" in done.stdout
+
+
+def test_broker_transport_names_it_without_an_import(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """``broker_transport`` set to the class path, with the plain database URL, needs no
+    ``import sqlbroker.contrib.celery`` (Kombu imports it by path)."""
+    app = Celery("plain", broker=backend_url, set_as_current=False)
+    app.conf.broker_transport = "sqlbroker.contrib.celery:Transport"
+    app.send_task("shop.add", (1, 2))
+    (sent,) = broker.pending("celery")
+    assert sent.state.value == "available"
+    app.close()
