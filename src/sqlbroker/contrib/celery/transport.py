@@ -152,7 +152,6 @@ class Channel(virtual.Channel):
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         headers = message.get("headers") or {}
-        eta = _eta(headers)
         labels = {
             f"celery-{key}": value
             for key in ("task", "id")
@@ -162,7 +161,7 @@ class Channel(virtual.Channel):
             queue_name(queue),
             message,
             priority=_priority(message),
-            at=eta if eta is not None and eta > datetime.now(UTC) else None,
+            at=_eta(headers),  # a past ETA is available at once
             headers=labels or None,
             conn=_caller_connection.get(),
         )
