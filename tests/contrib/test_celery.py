@@ -188,9 +188,21 @@ def test_an_unknown_database_is_one_clear_error(tmp_path: Path) -> None:
         conn.connect()
 
 
-def test_an_unknown_transport_option_is_one_clear_error(backend_url: str) -> None:
-    conn = Connection(f"sqlbroker+{backend_url}", transport_options={"visibilty_timeout": 5})
-    with pytest.raises(sqlbroker.InvalidOption, match="visibilty_timeout"):
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"visibilty_timeout": 5}, "visibilty_timeout"),
+        ({"visibility_timeout": -1}, "visibility_timeout"),
+        ({"claim_batch": 0}, "claim_batch"),
+        ({"broker_options": {"pool_sise": 2}}, "pool_sise"),
+        ({"broker_options": {"lease": 2}}, "broker_options"),
+    ],
+)
+def test_a_bad_transport_option_is_one_clear_error(
+    backend_url: str, options: dict[str, Any], named: str
+) -> None:
+    conn = Connection(f"sqlbroker+{backend_url}", transport_options=options)
+    with pytest.raises(sqlbroker.ValidationError, match=named):
         conn.connect()
 
 

@@ -256,7 +256,9 @@ class Transport(virtual.Transport):
     - ``polling_interval``: seconds between two claims of an empty queue (default 0.1);
     - ``claim_batch``: messages claimed at once, within Celery's prefetch (default 16);
     - ``max_attempts``: deliveries before a message is dead-lettered (default 5);
-    - ``migrate``: create or upgrade the schema on connect (default: on SQLite only).
+    - ``migrate``: create or upgrade the schema on connect (default: on SQLite only);
+    - ``broker_options``: more keyword arguments of :class:`~sqlbroker.Broker` (``schema``,
+      ``pool_size``, ``synchronous_commit``, …).
     """
 
     Channel = Channel
@@ -275,7 +277,14 @@ class Transport(virtual.Transport):
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         options = dict(client.transport_options or {})
-        known = {"visibility_timeout", "polling_interval", "claim_batch", "max_attempts", "migrate"}
+        known = {
+            "visibility_timeout",
+            "polling_interval",
+            "claim_batch",
+            "max_attempts",
+            "migrate",
+            "broker_options",
+        }
         unknown = sorted(set(options) - known - _KOMBU_OPTIONS)
         if unknown:
             raise InvalidOption(
@@ -289,7 +298,14 @@ class Transport(virtual.Transport):
         self.claim_batch = validate.integer(
             options.get("claim_batch", DEFAULT_CLAIM_BATCH), "claim_batch", minimum=1, maximum=1000
         )
-        self._broker_options: dict[str, Any] = {"lease": self.lease}
+        extra = options.get("broker_options", {})
+        if not isinstance(extra, dict) or {"lease", "max_attempts", "migrate"} & set(extra):
+            raise InvalidOption(
+                "broker_options",
+                "must be a dict of Broker options (lease, max_attempts and migrate have"
+                " transport options of their own)",
+            )
+        self._broker_options: dict[str, Any] = {**extra, "lease": self.lease}
         if "max_attempts" in options:
             self._broker_options["max_attempts"] = options["max_attempts"]
         if "migrate" in options:
