@@ -8,6 +8,9 @@ Contenders, each repetition on a fresh, empty store, interleaved:
   last second of tasks);
 - ``celery+sqlbroker/postgresql``: Celery on ``sqlbroker+postgresql://`` — a durable
   throwaway PostgreSQL (``fsync``, ``synchronous_commit`` on, as PostgreSQL ships);
+- ``celery+sqlbroker/postgresql-async``: the same with the transport option
+  ``broker_options={"synchronous_commit": "off"}``: commits do not wait for the WAL flush, so
+  a crash of PostgreSQL (not of a worker) can lose the last ones — Redis's kind of durability;
 - ``celery+sqlbroker/sqlite``: Celery on ``sqlbroker+sqlite:///`` (WAL, ``synchronous=FULL``);
 - ``sqlbroker/postgresql``: the same no-op handler as a ``@broker.subscriber`` run by
   ``sqlbroker worker``, published with ``Broker.send`` one by one.
@@ -43,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,6 +57,7 @@ RESULTS = REPO / "bench" / "results"
 REDIS_SERVER = "/usr/bin/redis-server"
 
 CELERY_APP = """\
+import json
 import os
 import time
 
@@ -63,6 +67,7 @@ from celery import Celery
 app = Celery("bench", broker=os.environ["BENCH_BROKER"])
 app.conf.task_acks_late = True
 app.conf.worker_hijack_root_logger = False
+app.conf.broker_transport_options = json.loads(os.environ["BENCH_TRANSPORT_OPTIONS"])
 _log = None
 
 
@@ -106,6 +111,7 @@ class Contender:
     store: Callable[[Path], contextlib.AbstractContextManager[str]]
     """Yields the broker URL of a fresh, empty store."""
     celery: bool
+    transport_options: dict[str, object] = field(default_factory=dict)
 
 
 # --- stores ------------------------------------------------------------------------------------
@@ -196,9 +202,10 @@ def fresh_sqlite(directory: Path) -> Iterator[str]:
 # --- one repetition ----------------------------------------------------------------------------
 
 
-def _env(directory: Path, url: str, log: Path) -> dict[str, str]:
+def _env(directory: Path, url: str, log: Path, options: dict[str, object]) -> dict[str, str]:
     return {
         **os.environ,
+        "BENCH_TRANSPORT_OPTIONS": json.dumps(options),
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(directory)]),
         "BENCH_BROKER": url,
         "BENCH_LOG": str(log),
@@ -271,7 +278,7 @@ def run_once(contender: Contender, directory: Path, tasks: int, threads: int) ->
         broker_url = (
             f"sqlbroker+{url}" if contender.celery and "sqlbroker" in contender.name else url
         )
-        env = _env(directory, broker_url, log)
+        env = _env(directory, broker_url, log, contender.transport_options)
         publish_rate = _publish(contender, tasks, threads, env)
         worker = _worker(contender, directory, env)
         try:
@@ -317,6 +324,12 @@ def main() -> None:
     contenders = [
         Contender("celery+redis", redis.fresh, celery=True),
         Contender("celery+sqlbroker/postgresql", postgres.fresh, celery=True),
+        Contender(
+            "celery+sqlbroker/postgresql-async",
+            postgres.fresh,
+            celery=True,
+            transport_options={"broker_options": {"synchronous_commit": "off"}},
+        ),
         Contender("celery+sqlbroker/sqlite", fresh_sqlite, celery=True),
         Contender("sqlbroker/postgresql", postgres.fresh, celery=False),
     ]
