@@ -660,6 +660,7 @@ CELERY_TASKS = _printed("docs/celery.md", "import sqlbroker.contrib.celery  # re
 
 
 def _verify_celery_worker(run: Run) -> None:
+    assert "scheduled" in run.output, "sqlbroker pending shows the countdown waiting"
     assert "receipt for order 42" in run.output
     with run.broker() as broker:
         assert len(broker.archive("celery", outcome="completed")) == 2, "both acknowledged"
