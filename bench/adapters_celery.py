@@ -314,7 +314,18 @@ def main() -> None:
         "--max-noise", type=float, default=25.0, help="%% CPU of others that repeats a sample"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--from-json", type=Path, help="write the report again from a run's JSON, run nothing"
+    )
     args = parser.parse_args()
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        args.tasks = saved["tasks"]
+        args.repeats = saved.get("repeats", args.repeats)
+        args.publishers = saved.get("publishers", args.publishers)
+        runs = {name: [Sample(**s) for s in got] for name, got in saved["samples"].items()}
+        report(runs, args, saved["machine"]["redis"], saved["machine"])
+        return
 
     work = Path(tempfile.mkdtemp(prefix="sqlbroker-celery-bench-"))
     (work / "bench_celery.py").write_text(CELERY_APP)
@@ -358,7 +369,12 @@ def main() -> None:
     report(samples, args, redis.version)
 
 
-def report(samples: dict[str, list[Sample]], args: argparse.Namespace, redis_version: str) -> None:
+def report(
+    samples: dict[str, list[Sample]],
+    args: argparse.Namespace,
+    redis_version: str,
+    machine: dict[str, object] | None = None,
+) -> None:
     import celery
     import kombu
 
@@ -366,11 +382,12 @@ def report(samples: dict[str, list[Sample]], args: argparse.Namespace, redis_ver
         name: (
             statistics.median(s.publish_rate for s in runs),
             statistics.median(s.drain_rate for s in runs),
+            statistics.median(1 / (1 / s.publish_rate + 1 / s.drain_rate) for s in runs),
         )
         for name, runs in samples.items()
     }
-    base_publish, base_drain = median["celery+redis"]
-    machine = {
+    base_publish, base_drain, base_both = median["celery+redis"]
+    machine = machine or {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "celery": celery.__version__,
@@ -393,16 +410,18 @@ def report(samples: dict[str, list[Sample]], args: argparse.Namespace, redis_ver
         f"No-op tasks; publish = one `delay()`/`send()` call per task from {args.publishers}"
         " threads of one process; drain ="
         " one worker process with 2 slots (Celery: prefork `-c 2`, `acks_late`), first task"
-        " start to last task end. Medians; ratios to Celery on Redis.",
+        " start to last task end; publish then drain = the tasks over both times added"
+        " (each sample's). Medians; ratios to Celery on Redis.",
         "",
-        "| contender | publish tasks/s | × Redis | drain tasks/s | × Redis | others' CPU |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| contender | publish tasks/s | × Redis | drain tasks/s | × Redis"
+        " | publish then drain | × Redis | others' CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, (publish, drain) in median.items():
+    for name, (publish, drain, both) in median.items():
         noise = statistics.median(s.other_cpu_pct for s in samples[name])
         lines.append(
             f"| {name} | {publish:,.0f} | {publish / base_publish:.2f} | {drain:,.0f} |"
-            f" {drain / base_drain:.2f} | {noise:.0f} % |"
+            f" {drain / base_drain:.2f} | {both:,.0f} | {both / base_both:.2f} | {noise:.0f} % |"
         )
     text = "\n".join(lines) + "\n"
     print(text)
@@ -413,8 +432,13 @@ def report(samples: dict[str, list[Sample]], args: argparse.Namespace, redis_ver
             {
                 "machine": machine,
                 "tasks": args.tasks,
+                "repeats": args.repeats,
+                "publishers": args.publishers,
                 "samples": {name: [vars(s) for s in runs] for name, runs in samples.items()},
-                "median": {name: {"publish": p, "drain": d} for name, (p, d) in median.items()},
+                "median": {
+                    name: {"publish": p, "drain": d, "publish_then_drain": b}
+                    for name, (p, d, b) in median.items()
+                },
             },
             indent=2,
         )
