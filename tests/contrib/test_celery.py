@@ -235,3 +235,22 @@ def test_broker_transport_names_it_without_an_import(
     (sent,) = broker.pending("celery")
     assert sent.state.value == "available"
     app.close()
+
+
+def test_a_task_requeued_until_its_attempts_are_spent_is_dead_lettered(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """``reject(requeue=True)`` counts an attempt: a task that fails every worker ends in
+    the dead letters after ``max_attempts`` instead of looping."""
+    app = _app(backend_url, max_attempts=2)
+    app.tasks["shop.add"].delay(1, 1)
+    conn = app.connection_for_read()
+    queue = conn.SimpleQueue("celery", no_ack=False)
+    queue.get(timeout=10).reject(requeue=True)
+    queue.get(timeout=10).reject(requeue=True)
+    queue.close()
+    conn.close()
+    app.close()
+    (dead,) = broker.dead_letters.list(subscription="celery")
+    assert "max attempts" in dead.reason
+    assert broker.pending("celery") == []

@@ -1,7 +1,7 @@
 """Real ``celery worker`` processes on sqlbroker, both backends: a worker SIGKILLed mid-task
 loses nothing (``acks_late`` tasks come back after the lease and run again), a task longer
-than several leases runs once (the lease keeper extends it), priorities order a backlog, and
-a countdown runs from the database."""
+than several leases runs once (the lease keeper extends it), priorities order a backlog, a
+countdown runs from the database, and a task no worker knows is dead-lettered, not dropped."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def test_a_task_longer_than_its_lease_runs_once(workers: Workers, broker: sqlbro
     assert workers.lines("started.log") == [1], "nobody ran it a second time"
 
 
-def test_a_backlog_runs_most_urgent_first_and_a_countdown_waits_in_the_database(
+def test_a_backlog_runs_most_urgent_first_a_countdown_waits_and_an_unknown_task_is_kept(
     workers: Workers, broker: sqlbroker.Broker
 ) -> None:
     workers.send((5, 0.0, 5), (9, 0.0, 9), (0, 0.0, 0), (3, 0.0, 3))
@@ -185,9 +185,19 @@ def test_a_backlog_runs_most_urgent_first_and_a_countdown_waits_in_the_database(
         check=True,
     )
     assert [m.state.value for m in broker.pending("celery")].count("scheduled") == 1
+    subprocess.run(
+        [sys.executable, "-c", "from shop_app import app\napp.send_task('shop.unknown')"],
+        cwd=workers.directory,
+        env=workers.env,
+        check=True,
+    )
     worker = workers.start("only")
     wait_until(lambda: _settled(broker, 5), timeout=60, what="the backlog and the countdown")
+    wait_until(broker.dead_letters.list, timeout=30, what="the unknown task dead-lettered")
     workers.stop(worker)
+    (unknown,) = broker.dead_letters.list(subscription="celery")
+    assert unknown.reason == "rejected by Celery"
+    assert unknown.payload["headers"]["task"] == "shop.unknown"
     done = workers.lines("done.log")
     assert [n for n in done if n != 42] == [0, 3, 5, 9]
     assert 42 in done, "the countdown ran (its place depends on when the worker started)"
