@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -254,3 +255,31 @@ def test_a_task_requeued_until_its_attempts_are_spent_is_dead_lettered(
     (dead,) = broker.dead_letters.list(subscription="celery")
     assert "max attempts" in dead.reason
     assert broker.pending("celery") == []
+
+
+def test_concurrent_sends_each_commit_once_and_a_bad_one_fails_alone(
+    app: Celery, broker: sqlbroker.Broker
+) -> None:
+    """Eight threads publish at once (their sends share commits): every task is there once,
+    and the one too large for the payload limit raises for its own caller only."""
+    add = app.tasks["shop.add"]
+    start = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def publish(thread: int) -> None:
+        start.wait()
+        for n in range(25):
+            try:
+                add.delay(thread, "x" * 300_000 if (thread, n) == (3, 7) else n)
+            except sqlbroker.InvalidPayload as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=publish, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(failures) == 1
+    sent = broker.pending("celery", limit=1000)
+    assert len(sent) == 8 * 25 - 1
+    assert len({m.message_id for m in sent}) == len(sent)

@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import json
 import os
 import re
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from queue import Empty
 from typing import Any
@@ -38,6 +40,7 @@ from kombu.transport import virtual
 import sqlbroker
 from sqlbroker.app import Broker
 from sqlbroker.contrib.celery.keeper import LeaseKeeper, logger
+from sqlbroker.contrib.celery.sending import GroupSender, labels
 from sqlbroker.core import validate
 from sqlbroker.core.errors import (
     ConnectionLost,
@@ -104,6 +107,46 @@ def _priority(message: dict[str, Any]) -> int:
     return min(max(value, 0), MAX_PRIORITY)
 
 
+@dataclass(eq=False)
+class _Shared:
+    """One :class:`~sqlbroker.Broker` (and its group sender) for every Kombu connection of
+    a process to the same database with the same options: Celery's producer pool holds one
+    connection per publishing thread, and their sends can only share commits (and a
+    connection pool) through one broker."""
+
+    key: tuple[int, str, str]
+    broker: Broker
+    sender: GroupSender
+    users: int = 0
+
+
+_SHARED: dict[tuple[int, str, str], _Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _acquire(url: str, options: dict[str, Any]) -> _Shared:
+    key = (os.getpid(), url, json.dumps(options, sort_keys=True, default=str))
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key)
+        if shared is None:
+            broker = Broker(url, **options)
+            shared = _SHARED[key] = _Shared(key, broker, GroupSender(broker))
+        shared.users += 1
+        return shared
+
+
+def _release(shared: _Shared) -> None:
+    with _SHARED_LOCK:
+        shared.users -= 1
+        if shared.users > 0:
+            return
+        _SHARED.pop(shared.key, None)
+    try:
+        shared.broker.close()
+    except SqlbrokerError as error:  # pragma: no cover - closing a dead connection
+        logger.warning("sqlbroker: closing the broker failed: %s", error)
+
+
 class QoS(virtual.QoS):
     """Kombu's prefetch accounting, with acks, rejects and restores written to sqlbroker."""
 
@@ -152,18 +195,25 @@ class Channel(virtual.Channel):
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         headers = message.get("headers") or {}
-        labels = {
-            f"celery-{key}": value
-            for key in ("task", "id")
-            if isinstance(value := headers.get(key), str) and 0 < len(value) <= 200
-        }
-        self.connection.broker.send(
+        task = headers.get("task")
+        task = task if isinstance(task, str) and 0 < len(task) <= 200 else None
+        conn = _caller_connection.get()
+        if conn is not None:  # the caller's transaction: written now, committed by the caller
+            self.connection.broker.send(
+                queue_name(queue),
+                message,
+                priority=_priority(message),
+                at=_eta(headers),
+                headers=labels(task, headers.get("id")),
+                conn=conn,
+            )
+            return
+        self.connection.sender.send(
             queue_name(queue),
             message,
             priority=_priority(message),
             at=_eta(headers),  # a past ETA is available at once
-            headers=labels or None,
-            conn=_caller_connection.get(),
+            task=task,
         )
 
     # --- consuming ---------------------------------------------------------------------------
@@ -312,21 +362,31 @@ class Transport(virtual.Transport):
             self._broker_options["migrate"] = options["migrate"]
         self._url = str(client.hostname or "")
         self._lock = threading.Lock()
-        self._broker: Broker | None = None
+        self._shared: _Shared | None = None
         self._keeper: LeaseKeeper | None = None
         super().__init__(client, **kwargs)
 
     @property
     def broker(self) -> Broker:
-        """The connection's :class:`~sqlbroker.Broker`, opened on first use."""
-        if self._broker is None:
+        """The :class:`~sqlbroker.Broker` of this connection (shared with the process's other
+        connections to the same database), opened on first use."""
+        return self._opened().broker
+
+    @property
+    def sender(self) -> GroupSender:
+        """Publishes of concurrent threads, batched into shared commits."""
+        return self._opened().sender
+
+    def _opened(self) -> _Shared:
+        if self._shared is None:
             with self._lock:
-                if self._broker is None:
-                    self._broker = Broker(self._url, **self._broker_options)
-        return self._broker
+                if self._shared is None:
+                    self._shared = _acquire(self._url, self._broker_options)
+        return self._shared
 
     @property
     def keeper(self) -> LeaseKeeper:
+        """The lease keeper of this connection's held messages."""
         if self._keeper is None:
             with self._lock:
                 if self._keeper is None:
@@ -340,15 +400,13 @@ class Transport(virtual.Transport):
 
     def close_connection(self, connection: Any) -> None:
         super().close_connection(connection)
-        if self._keeper is not None:
-            self._keeper.close()
-        if self._broker is not None:
-            try:
-                self._broker.close()
-            except SqlbrokerError as error:  # pragma: no cover - closing a dead connection
-                logger.warning("sqlbroker: closing the broker failed: %s", error)
-            self._broker = None
-            self._keeper = None
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+            shared, self._shared = self._shared, None
+        if keeper is not None:
+            keeper.close()
+        if shared is not None:
+            _release(shared)
 
     def driver_version(self) -> str:
         return sqlbroker.__version__
