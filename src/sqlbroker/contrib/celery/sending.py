@@ -102,7 +102,7 @@ class GroupSender:
                 [item.message for item in items],
                 priority=first.priority,
                 at=first.at,
-                headers=labels(first.task, None),
+                headers=labels(first.task),
             )
         except ValidationError:
             # One message is bad (too large, not JSON): each caller gets its own answer.
@@ -121,7 +121,7 @@ class GroupSender:
                 item.message,
                 priority=item.priority,
                 at=item.at,
-                headers=labels(item.task, (item.message.get("headers") or {}).get("id")),
+                headers=labels(item.task),
             )
         except SqlbrokerError as error:
             _finish([item], error)
@@ -135,12 +135,7 @@ def _finish(items: Iterable[_Send], error: BaseException | None) -> None:
         item.done.set()
 
 
-def labels(task: str | None, task_id: object) -> dict[str, str] | None:
-    """The headers that name a Celery task in sqlbroker's listings and dashboard (a batch
-    shares its headers, so it carries the task's name only)."""
-    labels = {}
-    if task is not None:
-        labels["celery-task"] = task
-    if isinstance(task_id, str) and 0 < len(task_id) <= 200:
-        labels["celery-id"] = task_id
-    return labels or None
+def labels(task: str | None) -> dict[str, str] | None:
+    """The header that names a Celery task in sqlbroker's listings and dashboard (its id is
+    in the payload: a batch shares its headers)."""
+    return None if task is None else {"celery-task": task}

@@ -204,7 +204,7 @@ class Channel(virtual.Channel):
                 message,
                 priority=_priority(message),
                 at=_eta(headers),
-                headers=labels(task, headers.get("id")),
+                headers=labels(task),
                 conn=conn,
             )
             return
