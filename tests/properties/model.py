@@ -289,6 +289,8 @@ class Model:
             "dedupe_trimmed": len(trimmed),
             "processed_trimmed": 0,
             "sagas_swept": 0,
+            "archive_trimmed": 0,
+            "dead_trimmed": 0,
         }
 
     def take_back_expired(self) -> tuple[int, int]:

@@ -309,7 +309,35 @@ class Backend(Protocol):
     def dedupe_trim(self, *, limit: int) -> int:
         """Delete idempotency keys whose window has passed; return how many."""
 
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int: ...
+    # --- retention (per subscription; docs/reliability.md, "Retention") --------------------
+    def retention_set(
+        self,
+        *,
+        name: str,
+        archive: float | None,
+        dead: float | None,
+        change_archive: bool,
+        change_dead: bool,
+    ) -> bool:
+        """Set a subscription's own archive and dead-letter retention (seconds; ``None``: the
+        broker's default), each only when its ``change_`` flag is set. False: no such
+        subscription."""
+
+    def retention_list(self, *, name: str | None) -> list[tuple[str, float | None, float | None]]:
+        """``(subscription, archive, dead)`` retentions of its own (``None``: the default)."""
+
+    def archive_partitions_maintain(self, *, ahead: int, default: float) -> tuple[int, int]:
+        """Create the archive's days up to ``ahead`` days from now and drop the days past the
+        longest archive retention in force; ``(created, dropped)``. PostgreSQL only (SQLite:
+        ``(0, 0)``); leaderless, one caller at a time does the work."""
+
+    def archive_retain(self, *, default: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows past their subscription's retention
+        (``default`` seconds when it has none of its own); return how many."""
+
+    def dead_retain(self, *, default: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters past their subscription's retention
+        (``default`` seconds when it has none of its own); return how many."""
 
     # --- dead letters ----------------------------------------------------------------------
     def dead_list(

@@ -51,6 +51,7 @@ from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.observability import PostgresObservability
 from sqlbroker.storage.postgres.processed import PostgresProcessed
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
+from sqlbroker.storage.postgres.retention import PostgresRetention
 from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
@@ -73,6 +74,7 @@ class PostgresBackend(
     PostgresPublishing,
     PostgresAdmin,
     PostgresProcessed,
+    PostgresRetention,
     PostgresObservability,
     PostgresSchedules,
     PostgresSagas,
@@ -459,10 +461,4 @@ class PostgresBackend(
         with self._db.connection(write=True) as conn:
             return conn.execute(
                 self._sql["dedupe_trim"], {"now": self._now_param(), "limit": limit}
-            ).rowcount
-
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            return conn.execute(
-                self._sql["archive_trim"], {"older_than": older_than, "limit": limit}
             ).rowcount

@@ -788,13 +788,6 @@ WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s
 
--- name: archive_trim
-DELETE FROM {schema}sqlbroker_archive
-WHERE id = ANY (ARRAY(
-    SELECT id FROM {schema}sqlbroker_archive WHERE finished_at < %(older_than)s
-    ORDER BY finished_at LIMIT %(limit)s
-))
-
 -- name: stats
 WITH hot AS (
     SELECT subscription,

@@ -50,6 +50,7 @@ from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.observability import SqliteObservability
 from sqlbroker.storage.sqlite.processed import SqliteProcessed
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
+from sqlbroker.storage.sqlite.retention import SqliteRetention
 from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
@@ -71,6 +72,7 @@ class SqliteBackend(
     SqlitePublishing,
     SqliteAdmin,
     SqliteProcessed,
+    SqliteRetention,
     SqliteObservability,
     SqliteSchedules,
     SqliteSagas,
@@ -473,10 +475,4 @@ class SqliteBackend(
         with self._db.write() as conn:
             return conn.execute(
                 self._sql["dedupe_trim"], {"now": self._now(), "limit": limit}
-            ).rowcount
-
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
-        with self._db.write() as conn:
-            return conn.execute(
-                self._sql["archive_trim"], {"older_than": older_than.timestamp(), "limit": limit}
             ).rowcount

@@ -405,10 +405,6 @@ WHERE (:subscription IS NULL OR subscription = :subscription)
 ORDER BY id DESC
 LIMIT :limit
 
--- name: archive_trim
-DELETE FROM sqlbroker_archive
-WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
-
 -- name: stats_hot
 -- A scheduled copy whose time has come is ready: it is promoted by the next claim. A time
 -- that is not a number (raw SQL; docs/security.md, "Damaged rows") has no age.
