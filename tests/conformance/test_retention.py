@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from tests.helpers import claim_one
 
 import sqlbroker
 from sqlbroker.features.retention import DEFAULT_ARCHIVE_RETENTION, DEFAULT_DEAD_RETENTION
-from tests.helpers import claim_one
 
 DAY = timedelta(days=1)
 
