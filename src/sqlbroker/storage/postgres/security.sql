@@ -83,7 +83,8 @@ BEGIN
             ('consumer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT'),
+            -- (the reaper deletes dead letters past their retention, schema 13)
+            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_worker',               'SELECT, INSERT, UPDATE, DELETE'),

@@ -182,7 +182,7 @@ BEGIN
     PERFORM pg_catalog.setval('{schema}sqlbroker_archive_id_seq_13', greatest(next_id, 1), next_id > 0);
 
     -- Whoever could use the old table can use the new one (and its sequence, to insert;
-    -- and the partition maintenance, to delete).
+    -- and, to delete, the partition maintenance and the dead letters past their time).
     FOR grant_row IN
         SELECT p.grantee::regrole::text AS grantee, p.privilege_type
         FROM pg_catalog.pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) p
@@ -195,8 +195,10 @@ BEGIN
             EXECUTE format('GRANT USAGE ON SEQUENCE %s.sqlbroker_archive_id_seq_13 TO %s',
                            ns, grant_row.grantee);
         ELSIF grant_row.privilege_type = 'DELETE' THEN
+            -- The reaper (the consumer role) now also deletes dead letters past their time.
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s.sqlbroker_archive_maintain(timestamptz,'
                            ' integer, timestamptz) TO %s', ns, grant_row.grantee);
+            EXECUTE format('GRANT DELETE ON TABLE %s.sqlbroker_dead TO %s', ns, grant_row.grantee);
         END IF;
     END LOOP;
     IF (SELECT c.relrowsecurity FROM pg_catalog.pg_class c
