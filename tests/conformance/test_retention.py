@@ -5,6 +5,7 @@ test clock, never by sleeping."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -298,3 +299,131 @@ def test_rows_without_a_day_go_to_the_default_and_are_moved_into_their_day(
     start = clock.now()
     assert start is not None
     assert _day_name(start) in _days(pg_url)
+
+
+# --- PostgreSQL: converting a populated archive ----------------------------------------
+
+_OLD_ROW = (
+    "INSERT INTO sqlbroker_archive (message_id, subscription, topic, outcome, priority,"
+    " payload, content_type, attempts, max_attempts, replay_count, enqueued_at, finished_at,"
+    " tenant) VALUES (gen_random_uuid(), %(name)s, %(name)s, 'completed', 2, '\\x31',"
+    " 'application/json', 1, 5, 0, %(at)s, %(at)s, %(tenant)s)"
+)
+
+
+@pytest.mark.postgres
+def test_converting_a_populated_archive_keeps_every_row_and_what_is_attached(
+    pg_server: Any,
+) -> None:
+    """A database one migration short of retention, with archive rows from 100 days ago to
+    100 days ahead, row security on, a tenant default and a grant: after the migration every
+    row is there unchanged, in its day (or the partition for old rows, or the default), the
+    policy, the switch, the default, the grant and the indexes are on the new table, and
+    new ids continue after every id the old table handed out."""
+    import psycopg
+
+    from sqlbroker.storage.sql import load_blocks, load_migrations
+
+    package = "sqlbroker.storage.postgres"
+    migrations = load_migrations(f"{package}.migrations")
+    (mine,) = [version for version, title, _ in migrations if title == "retention"]
+    name = pg_server.create_database(f"sqlbroker_ret_{uuid.uuid4().hex[:12]}")
+    url = str(pg_server.url(name))
+    reader = f"retention_reader_{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(load_blocks(package, "queries.sql")["schema_version_table"].encode())
+            for version, title, script in migrations:
+                if version >= mine:
+                    break
+                conn.execute(script.encode())
+                conn.execute(
+                    "INSERT INTO sqlbroker_schema_version (version, name) VALUES (%s, %s)",
+                    (version, title),
+                )
+            for days in (-100, -100, -10, -1, -1, 0, 0, 0, 2, 100):
+                for tenant in (None, "acme"):
+                    conn.execute(
+                        _OLD_ROW, {"name": "q", "at": now + timedelta(days=days), "tenant": tenant}
+                    )
+            conn.execute(
+                "DELETE FROM sqlbroker_archive WHERE id = (SELECT max(id) FROM sqlbroker_archive)"
+            )
+            (handed_out,) = conn.execute(  # type: ignore[misc]
+                "SELECT last_value FROM sqlbroker_archive_id_seq"
+            ).fetchone()
+            conn.execute(f"CREATE ROLE {reader} NOLOGIN")
+            conn.execute(f"GRANT SELECT ON sqlbroker_archive TO {reader}")
+            conn.execute("ALTER TABLE sqlbroker_archive ENABLE ROW LEVEL SECURITY")
+            conn.execute(
+                "ALTER TABLE sqlbroker_archive ALTER COLUMN tenant"
+                " SET DEFAULT sqlbroker_session_tenant()"
+            )
+            before = conn.execute("SELECT * FROM sqlbroker_archive ORDER BY id").fetchall()
+        assert len(before) == 19
+
+        with sqlbroker.Broker(url, migrate=False) as broker:
+            assert mine in broker.migrate()
+            assert len(broker.archive(limit=100)) == 19
+            broker.publish("nobody.listens", "new")  # an unrouted row, archived now
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            after = conn.execute(
+                "SELECT * FROM sqlbroker_archive WHERE id <= %s ORDER BY id", (handed_out,)
+            ).fetchall()
+            assert after == before
+            (new_id,) = conn.execute(  # type: ignore[misc]
+                "SELECT id FROM sqlbroker_archive WHERE id > %s", (handed_out,)
+            ).fetchone()
+            assert new_id == handed_out + 1
+            (kind, secured) = conn.execute(  # type: ignore[misc]
+                "SELECT relkind, relrowsecurity FROM pg_class"
+                " WHERE oid = 'sqlbroker_archive'::regclass"
+            ).fetchone()
+            assert (kind, secured) == ("p", True)
+            policies = conn.execute(
+                "SELECT policyname FROM pg_policies WHERE tablename = 'sqlbroker_archive'"
+            ).fetchall()
+            assert policies == [("sqlbroker_tenant_isolation",)]
+            (default,) = conn.execute(  # type: ignore[misc]
+                "SELECT column_default FROM information_schema.columns"
+                " WHERE table_name = 'sqlbroker_archive' AND column_name = 'tenant'"
+            ).fetchone()
+            assert "sqlbroker_session_tenant" in default
+            (granted,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_table_privilege(%s, 'sqlbroker_archive', 'SELECT')", (reader,)
+            ).fetchone()
+            assert granted
+            indexes = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = 'sqlbroker_archive'"
+                )
+            }
+            assert indexes == {
+                "sqlbroker_archive_pkey",
+                "sqlbroker_archive_finished",
+                "sqlbroker_archive_message_id",
+                "sqlbroker_archive_rare",
+                "sqlbroker_archive_retention",
+            }
+            placed = dict(
+                conn.execute(
+                    "SELECT tableoid::regclass::text, count(*) FROM sqlbroker_archive"
+                    " WHERE id <= %s GROUP BY 1",
+                    (handed_out,),
+                ).fetchall()
+            )
+        assert placed == {
+            "sqlbroker_archive_before": 4,
+            _day_name(now - 10 * DAY): 2,
+            _day_name(now - DAY): 4,
+            _day_name(now): 6,
+            _day_name(now + 2 * DAY): 2,
+            "sqlbroker_archive_default": 1,
+        }
+        assert set(_days(url)) >= {_day_name(now + n * DAY) for n in range(4)}
+    finally:
+        pg_server.drop_database(name)
+        pg_server.execute(f"DROP ROLE IF EXISTS {reader}")
