@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import NotFound
+from sqlbroker.core.errors import NotFound, StorageError
 from sqlbroker.core.message import Retention
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.base import Backend
@@ -105,9 +105,15 @@ def retain(backend: Backend, defaults: RetentionDefaults, *, limit: int) -> dict
     """The reaper's retention pass: keep the archive's days ready (PostgreSQL) and drop
     those past the longest retention, then delete at most ``limit`` archive rows and
     ``limit`` dead letters past their retention."""
-    created, dropped = backend.archive_partitions_maintain(
-        ahead=PARTITIONS_AHEAD, default=defaults.archive
-    )
+    try:
+        created, dropped = backend.archive_partitions_maintain(
+            ahead=PARTITIONS_AHEAD, default=defaults.archive
+        )
+    except StorageError as error:
+        # Days are an optimisation: without them rows go to the default partition, and the
+        # row deletes below still apply every retention. Say why, and carry on.
+        log.warning("archive partitions not maintained: %s", error)
+        created = dropped = 0
     if created or dropped:
         log.info(
             "archive partitions: %d day(s) created, %d dropped",
