@@ -101,13 +101,27 @@ def retention_set(
     return found
 
 
+def _longest(default: float, longest: float | None) -> float:
+    return default if longest is None else max(default, longest)
+
+
+def _has_shorter(default: float, shortest: float | None, longest: float) -> bool:
+    """Does any row follow a retention shorter than the longest? The default's rows
+    (unrouted ones at least) when the default is shorter; else a subscription's own."""
+    return default < longest or (shortest is not None and shortest < longest)
+
+
 def retain(backend: Backend, defaults: RetentionDefaults, *, limit: int) -> dict[str, int]:
-    """The reaper's retention pass: keep the archive's days ready (PostgreSQL) and drop
-    those past the longest retention, then delete at most ``limit`` archive rows and
-    ``limit`` dead letters past their retention."""
+    """The reaper's retention pass. Rows past the longest retention in force go first
+    (PostgreSQL: whole days are dropped, then what no day took); rows under a shorter
+    retention then go by subscription, only when such a retention exists. At most ``limit``
+    archive rows and ``limit`` dead letters are deleted per pass."""
+    bounds = backend.retention_bounds()
+    archive_longest = _longest(defaults.archive, bounds.archive_longest)
+    dead_longest = _longest(defaults.dead, bounds.dead_longest)
     try:
         created, dropped = backend.archive_partitions_maintain(
-            ahead=PARTITIONS_AHEAD, default=defaults.archive
+            ahead=PARTITIONS_AHEAD, keep=archive_longest
         )
     except StorageError as error:
         # Days are an optimisation: without them rows go to the default partition, and the
@@ -121,7 +135,16 @@ def retain(backend: Backend, defaults: RetentionDefaults, *, limit: int) -> dict
             dropped,
             extra={"partitions_created": created, "partitions_dropped": dropped},
         )
-    return {
-        "archive_trimmed": backend.archive_retain(default=defaults.archive, limit=limit),
-        "dead_trimmed": backend.dead_retain(default=defaults.dead, limit=limit),
-    }
+    archived = backend.archive_trim(keep=archive_longest, limit=limit)
+    if archived < limit and _has_shorter(
+        defaults.archive, bounds.archive_shortest, archive_longest
+    ):
+        archived += backend.archive_trim_shorter(
+            keep=defaults.archive, longest=archive_longest, limit=limit - archived
+        )
+    dead = backend.dead_trim(keep=dead_longest, limit=limit)
+    if dead < limit and _has_shorter(defaults.dead, bounds.dead_shortest, dead_longest):
+        dead += backend.dead_trim_shorter(
+            keep=defaults.dead, longest=dead_longest, limit=limit - dead
+        )
+    return {"archive_trimmed": archived, "dead_trimmed": dead}

@@ -126,6 +126,17 @@ class ReapResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionBounds:
+    """The longest and shortest retentions (seconds) that subscriptions have of their own;
+    ``None`` when none has one."""
+
+    archive_longest: float | None
+    archive_shortest: float | None
+    dead_longest: float | None
+    dead_shortest: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class InsertResult:
     """The message id for each input, in order: a fresh id, or an earlier duplicate's id."""
 
@@ -326,18 +337,30 @@ class Backend(Protocol):
     def retention_list(self, *, name: str | None) -> list[tuple[str, float | None, float | None]]:
         """``(subscription, archive, dead)`` retentions of its own (``None``: the default)."""
 
-    def archive_partitions_maintain(self, *, ahead: int, default: float) -> tuple[int, int]:
-        """Create the archive's days up to ``ahead`` days from now and drop the days past the
-        longest archive retention in force; ``(created, dropped)``. PostgreSQL only (SQLite:
-        ``(0, 0)``); leaderless, one caller at a time does the work."""
+    def retention_bounds(self) -> RetentionBounds:
+        """The longest and shortest retentions subscriptions have of their own."""
 
-    def archive_retain(self, *, default: float, limit: int) -> int:
-        """Delete at most ``limit`` archive rows past their subscription's retention
-        (``default`` seconds when it has none of its own); return how many."""
+    def archive_partitions_maintain(self, *, ahead: int, keep: float) -> tuple[int, int]:
+        """Create the archive's days up to ``ahead`` days from now and drop the days whose
+        rows are all older than ``keep`` seconds; ``(created, dropped)``. PostgreSQL only
+        (SQLite: ``(0, 0)``); leaderless, one caller at a time does the work."""
 
-    def dead_retain(self, *, default: float, limit: int) -> int:
-        """Delete at most ``limit`` dead letters past their subscription's retention
-        (``default`` seconds when it has none of its own); return how many."""
+    def archive_trim(self, *, keep: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows older than ``keep`` seconds, whatever their
+        subscription (PostgreSQL: older than that time's day; later rows go with their
+        day); return how many."""
+
+    def archive_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows past their subscription's own retention
+        (``keep``, the default, for those without one and for unrouted rows) where it is
+        shorter than ``longest``; return how many."""
+
+    def dead_trim(self, *, keep: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters older than ``keep`` seconds."""
+
+    def dead_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters past their subscription's own retention
+        (``keep`` for those without one) where it is shorter than ``longest``."""
 
     # --- dead letters ----------------------------------------------------------------------
     def dead_list(

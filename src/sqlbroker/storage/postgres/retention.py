@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cached_property
+from typing import Any
 
+from sqlbroker.storage.base import RetentionBounds
 from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.sql import load_blocks
 
@@ -50,8 +52,14 @@ class PostgresRetention:
             rows = conn.execute(self._retention_sql["retention_list"], {"name": name}).fetchall()
         return [(str(row[0]), row[1], row[2]) for row in rows]
 
-    def archive_partitions_maintain(self, *, ahead: int, default: float) -> tuple[int, int]:
-        params = {"now": self._now_param(), "ahead": ahead, "default": default}
+    def retention_bounds(self) -> RetentionBounds:
+        with self._db.connection(write=False) as conn:
+            row = conn.execute(self._retention_sql["retention_bounds"]).fetchone()
+        assert row is not None
+        return RetentionBounds(*row)
+
+    def archive_partitions_maintain(self, *, ahead: int, keep: float) -> tuple[int, int]:
+        params = {"now": self._now_param(), "ahead": ahead, "keep": keep}
         with self._db.connection(write=True) as conn:
             sql = self._retention_sql["archive_partitions_maintain"]
             row = conn.execute(sql, params).fetchone()
@@ -59,12 +67,21 @@ class PostgresRetention:
         created, dropped = row[0]
         return int(created), int(dropped)
 
-    def archive_retain(self, *, default: float, limit: int) -> int:
-        params = {"now": self._now_param(), "default": default, "limit": limit}
+    def _retention_delete(self, name: str, params: dict[str, Any]) -> int:
         with self._db.connection(write=True) as conn:
-            return max(0, conn.execute(self._retention_sql["archive_retain"], params).rowcount)
+            sql = self._retention_sql[name]
+            return max(0, conn.execute(sql, {**params, "now": self._now_param()}).rowcount)
 
-    def dead_retain(self, *, default: float, limit: int) -> int:
-        params = {"now": self._now_param(), "default": default, "limit": limit}
-        with self._db.connection(write=True) as conn:
-            return max(0, conn.execute(self._retention_sql["dead_retain"], params).rowcount)
+    def archive_trim(self, *, keep: float, limit: int) -> int:
+        return self._retention_delete("archive_trim_before", {"keep": keep, "limit": limit})
+
+    def archive_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        params = {"keep": keep, "longest": longest, "limit": limit}
+        return self._retention_delete("archive_trim_shorter", params)
+
+    def dead_trim(self, *, keep: float, limit: int) -> int:
+        return self._retention_delete("dead_trim_before", {"keep": keep, "limit": limit})
+
+    def dead_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        params = {"keep": keep, "longest": longest, "limit": limit}
+        return self._retention_delete("dead_trim_shorter", params)

@@ -16,36 +16,45 @@ ORDER BY name
 
 -- name: archive_partitions_maintain
 -- Days are dropped once every row in them is past the longest archive retention in force
--- (the default or a subscription's own); shorter ones are applied by archive_retain.
+-- (`keep`); shorter ones are applied by archive_trim_shorter.
 SELECT {schema}sqlbroker_archive_maintain(
     coalesce(%(now)s::timestamptz, statement_timestamp()),
     %(ahead)s,
-    coalesce(%(now)s::timestamptz, statement_timestamp()) - make_interval(secs => greatest(
-        %(default)s::float8,
-        (SELECT max(archive_retention) FROM {schema}sqlbroker_subscription))))
+    coalesce(%(now)s::timestamptz, statement_timestamp()) - make_interval(secs => %(keep)s::float8))
 
--- name: archive_retain
--- At most `limit` archive rows past their retention: first those past the longest
--- retention that no dropped day took (rows in the default partition or a partially
--- expired day before the longest retention's day; rows are removed at most a day late, so
--- that a day is dropped whole instead of emptied row by row), then the rows of the
--- subscriptions (and unrouted rows: the default) whose retention is shorter.
+-- name: retention_bounds
+-- The longest and shortest retention a subscription has of its own (NULL: none has one).
+SELECT max(archive_retention), min(archive_retention), max(dead_retention), min(dead_retention)
+FROM {schema}sqlbroker_subscription
+
+-- name: archive_trim_before
+-- At most `limit` archive rows past the longest retention in force (`keep`), whatever
+-- their subscription: rows that no dropped day took (the default partition, a partition
+-- of older rows). The cutoff is rounded down to the day so that a day is dropped whole
+-- (archive_partitions_maintain) instead of emptied row by row: such rows leave at most a
+-- day late. It is a parameter, not a join, so that the days after it are pruned.
+DELETE FROM {schema}sqlbroker_archive
+WHERE (id, finished_at) IN (
+    SELECT id, finished_at FROM {schema}sqlbroker_archive
+    WHERE finished_at < date_trunc(
+        'day', coalesce(%(now)s::timestamptz, statement_timestamp())
+               - make_interval(secs => %(keep)s::float8), 'UTC')
+    LIMIT %(limit)s
+)
+
+-- name: archive_trim_shorter
+-- At most `limit` archive rows of the subscriptions whose retention is shorter than the
+-- longest (`longest`), and unrouted rows when the default (`keep`) is: each through the
+-- subscription's (subscription, finished_at) index. Only run when such a retention exists.
 WITH settings AS (
-    SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now,
-           %(default)s::float8 AS keep,
-           greatest(%(default)s::float8,
-                    (SELECT max(archive_retention) FROM {schema}sqlbroker_subscription)) AS longest
+    SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now
 ),
 shorter AS (
-    SELECT s.name, st.now - make_interval(secs => coalesce(s.archive_retention, st.keep)) AS cutoff
+    SELECT s.name, st.now - make_interval(secs => coalesce(s.archive_retention, %(keep)s::float8)) AS cutoff
     FROM {schema}sqlbroker_subscription s, settings st
-    WHERE coalesce(s.archive_retention, st.keep) < st.longest
+    WHERE coalesce(s.archive_retention, %(keep)s::float8) < %(longest)s::float8
 ),
 doomed AS (
-    (SELECT a.id, a.finished_at FROM {schema}sqlbroker_archive a, settings st
-     WHERE a.finished_at < date_trunc('day', st.now - make_interval(secs => st.longest), 'UTC')
-     LIMIT %(limit)s)
-    UNION ALL
     (SELECT x.id, x.finished_at FROM shorter sh
      CROSS JOIN LATERAL (
          SELECT a.id, a.finished_at FROM {schema}sqlbroker_archive a
@@ -55,40 +64,40 @@ doomed AS (
      LIMIT %(limit)s)
     UNION ALL
     (SELECT a.id, a.finished_at FROM {schema}sqlbroker_archive a, settings st
-     WHERE a.subscription IS NULL AND st.keep < st.longest
-       AND a.finished_at < st.now - make_interval(secs => st.keep)
+     WHERE a.subscription IS NULL AND %(keep)s::float8 < %(longest)s::float8
+       AND a.finished_at < st.now - make_interval(secs => %(keep)s::float8)
      LIMIT %(limit)s)
     LIMIT %(limit)s
 )
 DELETE FROM {schema}sqlbroker_archive a
 USING doomed d WHERE a.id = d.id AND a.finished_at = d.finished_at
 
--- name: dead_retain
--- At most `limit` dead letters past their retention: the subscription's own or the
--- default; dead letters of deleted subscriptions follow the longest one in force.
-WITH settings AS (
-    SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now,
-           %(default)s::float8 AS keep,
-           greatest(%(default)s::float8,
-                    (SELECT max(dead_retention) FROM {schema}sqlbroker_subscription)) AS longest
-),
-shorter AS (
-    SELECT s.name, st.now - make_interval(secs => coalesce(s.dead_retention, st.keep)) AS cutoff
-    FROM {schema}sqlbroker_subscription s, settings st
-    WHERE coalesce(s.dead_retention, st.keep) < st.longest
-),
-doomed AS (
-    (SELECT d.id FROM {schema}sqlbroker_dead d, settings st
-     WHERE d.dead_at < st.now - make_interval(secs => st.longest)
-     LIMIT %(limit)s)
-    UNION ALL
-    (SELECT x.id FROM shorter sh
-     CROSS JOIN LATERAL (
-         SELECT d.id FROM {schema}sqlbroker_dead d
-         WHERE d.subscription = sh.name AND d.dead_at < sh.cutoff
-         LIMIT %(limit)s
-     ) x
-     LIMIT %(limit)s)
+-- name: dead_trim_before
+-- At most `limit` dead letters past the longest retention in force (`keep`).
+DELETE FROM {schema}sqlbroker_dead
+WHERE id IN (
+    SELECT id FROM {schema}sqlbroker_dead
+    WHERE dead_at < coalesce(%(now)s::timestamptz, statement_timestamp())
+                    - make_interval(secs => %(keep)s::float8)
     LIMIT %(limit)s
 )
-DELETE FROM {schema}sqlbroker_dead WHERE id IN (SELECT id FROM doomed)
+
+-- name: dead_trim_shorter
+-- At most `limit` dead letters of the subscriptions whose retention is shorter than the
+-- longest (`longest`; `keep` is the default).
+WITH shorter AS (
+    SELECT s.name, coalesce(%(now)s::timestamptz, statement_timestamp())
+                   - make_interval(secs => coalesce(s.dead_retention, %(keep)s::float8)) AS cutoff
+    FROM {schema}sqlbroker_subscription s
+    WHERE coalesce(s.dead_retention, %(keep)s::float8) < %(longest)s::float8
+)
+DELETE FROM {schema}sqlbroker_dead
+WHERE id IN (
+    SELECT x.id FROM shorter sh
+    CROSS JOIN LATERAL (
+        SELECT d.id FROM {schema}sqlbroker_dead d
+        WHERE d.subscription = sh.name AND d.dead_at < sh.cutoff
+        LIMIT %(limit)s
+    ) x
+    LIMIT %(limit)s
+)

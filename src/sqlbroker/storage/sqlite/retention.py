@@ -5,6 +5,9 @@ Mixed into :class:`~sqlbroker.storage.sqlite.backend.SqliteBackend`."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlbroker.storage.base import RetentionBounds
 from sqlbroker.storage.sql import load_blocks
 from sqlbroker.storage.sqlite.connection import SqlitePool
 
@@ -43,19 +46,32 @@ class SqliteRetention:
             rows = conn.execute(_SQL["retention_list"], {"name": name}).fetchall()
         return [(str(row[0]), _seconds(row[1]), _seconds(row[2])) for row in rows]
 
-    def archive_partitions_maintain(self, *, ahead: int, default: float) -> tuple[int, int]:
+    def retention_bounds(self) -> RetentionBounds:
+        with self._db.read() as conn:
+            row = conn.execute(_SQL["retention_bounds"]).fetchone()
+        return RetentionBounds(*(_seconds(value) for value in row))
+
+    def archive_partitions_maintain(self, *, ahead: int, keep: float) -> tuple[int, int]:
         """Nothing to do: the SQLite archive is one table."""
         return 0, 0
 
-    def archive_retain(self, *, default: float, limit: int) -> int:
-        params = {"now": self._now(), "default": default, "limit": limit}
+    def _retention_delete(self, name: str, params: dict[str, Any]) -> int:
         with self._db.write() as conn:
-            return max(0, conn.execute(_SQL["archive_retain"], params).rowcount)
+            return max(0, conn.execute(_SQL[name], {**params, "now": self._now()}).rowcount)
 
-    def dead_retain(self, *, default: float, limit: int) -> int:
-        params = {"now": self._now(), "default": default, "limit": limit}
-        with self._db.write() as conn:
-            return max(0, conn.execute(_SQL["dead_retain"], params).rowcount)
+    def archive_trim(self, *, keep: float, limit: int) -> int:
+        return self._retention_delete("archive_trim_before", {"keep": keep, "limit": limit})
+
+    def archive_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        params = {"keep": keep, "longest": longest, "limit": limit}
+        return self._retention_delete("archive_trim_shorter", params)
+
+    def dead_trim(self, *, keep: float, limit: int) -> int:
+        return self._retention_delete("dead_trim_before", {"keep": keep, "limit": limit})
+
+    def dead_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        params = {"keep": keep, "longest": longest, "limit": limit}
+        return self._retention_delete("dead_trim_shorter", params)
 
 
 def _seconds(value: object) -> float | None:
