@@ -427,3 +427,48 @@ def test_converting_a_populated_archive_keeps_every_row_and_what_is_attached(
     finally:
         pg_server.drop_database(name)
         pg_server.execute(f"DROP ROLE IF EXISTS {reader}")
+
+
+def test_sqlite_upgrade_keeps_every_row(tmp_path: Any) -> None:
+    """A SQLite database one migration short of retention, with archive rows and dead
+    letters: migrating keeps them all, and the defaults then apply."""
+    import sqlite3
+
+    from sqlbroker.storage.sql import load_migrations
+    from sqlbroker.storage.sqlite.connection import split_script
+
+    path = tmp_path / "old.db"
+    migrations = load_migrations("sqlbroker.storage.sqlite.migrations")
+    (mine,) = [version for version, title, _ in migrations if title == "retention"]
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "CREATE TABLE sqlbroker_schema_version (version INTEGER PRIMARY KEY,"
+        " name TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    for version, title, script in migrations:
+        if version >= mine:
+            break
+        for statement in split_script(script):
+            conn.execute(statement)
+        conn.execute("INSERT INTO sqlbroker_schema_version VALUES (?, ?, 0)", (version, title))
+    conn.close()
+    url = f"sqlite:///{path}"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO sqlbroker_subscription (name, created_at) VALUES ('q', 0)")
+    for i in range(5):
+        conn.execute(
+            "INSERT INTO sqlbroker_archive (message_id, subscription, topic, outcome, priority,"
+            " payload, content_type, attempts, max_attempts, replay_count, enqueued_at,"
+            " finished_at) VALUES (?, 'q', 'q', 'completed', 2, x'31', 'application/json',"
+            " 1, 5, 0, ?, ?)",
+            (f"00000000-0000-0000-0000-00000000000{i}", 1000.0 * i, 1000.0 * i),
+        )
+    before = conn.execute("SELECT * FROM sqlbroker_archive ORDER BY id").fetchall()
+    conn.close()
+    with sqlbroker.Broker(url, migrate=False) as broker:
+        assert broker.migrate() == [mine]
+        (kept,) = broker.retention()
+        assert (kept.archive_default, kept.dead_default) == (True, True)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT * FROM sqlbroker_archive ORDER BY id").fetchall() == before
+    conn.close()
