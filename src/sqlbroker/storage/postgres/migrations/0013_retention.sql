@@ -36,10 +36,11 @@ CREATE TABLE {schema}sqlbroker_archive_default
 -- before `drop_before` (NULL: drop nothing). Returns {created, dropped}.
 --
 -- Leaderless: every reaper may call it; one at a time does the work (a transaction-level
--- advisory lock; the others return {0, 0} at once). DDL waits at most a second for its
--- lock, so a long reader of the archive delays a partition, never the writers queued
--- behind the DDL: a day that could not be created or dropped now is retried next pass
--- (days are created well ahead, and the default partition takes rows meanwhile).
+-- advisory lock; the others return {0, 0} at once). DDL waits at most 200 ms for its
+-- lock, so a long reader of the archive delays a partition, and the writers queued behind
+-- the DDL wait no longer than that: a day that could not be created or dropped now is
+-- retried next pass (days are created well ahead; the default partition takes rows
+-- meanwhile).
 --
 -- It runs as the owner (runtime roles may not create tables). A tenant-bound caller (row
 -- security binds it to its own rows) only drops days that hold no row at all: dropping
@@ -129,7 +130,7 @@ BEGIN
     EXECUTE format(
         'CREATE FUNCTION %s.sqlbroker_archive_maintain(at timestamptz, ahead integer,'
         ' drop_before timestamptz) RETURNS integer[] LANGUAGE plpgsql VOLATILE SECURITY DEFINER'
-        ' SET search_path = pg_catalog, pg_temp SET lock_timeout = ''1s'''
+        ' SET search_path = pg_catalog, pg_temp SET lock_timeout = ''200ms'''
         ' SET TimeZone = ''UTC'' SET DateStyle = ''ISO, YMD'' AS %L',
         ns, body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s.sqlbroker_archive_maintain(timestamptz, integer,'
