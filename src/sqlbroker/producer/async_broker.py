@@ -26,6 +26,7 @@ from sqlbroker.core.message import (
     NewMessage,
     Outcome,
     PendingMessage,
+    Retention,
     State,
     Subscription,
     SubscriptionStats,
@@ -343,6 +344,21 @@ class AsyncBroker:
 
     async def subscriptions(self) -> builtins.list[Subscription]:
         return await self._offload.run(self.sync.subscriptions)
+
+    async def retention(self, subscription: str | None = None) -> builtins.list[Retention]:
+        return await self._offload.run(self.sync.retention, subscription)
+
+    async def set_retention(
+        self,
+        subscription: str,
+        *,
+        archive: float | timedelta | None = None,
+        dead: float | timedelta | None = None,
+        reset: bool = False,
+    ) -> Retention:
+        return await self._offload.run(
+            self.sync.set_retention, subscription, archive=archive, dead=dead, reset=reset
+        )
 
     async def claim(
         self,

@@ -140,6 +140,17 @@ class ReapResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionBounds:
+    """The longest and shortest retentions (seconds) that subscriptions have of their own;
+    ``None`` when none has one."""
+
+    archive_longest: float | None
+    archive_shortest: float | None
+    dead_longest: float | None
+    dead_shortest: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class InsertResult:
     """The message id for each input, in order: a fresh id, or an earlier duplicate's id."""
 
@@ -335,7 +346,47 @@ class Backend(Protocol):
     def dedupe_trim(self, *, limit: int) -> int:
         """Delete idempotency keys whose window has passed; return how many."""
 
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int: ...
+    # --- retention (per subscription; docs/reliability.md, "Retention") --------------------
+    def retention_set(
+        self,
+        *,
+        name: str,
+        archive: float | None,
+        dead: float | None,
+        change_archive: bool,
+        change_dead: bool,
+    ) -> bool:
+        """Set a subscription's own archive and dead-letter retention (seconds; ``None``: the
+        broker's default), each only when its ``change_`` flag is set. False: no such
+        subscription."""
+
+    def retention_list(self, *, name: str | None) -> list[tuple[str, float | None, float | None]]:
+        """``(subscription, archive, dead)`` retentions of its own (``None``: the default)."""
+
+    def retention_bounds(self) -> RetentionBounds:
+        """The longest and shortest retentions subscriptions have of their own."""
+
+    def archive_partitions_maintain(self, *, ahead: int, keep: float) -> tuple[int, int]:
+        """Create the archive's days up to ``ahead`` days from now and drop the days whose
+        rows are all older than ``keep`` seconds; ``(created, dropped)``. PostgreSQL only
+        (SQLite: ``(0, 0)``); leaderless, one caller at a time does the work."""
+
+    def archive_trim(self, *, keep: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows older than ``keep`` seconds, whatever their
+        subscription (PostgreSQL: older than that time's day; later rows go with their
+        day); return how many."""
+
+    def archive_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows past their subscription's own retention
+        (``keep``, the default, for those without one and for unrouted rows) where it is
+        shorter than ``longest``; return how many."""
+
+    def dead_trim(self, *, keep: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters older than ``keep`` seconds."""
+
+    def dead_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters past their subscription's own retention
+        (``keep`` for those without one) where it is shorter than ``longest``."""
 
     # --- stored results (see features/results.py) ------------------------------------------
     def result_lookup(self, *, message_id: str) -> list[ResultRecord]:

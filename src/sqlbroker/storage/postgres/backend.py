@@ -40,6 +40,7 @@ from sqlbroker.storage.postgres.connection import (
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.results import PostgresResults
+from sqlbroker.storage.postgres.retention import PostgresRetention
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -71,6 +72,7 @@ T = TypeVar("T")
 class PostgresBackend(
     PostgresPublishing,
     PostgresResults,
+    PostgresRetention,
     PostgresSpark,
     PostgresSchema,
     Executor,
@@ -287,12 +289,6 @@ class PostgresBackend(
         await self._db.close_async()
 
     # --- maintenance -------------------------------------------------------------------------
-
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            return conn.execute(
-                self._sql["archive_trim"], {"older_than": older_than, "limit": limit}
-            ).rowcount
 
 
 class _PostgresAsyncOps(AsyncExecutor):

@@ -707,10 +707,4 @@ FROM (
 -- As in key_promote: never reopen a copy promoted and claimed since the snapshot.
 WHERE m.id = nxt.id AND m.state = 'blocked'
 
--- name: archive_trim
-DELETE FROM {schema}sqlbroker_archive
-WHERE id = ANY (ARRAY(
-    SELECT id FROM {schema}sqlbroker_archive WHERE finished_at < %(older_than)s
-    ORDER BY finished_at LIMIT %(limit)s
-))
 

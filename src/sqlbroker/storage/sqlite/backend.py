@@ -41,6 +41,7 @@ from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.results import SqliteResults
+from sqlbroker.storage.sqlite.retention import SqliteRetention
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
@@ -59,6 +60,7 @@ _WATCH_MAX = 0.05
 class SqliteBackend(
     SqlitePublishing,
     SqliteResults,
+    SqliteRetention,
     SqliteSpark,
     SqliteSchema,
     Executor,
@@ -299,12 +301,6 @@ class SqliteBackend(
                 del self._held[id(conn)]
 
     # --- maintenance -------------------------------------------------------------------------
-
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
-        with self._db.write() as conn:
-            return conn.execute(
-                self._sql["archive_trim"], {"older_than": older_than.timestamp(), "limit": limit}
-            ).rowcount
 
 
 class _SqliteAsyncOps(AsyncExecutor):

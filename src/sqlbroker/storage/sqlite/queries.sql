@@ -260,10 +260,6 @@ WHERE id IN (
     LIMIT :limit
 )
 
--- name: archive_trim
-DELETE FROM sqlbroker_archive
-WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
-
 -- name: message_dead
 -- Two statements (SQLite has no DML in a WITH): the valid leases' copies are copied to
 -- the dead letters, then deleted, returning what promote_heads needs; both select the same
