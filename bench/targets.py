@@ -105,7 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-noise", type=float, default=25.0, metavar="PCT")
     parser.add_argument("--out", type=Path, default=harness.BENCH_DIR / "results")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS for other processes to use under 10 %% of the CPU",
+    )
     args = parser.parse_args(argv)
+    harness.wait_for_quiet(args.wait_quiet, log)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n = args.messages
     sizes = dataclasses.replace(
