@@ -175,12 +175,17 @@ _batch_runs = 0
 """How many batch publishes ran in this process: the two methods swap order each time."""
 
 
-def publish_batch_with(sql: FloorSql) -> Callable[[Database, Sizes], Sample]:
-    """Each method on a fresh table in the same database; ``rate`` is the faster one's."""
+def publish_batch_with(
+    sql: FloorSql, only: str | None = None
+) -> Callable[[Database, Sizes], Sample]:
+    """Each method on a fresh table in the same database; ``rate`` is the faster one's.
+    ``only``: just that method (``unnest`` or ``copy``)."""
 
     methods = {"unnest": _insert_unnest(sql)}
     if sql.copy_many is not None:
         methods["copy"] = _insert_copy(sql)
+    if only is not None:
+        methods = {only: methods[only]}
 
     def run_one(
         database: Database,
@@ -367,6 +372,12 @@ def runs_on(workload: str, target: str) -> bool:
     """The backlog claims (W4) run on the durable target only, as sqlbroker's do."""
     return target == "postgresql" or not workload.startswith("claim.backlog.")
 
+
+ONE_METHOD: dict[str, Callable[[Database, Sizes], Sample]] = {
+    "publish.batch.unnest": publish_batch_with(FLOOR, "unnest"),
+    "publish.batch.copy": publish_batch_with(FLOOR, "copy"),
+}
+"""Each batch path alone (``bench/cpu_costs.py``)."""
 
 WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.single": publish_single_with(FLOOR),
