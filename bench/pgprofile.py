@@ -53,8 +53,12 @@ def main() -> None:
         server.restart()
         target = PostgresTarget(server)
         module = systems.load(args.system)
-        # sqlbroker's workloads of bench/targets.py too (publish.single.async, …).
-        run = {**module.WORKLOADS, **getattr(module, "TARGET_WORKLOADS", {})}[args.workload]
+        # sqlbroker's workloads of bench/targets.py and the floor's single batch paths too.
+        run = {
+            **module.WORKLOADS,
+            **getattr(module, "TARGET_WORKLOADS", {}),
+            **getattr(module, "ONE_METHOD", {}),
+        }[args.workload]
         with target.fresh() as database:
             with psycopg.connect(database.url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION pg_stat_statements")

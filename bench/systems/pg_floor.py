@@ -77,7 +77,6 @@ RETURNING id, payload
 ACK = "DELETE FROM floor_job WHERE id = ANY(%(ids)s)"
 
 COPY_MANY = "COPY floor_job (queue, payload) FROM STDIN (FORMAT BINARY)"
-NOTIFY = "SELECT pg_notify('floor_job', %(queue)s)"
 
 
 @dataclass(frozen=True)
@@ -94,8 +93,11 @@ class FloorSql:
     claim: str = CLAIM
     ack: str = ACK
     copy_many: str | None = None
-    """A binary ``COPY`` of ``(queue, payload)`` rows (``None``: the batch publish is
+    """A binary ``COPY`` of the rows ``copy_row`` makes (``None``: the batch publish is
     measured through ``insert_many`` only)."""
+    copy_types: tuple[str, ...] = ("text", "bytea")
+    copy_row: Callable[[str, bytes], tuple[Any, ...]] = lambda queue, body: (queue, body)
+    notify: str = "SELECT pg_notify('floor_job', %(queue)s)"
 
 
 FLOOR = FloorSql(copy_many=COPY_MANY)
@@ -158,15 +160,15 @@ def _insert_unnest(sql: FloorSql) -> Callable[[psycopg.Connection[Any], list[byt
 
 def _insert_copy(sql: FloorSql) -> Callable[[psycopg.Connection[Any], list[bytes]], None]:
     assert sql.copy_many is not None
-    statement = sql.copy_many
+    statement, types, row = sql.copy_many, list(sql.copy_types), sql.copy_row
 
     def send(conn: psycopg.Connection[Any], bodies: list[bytes]) -> None:
         with conn.transaction():
             with conn.cursor().copy(statement) as copy:
-                copy.set_types(["text", "bytea"])
+                copy.set_types(types)
                 for body in bodies:
-                    copy.write_row((QUEUE, body))
-            conn.execute(NOTIFY, {"queue": QUEUE}, prepare=True)
+                    copy.write_row(row(QUEUE, body))
+            conn.execute(sql.notify, {"queue": QUEUE}, prepare=True)
 
     return send
 
@@ -196,9 +198,8 @@ def publish_batch_with(
         if first:
             create_schema(database, sql)
         with connect(database) as conn:
-            if not first:  # the floor's own schema only: one table and its index
-                conn.execute(f"DROP TABLE {sql.table}")
-                conn.execute(sql.schema)
+            if not first:  # a new, empty table and indexes (new files), as a fresh one
+                conn.execute(f"TRUNCATE {sql.table}")
             send(conn, [encode(payload(i)) for i in range(sizes.warmup)])
             batches = sizes.publish_batch // sizes.batch_size
             started = time.perf_counter()
@@ -377,7 +378,7 @@ ONE_METHOD: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.batch.unnest": publish_batch_with(FLOOR, "unnest"),
     "publish.batch.copy": publish_batch_with(FLOOR, "copy"),
 }
-"""Each batch path alone (``bench/cpu_costs.py``)."""
+"""Each batch path alone (``bench/pgprofile.py --system floor``, ``bench/floor_costs.py``)."""
 
 WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.single": publish_single_with(FLOOR),

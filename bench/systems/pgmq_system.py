@@ -205,7 +205,7 @@ def latency(database: Database, sizes: Sizes) -> Sample:
 IMPLEMENTATIONS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.single": publish_single,
     "publish.batch": publish_batch,
-    # Each path alone (bench/cpu_costs.py).
+    # Each path alone (for profiling).
     "publish.batch.client": lambda d, s: _publish_batch(d, s, {"client": _send_batch_client}),
     "publish.batch.sql": lambda d, s: _publish_batch(d, s, {"sql": _send_batch_sql}),
     "drain.claim10": drain_claim(10),
