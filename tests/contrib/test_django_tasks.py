@@ -306,32 +306,35 @@ def test_a_killed_worker_loses_no_task(project: Project) -> None:
 
 def test_retries_run_a_failing_task_again_before_it_fails(project: Project) -> None:
     project.env["TASKS_OPTIONS"] = json.dumps({"RETRIES": 1})
-    failing, bad = project.shell(
+    failing, bad, big = project.shell(
         """
         import json
-        from shop.tasks import boom, unstorable
-        print(json.dumps([boom.enqueue(7).id, unstorable.enqueue(8).id]))
+        from shop.tasks import boom, oversized, unstorable
+        print(json.dumps([boom.enqueue(7).id, unstorable.enqueue(8).id, oversized.enqueue(9).id]))
         """
     )
     worker = project.worker()
-    _wait(_finished(project, completed=0, dead=2), "the tasks to fail", project)
+    _wait(_finished(project, completed=0, dead=3), "the tasks to fail", project)
     assert _stop(worker) == 0, project.log()
     result = project.shell(
         f"""
         import json
         from shop.models import Done
-        from shop.tasks import boom, unstorable
+        from shop.tasks import boom, oversized, unstorable
         result = boom.get_result({failing!r})
         bad = unstorable.get_result({bad!r})
+        big = oversized.get_result({big!r})
         print(json.dumps([result.status, result.attempts, result.errors[0].traceback,
                           [bad.status, bad.attempts, bad.errors[0].exception_class.__name__,
-                           Done.objects.filter(task="unstorable").count()]]))
+                           Done.objects.filter(task="unstorable").count()],
+                          [big.status, big.attempts, big.errors[0].exception_class.__name__]]))
         """
     )
-    status, attempts, trace, unstorable = result
+    status, attempts, trace, unstorable, oversized = result
     assert (status, attempts) == ("FAILED", 2)
     assert "boom 7" in trace
     assert unstorable == ["FAILED", 1, "TypeError", 1], "its value would not change: not retried"
+    assert oversized == ["FAILED", 1, "InvalidPayload"], "over the payload limit: the same"
 
 
 def test_a_result_past_result_ttl_is_no_longer_found(project: Project) -> None:

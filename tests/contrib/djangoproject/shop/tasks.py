@@ -49,6 +49,12 @@ def unstorable(number):
 
 
 @task
+def oversized(number):
+    """Returns more than the broker's payload limit (256 KiB by default)."""
+    return "x" * (300 * 1024)
+
+
+@task
 def noop(number):
     """Does nothing: bench/adapters_django.py measures what the backend itself costs."""
 
