@@ -747,6 +747,28 @@ assert get_broker().pending("tasks.emails") == [], "and its message does not eit
         marks=(pytest.mark.slow,),
     ),
     Case(
+        "docs/django.md",
+        "result = total.enqueue([19.8, 5.2])",
+        backends=("sqlite",),
+        seed=_django_migrated,
+        prelude="""\
+import os
+import subprocess
+import sys
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+django.setup()
+worker = subprocess.Popen([sys.executable, "manage.py", "sqlbroker_worker"])
+""",
+        epilogue="""
+worker.terminate()
+assert worker.wait(timeout=60) == 0
+assert (result.status, result.return_value) == ("SUCCESSFUL", 25.0)
+""",
+        marks=(pytest.mark.slow,),
+    ),
+    Case(
         "docs/spark.md",
         "register(spark)                       # once per session",
         backends=("sqlite",),
