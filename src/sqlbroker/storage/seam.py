@@ -28,6 +28,7 @@ from sqlbroker.storage.operations import (
     messages,
     observability,
     processed,
+    retention,
     sagas,
     schedules,
     security,
@@ -62,6 +63,8 @@ class Settings:
     """Whether a completed copy is kept in the archive (else only deleted)."""
     result_channel: str = ""
     """Where a stored result is announced (PostgreSQL's NOTIFY)."""
+    partitioned_archive: bool = False
+    """PostgreSQL: the archive is range-partitioned by day (retention drops whole days)."""
     key_locks: bool = False
     """Whether writers of one ordering key must lock it (PostgreSQL's advisory locks);
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
@@ -145,6 +148,16 @@ class Executor(ABC):
     processed_forget = Operation(processed.forget)
     processed_trim = Operation(processed.trim)
 
+    # --- retention (features/retention.py) ----------------------------------------------
+    retention_set = Operation(retention.retention_set)
+    retention_list = Operation(retention.retention_list)
+    retention_bounds = Operation(retention.retention_bounds)
+    archive_partitions_maintain = Operation(retention.archive_partitions_maintain)
+    archive_trim = Operation(retention.archive_trim)
+    archive_trim_shorter = Operation(retention.archive_trim_shorter)
+    dead_trim = Operation(retention.dead_trim)
+    dead_trim_shorter = Operation(retention.dead_trim_shorter)
+
     # --- listings, dead-letter admin, archive, stats -------------------------------------
     message_list = Operation(admin.message_list)
     dead_list = Operation(admin.dead_list)
@@ -226,6 +239,16 @@ class AsyncExecutor(ABC):
     processed_release = AsyncOperation(processed.release)
     processed_forget = AsyncOperation(processed.forget)
     processed_trim = AsyncOperation(processed.trim)
+
+    # --- retention --------------------------------------------------------------------
+    retention_set = AsyncOperation(retention.retention_set)
+    retention_list = AsyncOperation(retention.retention_list)
+    retention_bounds = AsyncOperation(retention.retention_bounds)
+    archive_partitions_maintain = AsyncOperation(retention.archive_partitions_maintain)
+    archive_trim = AsyncOperation(retention.archive_trim)
+    archive_trim_shorter = AsyncOperation(retention.archive_trim_shorter)
+    dead_trim = AsyncOperation(retention.dead_trim)
+    dead_trim_shorter = AsyncOperation(retention.dead_trim_shorter)
 
     # --- listings, dead-letter admin, archive, stats -------------------------------------
     message_list = AsyncOperation(admin.message_list)

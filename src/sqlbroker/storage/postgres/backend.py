@@ -40,7 +40,6 @@ from sqlbroker.storage.postgres.connection import (
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.results import PostgresResults
-from sqlbroker.storage.postgres.retention import PostgresRetention
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -65,6 +64,7 @@ _SQL_FILES = (
     "observability.sql",
     "security.sql",
     "results.sql",
+    "retention.sql",
 )
 T = TypeVar("T")
 
@@ -72,7 +72,6 @@ T = TypeVar("T")
 class PostgresBackend(
     PostgresPublishing,
     PostgresResults,
-    PostgresRetention,
     PostgresSpark,
     PostgresSchema,
     Executor,
@@ -131,6 +130,7 @@ class PostgresBackend(
             supports_notify=True,
             notify_channel=self.notify_channel,
             key_locks=True,
+            partitioned_archive=True,
             schema=self._schema,
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,

@@ -148,15 +148,15 @@ BEGIN
     -- The archive's partitions are reached through it; its ids come from a sequence and its
     -- days are created and dropped by a function that runs as the owner (schema 13): those
     -- who insert use the sequence, those who delete (the reaper, the export) maintain days.
-    IF to_regclass(format('%I.sqlbroker_archive_id_seq', target)) IS NOT NULL THEN
-        EXECUTE format('GRANT USAGE ON SEQUENCE %I.sqlbroker_archive_id_seq TO %I, %I, %I',
+    IF to_regclass(format('%%I.sqlbroker_archive_id_seq', target)) IS NOT NULL THEN
+        EXECUTE format('GRANT USAGE ON SEQUENCE %%I.sqlbroker_archive_id_seq TO %%I, %%I, %%I',
                        target, prefix || '_producer', prefix || '_consumer', prefix || '_operator');
-        EXECUTE format('GRANT EXECUTE ON FUNCTION %I.sqlbroker_archive_maintain(timestamptz,'
-                       ' integer, timestamptz) TO %I, %I',
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %%I.sqlbroker_archive_maintain(timestamptz,'
+                       ' integer, timestamptz) TO %%I, %%I',
                        target, prefix || '_consumer', prefix || '_operator');
         -- The operator sets a subscription's retention (and nothing else of it).
         EXECUTE format('GRANT UPDATE (archive_retention, dead_retention)'
-                       ' ON TABLE %I.sqlbroker_subscription TO %I', target, prefix || '_operator');
+                       ' ON TABLE %%I.sqlbroker_subscription TO %%I', target, prefix || '_operator');
     END IF;
 
     -- Consumers and operators update messages (claim, ack, retry, release, promote) but

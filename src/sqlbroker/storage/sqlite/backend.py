@@ -41,7 +41,6 @@ from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.results import SqliteResults
-from sqlbroker.storage.sqlite.retention import SqliteRetention
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
@@ -60,7 +59,6 @@ _WATCH_MAX = 0.05
 class SqliteBackend(
     SqlitePublishing,
     SqliteResults,
-    SqliteRetention,
     SqliteSpark,
     SqliteSchema,
     Executor,
@@ -102,6 +100,7 @@ class SqliteBackend(
                 "schedules.sql",
                 "observability.sql",
                 "results.sql",
+                "retention.sql",
             ),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
