@@ -28,6 +28,7 @@ from sqlbroker.storage.operations import (
     messages,
     observability,
     processed,
+    results,
     retention,
     sagas,
     schedules,
@@ -148,6 +149,10 @@ class Executor(ABC):
     processed_forget = Operation(processed.forget)
     processed_trim = Operation(processed.trim)
 
+    # --- stored results (features/results.py) -----------------------------------------
+    result_lookup = Operation(results.result_lookup)
+    result_trim = Operation(results.result_trim)
+
     # --- retention (features/retention.py) ----------------------------------------------
     retention_set = Operation(retention.retention_set)
     retention_list = Operation(retention.retention_list)
@@ -239,6 +244,10 @@ class AsyncExecutor(ABC):
     processed_release = AsyncOperation(processed.release)
     processed_forget = AsyncOperation(processed.forget)
     processed_trim = AsyncOperation(processed.trim)
+
+    # --- stored results ----------------------------------------------------------------
+    result_lookup = AsyncOperation(results.result_lookup)
+    result_trim = AsyncOperation(results.result_trim)
 
     # --- retention --------------------------------------------------------------------
     retention_set = AsyncOperation(retention.retention_set)
