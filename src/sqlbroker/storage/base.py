@@ -234,7 +234,7 @@ class Backend(Protocol):
 
     # --- subscriptions ---------------------------------------------------------------------
     def subscription_upsert(
-        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
+        self, *, name: str, patterns: Sequence[str], replace: bool
     ) -> Subscription: ...
 
     def subscription_ensure(self, *, name: str) -> bool:

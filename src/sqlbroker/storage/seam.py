@@ -33,6 +33,7 @@ from sqlbroker.storage.operations import (
     sagas,
     schedules,
     security,
+    subscriptions,
 )
 from sqlbroker.storage.plan import Access, Plan, access_of
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -149,6 +150,10 @@ class Executor(ABC):
     processed_forget = Operation(processed.forget)
     processed_trim = Operation(processed.trim)
 
+    # --- subscriptions -----------------------------------------------------------------
+    subscription_upsert = Operation(subscriptions.subscription_upsert)
+    subscription_list = Operation(subscriptions.subscription_list)
+
     # --- stored results (features/results.py) -----------------------------------------
     result_lookup = Operation(results.result_lookup)
     result_trim = Operation(results.result_trim)
@@ -244,6 +249,10 @@ class AsyncExecutor(ABC):
     processed_release = AsyncOperation(processed.release)
     processed_forget = AsyncOperation(processed.forget)
     processed_trim = AsyncOperation(processed.trim)
+
+    # --- subscriptions -----------------------------------------------------------------
+    subscription_upsert = AsyncOperation(subscriptions.subscription_upsert)
+    subscription_list = AsyncOperation(subscriptions.subscription_list)
 
     # --- stored results ----------------------------------------------------------------
     result_lookup = AsyncOperation(results.result_lookup)

@@ -18,17 +18,12 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.errors
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import ConnectionLost
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.message import (
-    Subscription,
-)
 from sqlbroker.core.serde import encode_json
-from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect
@@ -44,7 +39,6 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
@@ -234,46 +228,11 @@ class PostgresBackend(
 
     # --- subscriptions -----------------------------------------------------------------------
 
-    def subscription_upsert(
-        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
-    ) -> Subscription:
-        now = self._now_param()
-        with self._db.transaction(conn) as c:
-            c.execute(self._sql["subscription_insert"], {"name": name, "now": now})
-            if replace:
-                c.execute(self._sql["subscription_patterns_clear"], {"name": name})
-            c.execute(
-                self._sql["subscription_pattern_insert"],
-                {
-                    "name": name,
-                    "patterns": list(patterns),
-                    "regexes": [pattern_regex(p) for p in patterns],
-                },
-            )
-            ((own, subscriptions, total),) = c.execute(
-                self._sql["subscription_room"], {"name": name}
-            ).fetchall()
-            self.limits.check_room(
-                subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=total
-            )
-            rows = (
-                c.cursor(row_factory=dict_row)
-                .execute(self._sql["subscription_get"], {"name": name})
-                .fetchall()
-            )
-        return subscriptions_of(rows)[0]
-
     def subscription_ensure(self, *, name: str) -> bool:
         with self._db.transaction() as conn:
             created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
         self._remember_queue(name)
         return created
-
-    def subscription_list(self) -> list[Subscription]:
-        with self._db.connection(write=False) as conn:
-            return subscriptions_of(
-                conn.cursor(row_factory=dict_row).execute(self._sql["subscription_list"]).fetchall()
-            )
 
     def subscription_delete(self, *, name: str) -> bool:
         self._known_queues.discard(name)

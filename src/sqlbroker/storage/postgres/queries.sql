@@ -59,7 +59,7 @@ ON CONFLICT (name) DO NOTHING
 -- name: subscription_patterns_clear
 DELETE FROM {schema}sqlbroker_subscription_pattern WHERE subscription = %(name)s
 
--- name: subscription_pattern_insert
+-- name: subscription_patterns_insert
 INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
 SELECT %(name)s, p.pattern, p.regex
 FROM unnest(%(patterns)b::text[], %(regexes)b::text[]) AS p(pattern, regex)

@@ -24,16 +24,12 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.message import (
-    Subscription,
-)
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
@@ -221,21 +217,6 @@ class SqliteBackend(
 
     # --- subscriptions -----------------------------------------------------------------------
 
-    def subscription_upsert(
-        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
-    ) -> Subscription:
-        with self._db.write(conn) as c:
-            c.execute(self._sql["subscription_insert"], {"name": name, "now": self._now()})
-            if replace:
-                c.execute(self._sql["subscription_patterns_clear"], {"name": name})
-            c.executemany(
-                self._sql["subscription_pattern_insert"],
-                [{"name": name, "pattern": p, "regex": pattern_regex(p)} for p in patterns],
-            )
-            self._check_room(c, name)
-            rows = c.execute(self._sql["subscription_get"], {"name": name}).fetchall()
-        return subscriptions_of(rows)[0]
-
     def subscription_ensure(self, *, name: str) -> bool:
         with self._db.write() as c:
             return self._ensure_queue(c, name, self._now())
@@ -260,10 +241,6 @@ class SqliteBackend(
         self.limits.check_room(
             subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
         )
-
-    def subscription_list(self) -> list[Subscription]:
-        with self._db.read() as conn:
-            return subscriptions_of(conn.execute(self._sql["subscription_list"]).fetchall())
 
     def subscription_delete(self, *, name: str) -> bool:
         with self._db.write() as conn:

@@ -77,6 +77,13 @@ WHERE (topic, idempotency_key) IN (
     SELECT topic, idempotency_key FROM sqlbroker_dedupe WHERE expires_at <= :now LIMIT :limit
 )
 
+-- name: subscription_patterns_insert
+INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
+SELECT :name, p.value, r.value
+FROM json_each(:patterns) p JOIN json_each(:regexes) r ON r.key = p.key
+WHERE true
+ON CONFLICT (subscription, pattern) DO NOTHING
+
 -- name: subscription_room
 -- What the limits are checked against (core/limits.py): the patterns of one subscription
 -- and the totals of the database, inside the transaction that just wrote them.
