@@ -340,3 +340,5 @@ class SubscriptionStats:
     handler_p50: float | None = None
     handler_p95: float | None = None
     expired: int = 0
+    paused: bool = False
+    """Whether claims are paused (``Broker.pause``): publishes still queue up."""

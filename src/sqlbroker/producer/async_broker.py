@@ -344,6 +344,14 @@ class AsyncBroker:
     async def subscriptions(self) -> builtins.list[Subscription]:
         return await self._offload.run(self.sync.subscriptions)
 
+    async def pause(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
+        """See :meth:`Broker.pause`."""
+        await self._offload.run(self.sync.pause, name, actor=actor, note=note)
+
+    async def resume(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
+        """See :meth:`Broker.resume`."""
+        await self._offload.run(self.sync.resume, name, actor=actor, note=note)
+
     async def claim(
         self,
         subscription: str,

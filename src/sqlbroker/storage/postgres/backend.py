@@ -72,6 +72,7 @@ _SQL_FILES = (
     "observability.sql",
     "security.sql",
     "results.sql",
+    "control.sql",
 )
 T = TypeVar("T")
 
@@ -125,6 +126,7 @@ class PostgresBackend(
         self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
         self.result_channel = f"{self.notify_channel}_result"
+        self.cancel_channel = f"{self.notify_channel}_cancel"
         self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
         self._archive_completed = archive
         self._complete_sql = self._sql[
@@ -136,6 +138,7 @@ class PostgresBackend(
             clock=clock,
             promotion=self._promotion,
             dead_channel=self.dead_channel,
+            cancel_channel=self.cancel_channel,
             claim_commit=self._claim_commit,
             supports_notify=True,
             notify_channel=self.notify_channel,

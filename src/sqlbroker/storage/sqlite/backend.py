@@ -106,6 +106,7 @@ class SqliteBackend(
                 "schedules.sql",
                 "observability.sql",
                 "results.sql",
+                "control.sql",
             ),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
