@@ -1,11 +1,11 @@
 """Flow control by an operator: pause and resume a subscription, cancel running copies.
 
 A pause is the subscription's ``paused`` flag, which the claim itself reads (so it holds for
-every worker, survives restarts, and running handlers finish). Cancelling a message archives
-its copies that are not running and flags the running ones
-(:func:`messages.message_cancel_many`); a worker finds the flag on the copies it runs (PostgreSQL wakes it with a
-NOTIFY on the cancel channel), stops the handler and archives the copy as cancelled with
-:func:`message_cancel_leased`.
+every worker, survives restarts, and running handlers finish). Cancelling a message
+archives its copies that are not running and flags the running ones
+(:func:`messages.message_cancel_many`); a worker finds the flag on the copies it runs
+(PostgreSQL wakes it with a NOTIFY on the cancel channel), stops the handler and archives
+the copy as cancelled with :func:`message_cancel_leased`.
 """
 
 from __future__ import annotations

@@ -204,10 +204,18 @@ class PostgresBackend(
         self._result_hub.close()
         self._db.close()
 
-    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
+    async def listen_async(
+        self,
+        *,
+        on_hint: Callable[[str | None], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
         # On the caller's loop, not in a thread of its own: a notification reaches the
         # claim without a hop between threads.
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.notify_channel))
+        channels = [self.notify_channel] + ([self.cancel_channel] if on_cancel else [])
+        statement = sql.SQL("; ").join(
+            sql.SQL("LISTEN {}").format(sql.Identifier(channel)) for channel in channels
+        )
         pause = 0.1
         health_every = self._db.network_timeout / 2
         while True:
@@ -221,7 +229,10 @@ class PostgresBackend(
                     on_hint(None)
                     while True:
                         async for notice in conn.notifies(timeout=health_every):
-                            on_hint(notice.payload or None)
+                            if on_cancel is not None and notice.channel == self.cancel_channel:
+                                on_cancel(notice.payload)
+                            else:
+                                on_hint(notice.payload or None)
                         # A session that went silent (a peer gone, its TCP session kept
                         # alive by a proxy) would wait for notifications for ever: ask.
                         watchdog = Watchdog(conn, health_every)
