@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from tests.seam.support import claim, publish
 
+from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.errors import NotFound
 
 
@@ -33,3 +34,19 @@ def test_pausing_an_unknown_subscription_writes_nothing(backend: Any) -> None:
     with pytest.raises(NotFound):
         backend.subscription_pause(name="nope", paused=True, actor="test", note=None)
     assert backend.table_counts() == before
+
+
+def test_a_cancelled_copy_whose_worker_was_lost_ends_cancelled(
+    backend: Any, clock: ManualClock
+) -> None:
+    cancelled_id, lost_id = publish(backend, "jobs", 2)
+    claim(backend, "jobs", 2)
+    assert backend.message_cancel_many(message_ids=[cancelled_id]) == 1
+    clock.advance(31)
+    result = backend.lease_release_expired(limit=10)
+    assert (result.released, result.dead) == (1, 0)
+    rows = backend.archive_list(subscription="jobs", outcome=None, message_id=None, limit=10)
+    assert [(row.message_id, row.outcome.value) for row in rows] == [(cancelled_id, "cancelled")]
+    assert [
+        p.message_id for p in backend.message_list(subscription="jobs", state=None, limit=10)
+    ] == [lost_id]

@@ -153,7 +153,10 @@ def message_cancel_many(settings: Settings, *, message_ids: Sequence[str]) -> Pl
 
 def lease_release_expired(settings: Settings, *, limit: int) -> Plan[ReapResult]:
     """Return copies whose lease expired to the queue, or to the dead letters when their
-    attempts are spent (reason ``worker lost``)."""
+    attempts are spent (reason ``worker lost``); a cancelled one is archived as cancelled
+    (its worker was lost before it could)."""
+    cancelled = yield query("lease_expired_cancelled", limit=limit)
+    yield from _promote_heads(cancelled)
     dead = yield query(
         "lease_expired_dead",
         limit=limit,

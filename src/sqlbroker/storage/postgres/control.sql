@@ -38,3 +38,32 @@ archived AS (
     ORDER BY id
 )
 SELECT id, subscription, ordering_key, state FROM gone ORDER BY id
+
+-- name: lease_expired_cancelled
+-- Cancelled copies whose worker was lost (their lease expired) end cancelled instead of
+-- going back to the queue.
+WITH c AS (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE state = 'running' AND cancel_requested
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY lease_expires_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id RETURNING m.*
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at, tenant
+    )
+    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    ORDER BY id
+)
+SELECT id, subscription, ordering_key, state FROM gone ORDER BY id

@@ -34,3 +34,27 @@ DELETE FROM sqlbroker_message
 WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
       JOIN json_each(:tokens) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state
+
+-- name: lease_expired_cancelled
+-- Two statements, as in message_dead: cancelled copies whose worker was lost (their lease
+-- expired) end cancelled instead of going back to the queue.
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+    enqueued_at, first_started_at, finished_at
+)
+SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, first_started_at, :now
+FROM sqlbroker_message
+WHERE id IN (SELECT id FROM sqlbroker_message
+             WHERE state = 'running' AND lease_expires_at <= :now AND cancel_requested
+             ORDER BY lease_expires_at, id
+             LIMIT :limit)
+ORDER BY id;
+DELETE FROM sqlbroker_message
+WHERE id IN (SELECT id FROM sqlbroker_message
+             WHERE state = 'running' AND lease_expires_at <= :now AND cancel_requested
+             ORDER BY lease_expires_at, id
+             LIMIT :limit)
+RETURNING id, subscription, ordering_key, state
