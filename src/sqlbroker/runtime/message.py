@@ -103,7 +103,7 @@ class Message:
         # loop both move the state: each move is one check-and-set under this lock.
         self._lock = threading.Lock()
         self._state = _OPEN
-        self._cancel = threading.Event()
+        self._cancel: threading.Event | None = None  # made on first use: most never are
 
     def __repr__(self) -> str:
         return (
@@ -176,16 +176,20 @@ class Message:
         A coroutine handler is cancelled outright; a plain function should check this (or
         wait on :attr:`cancel_event`) and return early. Either way the copy is archived as
         cancelled, also if the handler finishes its work."""
-        return self._cancel.is_set()
+        event = self._cancel
+        return event is not None and event.is_set()
 
     @property
     def cancel_event(self) -> threading.Event:
         """Set when the message is cancelled: ``msg.cancel_event.wait(5)`` sleeps 5 s
         unless a cancel comes first."""
-        return self._cancel
+        with self._lock:
+            if self._cancel is None:
+                self._cancel = threading.Event()
+            return self._cancel
 
     def _request_cancel(self) -> None:
-        self._cancel.set()
+        self.cancel_event.set()
 
     @property
     def settled(self) -> bool:
@@ -259,7 +263,7 @@ class Message:
             if self._state != _OPEN:
                 raise AlreadySettled(f"message {self.id} was already settled")
             self._state = _SETTLED
-        if self._cancel.is_set():
+        if self.cancelled:
             outcome = Cancelled(self._delivery)
         try:
             self._settle(outcome)
