@@ -31,6 +31,18 @@ def test_a_pause_survives_a_restart_and_publishes_queue_up(backend_url: str) -> 
         )
 
 
+def test_prometheus_shows_the_pause(broker: sqlbroker.Broker) -> None:
+    pytest.importorskip("prometheus_client")
+    from sqlbroker.interfaces.prometheus import exposition, registry_for
+
+    broker.subscribe("orders", "order.*")
+    broker.subscribe("emails", "user.*")
+    broker.pause("orders")
+    text = exposition(registry_for(broker)).decode()
+    assert 'sqlbroker_subscription_paused{subscription="orders"} 1.0' in text
+    assert 'sqlbroker_subscription_paused{subscription="emails"} 0.0' in text
+
+
 def test_pausing_an_unknown_subscription_is_not_found(broker: sqlbroker.Broker) -> None:
     before = broker.backend.table_counts()
     with pytest.raises(sqlbroker.NotFound):
