@@ -1,15 +1,15 @@
 """The worker: a supervisor of named asyncio tasks over one pump per subscriber.
 
 Lifecycle: ``run()`` ensures the subscriptions exist, starts the pumps and the side tasks
-(write-back, lease keepers, reaper, wake-up listener) and waits for a stop. A stop — from
-:meth:`Worker.stop`, SIGTERM or SIGINT — stops fetching, lets running handlers finish
-within ``grace`` seconds (and manual acks still due to come), releases claimed-but-unstarted
-messages, and writes back every outcome. A second signal (or ``stop(now=True)``) cancels
-running handlers at once; their messages are handed back for another attempt. Cancelling
-``run_async`` (``asyncio.wait_for``, an application's own shutdown) stops gracefully too,
-and raises ``CancelledError`` once that is done; a second cancellation stops at once. A
-side task that dies stops the worker gracefully and ``run()`` raises
-:class:`WorkerCrashed` naming it.
+(write-back, lease keepers, cancel watchers, reaper, wake-up listener) and waits for a stop.
+A stop — from :meth:`Worker.stop`, SIGTERM or SIGINT — stops fetching, lets running handlers
+finish within ``grace`` seconds (and manual acks still due to come), releases
+claimed-but-unstarted messages, and writes back every outcome. A second signal (or
+``stop(now=True)``) cancels running handlers at once; their messages are handed back for
+another attempt. Cancelling ``run_async`` (``asyncio.wait_for``, an application's own
+shutdown) stops gracefully too, and raises ``CancelledError`` once that is done; a second
+cancellation stops at once. A side task that dies stops the worker gracefully and ``run()``
+raises :class:`WorkerCrashed` naming it.
 """
 
 from __future__ import annotations
