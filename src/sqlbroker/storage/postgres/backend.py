@@ -213,9 +213,7 @@ class PostgresBackend(
         # On the caller's loop, not in a thread of its own: a notification reaches the
         # claim without a hop between threads.
         channels = [self.notify_channel] + ([self.cancel_channel] if on_cancel else [])
-        statement = sql.SQL("; ").join(
-            sql.SQL("LISTEN {}").format(sql.Identifier(channel)) for channel in channels
-        )
+        statements = [sql.SQL("LISTEN {}").format(sql.Identifier(name)) for name in channels]
         pause = 0.1
         health_every = self._db.network_timeout / 2
         while True:
@@ -223,7 +221,8 @@ class PostgresBackend(
                 async with await psycopg.AsyncConnection.connect(
                     self._db.conninfo, **self._db.connection_kwargs()
                 ) as conn:
-                    await conn.execute(statement)
+                    for statement in statements:
+                        await conn.execute(statement)
                     pause = 0.1
                     # Notifications sent while we were not listening are gone: poll now.
                     on_hint(None)
