@@ -550,6 +550,16 @@ assert result.value == {"total": 25.0, "count": 2}
 """,
     ),
     Case(
+        "docs/flow-control.md",
+        'broker.pause("emails", note="SMTP provider down")',
+        prelude=BROKER_FROM_ENV,
+        epilogue="""
+assert broker.archive("reports")[0].outcome == "cancelled"
+assert [e.action for e in broker.audit(limit=2)] == ["subscription.resume", "subscription.pause"]
+assert broker.stats()[0].paused is False
+""",
+    ),
+    Case(
         "docs/results.md",
         "sqlbroker result not-a-message-id",
         worker=True,

@@ -466,7 +466,7 @@ def test_sqlite_upgrade_keeps_every_row(tmp_path: Any) -> None:
     before = conn.execute("SELECT * FROM sqlbroker_archive ORDER BY id").fetchall()
     conn.close()
     with sqlbroker.Broker(url, migrate=False) as broker:
-        assert broker.migrate() == [mine]
+        assert broker.migrate()[0] == mine
         (kept,) = broker.retention()
         assert (kept.archive_default, kept.dead_default) == (True, True)
     conn = sqlite3.connect(path)

@@ -260,12 +260,13 @@ class Model:
         copy.attempts = max(copy.attempts - 1, 0)
 
     def cancel(self, message_id: str) -> int:
-        chosen = [
-            c for c in list(self.hot.values()) if c.message_id == message_id and c.token is None
-        ]
-        for copy in chosen:
-            self.finish(copy, "cancelled")
-        return len(chosen)
+        """Copies not running are cancelled; running ones are only flagged for a worker
+        (none runs here) and counted."""
+        copies = [c for c in list(self.hot.values()) if c.message_id == message_id]
+        for copy in copies:
+            if copy.token is None:
+                self.finish(copy, "cancelled")
+        return len(copies)
 
     def reap(self) -> dict[str, int]:
         """One ``Broker.reap()``: spent leases die, other expired leases are released, then

@@ -119,7 +119,11 @@ def test_messages_are_handled_within_the_poll_interval_when_hints_are_lost(
     messages come from another broker, as from another process: a publish through the
     worker's own broker would wake it directly."""
 
-    async def no_hints(*, on_hint: Callable[[str | None], None]) -> None:
+    async def no_hints(
+        *,
+        on_hint: Callable[[str | None], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
         await asyncio.get_running_loop().create_future()  # until cancelled
 
     monkeypatch.setattr(broker.backend, "listen_async", no_hints)

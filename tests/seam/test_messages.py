@@ -81,11 +81,25 @@ def test_extend_and_release(backend: Any, clock: ManualClock) -> None:
     assert (again.id, again.attempt) == (given_back.id, 1)
 
 
-def test_cancel_archives_only_copies_not_running(backend: Any) -> None:
+def test_cancel_archives_copies_not_running_and_flags_running_ones(backend: Any) -> None:
     running_id, waiting_id = publish(backend, "jobs", 2)
-    claim(backend, "jobs", 1)
-    assert backend.message_cancel_many(message_ids=[running_id, waiting_id]) == 1
+    (running,) = claim(backend, "jobs", 1)
+    assert backend.message_cancel_requested(ids=[running.id]) == []
+    assert backend.message_cancel_many(message_ids=[running_id, waiting_id]) == 2
     assert states(backend, "jobs") == ["running"]
+    assert backend.message_cancel_requested(ids=[running.id, running.id + 1000]) == [running.id]
+    # The worker that ran it archives it as cancelled; a stale lease changes nothing.
+    stale = Lease(running.id, "not-the-token")
+    assert backend.message_cancel_leased(leases=[stale]) == []
+    assert backend.message_cancel_leased(leases=[Lease.of(running)]) == [running.id]
+    assert states(backend, "jobs") == []
+    outcomes = [
+        row.outcome.value
+        for row in backend.archive_list(
+            subscription="jobs", outcome=None, message_id=None, limit=10
+        )
+    ]
+    assert outcomes == ["cancelled", "cancelled"]
 
 
 def test_the_reaper_returns_lost_leases_and_quarantines_spent_ones(

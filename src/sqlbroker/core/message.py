@@ -356,3 +356,5 @@ class SubscriptionStats:
     """Seconds its finished copies are kept in the archive (its own or the default)."""
     dead_retention: float | None = None
     """Seconds its dead letters are kept (its own or the default)."""
+    paused: bool = False
+    """Whether claims are paused (``Broker.pause``): publishes still queue up."""

@@ -111,6 +111,14 @@ class DatabaseCollector:
                     quantiles.add_metric([row.subscription, q], value)
         yield lag
         yield quantiles
+        paused = core.GaugeMetricFamily(
+            "sqlbroker_subscription_paused",
+            "1 while claims from the subscription are paused (Broker.pause), else 0.",
+            labels=by_sub,
+        )
+        for row in stats:
+            paused.add_metric([row.subscription], 1.0 if row.paused else 0.0)
+        yield paused
         totals = core.CounterMetricFamily(
             "sqlbroker_messages",
             "Outcomes written back by workers, since the database was created.",

@@ -360,6 +360,14 @@ class AsyncBroker:
             self.sync.set_retention, subscription, archive=archive, dead=dead, reset=reset
         )
 
+    async def pause(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
+        """See :meth:`Broker.pause`."""
+        await self._offload.run(self.sync.pause, name, actor=actor, note=note)
+
+    async def resume(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
+        """See :meth:`Broker.resume`."""
+        await self._offload.run(self.sync.resume, name, actor=actor, note=note)
+
     async def claim(
         self,
         subscription: str,

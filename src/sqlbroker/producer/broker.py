@@ -31,7 +31,7 @@ from sqlbroker.core.message import (
 from sqlbroker.core.results import Result
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
-from sqlbroker.features.dead_letters import DeadLetters
+from sqlbroker.features.dead_letters import DeadLetters, default_actor
 from sqlbroker.features.processed import Once, make_once, processed_key
 from sqlbroker.features.publishing import (
     PublishDefaults,
@@ -401,6 +401,26 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
 
     def subscriptions(self) -> list[Subscription]:
         return self._checked().subscription_list()
+
+    def pause(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
+        """Stop claims on subscription ``name`` until :meth:`resume`, for every worker and
+        across restarts: publishes are still accepted, running handlers finish. Recorded in
+        the audit trail (``actor`` defaults to ``api:<user>``); ``NotFound`` for an
+        unknown subscription."""
+        self._set_paused(name, True, actor, note)
+
+    def resume(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
+        """Let workers claim from ``name`` again (see :meth:`pause`)."""
+        self._set_paused(name, False, actor, note)
+
+    def _set_paused(self, name: str, paused: bool, actor: str | None, note: str | None) -> None:
+        validate_topic(name, "name")
+        self._checked().subscription_pause(
+            name=name,
+            paused=paused,
+            actor=default_actor() if actor is None else validate.reason(actor, "actor")[:200],
+            note=None if note is None else validate.reason(note, "note"),
+        )
 
     # --- results -----------------------------------------------------------------------------
 

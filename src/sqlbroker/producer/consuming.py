@@ -237,6 +237,9 @@ class BrokerConsumer:
             self._raise_lost((d.id for d in items), done)
 
     def cancel(self, message_id: str) -> int:
-        """Cancel every copy of a message that is not running; return how many were cancelled."""
+        """Cancel every copy of a message: copies not running are archived as cancelled
+        now; a running copy's worker is told to stop its handler (within about a second;
+        docs/flow-control.md) and archives it as cancelled. Return how many copies were
+        cancelled or told to stop."""
         canonical = validate.message_id(message_id)
         return self._checked().message_cancel_many(message_ids=[canonical])

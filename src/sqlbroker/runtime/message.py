@@ -45,7 +45,15 @@ class SendToDead:
     error: ErrorInfo | None
 
 
-Outcome = Complete | RetryLater | SendToDead
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """Archive the copy as cancelled: its message was cancelled while it ran
+    (``Broker.cancel``), whatever the handler did after."""
+
+    delivery: Delivery
+
+
+Outcome = Complete | RetryLater | SendToDead | Cancelled
 
 T = TypeVar("T")
 
@@ -68,6 +76,7 @@ class Message:
     """
 
     __slots__ = (
+        "_cancel",
         "_delivery",
         "_effects",
         "_lock",
@@ -94,6 +103,7 @@ class Message:
         # loop both move the state: each move is one check-and-set under this lock.
         self._lock = threading.Lock()
         self._state = _OPEN
+        self._cancel: threading.Event | None = None  # made on first use: most never are
 
     def __repr__(self) -> str:
         return (
@@ -159,6 +169,27 @@ class Message:
     @property
     def enqueued_at(self) -> datetime:
         return self._delivery.enqueued_at
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the message was cancelled while this handler runs (``Broker.cancel``).
+        A coroutine handler is cancelled outright; a plain function should check this (or
+        wait on :attr:`cancel_event`) and return early. Either way the copy is archived as
+        cancelled, also if the handler finishes its work."""
+        event = self._cancel
+        return event is not None and event.is_set()
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """Set when the message is cancelled: ``msg.cancel_event.wait(5)`` sleeps 5 s
+        unless a cancel comes first."""
+        with self._lock:
+            if self._cancel is None:
+                self._cancel = threading.Event()
+            return self._cancel
+
+    def _request_cancel(self) -> None:
+        self.cancel_event.set()
 
     @property
     def settled(self) -> bool:
@@ -232,6 +263,8 @@ class Message:
             if self._state != _OPEN:
                 raise AlreadySettled(f"message {self.id} was already settled")
             self._state = _SETTLED
+        if self.cancelled:
+            outcome = Cancelled(self._delivery)
         try:
             self._settle(outcome)
         except BaseException:

@@ -14,7 +14,11 @@ Invariants:
   ``BaseException``, or is given up inside its transaction (a timeout, a stop at once);
 - a delivery whose lease was lost before a handler took it is dropped, not started;
 - claimed-but-unstarted deliveries are released on shutdown without counting the attempt,
-  and so are the started ones a stop gives up (grace period exceeded): a stop is no failure.
+  and so are the started ones a stop gives up (grace period exceeded): a stop is no failure;
+- a delivery whose message was cancelled while held (``Broker.cancel`` flags it, and
+  :meth:`Pump.watch_cancels` finds the flag) ends ``Cancelled`` whatever its handler does:
+  a coroutine handler is cancelled, a plain function sees ``msg.cancelled``, an unstarted
+  one is not started.
 """
 
 from __future__ import annotations
@@ -43,7 +47,14 @@ from sqlbroker.runtime.handling import (
     failure_outcome,
     report_dead_letter,
 )
-from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
+from sqlbroker.runtime.message import (
+    Cancelled,
+    Complete,
+    Message,
+    Outcome,
+    RetryLater,
+    SendToDead,
+)
 from sqlbroker.runtime.writeback import WriteBack, retry_pause, wait_any
 from sqlbroker.storage.base import Backend, Lease
 
@@ -108,6 +119,10 @@ class Pump:
         self._capacity = asyncio.Event()
         self.idle = False
         self._pace: float | None = None  # recent handler seconds (moving average)
+        # By copy: the handlers in progress, and the task that runs each.
+        self._running: dict[int, tuple[Message, asyncio.Task[Any] | None]] = {}
+        self._cancelled_tasks: set[int] = set()  # copies whose handler task we cancelled
+        self._cancels = asyncio.Event()  # a cancel was announced for this subscription
         self.background: set[asyncio.Task[Any]] = set()
 
     @property
@@ -244,10 +259,19 @@ class Pump:
             self._threads,
             self._result_limit,
         )
+        task = asyncio.current_task()
+        self._running[delivery.id] = (message, task)
         try:
             value = await self._observed_call(delivery, message)
         except asyncio.CancelledError as error:
-            task = asyncio.current_task()
+            if self._uncancel(delivery, task):
+                # Our cancel request reached the handler: the copy ends cancelled; a stop
+                # of the worker that came as well goes on.
+                if message._take_over(uncommitted=True):
+                    self._settle(Cancelled(delivery))
+                if task is not None and task.cancelling():
+                    raise
+                return
             if task is None or not task.cancelling():
                 # The handler raised it itself: a failure like any other, not our stop.
                 self._failed(message, error)
@@ -261,10 +285,32 @@ class Pump:
         except BaseException as error:
             # SystemExit, KeyboardInterrupt and the like from user code fail the message
             # too: the worker's own stops come as cancellation.
-            self._failed(message, error)
+            self._uncancel(delivery, task)
+            if message.cancelled and message._take_over(uncommitted=True):
+                self._settle(Cancelled(delivery))
+            else:
+                self._failed(message, error)
         else:
-            if not manual and message._take_over(uncommitted=False):
+            # A handler that swallowed our cancellation, or a plain function that went on,
+            # still ends cancelled: the message was cancelled.
+            self._uncancel(delivery, task)
+            if message.cancelled:
+                if message._take_over(uncommitted=False):
+                    self._settle(Cancelled(delivery))
+            elif not manual and message._take_over(uncommitted=False):
                 self._settle(completion(self.spec, delivery, value, self._result_limit))
+        finally:
+            self._running.pop(delivery.id, None)
+
+    def _uncancel(self, delivery: Delivery, task: asyncio.Task[Any] | None) -> bool:
+        """Take back the cancellation :meth:`_cancel_running` gave the handler's task, if
+        it did; ``True`` then."""
+        if delivery.id not in self._cancelled_tasks:
+            return False
+        self._cancelled_tasks.discard(delivery.id)
+        if task is not None:
+            task.uncancel()
+        return True
 
     def _failed(self, message: Message, error: BaseException) -> None:
         if message._take_over(uncommitted=True):
@@ -389,6 +435,60 @@ class Pump:
             }
             if lost:
                 self._lost(lost)
+
+    # --- cancels -----------------------------------------------------------------------------
+
+    def cancel_hint(self) -> None:
+        """A running copy of this subscription was cancelled somewhere: look now."""
+        self._cancels.set()
+
+    async def watch_cancels(self, stop: asyncio.Event, *, interval: float) -> None:
+        """Until ``stop``: every ``interval`` seconds, or at once after :meth:`cancel_hint`,
+        ask which held copies have a cancel request (one query, and none while nothing is
+        held), and cancel their handlers."""
+        while not stop.is_set():
+            await wait_any(self._cancels, stop, timeout=interval)
+            self._cancels.clear()
+            held = list(self._held)
+            if not held or stop.is_set():
+                continue
+            try:
+                flagged = await self._run_blocking(self._backend.message_cancel_requested, ids=held)
+            except SqlbrokerError as error:
+                log.warning("looking for cancels on %s failed: %s", self.name, error)
+                continue
+            for delivery_id in flagged:
+                self._cancel_running(delivery_id)
+
+    def _cancel_running(self, delivery_id: int) -> None:
+        running = self._running.get(delivery_id)
+        if running is None:
+            self._cancel_unstarted(delivery_id)
+            return
+        message, task = running
+        if message.cancelled:
+            return
+        log.info(
+            "%s: message %s was cancelled; stopping its handler",
+            self.name,
+            message.id,
+            extra={"subscription": self.name, "message_id": message.id},
+        )
+        message._request_cancel()
+        if self.spec.is_async and task is not None:
+            # The task is suspended inside the handler (it is in _running, and this runs
+            # on the same loop): the CancelledError lands there, and _handle takes it back.
+            self._cancelled_tasks.add(delivery_id)
+            task.cancel()
+
+    def _cancel_unstarted(self, delivery_id: int) -> None:
+        """A cancelled copy still in the buffer is taken out and settled cancelled now."""
+        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        for item in waiting:
+            if item is not None and item.id == delivery_id:
+                self._settle(Cancelled(item))
+            else:
+                self._queue.put_nowait(item)
 
     def _lost(self, lost: dict[LeaseKey, Delivery]) -> None:
         """Another consumer may have these copies now: those still waiting for a handler

@@ -1,15 +1,15 @@
 """The worker: a supervisor of named asyncio tasks over one pump per subscriber.
 
 Lifecycle: ``run()`` ensures the subscriptions exist, starts the pumps and the side tasks
-(write-back, lease keepers, reaper, wake-up listener) and waits for a stop. A stop — from
-:meth:`Worker.stop`, SIGTERM or SIGINT — stops fetching, lets running handlers finish
-within ``grace`` seconds (and manual acks still due to come), releases claimed-but-unstarted
-messages, and writes back every outcome. A second signal (or ``stop(now=True)``) cancels
-running handlers at once; their messages are handed back for another attempt. Cancelling
-``run_async`` (``asyncio.wait_for``, an application's own shutdown) stops gracefully too,
-and raises ``CancelledError`` once that is done; a second cancellation stops at once. A
-side task that dies stops the worker gracefully and ``run()`` raises
-:class:`WorkerCrashed` naming it.
+(write-back, lease keepers, cancel watchers, reaper, wake-up listener) and waits for a stop.
+A stop — from :meth:`Worker.stop`, SIGTERM or SIGINT — stops fetching, lets running handlers
+finish within ``grace`` seconds (and manual acks still due to come), releases
+claimed-but-unstarted messages, and writes back every outcome. A second signal (or
+``stop(now=True)``) cancels running handlers at once; their messages are handed back for
+another attempt. Cancelling ``run_async`` (``asyncio.wait_for``, an application's own
+shutdown) stops gracefully too, and raises ``CancelledError`` once that is done; a second
+cancellation stops at once. A side task that dies stops the worker gracefully and ``run()``
+raises :class:`WorkerCrashed` naming it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
 from sqlbroker.storage.base import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
+CANCEL_POLL = 0.5
+"""Seconds between looks for cancelled running copies where no notification says so."""
+CANCEL_SAFETY_POLL = 5.0
+"""The same where a notification announces each cancel (PostgreSQL's NOTIFY)."""
 
 
 async def _shut_down_off_loop(threads: ThreadPoolExecutor) -> None:
@@ -283,6 +287,12 @@ class Worker:
             for pump in self._pumps.values():
                 group.create_task(self._guard(f"fetch {pump.name}", pump.fetch(self._stop)))
                 group.create_task(self._guard(f"leases {pump.name}", pump.keep_leases(side_stop)))
+                group.create_task(
+                    self._guard(
+                        f"cancels {pump.name}",
+                        pump.watch_cancels(side_stop, interval=self._cancel_poll(backend)),
+                    )
+                )
                 for index in range(pump.spec.concurrency):
                     executors.append(
                         group.create_task(
@@ -317,7 +327,9 @@ class Worker:
     async def _hints(self, backend: Backend) -> None:
         """The backend's hints until the stop: after it, no pump claims any more."""
         assert self._stop is not None
-        listener = asyncio.ensure_future(backend.listen_async(on_hint=self._hint))
+        listener = asyncio.ensure_future(
+            backend.listen_async(on_hint=self._hint, on_cancel=self._cancel_hint)
+        )
         try:
             await wait_any(self._stop, futures=[listener])
         finally:
@@ -325,6 +337,17 @@ class Worker:
             await asyncio.wait([listener])
         if not listener.cancelled():
             listener.result()  # it ended on its own: raises why
+
+    def _cancel_hint(self, subscription: str) -> None:
+        pump = self._pumps.get(subscription)
+        if pump is not None:
+            pump.cancel_hint()
+
+    def _cancel_poll(self, backend: Backend) -> float:
+        """How often a pump looks for cancels of its running copies: often where nothing
+        announces them, rarely (a safety net for a lost notification) where they are."""
+        announced = self._listen and getattr(backend, "supports_notify", False)
+        return CANCEL_SAFETY_POLL if announced else CANCEL_POLL
 
     def _ensure_subscriptions(self) -> None:
         backend = self._broker.backend

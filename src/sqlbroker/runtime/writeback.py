@@ -1,4 +1,4 @@
-"""Batched write-back of outcomes: completes, retries and dead-letters.
+"""Batched write-back of outcomes: completes, retries, dead-letters and cancels.
 
 Outcomes accumulate and are written in one database call per kind when ``max_items`` are
 waiting or ``max_delay`` seconds have passed since the first one. An outcome that follows
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
-from sqlbroker.runtime.message import Complete, Outcome, RetryLater, SendToDead
+from sqlbroker.runtime.message import Cancelled, Complete, Outcome, RetryLater, SendToDead
 from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
 
 log = logging.getLogger("sqlbroker.runtime")
@@ -159,7 +159,8 @@ class WriteBack:
     async def flush(self) -> bool:
         """One write of everything buffered; ``False`` when the database failed.
 
-        Completes, retries and dead-letters are written by one call each, in that order;
+        Completes, retries, dead-letters and cancels are written by one call each, in that
+        order;
         a call that fails keeps its outcomes (and those not yet tried) for the next flush.
         A second outcome for one copy (a stale delivery's and its re-claim's) waits for the
         next flush: a write reports valid leases by copy, so one call must hold each copy once.
@@ -182,7 +183,7 @@ class WriteBack:
             (later if outcome.delivery.id in seen else now).append(outcome)
             seen.add(outcome.delivery.id)
         batch = now
-        for kind in (Complete, RetryLater, SendToDead):
+        for kind in (Complete, RetryLater, SendToDead, Cancelled):
             group = [o for o in batch if isinstance(o, kind)]
             if not group:
                 continue
@@ -222,6 +223,9 @@ class WriteBack:
                 if isinstance(o, RetryLater)
             ]
             return set(self._backend.message_retry_many(retries=retries))
+        if isinstance(first, Cancelled):
+            cancels = [Lease.of(o.delivery) for o in group]
+            return set(self._backend.message_cancel_leased(leases=cancels))
         deaths = [
             DeadRequest(Lease.of(o.delivery), o.reason, o.error)
             for o in group

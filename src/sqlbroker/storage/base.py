@@ -221,10 +221,16 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
-    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
+    async def listen_async(
+        self,
+        *,
+        on_hint: Callable[[str | None], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
         """Run until cancelled, calling ``on_hint(subscription)`` on the running loop when
-        new work may be claimable there (``None``: anywhere). Hints can be lost; callers
-        poll as well.
+        new work may be claimable there (``None``: anywhere), and (where the backend can
+        announce them: PostgreSQL) ``on_cancel(subscription)`` when a running copy there
+        was cancelled. Hints can be lost; callers poll as well.
 
         PostgreSQL: LISTEN/NOTIFY on a dedicated async connection, re-established with
         backoff, with ``on_hint(None)`` after every (re)connect. SQLite: ``PRAGMA
@@ -325,7 +331,17 @@ class Backend(Protocol):
         """Give claimed-but-unstarted copies back at once, without counting the attempt."""
 
     def message_cancel_many(self, *, message_ids: Sequence[str]) -> int:
-        """Archive not-running copies of the messages as cancelled; return how many."""
+        """Archive not-running copies of the messages as cancelled and flag running ones
+        for their workers; return how many copies were cancelled or flagged."""
+
+    def message_cancel_requested(self, *, ids: Sequence[int]) -> list[int]:
+        """Which of these running copies have a cancel request."""
+
+    def message_cancel_leased(self, *, leases: Sequence[Lease]) -> list[int]:
+        """Archive leased copies as cancelled; return the ids whose lease was valid."""
+
+    def subscription_pause(self, *, name: str, paused: bool, actor: str, note: str | None) -> None:
+        """Pause or resume a subscription, audited; ``NotFound`` for an unknown name."""
 
     def message_list(
         self, *, subscription: str | None, state: State | None, limit: int

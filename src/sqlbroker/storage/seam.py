@@ -25,6 +25,7 @@ from sqlbroker.core.clock import Clock, DatabaseClock
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.operations import (
     admin,
+    control,
     messages,
     observability,
     processed,
@@ -59,6 +60,8 @@ class Settings:
     notify_channel: str = ""
     dead_channel: str = ""
     """Where dead-lettering is announced (PostgreSQL's NOTIFY)."""
+    cancel_channel: str = ""
+    """Where cancels of running copies are announced (PostgreSQL's NOTIFY)."""
     claim_commit: str = "off"
     """PostgreSQL: the ``synchronous_commit`` of a claim's own transaction."""
     archive_completed: bool = True
@@ -141,6 +144,11 @@ class Executor(ABC):
     message_expire = Operation(messages.message_expire)
     key_repair = Operation(messages.key_repair)
     dedupe_trim = Operation(messages.dedupe_trim)
+
+    # --- flow control by an operator: pause, cancel running copies ---------------------
+    subscription_pause = Operation(control.subscription_pause)
+    message_cancel_requested = Operation(control.message_cancel_requested)
+    message_cancel_leased = Operation(control.message_cancel_leased)
 
     # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
     processed_reserve = Operation(processed.reserve)
@@ -241,6 +249,11 @@ class AsyncExecutor(ABC):
     message_expire = AsyncOperation(messages.message_expire)
     key_repair = AsyncOperation(messages.key_repair)
     dedupe_trim = AsyncOperation(messages.dedupe_trim)
+
+    # --- flow control by an operator: pause, cancel running copies ---------------------
+    subscription_pause = AsyncOperation(control.subscription_pause)
+    message_cancel_requested = AsyncOperation(control.message_cancel_requested)
+    message_cancel_leased = AsyncOperation(control.message_cancel_leased)
 
     # --- processed keys --------------------------------------------------------------------
     processed_reserve = AsyncOperation(processed.reserve)

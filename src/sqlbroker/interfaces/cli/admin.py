@@ -1,4 +1,5 @@
-"""Schema and subscription administration: ``migrate``, ``schema``, ``subscribe``."""
+"""Schema and subscription administration: ``migrate``, ``schema``, ``subscribe``,
+``pause`` and ``resume``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from sqlbroker.app import Broker
-from sqlbroker.core.errors import ConfigurationError, InvalidOption
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.core.errors import ConfigurationError, InvalidOption, NotFound
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 from sqlbroker.storage.url import parse_url
 
 _POSTGRES_BACKEND = "sqlbroker.storage.postgres.backend"
@@ -130,3 +131,40 @@ def subscribe(session: Session, name: str, patterns: tuple[str, ...], replace: b
     """
     created = session.broker().subscribe(name, list(patterns), replace=replace)
     click.echo(f"subscription {created.name}: {', '.join(created.patterns)}")
+
+
+_NOTE = click.option(
+    "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
+)
+
+
+@click.command()
+@click.argument("name")
+@_NOTE
+@pass_session
+def pause(session: Session, name: str, note: str | None) -> None:
+    """Pause the subscription NAME: no worker claims from it until it is resumed.
+
+    Publishes are still accepted and queue up; handlers already running finish. The
+    pause survives restarts and is recorded in the audit trail.
+    """
+    _set_paused(session, name, True, note)
+    click.echo(f"paused subscription {name}")
+
+
+@click.command()
+@click.argument("name")
+@_NOTE
+@pass_session
+def resume(session: Session, name: str, note: str | None) -> None:
+    """Resume the subscription NAME: workers claim from it again."""
+    _set_paused(session, name, False, note)
+    click.echo(f"resumed subscription {name}")
+
+
+def _set_paused(session: Session, name: str, paused: bool, note: str | None) -> None:
+    broker = session.broker()
+    try:
+        (broker.pause if paused else broker.resume)(name, actor=cli_actor(), note=note)
+    except NotFound as error:
+        raise InvalidUsage(str(error)) from None

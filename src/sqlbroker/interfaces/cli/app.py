@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from sqlbroker.interfaces.cli.admin import migrate, schema, subscribe
+from sqlbroker.interfaces.cli.admin import migrate, pause, resume, schema, subscribe
 from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
-from sqlbroker.interfaces.cli.messages import claim, publish, send
+from sqlbroker.interfaces.cli.messages import cancel, claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
 from sqlbroker.interfaces.cli.pipeline import pipeline
 from sqlbroker.interfaces.cli.results import result
@@ -67,6 +67,9 @@ for _command in (
     stats,
     subscribe,
     subscriptions,
+    pause,
+    resume,
+    cancel,
     pending,
     archive,
     dlq,

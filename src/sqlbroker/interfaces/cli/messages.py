@@ -1,4 +1,4 @@
-"""Commands that move messages: ``send``, ``publish`` and ``claim``."""
+"""Commands that move messages: ``send``, ``publish``, ``claim`` and ``cancel``."""
 
 from __future__ import annotations
 
@@ -188,3 +188,16 @@ def claim(
             f"leased until {until}; not completed, so they will be delivered again after that",
             err=True,
         )
+
+
+@click.command()
+@click.argument("message_id")
+@pass_session
+def cancel(session: Session, message_id: str) -> None:
+    """Cancel the message MESSAGE_ID in every subscription.
+
+    Copies not running are archived as cancelled at once; a running copy's worker stops
+    its handler (within about a second) and archives it as cancelled.
+    """
+    count = session.broker().cancel(message_id)
+    click.echo(f"cancelled {plural(count, 'copy', 'copies')} of message {message_id}")

@@ -64,7 +64,7 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
     ]
     body = [
         (
-            s.subscription,
+            f"{s.subscription} (paused)" if s.paused else s.subscription,
             s.ready,
             s.scheduled,
             s.running,

@@ -142,6 +142,7 @@ def stats_collect(settings: Settings) -> Plan[list[SubscriptionStats]]:
             blocked=row[4],
             dead=row[5],
             oldest_ready_age=row[6],
+            paused=bool(row[7]),
         )
         for row in rows
     ]

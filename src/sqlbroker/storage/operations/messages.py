@@ -172,15 +172,24 @@ def message_release_many(settings: Settings, *, leases: Sequence[Lease]) -> Plan
 
 
 def message_cancel_many(settings: Settings, *, message_ids: Sequence[str]) -> Plan[int]:
-    """Archive the copies of these messages that are not running as cancelled."""
+    """Archive the copies of these messages that are not running as cancelled, and flag the
+    running ones so that their workers stop the handlers (PostgreSQL wakes them with a
+    NOTIFY on the cancel channel). Return how many copies were cancelled or flagged."""
+    flagged = yield query("message_cancel_request", message_ids=list(message_ids))
+    if flagged and settings.supports_notify:
+        subscriptions = sorted({row[1] for row in flagged})
+        yield query("notify_many", channel=settings.cancel_channel, payloads=subscriptions)
     rows = yield query("message_cancel", message_ids=list(message_ids))
     yield from _promote_heads(rows)
-    return len(rows)
+    return len(flagged) + len(rows)
 
 
 def lease_release_expired(settings: Settings, *, limit: int) -> Plan[ReapResult]:
     """Return copies whose lease expired to the queue, or to the dead letters when their
-    attempts are spent (reason ``worker lost``)."""
+    attempts are spent (reason ``worker lost``); a cancelled one is archived as cancelled
+    (its worker was lost before it could)."""
+    cancelled = yield query("lease_expired_cancelled", limit=limit)
+    yield from _promote_heads(cancelled)
     dead = yield query(
         "lease_expired_dead",
         limit=limit,

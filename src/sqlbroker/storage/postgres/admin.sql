@@ -119,7 +119,8 @@ names AS (
 SELECT n.name, coalesce(h.ready, 0), coalesce(h.scheduled, 0), coalesce(h.running, 0),
        coalesce(h.blocked, 0), coalesce(d.dead, 0),
        CASE WHEN h.oldest IS NOT NULL THEN greatest(0, extract(epoch FROM
-           coalesce(%(now)s::timestamptz, statement_timestamp()) - h.oldest))::float8 END
+           coalesce(%(now)s::timestamptz, statement_timestamp()) - h.oldest))::float8 END,
+       coalesce((SELECT s.paused FROM {schema}sqlbroker_subscription s WHERE s.name = n.name), false)
 FROM names n
 LEFT JOIN hot h ON h.subscription = n.name
 LEFT JOIN dead d ON d.subscription = n.name

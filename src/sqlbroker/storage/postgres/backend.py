@@ -59,6 +59,7 @@ _SQL_FILES = (
     "security.sql",
     "results.sql",
     "retention.sql",
+    "control.sql",
 )
 T = TypeVar("T")
 
@@ -112,6 +113,7 @@ class PostgresBackend(
         self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
         self.result_channel = f"{self.notify_channel}_result"
+        self.cancel_channel = f"{self.notify_channel}_cancel"
         self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
         self._archive_completed = archive
         self.settings = Settings(
@@ -120,6 +122,7 @@ class PostgresBackend(
             clock=clock,
             promotion=self._promotion,
             dead_channel=self.dead_channel,
+            cancel_channel=self.cancel_channel,
             claim_commit=self._claim_commit,
             supports_notify=True,
             notify_channel=self.notify_channel,
@@ -188,10 +191,16 @@ class PostgresBackend(
         self._result_hub.close()
         self._db.close()
 
-    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
+    async def listen_async(
+        self,
+        *,
+        on_hint: Callable[[str | None], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
         # On the caller's loop, not in a thread of its own: a notification reaches the
         # claim without a hop between threads.
-        statement = sql.SQL("LISTEN {}").format(sql.Identifier(self.notify_channel))
+        channels = [self.notify_channel] + ([self.cancel_channel] if on_cancel else [])
+        statements = [sql.SQL("LISTEN {}").format(sql.Identifier(name)) for name in channels]
         pause = 0.1
         health_every = self._db.network_timeout / 2
         while True:
@@ -199,13 +208,17 @@ class PostgresBackend(
                 async with await psycopg.AsyncConnection.connect(
                     self._db.conninfo, **self._db.connection_kwargs()
                 ) as conn:
-                    await conn.execute(statement)
+                    for statement in statements:
+                        await conn.execute(statement)
                     pause = 0.1
                     # Notifications sent while we were not listening are gone: poll now.
                     on_hint(None)
                     while True:
                         async for notice in conn.notifies(timeout=health_every):
-                            on_hint(notice.payload or None)
+                            if on_cancel is not None and notice.channel == self.cancel_channel:
+                                on_cancel(notice.payload)
+                            else:
+                                on_hint(notice.payload or None)
                         # A session that went silent (a peer gone, its TCP session kept
                         # alive by a proxy) would wait for notifications for ever: ask.
                         watchdog = Watchdog(conn, health_every)

@@ -368,6 +368,10 @@ WITH c AS MATERIALIZED (
       AND state = 'available'
       AND available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+      -- A paused subscription claims nothing: uncorrelated, so one primary-key probe per
+      -- claim (an InitPlan), not one per row.
+      AND NOT EXISTS (SELECT 1 FROM {schema}sqlbroker_subscription s
+                      WHERE s.name = %(subscription)s AND s.paused)
     ORDER BY priority, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -170,6 +170,9 @@ BEGIN
                           AND a.attname NOT IN ('id', 'message_id', 'subscription', 'topic', 'tenant')),
                        target, prefix || '_' || group_name);
     END LOOP;
+    -- Operators pause and resume subscriptions (docs/flow-control.md): that column only.
+    EXECUTE format('GRANT UPDATE (paused) ON TABLE %%I.sqlbroker_subscription TO %%I',
+                   target, prefix || '_operator');
 END
 $grant$
 

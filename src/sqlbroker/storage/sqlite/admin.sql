@@ -117,7 +117,8 @@ names AS (
 )
 SELECT n.name, coalesce(h.ready, 0), coalesce(h.scheduled, 0), coalesce(h.running, 0),
        coalesce(h.blocked, 0), coalesce(d.dead, 0),
-       CASE WHEN h.oldest IS NOT NULL THEN max(0.0, :now - h.oldest) END
+       CASE WHEN h.oldest IS NOT NULL THEN max(0.0, :now - h.oldest) END,
+       coalesce((SELECT s.paused FROM sqlbroker_subscription s WHERE s.name = n.name), 0)
 FROM names n
 LEFT JOIN hot h ON h.subscription = n.name
 LEFT JOIN dead d ON d.subscription = n.name

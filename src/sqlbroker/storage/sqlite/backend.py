@@ -97,6 +97,7 @@ class SqliteBackend(
                 "observability.sql",
                 "results.sql",
                 "retention.sql",
+                "control.sql",
             ),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
@@ -170,7 +171,13 @@ class SqliteBackend(
         self._threads.shutdown()
         self._db.close()
 
-    async def listen_async(self, *, on_hint: Callable[[str | None], None]) -> None:
+    async def listen_async(
+        self,
+        *,
+        on_hint: Callable[[str | None], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
+        # Cancels are not announced here: workers look for them (runtime/pump.py).
         # sqlite3 blocks: the watch runs in a thread of its own and hands hints to the loop.
         loop = asyncio.get_running_loop()
         stop = threading.Event()

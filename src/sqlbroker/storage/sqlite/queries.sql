@@ -159,6 +159,9 @@ WHERE id IN (
       AND state = 'available'
       AND available_at <= :now
       AND (expires_at IS NULL OR expires_at > :now)
+      -- A paused subscription claims nothing (one primary-key probe per claim).
+      AND NOT EXISTS (SELECT 1 FROM sqlbroker_subscription s
+                      WHERE s.name = :subscription AND s.paused)
     ORDER BY priority, available_at, id
     LIMIT :limit
 )

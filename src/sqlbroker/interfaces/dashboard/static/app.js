@@ -142,7 +142,10 @@ async function overview() {
   const rows = subs.map((s) => ({
     attrs: { "data-subscription": s.subscription },
     cells: [
-      td(link(`#/subscription/${encodeURIComponent(s.subscription)}`, s.subscription, "subscription-link")),
+      td([
+        link(`#/subscription/${encodeURIComponent(s.subscription)}`, s.subscription, "subscription-link"),
+        s.paused ? el("span", { className: "badge", "data-testid": "paused", title: "claims paused: sqlbroker resume" }, "paused") : null,
+      ]),
       td(num(s.ready), "num", { "data-testid": "ready" }),
       td(num(s.scheduled), "num"),
       td(num(s.running), "num", { "data-testid": "running" }),

@@ -1,0 +1,57 @@
+"""Flow control by an operator: pause and resume a subscription, cancel running copies.
+
+A pause is the subscription's ``paused`` flag, which the claim itself reads (so it holds for
+every worker, survives restarts, and running handlers finish). Cancelling a message
+archives its copies that are not running and flags the running ones
+(:func:`messages.message_cancel_many`); a worker finds the flag on the copies it runs
+(PostgreSQL wakes it with a NOTIFY on the cancel channel), stops the handler and archives
+the copy as cancelled with :func:`message_cancel_leased`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sqlbroker.core.errors import NotFound
+from sqlbroker.core.serde import encode_json
+from sqlbroker.storage.base import Lease
+from sqlbroker.storage.operations.messages import _leases, _promote_heads
+from sqlbroker.storage.plan import Plan, atomic, query, reads
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.seam import Settings
+
+
+@atomic
+def subscription_pause(
+    settings: Settings, *, name: str, paused: bool, actor: str, note: str | None
+) -> Plan[None]:
+    """Pause (``paused=True``) or resume a subscription and record who did it in the audit
+    trail; ``NotFound`` for an unknown name. A resume wakes the subscription's workers."""
+    found = yield query("subscription_set_paused", name=name, paused=paused)
+    if not found:
+        raise NotFound(f"no subscription named {name!r}")
+    action = "subscription.pause" if paused else "subscription.resume"
+    detail = encode_json({"subscription": name, "note": note})
+    yield query("audit_insert", actor=actor, action=action, detail=detail)
+    if not paused and settings.supports_notify:
+        yield query("notify_many", channel=settings.notify_channel, payloads=[name])
+
+
+@reads
+def message_cancel_requested(settings: Settings, *, ids: Sequence[int]) -> Plan[list[int]]:
+    """Which of these copies (a worker's running ones) have a cancel request."""
+    if not ids:
+        return []
+    rows = yield query("message_cancel_requested", ids=list(ids))
+    return [row[0] for row in rows]
+
+
+def message_cancel_leased(settings: Settings, *, leases: Sequence[Lease]) -> Plan[list[int]]:
+    """Archive leased copies as cancelled; return the ids whose lease was still valid."""
+    if not leases:
+        return []
+    rows = yield query("message_cancel_leased", **_leases(leases))
+    yield from _promote_heads(rows)
+    return sorted(row[0] for row in rows)

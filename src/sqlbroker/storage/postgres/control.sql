@@ -1,0 +1,69 @@
+-- Pause and cancel (storage/operations/control.py, docs/flow-control.md).
+
+-- name: subscription_set_paused
+UPDATE {schema}sqlbroker_subscription SET paused = %(paused)s WHERE name = %(name)s
+RETURNING name
+
+-- name: message_cancel_request
+-- Running copies of these messages: their workers find the flag and stop the handlers.
+UPDATE {schema}sqlbroker_message SET cancel_requested = true
+WHERE message_id = ANY (%(message_ids)b::uuid[]) AND state = 'running'
+RETURNING id, subscription
+
+-- name: message_cancel_requested
+SELECT id FROM {schema}sqlbroker_message
+WHERE id = ANY (%(ids)b::bigint[]) AND cancel_requested
+ORDER BY id
+
+-- name: message_cancel_leased
+-- Running copies whose cancel reached their worker, archived as cancelled; the token
+-- alone proves the lease, as in message_complete.
+WITH l AS (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING l
+    WHERE m.id = l.id AND m.lease_token::text = l.token
+    RETURNING m.*
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at, tenant
+    )
+    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    ORDER BY id
+)
+SELECT id, subscription, ordering_key, state FROM gone ORDER BY id
+
+-- name: lease_expired_cancelled
+-- Cancelled copies whose worker was lost (their lease expired) end cancelled instead of
+-- going back to the queue.
+WITH c AS (
+    SELECT id FROM {schema}sqlbroker_message
+    WHERE state = 'running' AND cancel_requested
+      AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+    ORDER BY lease_expires_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id RETURNING m.*
+),
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at, tenant
+    )
+    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    ORDER BY id
+)
+SELECT id, subscription, ordering_key, state FROM gone ORDER BY id
