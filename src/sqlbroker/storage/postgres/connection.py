@@ -119,6 +119,11 @@ def connect_failure(context: str, error: psycopg.Error, *, write: bool = True) -
         return AuthenticationError(f"{context}: the server refused the login: {text}")
     if _NO_SUCH_DATABASE in lowered and "does not exist" in lowered:
         return ConfigurationError(f"{context}: {text}")
+    if "unsupported startup parameter" in lowered:  # a pooler refusing our session settings
+        return ConfigurationError(
+            f"{context}: {text} (behind a transaction pooler such as PgBouncer, pass"
+            " pooler='transaction'; see docs/reliability.md)"
+        )
     if isinstance(error, psycopg.ProgrammingError):  # an invalid connection option
         return ConfigurationError(f"{context}: {text}")
     return ConnectionLost(f"{context}: {text}", ambiguous=False, write=write)
