@@ -156,7 +156,7 @@ class PostgresBackend(
         return f"PostgresBackend({self._url!s})"
 
     def connection_kwargs(self) -> dict[str, Any]:
-        """Settings for any other connection to open (the runtime's listener)."""
+        """Settings of the pools' connections (a LISTEN session's: ``listen_target``)."""
         return self._db.connection_kwargs()
 
     @property
