@@ -31,13 +31,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 env: $(STAMP)
 
-## PostgreSQL server binaries for the throwaway test server (Debian's package).
+## PostgreSQL server binaries for the throwaway test server, and PgBouncer for the pooler
+## tests in front of it (Debian's packages; the tests start both themselves).
 postgres:
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then :; \
+	@if { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; } \
+		&& { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		echo "installing PostgreSQL (Debian package postgresql)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
-	else echo "PostgreSQL server binaries missing: sudo apt-get install postgresql" >&2; exit 1; fi
+		echo "installing PostgreSQL and PgBouncer (Debian packages postgresql, pgbouncer)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql pgbouncer >/dev/null; \
+	else echo "PostgreSQL server binaries or PgBouncer missing: sudo apt-get install postgresql pgbouncer" >&2; exit 1; fi
 
 ## Headless Chromium for the dashboard's browser tests (Debian's packages; Playwright drives
 ## it and never downloads a browser of its own).

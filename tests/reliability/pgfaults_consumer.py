@@ -12,7 +12,8 @@ Environment: ``SQLBROKER_URL``, ``SQLBROKER_HISTORY`` (directory), ``SQLBROKER_N
 ``SQLBROKER_SLEEP`` (0), ``SQLBROKER_APPLICATION_NAME`` (PostgreSQL's, to find its
 sessions), ``SQLBROKER_TIME_CLAIMS`` (``1``: record each claim's duration as a ``claim``
 event with ``seconds`` and ``found``), ``SQLBROKER_NETWORK_TIMEOUT`` (the broker's
-``network_timeout``, PostgreSQL only).
+``network_timeout``, PostgreSQL only), ``SQLBROKER_POOLER`` and ``SQLBROKER_LISTEN_URL``
+(the broker's ``pooler`` and ``listen_url``, PostgreSQL only).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def main() -> int:
         options["application_name"] = env("SQLBROKER_APPLICATION_NAME")
     if not url.startswith("sqlite") and env("SQLBROKER_NETWORK_TIMEOUT"):
         options["network_timeout"] = float(env("SQLBROKER_NETWORK_TIMEOUT", "30"))
+    if not url.startswith("sqlite") and env("SQLBROKER_POOLER"):
+        options["pooler"] = env("SQLBROKER_POOLER")
+    if not url.startswith("sqlite") and env("SQLBROKER_LISTEN_URL"):
+        options["listen_url"] = env("SQLBROKER_LISTEN_URL")
     broker = sqlbroker.Broker(url, lease=float(env("SQLBROKER_LEASE", "30")), **options)
     broker.add_observer(HistoryObserver(writer))
     if env("SQLBROKER_TIME_CLAIMS") == "1":

@@ -20,7 +20,8 @@ and ``SQLBROKER_ROLLBACK_EVERY`` (0: never), ``SQLBROKER_APPLICATION_NAME``,
 ``SQLBROKER_BATCH`` (1: each message alone with ``send``; more: that many in one
 ``publish_many``), ``SQLBROKER_BURST`` (publish that many back to back, then pause: the
 same rate on average, with quiet gaps), ``SQLBROKER_STOP_FILE`` (stop early, cleanly,
-once this file exists). Exit status 0 once every message was published.
+once this file exists), ``SQLBROKER_POOLER`` (the broker's ``pooler``: also its own
+driver connections then prepare nothing). Exit status 0 once every message was published.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Producer:
         options: dict[str, Any] = {}
         if not self.url.startswith("sqlite") and self.application_name:
             options["application_name"] = self.application_name
+        self.pooler = env("SQLBROKER_POOLER") or None
+        if self.pooler:
+            options["pooler"] = self.pooler
         self.broker = sqlbroker.Broker(self.url, **options)
         self.give_up = float(env("SQLBROKER_GIVE_UP", "120"))
 
@@ -57,7 +61,11 @@ class Producer:
             return sqlite3.connect(path, isolation_level=None, timeout=30)
         import psycopg
 
-        return psycopg.connect(self.url, application_name=self.application_name or "producer")
+        return psycopg.connect(
+            self.url,
+            application_name=self.application_name or "producer",
+            prepare_threshold=None if self.pooler == "transaction" else 5,
+        )
 
     def publish(self, *tags: str) -> None:
         """Publish until it succeeds, the same idempotency keys every time: one tag with

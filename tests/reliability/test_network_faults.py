@@ -68,8 +68,9 @@ def test_own_statements_are_bounded_and_the_callers_transaction_is_not(pg_url: s
     """A pooled connection that gives no answer within ``network_timeout`` is shut down:
     here a wait for a lock another session holds, which the watchdog cannot tell from a
     silent network. The caller's own transaction (``backend.begin(timed=False)``, a handler's
-    effects) is never timed, however long it runs."""
-    with sqlbroker.Broker(pg_url, network_timeout=1) as broker:
+    effects) is never timed, however long it runs. (Without lock_timeout and
+    statement_timeout, which otherwise fail the wait cleanly first: test_stuck_locks.py.)"""
+    with sqlbroker.Broker(pg_url, network_timeout=1, lock_timeout=0, statement_timeout=0) as broker:
         broker.subscribe("held", ["held.#"])
         with psycopg.connect(pg_url) as holder:
             holder.execute("SELECT 1 FROM sqlbroker_subscription WHERE name = 'held' FOR UPDATE")

@@ -135,7 +135,9 @@ class StorageError(SqlbrokerError):
 
 class DatabaseBusy(StorageError):
     """The database was locked: longer than the busy timeout, or in a conflict SQLite
-    answers at once (the message says which); nothing was written."""
+    answers at once (the message says which); on PostgreSQL a lock held by another session
+    longer than ``lock_timeout``, or a statement past ``statement_timeout``. Nothing was
+    written; trying again later is safe."""
 
 
 class ConnectionLost(StorageError):

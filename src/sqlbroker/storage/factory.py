@@ -21,7 +21,11 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     cancelled and unrouted copies only). SQLite: ``synchronous``
     (``"full"``/``"normal"``), ``busy_timeout`` (s), ``pool_size``. PostgreSQL: ``schema``,
     ``pool_size``, ``synchronous_commit`` (``"on"``/``"off"``), ``connect_timeout`` (s),
-    ``network_timeout`` (s, 30: a dead peer is noticed within it; see docs/reliability.md).
+    ``network_timeout`` (s, 30: a dead peer is noticed within it; see docs/reliability.md),
+    ``lock_timeout`` and ``statement_timeout`` (s, a third and two thirds of
+    ``network_timeout``; 0: none) for sqlbroker's own statements, ``pooler`` (``None``,
+    ``"session"`` or ``"transaction"``: the pooling mode of a PgBouncer-like pooler in
+    front of the server) and ``listen_url`` (a direct URL for LISTEN sessions).
     """
     parsed = parse_url(url)
     if clock is not None and not callable(getattr(clock, "now", None)):

@@ -28,7 +28,7 @@ def _roles_needed(settings: Settings, what: str) -> None:
         )
 
 
-@atomic
+@atomic  # its settings must reach the grant: one transaction, one server session
 def roles_grant(
     settings: Settings, *, prefix: str, create: bool
 ) -> Plan[dict[str, dict[str, str]]]:

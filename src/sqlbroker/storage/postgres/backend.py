@@ -21,7 +21,7 @@ from psycopg import sql
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
-from sqlbroker.core.errors import ConnectionLost
+from sqlbroker.core.errors import ConnectionLost, InvalidOption
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.serde import encode_json
 from sqlbroker.storage.columns import utc
@@ -42,7 +42,7 @@ from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
-from sqlbroker.storage.url import DatabaseURL, redact
+from sqlbroker.storage.url import DatabaseURL, parse_url, redact
 
 log = logging.getLogger("sqlbroker.storage")
 _PROMOTE_BATCH = 1000
@@ -87,6 +87,10 @@ class PostgresBackend(
         connect_timeout: float = 10.0,
         application_name: str = "sqlbroker",
         network_timeout: float = 30.0,
+        lock_timeout: float | None = None,
+        statement_timeout: float | None = None,
+        pooler: str | None = None,
+        listen_url: str | None = None,
         limits: Limits | None = None,
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
@@ -106,6 +110,10 @@ class PostgresBackend(
             application_name=application_name,
             sql=self._sql,
             network_timeout=network_timeout,
+            lock_timeout=lock_timeout,
+            statement_timeout=statement_timeout,
+            pooler=pooler,
+            listen_url=None if listen_url is None else _listen_url(listen_url),
         )
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
         self._promotion = PromotionThrottle()
@@ -138,7 +146,7 @@ class PostgresBackend(
         return f"PostgresBackend({self._url!s})"
 
     def connection_kwargs(self) -> dict[str, Any]:
-        """Settings for any other connection to open (the runtime's listener)."""
+        """Settings of the pools' connections (a LISTEN session's: ``listen_target``)."""
         return self._db.connection_kwargs()
 
     @property
@@ -203,11 +211,17 @@ class PostgresBackend(
         statements = [sql.SQL("LISTEN {}").format(sql.Identifier(name)) for name in channels]
         pause = 0.1
         health_every = self._db.network_timeout / 2
+        target = self._db.listen_target()
+        if target is None:
+            # Behind a transaction pooler without listen_url: the poll alone, for good.
+            log.info("no LISTEN behind a transaction pooler (no listen_url): polling only")
+            on_hint(None)
+            await asyncio.Event().wait()
+            return
+        conninfo, kwargs = target
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._db.conninfo, **self._db.connection_kwargs()
-                ) as conn:
+                async with await psycopg.AsyncConnection.connect(conninfo, **kwargs) as conn:
                     for statement in statements:
                         await conn.execute(statement)
                     pause = 0.1
@@ -261,6 +275,13 @@ class PostgresBackend(
         await self._db.close_async()
 
     # --- maintenance -------------------------------------------------------------------------
+
+
+def _listen_url(url: str) -> DatabaseURL:
+    parsed = parse_url(url)
+    if parsed.scheme != "postgresql":
+        raise InvalidOption("listen_url", f"must be a postgresql:// URL, not {parsed}")
+    return parsed
 
 
 class _PostgresAsyncOps(AsyncExecutor):

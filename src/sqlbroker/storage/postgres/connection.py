@@ -17,10 +17,12 @@ from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from sqlbroker.core import validate
 from sqlbroker.core.errors import (
     AuthenticationError,
     ConfigurationError,
     ConnectionLost,
+    DatabaseBusy,
     InvalidOption,
     SchemaError,
     StorageError,
@@ -91,6 +93,18 @@ _ROLE = 'role "'
 _NO_SUCH_DATABASE = 'database "'
 
 
+def _parameters(url: str) -> dict[str, Any]:
+    try:
+        return conninfo_to_dict(url)
+    except psycopg.Error:
+        return {}  # a malformed URL fails at connect, with the driver's (redacted) reason
+
+
+def _milliseconds(seconds: float) -> int:
+    """A timeout setting's value: 0 (off) stays 0, anything else at least 1 ms."""
+    return 0 if seconds == 0 else max(1, round(seconds * 1000))
+
+
 def connect_failure(context: str, error: psycopg.Error, *, write: bool = True) -> Exception:
     """The error for a connection that could not be opened (nothing was sent, so nothing
     was applied): a refused login is an :class:`AuthenticationError`, a missing database
@@ -105,6 +119,11 @@ def connect_failure(context: str, error: psycopg.Error, *, write: bool = True) -
         return AuthenticationError(f"{context}: the server refused the login: {text}")
     if _NO_SUCH_DATABASE in lowered and "does not exist" in lowered:
         return ConfigurationError(f"{context}: {text}")
+    if "unsupported startup parameter" in lowered:  # a pooler refusing our session settings
+        return ConfigurationError(
+            f"{context}: {text} (behind a transaction pooler such as PgBouncer, pass"
+            " pooler='transaction'; see docs/reliability.md)"
+        )
     if isinstance(error, psycopg.ProgrammingError):  # an invalid connection option
         return ConfigurationError(f"{context}: {text}")
     return ConnectionLost(f"{context}: {text}", ambiguous=False, write=write)
@@ -129,6 +148,10 @@ class PostgresPool:
         application_name: str,
         sql: Mapping[str, str],
         network_timeout: float = 30.0,
+        lock_timeout: float | None = None,
+        statement_timeout: float | None = None,
+        pooler: str | None = None,
+        listen_url: DatabaseURL | None = None,
     ) -> None:
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 1000:
             raise InvalidOption("pool_size", "must be an integer from 1 to 1000")
@@ -144,7 +167,29 @@ class PostgresPool:
             or not 1 <= network_timeout <= 3600
         ):
             raise InvalidOption("network_timeout", "must be seconds, from 1 to 3600")
+        if pooler not in (None, "session", "transaction"):
+            raise InvalidOption(
+                "pooler",
+                "must be None (a direct connection), 'session' or 'transaction' (the pooling"
+                " mode of a PgBouncer-like pooler between sqlbroker and PostgreSQL; statement"
+                " pooling cannot run sqlbroker's transactions)",
+            )
         self.url = url
+        self.pooler = pooler
+        self.listen_url = listen_url
+        # Defaults below network_timeout, so that a wait on a lock held elsewhere (or a
+        # statement running long) fails cleanly on the server before the watchdog has to
+        # cut the connection, which leaves the outcome unknown.
+        self.lock_timeout = (
+            network_timeout / 3
+            if lock_timeout is None
+            else validate.seconds(lock_timeout, "lock_timeout", maximum=3600)
+        )
+        self.statement_timeout = (
+            network_timeout * 2 / 3
+            if statement_timeout is None
+            else validate.seconds(statement_timeout, "statement_timeout", maximum=3600)
+        )
         self._pool_size = pool_size
         self._connect_timeout = float(connect_timeout)
         self.network_timeout = float(network_timeout)
@@ -153,6 +198,8 @@ class PostgresPool:
             "application_name": application_name,
         }
         self._sql = sql
+        if pooler == "transaction":
+            self._check_poolable()
         self._pool: ConnectionPool[Conn] | None = None
         self._async_pools: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, AsyncConnectionPool[AsyncConn]
@@ -169,31 +216,73 @@ class PostgresPool:
         read per connection object (the cost of a ``conn=`` stays a dictionary lookup)."""
 
     def connection_kwargs(self) -> dict[str, Any]:
-        """Settings for any connection sqlbroker opens (the pool and the listener).
+        """Settings for the connections of the pools (through the pooler, if any).
 
         ``options`` from the URL (e.g. ``?options=-c%20role%3Dsqlbroker_migrator``, so that
         a migration creates objects owned by the migrator group) are kept, ours appended.
         TCP keepalives and ``tcp_user_timeout`` default to values derived from
         ``network_timeout`` (a dead peer is noticed within it), each unless the URL sets it.
+        Behind a transaction pooler (``pooler="transaction"``) no session setting travels
+        (the pooler refuses the startup ``options``, and a session's settings would stay
+        on whichever server connection ran them) and nothing is prepared on the server
+        (the next transaction may run on a server connection that never saw it).
         """
-        # TimeZone UTC: psycopg then returns times as datetime.UTC, which the claim's row
-        # conversion takes as is (another zone costs an astimezone per column and row). No
-        # statement depends on the session's zone: times are timestamptz, shown in UTC.
-        ours = f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
-        url_options = self._url_parameters.get("options") or ""
+        return self._kwargs(self._url_parameters, pooled=self.pooler == "transaction")
+
+    def _check_poolable(self) -> None:
+        """Refuse, behind a transaction pooler, the settings that only a session carries."""
+        if self._url_parameters.get("options"):
+            raise InvalidOption(
+                "pooler",
+                "a transaction pooler does not pass the URL's options= to the server (and"
+                " PgBouncer refuses the connection): set them on the role instead (ALTER ROLE"
+                " … SET …), see docs/reliability.md",
+            )
+        if self._settings["synchronous_commit"] != "on":
+            raise InvalidOption(
+                "synchronous_commit",
+                "cannot be set per session behind a transaction pooler: set it on the role"
+                " (ALTER ROLE … SET synchronous_commit = …) and leave this option 'on'",
+            )
+
+    def listen_target(self) -> tuple[str, dict[str, Any]] | None:
+        """The URL and settings of a LISTEN session: ``listen_url`` when given, else the
+        pools' URL — or ``None`` behind a transaction pooler without ``listen_url``, which
+        would deliver notifications to whichever client holds the server connection (the
+        poll alone then finds new messages)."""
+        if self.listen_url is not None:
+            return self.listen_url.raw, self._kwargs(_parameters(self.listen_url.raw), pooled=False)
+        if self.pooler == "transaction":
+            return None
+        return self.url.raw, self.connection_kwargs()
+
+    def _kwargs(self, parameters: Mapping[str, Any], *, pooled: bool) -> dict[str, Any]:
         network = {
             name: value
             for name, value in self._network_defaults().items()
-            if name not in self._url_parameters
+            if name not in parameters
         }
-        return {
+        kwargs: dict[str, Any] = {
             "autocommit": True,
             "context": ADAPTERS,
             "connect_timeout": max(1, int(self._connect_timeout)),
             "application_name": self._settings["application_name"],
-            "options": f"{url_options} {ours}" if url_options else ours,
             **network,
         }
+        if pooled:
+            kwargs["prepare_threshold"] = None
+            return kwargs
+        # TimeZone UTC: psycopg then returns times as datetime.UTC, which the claim's row
+        # conversion takes as is (another zone costs an astimezone per column and row). No
+        # statement depends on the session's zone: times are timestamptz, shown in UTC.
+        ours = (
+            f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
+            f" -c lock_timeout={_milliseconds(self.lock_timeout)}"
+            f" -c statement_timeout={_milliseconds(self.statement_timeout)}"
+        )
+        url_options = parameters.get("options") or ""
+        kwargs["options"] = f"{url_options} {ours}" if url_options else ours
+        return kwargs
 
     def _network_defaults(self) -> dict[str, str]:
         """libpq's TCP settings that bound how long a dead peer goes unnoticed: an idle
@@ -212,10 +301,7 @@ class PostgresPool:
 
     @functools.cached_property
     def _url_parameters(self) -> dict[str, Any]:
-        try:
-            return conninfo_to_dict(self.url.raw)
-        except psycopg.Error:
-            return {}  # a malformed URL fails at connect, with the driver's (redacted) reason
+        return _parameters(self.url.raw)
 
     @property
     def conninfo(self) -> str:
@@ -319,6 +405,16 @@ class PostgresPool:
                 f"PostgreSQL refused: {text} (the connecting role lacks this right; the roles"
                 " and their grants are in docs/security.md)"
             )
+        if isinstance(error, psycopg.errors.LockNotAvailable):
+            return DatabaseBusy(
+                f"PostgreSQL: a lock was held by another session longer than lock_timeout"
+                f" ({self.lock_timeout:g} s); nothing was changed, try again: {text}"
+            )
+        if isinstance(error, psycopg.errors.QueryCanceled) and "statement timeout" in text:
+            return DatabaseBusy(
+                f"PostgreSQL: the statement ran longer than statement_timeout"
+                f" ({self.statement_timeout:g} s); nothing was changed, try again: {text}"
+            )
         broken = (
             conn is None
             or conn.broken
@@ -335,9 +431,12 @@ class PostgresPool:
         """A transaction on a pooled connection, or the caller's ``conn`` (see
         :mod:`sqlbroker.storage.caller`) joined as :meth:`_joined` explains. ``watched``
         as for :meth:`connection`: pass ``False`` when the caller's own statements (or a
-        bulk statement) run in it."""
+        bulk statement) run in it; such a transaction of ours is not held to
+        ``lock_timeout`` and ``statement_timeout`` either (statement ``untimed``)."""
         if conn is None:
             with self.connection(write=True, watched=watched) as own, own.transaction():
+                if not watched:
+                    own.execute(self._sql["untimed"])
                 yield own
             return
         raw = self._caller(caller.unwrap, conn)
@@ -488,6 +587,8 @@ class PostgresPool:
                 self.connection_async(write=True, watched=watched) as own,
                 own.transaction(),
             ):
+                if not watched:
+                    await own.execute(self._sql["untimed"])
                 yield own
             return
         try:

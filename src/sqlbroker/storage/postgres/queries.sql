@@ -712,3 +712,11 @@ FROM (
 WHERE m.id = nxt.id AND m.state = 'blocked'
 
 
+
+-- name: untimed
+-- The first statement of a transaction whose statements are the caller's (a handler's
+-- msg.transaction()) or long by nature (a migration, the Spark export's bulk writes):
+-- the sessions' lock_timeout and statement_timeout, meant for sqlbroker's own short
+-- statements, do not apply to it. Transaction-local, so right behind a transaction pooler
+-- too, where the timeouts come from the role's settings.
+SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)

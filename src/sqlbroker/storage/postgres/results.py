@@ -46,11 +46,14 @@ class PostgresResults:
         backoff; a stored value's NOTIFY carries its message id, a dead letter's its
         subscription (any waiter may be concerned)."""
         pause = 0.1
+        target = self._db.listen_target()
+        if target is None:  # behind a transaction pooler: the waiters' own looks alone
+            ready.set()
+            return
+        conninfo, kwargs = target
         while not stop.is_set():
             try:
-                with psycopg.Connection.connect(
-                    self._db.conninfo, **self._db.connection_kwargs()
-                ) as conn:
+                with psycopg.Connection.connect(conninfo, **kwargs) as conn:
                     conn.execute(self._listen_statement())
                     pause = 0.1
                     ready.set()

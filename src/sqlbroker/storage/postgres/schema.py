@@ -47,6 +47,7 @@ class PostgresSchema:
         with self._db.connection(write=True, watched=False) as conn:
             try:
                 with conn.transaction():
+                    conn.execute(self._sql["untimed"])  # DDL may wait and run long
                     # Serialize concurrent migrators: the second waits, then finds nothing.
                     conn.execute(self._sql["migrate_lock"])
                     # CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when

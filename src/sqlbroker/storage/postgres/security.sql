@@ -3,8 +3,9 @@
 -- DO blocks below quote them with format('%I') when they build a GRANT.
 
 -- name: security_settings
--- The grant block's arguments, for this transaction only (roles_grant is an atomic
--- operation): nothing is left on a pooled connection, or on a pooler's shared session.
+-- The grant block's arguments, for the transaction (roles_grant is atomic): local, so
+-- nothing is left on the session, and behind a transaction pooler the grant, the next
+-- statement of the same transaction, runs on the same server session.
 SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
        set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), true),
        set_config('sqlbroker.create_roles', %(create)s::text, true)
@@ -15,7 +16,7 @@ SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
 -- so a migration that adds a table cannot silently leave a role without access. The whole
 -- block runs in one transaction: privileges are first revoked, then granted again, so the
 -- result is exactly this matrix however often it runs. It reads its arguments from the
--- settings security_settings wrote just before, on the same connection. The plan checks
+-- settings security_settings wrote just before, in the same transaction. The plan checks
 -- the group roles first; the check here only catches a role dropped meanwhile.
 DO $grant$
 DECLARE
