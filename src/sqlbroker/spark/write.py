@@ -155,14 +155,14 @@ class MessageWriter(DataSourceWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.taskAttemptId() if context else 0
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         staged = 0
         try:
             chunk: list[NewMessage] = []
             for row in iterator:
                 chunk.append(self._message(row))
                 if len(chunk) >= self.stage_batch:
-                    staged += backend.spark_stage_insert(
+                    staged += store.stage_insert(
                         job=self.job,
                         partition=partition,
                         attempt=attempt,
@@ -171,7 +171,7 @@ class MessageWriter(DataSourceWriter):
                     )
                     chunk = []
             if chunk:
-                staged += backend.spark_stage_insert(
+                staged += store.stage_insert(
                     job=self.job, partition=partition, attempt=attempt, first_seq=staged, rows=chunk
                 )
         finally:
@@ -184,17 +184,17 @@ class MessageWriter(DataSourceWriter):
         winners = sorted(
             {(m.partition, m.attempt) for m in messages if isinstance(m, StagedPartition)}
         )
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         try:
-            backend.spark_stage_publish(job=self.job, winners=winners, key_prefix=self.key_prefix)
+            store.stage_publish(job=self.job, winners=winners, key_prefix=self.key_prefix)
             # Jobs whose driver died between staging and commit leave rows behind.
-            backend.spark_stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
+            store.stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
         finally:
             broker.close()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         try:
-            backend.spark_stage_discard(job=self.job, older_than=None)
+            store.stage_discard(job=self.job, older_than=None)
         finally:
             broker.close()

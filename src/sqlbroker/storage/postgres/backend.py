@@ -55,7 +55,6 @@ from sqlbroker.storage.postgres.sagas import PostgresSagas
 from sqlbroker.storage.postgres.schedules import PostgresSchedules
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.security import PostgresSecurity
-from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.rows import deliveries_of, error_json, subscriptions_of
 from sqlbroker.storage.sql import load_sql
@@ -76,7 +75,6 @@ class PostgresBackend(
     PostgresObservability,
     PostgresSchedules,
     PostgresSagas,
-    PostgresSpark,
     PostgresSecurity,
     PostgresSchema,
 ):

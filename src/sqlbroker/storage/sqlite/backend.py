@@ -54,7 +54,6 @@ from sqlbroker.storage.sqlite.sagas import SqliteSagas
 from sqlbroker.storage.sqlite.schedules import SqliteSchedules
 from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.security import SqliteSecurity
-from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
@@ -74,7 +73,6 @@ class SqliteBackend(
     SqliteObservability,
     SqliteSchedules,
     SqliteSagas,
-    SqliteSpark,
     SqliteSecurity,
     SqliteSchema,
 ):

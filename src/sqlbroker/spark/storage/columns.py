@@ -1,4 +1,5 @@
-"""What both backends share for the Spark operations: column lists and staged-row logic."""
+"""The one column list of every Spark read, and what both stores share: staged rows, row
+filters, and the SQL markers the column list fills in."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import NewMessage, new_message_id
+from sqlbroker.spark.storage.base import SPARK_TABLES, Columns, SparkRowFilter
 from sqlbroker.storage.rows import payload_hash
-from sqlbroker.storage.spark_base import SPARK_TABLES, Columns, SparkRowFilter
 
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
     "messages": (
@@ -80,11 +81,16 @@ SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
         "dead_at",
     ),
 }
-"""The columns of a Spark batch read of each table, in order."""
+"""The columns of a Spark batch read of each table, in order: the only list of them. The
+SQL of each store names them through markers (:func:`fill_columns`)."""
 
 STREAM_COLUMNS: tuple[str, ...] = SPARK_COLUMNS["messages"]
 """A streaming read yields the columns of a batch read of messages (``id`` is the
 delivery id), as they were when claimed."""
+
+SNAPSHOT_COLUMNS: tuple[str, ...] = tuple(c for c in STREAM_COLUMNS if c not in ("id", "state"))
+"""The message columns a stream's claim snapshot copies (the claim table stores the id as
+``delivery_id`` and no state: a claimed message is running)."""
 
 TIME_COLUMNS = frozenset(
     {
@@ -101,28 +107,44 @@ TIME_COLUMNS = frozenset(
 )
 
 
+def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
+    """The blocks of a store's SQL file with their column markers filled in.
+
+    ``{messages_columns}``, ``{archive_columns}``, ``{dead_columns}`` and
+    ``{stream_columns}`` become the select list of that read; ``{snapshot_columns}`` the
+    claim table's copy of a message's columns and ``{snapshot_values}`` the same columns of
+    the message row ``m``. A column whose SQL is not its bare name (a cast, a constant) has
+    a block of its own: ``column_<name>`` for every read, ``stream_column_<name>`` for the
+    stream's read of the claim table. Names come from the lists above, never from input.
+    """
+
+    def select(names: Sequence[str], *prefixes: str) -> str:
+        def one(name: str) -> str:
+            for prefix in prefixes:
+                if f"{prefix}{name}" in blocks:
+                    return blocks[f"{prefix}{name}"]
+            return name
+
+        return ", ".join(one(name) for name in names)
+
+    markers = {
+        f"{{{table}_columns}}": select(SPARK_COLUMNS[table], "column_") for table in SPARK_TABLES
+    }
+    markers["{stream_columns}"] = select(STREAM_COLUMNS, "stream_column_", "column_")
+    markers["{snapshot_columns}"] = ", ".join(SNAPSHOT_COLUMNS)
+    markers["{snapshot_values}"] = ", ".join(f"m.{name}" for name in SNAPSHOT_COLUMNS)
+    filled = {}
+    for name, body in blocks.items():
+        for marker, text in markers.items():
+            body = body.replace(marker, text)
+        filled[name] = body
+    return filled
+
+
 def check_table(where: SparkRowFilter) -> str:
     if where.table not in SPARK_TABLES:
         raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
     return where.table
-
-
-def filter_params(where: SparkRowFilter, *, epoch: bool) -> dict[str, Any]:
-    """Bind parameters of a row filter; times as Unix seconds when ``epoch``."""
-
-    def time(value: Any) -> Any:
-        if value is None or not epoch:
-            return value
-        return value.timestamp()
-
-    return {
-        "subscription": where.subscription,
-        "topic_regex": where.topic_regex,
-        "since": time(where.since),
-        "until": time(where.until),
-        "min_id": where.min_id,
-        "max_id": where.max_id,
-    }
 
 
 def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
@@ -212,3 +234,8 @@ def messages_from_stage(rows: Iterable[Mapping[str, Any]], *, key_prefix: str) -
             )
         )
     return messages
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,29 +1,33 @@
--- PostgreSQL queries of the Spark data source and the archive pipeline. Times leave as
--- float seconds since the Unix epoch, the form both backends hand to Spark.
+-- PostgreSQL queries of the Spark data source and the archive pipeline.
+-- {..._columns} markers are the column lists of spark/storage/columns.py (fill_columns).
+-- Batch reads go through ADBC (Arrow all the way) with positional parameters:
+-- $1 subscription ('' for any), $2 topic regex ('' for any), $3/$4 the time window
+-- [since, until), $5/$6 the id range (after, upto]. The regex is matched against
+-- '.' || topic, like every pattern (see core.topics.pattern_regex).
+
+-- name: column_message_id
+message_id::text AS message_id
+
+-- name: column_priority
+priority::int AS priority
+
+-- name: stream_column_id
+delivery_id AS id
+
+-- name: stream_column_state
+'running' AS state
 
 -- name: messages_where
-WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s)
-  AND (%(topic_regex)s::text IS NULL OR ('.' || topic) ~ %(topic_regex)s)
-  AND (%(since)s::timestamptz IS NULL OR enqueued_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR enqueued_at < %(until)s)
-  AND (%(min_id)s::bigint IS NULL OR id >= %(min_id)s)
-  AND (%(max_id)s::bigint IS NULL OR id <= %(max_id)s)
+WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR ('.' || topic) ~ $2)
+  AND enqueued_at >= $3 AND enqueued_at < $4 AND id > $5 AND id <= $6
 
 -- name: archive_where
-WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s)
-  AND (%(topic_regex)s::text IS NULL OR ('.' || topic) ~ %(topic_regex)s)
-  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR finished_at < %(until)s)
-  AND (%(min_id)s::bigint IS NULL OR id >= %(min_id)s)
-  AND (%(max_id)s::bigint IS NULL OR id <= %(max_id)s)
+WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR ('.' || topic) ~ $2)
+  AND finished_at >= $3 AND finished_at < $4 AND id > $5 AND id <= $6
 
 -- name: dead_where
-WHERE (%(subscription)s::text IS NULL OR subscription = %(subscription)s)
-  AND (%(topic_regex)s::text IS NULL OR ('.' || topic) ~ %(topic_regex)s)
-  AND (%(since)s::timestamptz IS NULL OR dead_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR dead_at < %(until)s)
-  AND (%(min_id)s::bigint IS NULL OR id >= %(min_id)s)
-  AND (%(max_id)s::bigint IS NULL OR id <= %(max_id)s)
+WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR ('.' || topic) ~ $2)
+  AND dead_at >= $3 AND dead_at < $4 AND id > $5 AND id <= $6
 
 -- name: messages_range
 SELECT min(id), max(id), count(*) FROM {schema}sqlbroker_message
@@ -38,39 +42,19 @@ SELECT min(id), max(id), count(*) FROM {schema}sqlbroker_dead
 -- include: dead_where
 
 -- name: messages_read
-SELECT id, message_id::text, subscription, topic, state, priority::int, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       extract(epoch FROM enqueued_at)::float8, extract(epoch FROM available_at)::float8,
-       extract(epoch FROM expires_at)::float8, extract(epoch FROM first_started_at)::float8,
-       extract(epoch FROM lease_expires_at)::float8, last_error
-FROM {schema}sqlbroker_message
+SELECT {messages_columns} FROM {schema}sqlbroker_message
 -- include: messages_where
-  AND id > %(after_id)s AND id <= %(upto_id)s
 ORDER BY id
-LIMIT %(limit)s
 
 -- name: archive_read
-SELECT id, delivery_id, message_id::text, subscription, topic, outcome, priority::int,
-       ordering_key, idempotency_key, payload, content_type, headers, attempts, max_attempts,
-       replay_count, extract(epoch FROM enqueued_at)::float8,
-       extract(epoch FROM first_started_at)::float8, extract(epoch FROM finished_at)::float8
-FROM {schema}sqlbroker_archive
+SELECT {archive_columns} FROM {schema}sqlbroker_archive
 -- include: archive_where
-  AND id > %(after_id)s AND id <= %(upto_id)s
 ORDER BY id
-LIMIT %(limit)s
 
 -- name: dead_read
-SELECT id, delivery_id, message_id::text, subscription, topic, priority::int, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       reason, error_type, error_message, traceback, extract(epoch FROM enqueued_at)::float8,
-       extract(epoch FROM first_started_at)::float8, extract(epoch FROM first_failed_at)::float8,
-       extract(epoch FROM last_failed_at)::float8, extract(epoch FROM dead_at)::float8
-FROM {schema}sqlbroker_dead
+SELECT {dead_columns} FROM {schema}sqlbroker_dead
 -- include: dead_where
-  AND id > %(after_id)s AND id <= %(upto_id)s
 ORDER BY id
-LIMIT %(limit)s
 
 -- name: stage_insert
 INSERT INTO {schema}sqlbroker_spark_stage (
@@ -107,24 +91,19 @@ ON CONFLICT (name) DO NOTHING
 -- name: stream_get
 SELECT last_seq, acked_seq FROM {schema}sqlbroker_spark_stream WHERE name = %(stream)s
 
--- name: stream_lock
-SELECT last_seq FROM {schema}sqlbroker_spark_stream WHERE name = %(stream)s FOR UPDATE
-
 -- name: stream_next_seq
+-- The row lock taken here orders the claimers of one stream: a sequence number is
+-- visible only once every smaller one has committed.
 UPDATE {schema}sqlbroker_spark_stream SET last_seq = last_seq + 1 WHERE name = %(stream)s
 RETURNING last_seq
 
 -- name: stream_claim_snapshot
+-- The claimed messages as they are now: a claim is a lease still held, so nothing else
+-- changes them before the snapshot commits.
 INSERT INTO {schema}sqlbroker_spark_claim (
-    stream, seq, delivery_id, lease_token, message_id, subscription, topic, priority,
-    ordering_key, idempotency_key, payload, content_type, headers, attempts, max_attempts,
-    replay_count, enqueued_at, available_at, expires_at, first_started_at, lease_expires_at,
-    last_error, claimed_at
+    stream, seq, delivery_id, lease_token, {snapshot_columns}, claimed_at
 )
-SELECT %(stream)s, %(seq)s, m.id, m.lease_token, m.message_id, m.subscription, m.topic,
-       m.priority, m.ordering_key, m.idempotency_key, m.payload, m.content_type, m.headers,
-       m.attempts, m.max_attempts, m.replay_count, m.enqueued_at, m.available_at, m.expires_at,
-       m.first_started_at, m.lease_expires_at, m.last_error,
+SELECT %(stream)s, %(seq)s, m.id, m.lease_token, {snapshot_values},
        coalesce(%(now)s::timestamptz, statement_timestamp())
 FROM {schema}sqlbroker_message m
 JOIN unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS c(id, token)
@@ -132,12 +111,7 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS c(id, token)
 
 -- name: stream_read
 -- The same columns as a batch read of messages, as they were when claimed.
-SELECT delivery_id, message_id::text, subscription, topic, 'running', priority::int,
-       ordering_key, idempotency_key, payload, content_type, headers, attempts, max_attempts,
-       replay_count, extract(epoch FROM enqueued_at)::float8,
-       extract(epoch FROM available_at)::float8, extract(epoch FROM expires_at)::float8,
-       extract(epoch FROM first_started_at)::float8,
-       extract(epoch FROM lease_expires_at)::float8, last_error
+SELECT {stream_columns}
 FROM {schema}sqlbroker_spark_claim
 WHERE stream = %(stream)s AND seq > %(after_seq)s AND seq <= %(upto_seq)s
   AND delivery_id %% %(parts)s = %(part)s
