@@ -106,9 +106,7 @@ def main() -> None:
                 if adbc is not None:
                     command += ["--adbc", adbc]
                 env = {**os.environ, "PYTHONPATH": src}
-                done = subprocess.run(
-                    command, env=env, capture_output=True, text=True, check=True
-                )
+                done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
                 warm = json.loads(done.stdout.strip().splitlines()[-1])[1]
                 timings[name].append(warm)
                 print(f"{name}: {warm:.2f} s", flush=True)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import sqlbroker
-from sqlbroker.core.errors import StorageError
+from sqlbroker.core.errors import IdempotencyConflict, StorageError
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore, open_store
 from sqlbroker.spark.storage.columns import SPARK_COLUMNS
@@ -34,19 +34,51 @@ def test_staged_winners_are_published_once_with_derived_keys(
     # Partition 0 failed once (attempt 7) after staging two rows, then won (attempt 9).
     store.stage_insert(job="j1", partition=0, attempt=7, first_seq=0, rows=_messages(2))
     store.stage_insert(job="j1", partition=0, attempt=9, first_seq=0, rows=_messages(3))
-    store.stage_insert(job="j1", partition=1, attempt=8, first_seq=0, rows=_messages(2, same=True))
-    result = store.stage_publish(job="j1", winners=[(0, 9), (1, 8)], key_prefix="t:")
-    assert (len(result.message_ids), result.duplicates) == (5, 0)
+    store.stage_insert(job="j1", partition=1, attempt=8, first_seq=0, rows=_messages(3, same=True))
+    result = store.stage_publish(job="j1", winners=[(0, 9), (1, 8)], key_prefix="t:", chunk=2)
+    assert (result.published, result.duplicates) == (6, 0)
     pending = broker.pending("orders", limit=100)
-    assert len(pending) == 5
+    assert len(pending) == 6
     assert store.stage_discard(job=None, older_than=broker.backend.now() + timedelta(1)) == 0
 
     # The same rows staged again by a re-run: all duplicates, nothing new.
     store.stage_insert(job="j2", partition=0, attempt=1, first_seq=0, rows=_messages(3))
-    store.stage_insert(job="j2", partition=1, attempt=2, first_seq=0, rows=_messages(2, same=True))
-    again = store.stage_publish(job="j2", winners=[(0, 1), (1, 2)], key_prefix="t:")
-    assert again.duplicates == 5
-    assert len(broker.pending("orders", limit=100)) == 5
+    store.stage_insert(job="j2", partition=1, attempt=2, first_seq=0, rows=_messages(3, same=True))
+    again = store.stage_publish(job="j2", winners=[(0, 1), (1, 2)], key_prefix="t:", chunk=2)
+    assert (again.published, again.duplicates) == (0, 6)
+    assert len(broker.pending("orders", limit=100)) == 6
+
+
+def test_the_publish_commits_chunk_by_chunk_and_a_rerun_publishes_the_rest(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """Issue 28 item 5: each chunk of the driver's publish is a transaction of its own (on
+    SQLite, the write lock is let go between chunks). A commit failing at its third chunk
+    leaves the first two published; the job run again publishes exactly the rest."""
+    broker.subscribe("orders", "orders.#")
+    broker.publish("orders.created", {"taken": True}, idempotency_key="order-5")
+    store = _spark(broker, backend_url)
+
+    def rows(conflict: bool) -> list[Any]:
+        messages = _messages(4) + _messages(2, same=True)
+        fifth = build_message(
+            "orders.created",
+            {"n": 5 if conflict else "fixed"},
+            defaults=DEFAULTS,
+            idempotency_key="order-5" if conflict else "order-5b",
+        )
+        return [*messages[:4], fifth, *messages[4:]]
+
+    store.stage_insert(job="j1", partition=0, attempt=1, first_seq=0, rows=rows(conflict=True))
+    with pytest.raises(IdempotencyConflict):
+        store.stage_publish(job="j1", winners=[(0, 1)], key_prefix="t:", chunk=2)
+    assert len(broker.pending("orders", limit=100)) == 1 + 4
+    assert store.stage_discard(job="j1", older_than=None) == 3
+
+    store.stage_insert(job="j2", partition=0, attempt=1, first_seq=0, rows=rows(conflict=False))
+    again = store.stage_publish(job="j2", winners=[(0, 1)], key_prefix="t:", chunk=2)
+    assert (again.published, again.duplicates) == (3, 4)
+    assert len(broker.pending("orders", limit=100)) == 1 + 7
 
 
 def test_an_aborted_job_leaves_nothing(broker: sqlbroker.Broker, backend_url: str) -> None:

@@ -30,6 +30,7 @@ from sqlbroker.producer.broker import DEFAULT_DEDUPE_WINDOW, DEFAULT_MAX_ATTEMPT
 from sqlbroker.spark import options as opt
 
 STAGE_CHUNK = 5_000
+PUBLISH_CHUNK = 5_000
 STALE_STAGE = timedelta(days=7)
 _COLUMN_OPTIONS = (
     "topic_column",
@@ -109,6 +110,9 @@ class MessageWriter(DataSourceWriter):
         self.stage_batch = opt.integer(
             options, "stage_batch", STAGE_CHUNK, minimum=1, maximum=100_000
         )
+        self.publish_chunk = opt.integer(
+            options, "publish_chunk", PUBLISH_CHUNK, minimum=1, maximum=100_000
+        )
         self.key_prefix = "spark:" + (opt.text(options, "write_id") or "") + ":"
         self.job = uuid.uuid4().hex
         self.excluded = {c for c in self.columns.values() if c is not None}
@@ -186,7 +190,12 @@ class MessageWriter(DataSourceWriter):
         )
         broker, store = self.connection.open()
         try:
-            store.stage_publish(job=self.job, winners=winners, key_prefix=self.key_prefix)
+            store.stage_publish(
+                job=self.job,
+                winners=winners,
+                key_prefix=self.key_prefix,
+                chunk=self.publish_chunk,
+            )
             # Jobs whose driver died between staging and commit leave rows behind.
             store.stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
         finally:

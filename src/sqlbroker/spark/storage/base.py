@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlbroker.core.message import NewMessage
-from sqlbroker.storage.base import InsertResult
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,6 +51,16 @@ class IdRange:
 Columns = dict[str, list[Any]]
 """Rows column by column; times are float seconds since the Unix epoch (UTC) or aware
 datetimes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a write's commit published: new messages, duplicates of earlier ones (a re-run,
+    or a key already used), and messages no subscription matched (archived as unrouted)."""
+
+    published: int
+    duplicates: int
+    unrouted: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +106,17 @@ class SparkStore(Protocol):
         """Stage validated messages of one task attempt (numbered from ``first_seq``)."""
 
     def stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str
-    ) -> InsertResult:
-        """Publish the staged rows of the winning ``(partition, attempt)`` pairs and delete
-        every staged row of the job, all or nothing.
+        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+    ) -> Published:
+        """Publish the staged rows of the winning ``(partition, attempt)`` pairs, then delete
+        every staged row of the job.
 
-        A row without an idempotency key gets ``key_prefix`` + its content hash + its
-        occurrence among identical rows of the job, so a re-run of the same job publishes
-        nothing new within the dedupe window."""
+        The rows go out in transactions of at most ``chunk`` messages, each deleting the
+        staged rows it published, so no transaction holds a large write and the driver
+        holds one chunk at a time. A row without an idempotency key gets ``key_prefix`` +
+        its content hash + its occurrence among identical rows of the job (in partition and
+        row order), so a re-run of the same job publishes nothing new within the dedupe
+        window, and a commit that failed part-way publishes, re-run, exactly the rest."""
 
     def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         """Delete the staged rows of ``job``, or of any job staged before ``older_than``."""

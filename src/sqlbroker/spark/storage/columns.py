@@ -4,12 +4,13 @@ filters, and the SQL markers the column list fills in."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import NewMessage, new_message_id
-from sqlbroker.spark.storage.base import SPARK_TABLES, Columns, SparkRowFilter
+from sqlbroker.spark.storage.base import SPARK_TABLES, Columns, Published, SparkRowFilter
+from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.rows import payload_hash
 
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -200,42 +201,76 @@ def stage_params(
     ]
 
 
-def messages_from_stage(rows: Iterable[Mapping[str, Any]], *, key_prefix: str) -> list[NewMessage]:
-    """Fresh messages for staged rows (in a stable order). A row without an idempotency key
-    gets ``key_prefix`` + content hash + its occurrence among identical rows: identical rows
-    stay distinct messages, and a re-run of the same job derives the same keys."""
-    seen: dict[tuple[str, str], int] = {}
-    messages = []
-    for row in rows:
-        key = row["idempotency_key"]
-        if key is None:
-            slot = (row["topic"], row["content_hash"])
-            occurrence = seen.get(slot, 0)
-            seen[slot] = occurrence + 1
-            key = f"{key_prefix}{row['content_hash']}.{occurrence}"
-        payload = bytes(row["payload"])
-        messages.append(
-            NewMessage(
-                message_id=new_message_id(),
-                topic=row["topic"],
-                payload=payload,
-                content_type=row["content_type"],
-                headers=row["headers"],
-                priority=row["priority"],
-                ordering_key=row["ordering_key"],
-                idempotency_key=key,
-                payload_hash=payload_hash(payload, row["content_type"]),
-                delay=None,
-                available_at=None,
-                ttl=None,
-                expires_at=None,
-                max_attempts=row["max_attempts"],
-                dedupe_window=float(row["dedupe_window"]),
+class StagedKeys:
+    """Messages for staged rows, a page at a time, in partition and row order.
+
+    A row without an idempotency key gets ``key_prefix`` + content hash + its occurrence
+    among identical rows of the job: identical rows stay distinct messages, and a re-run of
+    the same job derives the same keys. Only the contents staged more than once
+    (``repeated``, found by one query before the first page) need counting, so the memory
+    held is that of the repeated contents, not of every row.
+    """
+
+    def __init__(self, key_prefix: str, repeated: Iterable[tuple[str, str]]) -> None:
+        self._prefix = key_prefix
+        self._seen = dict.fromkeys(repeated, 0)
+
+    def messages(self, rows: Iterable[Mapping[str, Any]]) -> list[NewMessage]:
+        messages = []
+        for row in rows:
+            key = row["idempotency_key"]
+            if key is None:
+                slot = (row["topic"], row["content_hash"])
+                occurrence = self._seen.get(slot, 0)
+                if slot in self._seen:
+                    self._seen[slot] = occurrence + 1
+                key = f"{self._prefix}{row['content_hash']}.{occurrence}"
+            payload = bytes(row["payload"])
+            messages.append(
+                NewMessage(
+                    message_id=new_message_id(),
+                    topic=row["topic"],
+                    payload=payload,
+                    content_type=row["content_type"],
+                    headers=row["headers"],
+                    priority=row["priority"],
+                    ordering_key=row["ordering_key"],
+                    idempotency_key=key,
+                    payload_hash=payload_hash(payload, row["content_type"]),
+                    delay=None,
+                    available_at=None,
+                    ttl=None,
+                    expires_at=None,
+                    max_attempts=row["max_attempts"],
+                    dedupe_window=float(row["dedupe_window"]),
+                )
             )
-        )
-    return messages
+        return messages
 
 
-def chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def publish_staged(
+    *,
+    winners: Sequence[tuple[int, int]],
+    keys: StagedKeys,
+    chunk: int,
+    read_page: Callable[[int, int, int, int], list[Mapping[str, Any]]],
+    publish_page: Callable[[Sequence[NewMessage], int, int, int], InsertResult],
+) -> Published:
+    """The paging loop of ``SparkStore.stage_publish``: ``read_page(partition, attempt,
+    after_seq, limit)`` returns staged rows by ``seq``; ``publish_page(messages, partition,
+    attempt, upto_seq)`` publishes them and deletes their staged rows in one transaction."""
+    published = duplicates = unrouted = 0
+    for partition, attempt in sorted(winners):
+        after = -1
+        while True:
+            rows = read_page(partition, attempt, after, chunk)
+            if not rows:
+                break
+            after = int(rows[-1]["seq"])
+            result = publish_page(keys.messages(rows), partition, attempt, after)
+            published += len(result.message_ids) - result.duplicates
+            duplicates += result.duplicates
+            unrouted += result.unrouted
+            if len(rows) < chunk:
+                break
+    return Published(published=published, duplicates=duplicates, unrouted=unrouted)

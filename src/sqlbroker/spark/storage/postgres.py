@@ -27,21 +27,27 @@ from sqlbroker.core.errors import (
 )
 from sqlbroker.core.message import NewMessage
 from sqlbroker.spark.schema import arrow_schema
-from sqlbroker.spark.storage.base import Columns, ExportRun, IdRange, SparkRowFilter, StreamAck
+from sqlbroker.spark.storage.base import (
+    Columns,
+    ExportRun,
+    IdRange,
+    Published,
+    SparkRowFilter,
+    StreamAck,
+)
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
     STREAM_COLUMNS,
+    StagedKeys,
     check_table,
-    chunks,
     columns_of,
     fill_columns,
-    messages_from_stage,
+    publish_staged,
     stage_params,
 )
 from sqlbroker.storage.base import Backend, InsertResult, Lease
 from sqlbroker.storage.sql import load_blocks
 
-_PUBLISH_CHUNK = 5_000
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC)
@@ -147,34 +153,64 @@ class PostgresSparkStore:
         return len(params)
 
     def stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str
-    ) -> InsertResult:
-        ids: list[str] = []
-        duplicates = unrouted = 0
-        with self._tx() as conn:  # a whole job's rows
-            rows = (
-                conn.cursor(row_factory=dict_row)
-                .execute(
-                    self._sql["stage_select"],
+        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+    ) -> Published:
+        with self._tx() as conn:
+            repeated = conn.execute(
+                self._sql["stage_repeated"],
+                {
+                    "job_id": job,
+                    "partitions": [w[0] for w in winners],
+                    "attempts": [w[1] for w in winners],
+                },
+            ).fetchall()
+
+        def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
+            with self._tx() as conn:
+                rows: list[Any] = (
+                    conn.cursor(row_factory=dict_row)
+                    .execute(
+                        self._sql["stage_page"],
+                        {
+                            "job_id": job,
+                            "partition_id": partition,
+                            "attempt": attempt,
+                            "after_seq": after,
+                            "limit": limit,
+                        },
+                    )
+                    .fetchall()
+                )
+            return rows
+
+        def publish_page(
+            messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
+        ) -> InsertResult:
+            with self._tx() as conn:
+                result = self._backend.message_insert_many(
+                    messages=messages, subscription=None, conn=conn
+                )
+                conn.execute(
+                    self._sql["stage_delete_page"],
                     {
                         "job_id": job,
-                        "partitions": [w[0] for w in winners],
-                        "attempts": [w[1] for w in winners],
+                        "partition_id": partition,
+                        "attempt": attempt,
+                        "upto_seq": upto,
                     },
                 )
-                .fetchall()
-            )
-            messages = messages_from_stage(rows, key_prefix=key_prefix)
-            del rows
-            for chunk in chunks(messages, _PUBLISH_CHUNK):
-                result = self._backend.message_insert_many(
-                    messages=chunk, subscription=None, conn=conn
-                )
-                ids.extend(result.message_ids)
-                duplicates += result.duplicates
-                unrouted += result.unrouted
+            return result
+
+        published = publish_staged(
+            winners=winners,
+            keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
+            chunk=chunk,
+            read_page=read_page,
+            publish_page=publish_page,
+        )
+        with self._tx() as conn:  # what the losing attempts staged
             conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=unrouted)
+        return published
 
     def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         deleted = 0

@@ -67,15 +67,30 @@ INSERT INTO {schema}sqlbroker_spark_stage (
     coalesce(%(now)s::timestamptz, statement_timestamp())
 )
 
--- name: stage_select
--- The winning attempt's rows of each partition, in a stable order.
-SELECT s.topic, s.payload, s.content_type, s.headers, s.priority, s.ordering_key,
-       s.idempotency_key, s.content_hash, s.max_attempts, s.dedupe_window
+-- name: stage_repeated
+-- The contents without a key that the winning attempts staged more than once.
+SELECT s.topic, s.content_hash
 FROM {schema}sqlbroker_spark_stage s
 JOIN unnest(%(partitions)s::integer[], %(attempts)s::bigint[]) AS w(partition_id, attempt)
   ON w.partition_id = s.partition_id AND w.attempt = s.attempt
-WHERE s.job_id = %(job_id)s
-ORDER BY s.partition_id, s.seq
+WHERE s.job_id = %(job_id)s AND s.idempotency_key IS NULL
+GROUP BY s.topic, s.content_hash
+HAVING count(*) > 1
+
+-- name: stage_page
+-- One page of a task attempt's rows, by the primary key.
+SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idempotency_key,
+       content_hash, max_attempts, dedupe_window
+FROM {schema}sqlbroker_spark_stage
+WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s AND attempt = %(attempt)s
+  AND seq > %(after_seq)s
+ORDER BY seq
+LIMIT %(limit)s
+
+-- name: stage_delete_page
+DELETE FROM {schema}sqlbroker_spark_stage
+WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s AND attempt = %(attempt)s
+  AND seq <= %(upto_seq)s
 
 -- name: stage_delete_job
 DELETE FROM {schema}sqlbroker_spark_stage WHERE job_id = %(job_id)s

@@ -21,21 +21,27 @@ from sqlbroker.core.errors import DatabaseBusy, SchemaError, SqlbrokerError, Sto
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.spark.storage.base import Columns, ExportRun, IdRange, SparkRowFilter, StreamAck
+from sqlbroker.spark.storage.base import (
+    Columns,
+    ExportRun,
+    IdRange,
+    Published,
+    SparkRowFilter,
+    StreamAck,
+)
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
     STREAM_COLUMNS,
+    StagedKeys,
     check_table,
-    chunks,
     columns_of,
     fill_columns,
-    messages_from_stage,
+    publish_staged,
     stage_params,
 )
 from sqlbroker.storage.base import Backend, InsertResult, Lease
 from sqlbroker.storage.sql import load_blocks
 
-_PUBLISH_CHUNK = 5_000
 _NO_ID = -(2**63)
 _ANY_ID = 2**63 - 1
 
@@ -157,26 +163,58 @@ class SqliteSparkStore:
         return len(params)
 
     def stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str
-    ) -> InsertResult:
-        ids: list[str] = []
-        duplicates = unrouted = 0
-        with self._write() as conn:
-            cursor = conn.execute(
-                self._sql["stage_select"],
+        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+    ) -> Published:
+        # Pages are read on a connection of our own, outside the write lock: only the
+        # publish of each page holds it.
+        with self._read() as reader:
+            reader.row_factory = sqlite3.Row
+            repeated = reader.execute(
+                self._sql["stage_repeated"],
                 {"job_id": job, "winners": json.dumps([list(w) for w in winners])},
+            ).fetchall()
+
+            def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
+                with _translated():
+                    return reader.execute(
+                        self._sql["stage_page"],
+                        {
+                            "job_id": job,
+                            "partition_id": partition,
+                            "attempt": attempt,
+                            "after_seq": after,
+                            "limit": limit,
+                        },
+                    ).fetchall()
+
+            def publish_page(
+                messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
+            ) -> InsertResult:
+                with self._write() as conn:
+                    result = self._backend.message_insert_many(
+                        messages=messages, subscription=None, conn=conn
+                    )
+                    conn.execute(
+                        self._sql["stage_delete_page"],
+                        {
+                            "job_id": job,
+                            "partition_id": partition,
+                            "attempt": attempt,
+                            "upto_seq": upto,
+                        },
+                    )
+                return result
+
+            published = publish_staged(
+                winners=winners,
+                keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
+                chunk=chunk,
+                read_page=read_page,
+                publish_page=publish_page,
             )
-            cursor.row_factory = sqlite3.Row
-            messages = messages_from_stage(cursor, key_prefix=key_prefix)
-            for chunk in chunks(messages, _PUBLISH_CHUNK):
-                result = self._backend.message_insert_many(
-                    messages=chunk, subscription=None, conn=conn
-                )
-                ids.extend(result.message_ids)
-                duplicates += result.duplicates
-                unrouted += result.unrouted
+        with self._write() as conn:  # what the losing attempts staged
             conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return InsertResult(message_ids=ids, duplicates=duplicates, unrouted=unrouted)
+        return published
 
     def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         deleted = 0

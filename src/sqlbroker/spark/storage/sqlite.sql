@@ -68,17 +68,32 @@ INSERT INTO sqlbroker_spark_stage (
     :now
 )
 
--- name: stage_select
--- The winning attempt's rows of each partition, in a stable order.
-SELECT s.topic, s.payload, s.content_type, s.headers, s.priority, s.ordering_key,
-       s.idempotency_key, s.content_hash, s.max_attempts, s.dedupe_window
+-- name: stage_repeated
+-- The contents without a key that the winning attempts staged more than once.
+SELECT s.topic, s.content_hash
 FROM sqlbroker_spark_stage s
 JOIN (SELECT json_extract(value, '$[0]') AS partition_id,
              json_extract(value, '$[1]') AS attempt
       FROM json_each(:winners)) w
   ON w.partition_id = s.partition_id AND w.attempt = s.attempt
-WHERE s.job_id = :job_id
-ORDER BY s.partition_id, s.seq
+WHERE s.job_id = :job_id AND s.idempotency_key IS NULL
+GROUP BY s.topic, s.content_hash
+HAVING count(*) > 1
+
+-- name: stage_page
+-- One page of a task attempt's rows, by the primary key.
+SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idempotency_key,
+       content_hash, max_attempts, dedupe_window
+FROM sqlbroker_spark_stage
+WHERE job_id = :job_id AND partition_id = :partition_id AND attempt = :attempt
+  AND seq > :after_seq
+ORDER BY seq
+LIMIT :limit
+
+-- name: stage_delete_page
+DELETE FROM sqlbroker_spark_stage
+WHERE job_id = :job_id AND partition_id = :partition_id AND attempt = :attempt
+  AND seq <= :upto_seq
 
 -- name: stage_delete_job
 DELETE FROM sqlbroker_spark_stage WHERE job_id = :job_id
