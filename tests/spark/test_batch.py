@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
+from sqlbroker.spark.storage import open_store
 
 pytestmark = pytest.mark.spark
 
@@ -26,6 +27,11 @@ def _write(df: Any, url: str, **options: str) -> None:
     for name, value in options.items():
         writer = writer.option(name, value)
     writer.save()
+
+
+def _staged_rows_left(broker: sqlbroker.Broker) -> int:
+    store = open_store(broker, url=broker.url, options={})
+    return store.stage_discard(job=None, older_than=broker.backend.now())
 
 
 def _payloads(broker: sqlbroker.Broker, subscription: str) -> list[Any]:
@@ -134,8 +140,7 @@ def test_task_failures_are_retried_and_publish_exactly_once(
             spark.conf.set(name, value)
     payloads = _payloads(broker, "orders")
     assert sorted(p["order_id"] for p in payloads) == list(range(300))
-    backend: Any = broker.backend
-    assert backend.spark_stage_discard(job=None, older_than=backend.now()) == 0
+    assert _staged_rows_left(broker) == 0
 
 
 @pytest.fixture
@@ -164,8 +169,7 @@ def test_a_failed_job_publishes_nothing_and_leaves_no_staged_rows(
     with pytest.raises(Exception, match="this partition never succeeds"):
         _write(df, broker.url, topic="orders.created", stage_batch="10")
     assert broker.pending("orders") == []
-    backend: Any = broker.backend
-    assert backend.spark_stage_discard(job=None, older_than=backend.now()) == 0
+    assert _staged_rows_left(broker) == 0
 
 
 def test_bad_options_fail_before_anything_runs(spark: Any, sqlite_broker: sqlbroker.Broker) -> None:
@@ -229,31 +233,48 @@ def test_read_tables_with_filters(spark: Any, broker: sqlbroker.Broker) -> None:
         read(table="secrets").count()
 
 
-def test_arrow_reads_through_adbc_equal_reads_through_the_backend(
-    spark: Any, broker: sqlbroker.Broker
-) -> None:
-    broker.subscribe("alpha", "a.#")
-    broker.publish_many(
-        [{"topic": "a.x", "payload": {"n": n}, "headers": {"h": str(n)}} for n in range(25)]
-    )
-    claimed = broker.claim("alpha", limit=10)
-    broker.complete(claimed[:6])
-    for delivery in claimed[6:]:
-        broker.dead_letter(delivery, reason="nope", error=ValueError("bad"))
+def test_both_backends_read_the_same_rows(spark: Any, pg_url: str, tmp_path: Path) -> None:
+    """One column list, two stores: the same history reads back alike (PostgreSQL through
+    ADBC, SQLite through its driver), apart from what each database assigns."""
 
-    def rows(table: str, adbc: str) -> list[Any]:
+    def history(url: str) -> None:
+        with sqlbroker.Broker(url, migrate=True) as broker:
+            broker.subscribe("alpha", "a.#")
+            broker.publish_many(
+                [{"topic": "a.x", "payload": {"n": n}, "headers": {"h": str(n)}} for n in range(25)]
+            )
+            claimed = broker.claim("alpha", limit=10)
+            broker.complete(claimed[:6])
+            for delivery in claimed[6:]:
+                broker.dead_letter(delivery, reason="nope", error=ValueError("bad"))
+
+    def rows(url: str, table: str) -> list[dict[str, Any]]:
         frame = (
             spark.read.format("sqlbroker")
-            .option("url", broker.url)
+            .option("url", url)
             .option("table", table)
             .option("topic", "a.*")
-            .option("adbc", adbc)
             .option("partitions", "3")
             .load()
         )
-        return sorted(frame.collect(), key=lambda row: row.id)
+        found = []
+        for row in sorted(frame.collect(), key=lambda row: row.id):
+            values = row.asDict()
+            assert values["enqueued_at"] is not None
+            assert values["message_id"]
+            found.append(
+                {
+                    name: value
+                    for name, value in values.items()
+                    if not name.endswith(("id", "_at", "traceback"))
+                }
+            )
+        return found
 
+    sqlite_url = f"sqlite:///{tmp_path}/same.db"
+    history(sqlite_url)
+    history(pg_url)
     for table, count in (("messages", 15), ("archive", 6), ("dead", 4)):
-        through_adbc = rows(table, "auto")
-        assert len(through_adbc) == count
-        assert through_adbc == rows(table, "false")
+        through_sqlite = rows(sqlite_url, table)
+        assert len(through_sqlite) == count
+        assert rows(pg_url, table) == through_sqlite

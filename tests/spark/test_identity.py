@@ -17,8 +17,8 @@ from sqlbroker.spark.options import Connection
 
 def test_tasks_open_the_drivers_database_only(backend_url: str, pg_or_file: Any) -> None:
     bound = Connection.of({"url": backend_url}).bind()
-    broker, backend = bound.open()
-    assert backend.spark_identity() == bound.identity
+    broker, store = bound.open()
+    assert store.identity() == bound.identity
     broker.close()
     assert bound.identity is not None
 

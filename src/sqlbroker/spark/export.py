@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.spark.options import Connection
-from sqlbroker.storage.spark_base import ExportRun, SparkRowFilter
+from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore
 
 TIME_COLUMN = {"archive": "finished_at", "dead": "dead_at"}
 CHECKSUM_COLUMNS = ("id", "message_id", "topic", "payload", "attempts", "enqueued_at")
@@ -145,16 +145,16 @@ class ArchiveExport:
         )
 
     def run(self, *, cutoff: datetime, delete: bool = True) -> ExportResult:
-        broker, backend = Connection.of(self.options).open()
+        broker, store = Connection.of(self.options).open()
         try:
             result = ExportResult(
                 run_id=_run_id(broker.backend.now()), root=self.root, cutoff=cutoff
             )
             self.step("recovering earlier runs")
-            self._recover(backend, result)
+            self._recover(store, result)
             ranges = {}
             for table in TIME_COLUMN:
-                found = backend.spark_id_range(where=SparkRowFilter(table=table, until=cutoff))
+                found = store.id_range(where=SparkRowFilter(table=table, until=cutoff))
                 ranges[table] = (found.high, found.count) if found else (0, 0)
             result.archive_rows = ranges["archive"][1]
             result.dead_rows = ranges["dead"][1]
@@ -177,7 +177,7 @@ class ArchiveExport:
                 self._tidy()
                 return result
             self.step("deleting the exported rows from the database")
-            backend.archive_export_commit(
+            store.export_commit(
                 run=ExportRun(
                     run_id=result.run_id,
                     cutoff=cutoff,
@@ -216,10 +216,10 @@ class ArchiveExport:
             for (date, topic), (n, checksum) in sorted(written.items())
         ]
 
-    def _recover(self, backend: Any, result: ExportResult) -> None:
+    def _recover(self, store: SparkStore, result: ExportResult) -> None:
         for path in self.files.children(f"{self.root}/_staging"):
             run_id = path.rstrip("/").rsplit("/", 1)[-1]
-            if backend.archive_export_done(run_id=run_id):
+            if store.export_done(run_id=run_id):
                 self._publish(run_id)
                 result.recovered.append(run_id)
             else:

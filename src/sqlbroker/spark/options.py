@@ -17,7 +17,7 @@ from urllib.parse import quote
 from sqlbroker.core.errors import ConfigurationError, InvalidOption, SchemaError
 from sqlbroker.core.topics import pattern_regex, validate_pattern, validate_topic
 from sqlbroker.producer.broker import Broker
-from sqlbroker.storage.spark_base import SPARK_TABLES, SparkBackend, SparkRowFilter
+from sqlbroker.spark.storage import SPARK_TABLES, SparkRowFilter, SparkStore, open_store
 from sqlbroker.storage.url import DatabaseURL, parse_url
 
 _BACKEND_OPTIONS = {"schema": str, "pool_size": int, "busy_timeout": float}
@@ -116,15 +116,15 @@ class Connection:
     def bind(self) -> Connection:
         """On the driver: this connection with the identity of the database it reaches (a
         missing SQLite file is created and migrated there, as by ``Broker``)."""
-        broker, backend = self.open()
+        broker, store = self.open()
         try:
-            return replace(self, identity=backend.spark_identity())
+            return replace(self, identity=store.identity())
         finally:
             broker.close()
 
-    def open(self) -> tuple[Broker, SparkBackend]:
-        """A broker and its Spark operations: without an identity, as ``Broker(url)`` opens
-        it; with one, only the database of that identity (else ``ConfigurationError``)."""
+    def open(self) -> tuple[Broker, SparkStore]:
+        """A broker and its Spark store: without an identity, as ``Broker(url)`` opens it;
+        with one, only the database of that identity (else ``ConfigurationError``)."""
         if self.identity is None:
             broker = Broker(self.url, **dict(self.backend_options))
         else:
@@ -137,11 +137,8 @@ class Connection:
                 )
             broker = Broker(self.url, migrate=False, **dict(self.backend_options))
         try:
-            backend: Any = broker.backend
-            if not hasattr(backend, "spark_stage_insert"):
-                raise ConfigurationError(f"the {broker.backend_name} backend has no Spark support")
-            spark_backend: SparkBackend = backend
-            if self.identity is not None and spark_backend.spark_identity() != self.identity:
+            store = open_store(broker, url=self.url, options=dict(self.backend_options))
+            if self.identity is not None and store.identity() != self.identity:
                 raise SchemaError("its identity differs")
         except SchemaError as error:
             broker.close()
@@ -156,7 +153,7 @@ class Connection:
         except BaseException:
             broker.close()
             raise
-        return broker, spark_backend
+        return broker, store
 
 
 def _absolute_sqlite(parsed: DatabaseURL) -> str:

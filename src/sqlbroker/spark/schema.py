@@ -7,8 +7,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqlbroker.storage.spark_base import Columns
-from sqlbroker.storage.spark_rows import SPARK_COLUMNS, TIME_COLUMNS
+from sqlbroker.spark.storage.base import Columns
+from sqlbroker.spark.storage.columns import SPARK_COLUMNS, TIME_COLUMNS
 
 _LONG = frozenset({"id", "delivery_id", "seq"})
 _INT = frozenset({"priority", "attempts", "max_attempts", "replay_count"})
@@ -52,13 +52,16 @@ def arrow_schema(columns: tuple[str, ...]) -> pa.Schema:
 
 
 def _time_array(values: list[Any]) -> pa.Array:
+    if any(not isinstance(value, int | float) for value in values if value is not None):
+        return pa.array(values, type=pa.timestamp("us", tz="UTC"))  # aware datetimes
     seconds = pa.array(values, type=pa.float64())
     micros = pc.round(pc.multiply(seconds, 1_000_000.0))
     return pc.cast(pc.cast(micros, pa.int64()), pa.timestamp("us", tz="UTC"))
 
 
 def record_batch(columns: Columns, names: tuple[str, ...]) -> pa.RecordBatch:
-    """An Arrow batch of storage columns; times arrive as float Unix seconds."""
+    """An Arrow batch of storage columns; times arrive as float Unix seconds (SQLite) or
+    aware datetimes (PostgreSQL)."""
     arrays = []
     for name in names:
         values = columns[name]

@@ -19,13 +19,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from sqlbroker.core.errors import InvalidOption
-from sqlbroker.spark import adbc
 from sqlbroker.spark import options as opt
-from sqlbroker.spark.schema import TABLE_SCHEMAS, record_batch
+from sqlbroker.spark.schema import TABLE_SCHEMAS
+from sqlbroker.spark.storage import SparkRowFilter
 from sqlbroker.spark.write import MessageWriter
-from sqlbroker.storage.spark_base import SparkRowFilter
-from sqlbroker.storage.spark_rows import SPARK_COLUMNS
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_FETCH = 10_000
@@ -50,11 +47,6 @@ class MessagesReader(DataSourceReader):
             options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000
         )
         self.fetch = opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
-        choice = opt.text(options, "adbc", "auto")
-        if choice not in ("auto", "false"):
-            raise InvalidOption("adbc", "must be auto or false")
-        self.adbc = choice == "auto" and adbc.available(self.connection.url)
-        self.schema = opt.text(options, "schema")
         low = opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1)
         high = opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1)
         self.where = SparkRowFilter(
@@ -70,9 +62,9 @@ class MessagesReader(DataSourceReader):
         self.connection = self.connection.bind()
 
     def partitions(self) -> list[IdSlice]:
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         try:
-            found = backend.spark_id_range(where=self.where)
+            found = store.id_range(where=self.where)
         finally:
             broker.close()
         if found is None:
@@ -86,29 +78,16 @@ class MessagesReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, IdSlice)
-        names = SPARK_COLUMNS[self.where.table]
         if partition.upto_id <= partition.after_id:
             return
-        if self.adbc:
-            broker, _ = self.connection.open()  # the identity check, before any row
-            broker.close()
-            yield from adbc.read_range(
-                self.connection.url, self.schema, self.where, partition.after_id, partition.upto_id
-            )
-            return
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()  # the identity check, before any row
         try:
-            after = partition.after_id
-            while after < partition.upto_id:
-                columns = backend.spark_rows_read(
-                    where=self.where, after_id=after, upto_id=partition.upto_id, limit=self.fetch
-                )
-                if not columns["id"]:
-                    break
-                after = columns["id"][-1]
-                yield record_batch(columns, names)
-                if len(columns["id"]) < self.fetch:
-                    break
+            yield from store.rows_read(
+                where=self.where,
+                after_id=partition.after_id,
+                upto_id=partition.upto_id,
+                fetch=self.fetch,
+            )
         finally:
             broker.close()
 

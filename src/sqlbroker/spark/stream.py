@@ -30,8 +30,8 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.producer.broker import Broker
 from sqlbroker.spark import options as opt
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.storage.spark_base import SparkBackend
-from sqlbroker.storage.spark_rows import STREAM_COLUMNS
+from sqlbroker.spark.storage import SparkStore
+from sqlbroker.spark.storage.columns import STREAM_COLUMNS
 
 DEFAULT_MAX_BATCH = 1_000
 MAX_BATCH = 1_000_000
@@ -81,7 +81,7 @@ class SubscriptionStreamReader(DataSourceStreamReader):
 
     def _reset(self) -> None:
         self._broker: Broker | None = None
-        self._backend: SparkBackend | None = None
+        self._store: SparkStore | None = None
         self._initial: int | None = None
         self._handed_out: int | None = None
         self._acked = 0
@@ -104,13 +104,13 @@ class SubscriptionStreamReader(DataSourceStreamReader):
 
     # --- the driver ---------------------------------------------------------------------------
 
-    def _open(self) -> SparkBackend:
-        if self._backend is None:
-            self._broker, self._backend = self.connection.open()
-            _, self._acked = self._backend.spark_stream_open(
+    def _open(self) -> SparkStore:
+        if self._store is None:
+            self._broker, self._store = self.connection.open()
+            _, self._acked = self._store.stream_open(
                 stream=self.stream, subscription=self.subscription
             )
-        return self._backend
+        return self._store
 
     def initialOffset(self) -> dict[str, int]:
         """Where a query with a fresh checkpoint starts: after the last acknowledged claim,
@@ -123,7 +123,7 @@ class SubscriptionStreamReader(DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        backend = self._open()
+        store = self._open()
         count = self.max_batch
         rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
         if isinstance(rows, int) and rows > 0:
@@ -132,7 +132,7 @@ class SubscriptionStreamReader(DataSourceStreamReader):
             latest = None
             while count > 0:
                 page = min(count, CLAIM_PAGE)
-                claimed = backend.spark_stream_claim(
+                claimed = store.stream_claim(
                     stream=self.stream,
                     subscription=self.subscription,
                     limit=page,
@@ -165,8 +165,8 @@ class SubscriptionStreamReader(DataSourceStreamReader):
 
     def _ack(self, upto: int) -> None:
         if upto > self._acked:
-            assert self._backend is not None
-            self._backend.spark_stream_ack(stream=self.stream, upto_seq=upto)
+            assert self._store is not None
+            self._store.stream_ack(stream=self.stream, upto_seq=upto)
             self._acked = upto
 
     def _start_keeper(self) -> None:
@@ -179,11 +179,11 @@ class SubscriptionStreamReader(DataSourceStreamReader):
     def _keep_leases(self) -> None:
         while not self._stop.wait(self.lease / 3):
             with self._lock:
-                if self._backend is None or self._handed_out is None:
+                if self._store is None or self._handed_out is None:
                     continue
                 # A failed round (database unreachable) is retried a third of a lease later.
                 with contextlib.suppress(Exception):
-                    self._backend.spark_stream_extend(
+                    self._store.stream_extend(
                         stream=self.stream, upto_seq=self._handed_out, lease=self.lease
                     )
 
@@ -191,15 +191,16 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         self._stop.set()
         if self._broker is not None:
             self._broker.close()
-        self._broker = self._backend = None
+        self._broker = None
+        self._store = None
 
     # --- the executors -----------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ClaimSlice)
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         try:
-            columns = backend.spark_stream_read(
+            columns = store.stream_read(
                 stream=self.stream,
                 after_seq=partition.after_seq,
                 upto_seq=partition.upto_seq,

@@ -30,6 +30,7 @@ from sqlbroker.producer.broker import DEFAULT_DEDUPE_WINDOW, DEFAULT_MAX_ATTEMPT
 from sqlbroker.spark import options as opt
 
 STAGE_CHUNK = 5_000
+PUBLISH_CHUNK = 5_000
 STALE_STAGE = timedelta(days=7)
 _COLUMN_OPTIONS = (
     "topic_column",
@@ -109,6 +110,9 @@ class MessageWriter(DataSourceWriter):
         self.stage_batch = opt.integer(
             options, "stage_batch", STAGE_CHUNK, minimum=1, maximum=100_000
         )
+        self.publish_chunk = opt.integer(
+            options, "publish_chunk", PUBLISH_CHUNK, minimum=1, maximum=100_000
+        )
         self.key_prefix = "spark:" + (opt.text(options, "write_id") or "") + ":"
         self.job = uuid.uuid4().hex
         self.excluded = {c for c in self.columns.values() if c is not None}
@@ -155,14 +159,14 @@ class MessageWriter(DataSourceWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.taskAttemptId() if context else 0
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         staged = 0
         try:
             chunk: list[NewMessage] = []
             for row in iterator:
                 chunk.append(self._message(row))
                 if len(chunk) >= self.stage_batch:
-                    staged += backend.spark_stage_insert(
+                    staged += store.stage_insert(
                         job=self.job,
                         partition=partition,
                         attempt=attempt,
@@ -171,7 +175,7 @@ class MessageWriter(DataSourceWriter):
                     )
                     chunk = []
             if chunk:
-                staged += backend.spark_stage_insert(
+                staged += store.stage_insert(
                     job=self.job, partition=partition, attempt=attempt, first_seq=staged, rows=chunk
                 )
         finally:
@@ -184,17 +188,22 @@ class MessageWriter(DataSourceWriter):
         winners = sorted(
             {(m.partition, m.attempt) for m in messages if isinstance(m, StagedPartition)}
         )
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         try:
-            backend.spark_stage_publish(job=self.job, winners=winners, key_prefix=self.key_prefix)
+            store.stage_publish(
+                job=self.job,
+                winners=winners,
+                key_prefix=self.key_prefix,
+                chunk=self.publish_chunk,
+            )
             # Jobs whose driver died between staging and commit leave rows behind.
-            backend.spark_stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
+            store.stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
         finally:
             broker.close()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        broker, backend = self.connection.open()
+        broker, store = self.connection.open()
         try:
-            backend.spark_stage_discard(job=self.job, older_than=None)
+            store.stage_discard(job=self.job, older_than=None)
         finally:
             broker.close()

@@ -36,7 +36,6 @@ from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.results import PostgresResults
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
-from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
@@ -67,7 +66,6 @@ T = TypeVar("T")
 class PostgresBackend(
     PostgresPublishing,
     PostgresResults,
-    PostgresSpark,
     PostgresSchema,
     Executor,
 ):

@@ -38,7 +38,6 @@ from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.results import SqliteResults
 from sqlbroker.storage.sqlite.schema import SqliteSchema
-from sqlbroker.storage.sqlite.spark import SqliteSpark
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
@@ -55,7 +54,6 @@ _WATCH_MAX = 0.05
 class SqliteBackend(
     SqlitePublishing,
     SqliteResults,
-    SqliteSpark,
     SqliteSchema,
     Executor,
 ):

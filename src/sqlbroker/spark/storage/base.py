@@ -1,19 +1,21 @@
-"""The storage seam of the Spark data source and the archive pipeline: :class:`SparkBackend`
-and the values it takes and returns.
+"""The plugin's storage protocol, :class:`SparkStore`, and the values it takes and returns.
 
-A protocol of its own beside :class:`~sqlbroker.storage.base.Backend`, so that a backend
-can leave Spark out; both built-in backends implement it (``storage/<backend>/spark.py``).
+The core seam knows nothing of Spark: a store works on the tables of migration 0006 with
+SQL of its own (``sqlite.sql``, ``postgres.sql``) and reaches the queue only through the
+broker's public operations (publish, claim, complete, extend) and its ``transaction()``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlbroker.core.message import NewMessage
-from sqlbroker.storage.base import InsertResult
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SPARK_TABLES = ("messages", "archive", "dead")
 """The tables a Spark batch read can scan (``option("table", …)``)."""
@@ -47,7 +49,18 @@ class IdRange:
 
 
 Columns = dict[str, list[Any]]
-"""Rows column by column; times are float seconds since the Unix epoch (UTC)."""
+"""Rows column by column; times are float seconds since the Unix epoch (UTC) or aware
+datetimes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a write's commit published: new messages, duplicates of earlier ones (a re-run,
+    or a key already used), and messages no subscription matched (archived as unrouted)."""
+
+    published: int
+    duplicates: int
+    unrouted: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,71 +81,74 @@ class ExportRun:
     dead_rows: int
 
 
-class SparkBackend(Protocol):
+class SparkStore(Protocol):
     """Storage operations of the Spark data source and the archive pipeline."""
 
-    def spark_identity(self) -> str:
+    def identity(self) -> str:
         """The database's identity: equal for every connection to the same database (and
         schema), different for any other, a fresh file or a clone included (SQLite: a copy
         of the file keeps it)."""
 
     # --- batch read ------------------------------------------------------------------------
-    def spark_id_range(self, *, where: SparkRowFilter) -> IdRange | None:
+    def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
         """The id range of the selected rows, or ``None`` when there are none."""
 
-    def spark_rows_read(
-        self, *, where: SparkRowFilter, after_id: int, upto_id: int, limit: int
-    ) -> Columns:
-        """Selected rows with ``after_id < id <= upto_id``, by id, at most ``limit``; the
-        columns are ``spark_columns(where.table)``."""
+    def rows_read(
+        self, *, where: SparkRowFilter, after_id: int, upto_id: int, fetch: int
+    ) -> Iterator[pa.RecordBatch]:
+        """Selected rows with ``after_id < id <= upto_id``, by id, as Arrow batches of the
+        table's schema (``SPARK_COLUMNS[where.table]``) of at most ``fetch`` rows."""
 
     # --- idempotent batch write ------------------------------------------------------------
-    def spark_stage_insert(
+    def stage_insert(
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
     ) -> int:
         """Stage validated messages of one task attempt (numbered from ``first_seq``)."""
 
-    def spark_stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str
-    ) -> InsertResult:
-        """In one transaction: publish the staged rows of the winning ``(partition,
-        attempt)`` pairs and delete every staged row of the job.
+    def stage_publish(
+        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+    ) -> Published:
+        """Publish the staged rows of the winning ``(partition, attempt)`` pairs, then delete
+        every staged row of the job.
 
-        A row without an idempotency key gets ``key_prefix`` + its content hash + its
-        occurrence among identical rows of the job, so a re-run of the same job publishes
-        nothing new within the dedupe window."""
+        The rows go out in transactions of at most ``chunk`` messages, each deleting the
+        staged rows it published, so no transaction holds a large write and the driver
+        holds one chunk at a time. A row without an idempotency key gets ``key_prefix`` +
+        its content hash + its occurrence among identical rows of the job (in partition and
+        row order), so a re-run of the same job publishes nothing new within the dedupe
+        window, and a commit that failed part-way publishes, re-run, exactly the rest."""
 
-    def spark_stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
+    def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         """Delete the staged rows of ``job``, or of any job staged before ``older_than``."""
 
     # --- streaming -------------------------------------------------------------------------
-    def spark_stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
+    def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
         """Create the stream on first use; return its ``(last_seq, acked_seq)``."""
 
-    def spark_stream_claim(
+    def stream_claim(
         self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
     ) -> int:
-        """Claim up to ``limit`` messages under a new sequence number, snapshotting them, in
-        one transaction; return the stream's last sequence (unchanged when none)."""
+        """Claim up to ``limit`` messages and snapshot them under a new sequence number;
+        return the stream's last sequence (unchanged when none)."""
 
-    def spark_stream_read(
+    def stream_read(
         self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
     ) -> Columns:
         """The snapshot of the claims ``after_seq < seq <= upto_seq`` whose delivery id is
-        ``part`` modulo ``parts``, by sequence and delivery id."""
+        ``part`` modulo ``parts``, by sequence and delivery id, in ``STREAM_COLUMNS``."""
 
-    def spark_stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
+    def stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
         """Extend the leases of the unacked claims up to ``upto_seq``; return how many."""
 
-    def spark_stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
+    def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
         """Complete the claims up to ``upto_seq`` and forget them. Claims whose lease was
         lost (another consumer has the message now) are counted as ``lost``."""
 
     # --- archive pipeline ------------------------------------------------------------------
-    def archive_export_commit(self, *, run: ExportRun) -> None:
+    def export_commit(self, *, run: ExportRun) -> None:
         """In one transaction: delete the run's archive and dead-letter rows (older than
         the cutoff, ids up to the maxima) and record the run. Raise ``StorageError`` and
         delete nothing when the counts differ from the run's."""
 
-    def archive_export_done(self, *, run_id: str) -> bool:
+    def export_done(self, *, run_id: str) -> bool:
         """Whether the run's delete committed."""

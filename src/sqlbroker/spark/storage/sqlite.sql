@@ -1,28 +1,32 @@
 -- SQLite queries of the Spark data source and the archive pipeline. Times are REAL seconds.
+-- {..._columns} markers are the column lists of spark/storage/columns.py (fill_columns).
+
+-- name: stream_column_id
+delivery_id
+
+-- name: stream_column_state
+'running'
 
 -- name: messages_where
 WHERE (:subscription IS NULL OR subscription = :subscription)
   AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
   AND (:since IS NULL OR enqueued_at >= :since)
   AND (:until IS NULL OR enqueued_at < :until)
-  AND (:min_id IS NULL OR id >= :min_id)
-  AND (:max_id IS NULL OR id <= :max_id)
+  AND id > :after_id AND id <= :upto_id
 
 -- name: archive_where
 WHERE (:subscription IS NULL OR subscription = :subscription)
   AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
   AND (:since IS NULL OR finished_at >= :since)
   AND (:until IS NULL OR finished_at < :until)
-  AND (:min_id IS NULL OR id >= :min_id)
-  AND (:max_id IS NULL OR id <= :max_id)
+  AND id > :after_id AND id <= :upto_id
 
 -- name: dead_where
 WHERE (:subscription IS NULL OR subscription = :subscription)
   AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
   AND (:since IS NULL OR dead_at >= :since)
   AND (:until IS NULL OR dead_at < :until)
-  AND (:min_id IS NULL OR id >= :min_id)
-  AND (:max_id IS NULL OR id <= :max_id)
+  AND id > :after_id AND id <= :upto_id
 
 -- name: messages_range
 SELECT min(id), max(id), count(*) FROM sqlbroker_message
@@ -37,33 +41,20 @@ SELECT min(id), max(id), count(*) FROM sqlbroker_dead
 -- include: dead_where
 
 -- name: messages_read
-SELECT id, message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
-       payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
-       available_at, expires_at, first_started_at, lease_expires_at, last_error
-FROM sqlbroker_message
+SELECT {messages_columns} FROM sqlbroker_message
 -- include: messages_where
-  AND id > :after_id AND id <= :upto_id
 ORDER BY id
 LIMIT :limit
 
 -- name: archive_read
-SELECT id, delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, first_started_at, finished_at
-FROM sqlbroker_archive
+SELECT {archive_columns} FROM sqlbroker_archive
 -- include: archive_where
-  AND id > :after_id AND id <= :upto_id
 ORDER BY id
 LIMIT :limit
 
 -- name: dead_read
-SELECT id, delivery_id, message_id, subscription, topic, priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       reason, error_type, error_message, traceback, enqueued_at, first_started_at,
-       first_failed_at, last_failed_at, dead_at
-FROM sqlbroker_dead
+SELECT {dead_columns} FROM sqlbroker_dead
 -- include: dead_where
-  AND id > :after_id AND id <= :upto_id
 ORDER BY id
 LIMIT :limit
 
@@ -77,17 +68,32 @@ INSERT INTO sqlbroker_spark_stage (
     :now
 )
 
--- name: stage_select
--- The winning attempt's rows of each partition, in a stable order.
-SELECT s.topic, s.payload, s.content_type, s.headers, s.priority, s.ordering_key,
-       s.idempotency_key, s.content_hash, s.max_attempts, s.dedupe_window
+-- name: stage_repeated
+-- The contents without a key that the winning attempts staged more than once.
+SELECT s.topic, s.content_hash
 FROM sqlbroker_spark_stage s
 JOIN (SELECT json_extract(value, '$[0]') AS partition_id,
              json_extract(value, '$[1]') AS attempt
       FROM json_each(:winners)) w
   ON w.partition_id = s.partition_id AND w.attempt = s.attempt
-WHERE s.job_id = :job_id
-ORDER BY s.partition_id, s.seq
+WHERE s.job_id = :job_id AND s.idempotency_key IS NULL
+GROUP BY s.topic, s.content_hash
+HAVING count(*) > 1
+
+-- name: stage_page
+-- One page of a task attempt's rows, by the primary key.
+SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idempotency_key,
+       content_hash, max_attempts, dedupe_window
+FROM sqlbroker_spark_stage
+WHERE job_id = :job_id AND partition_id = :partition_id AND attempt = :attempt
+  AND seq > :after_seq
+ORDER BY seq
+LIMIT :limit
+
+-- name: stage_delete_page
+DELETE FROM sqlbroker_spark_stage
+WHERE job_id = :job_id AND partition_id = :partition_id AND attempt = :attempt
+  AND seq <= :upto_seq
 
 -- name: stage_delete_job
 DELETE FROM sqlbroker_spark_stage WHERE job_id = :job_id
@@ -108,25 +114,19 @@ UPDATE sqlbroker_spark_stream SET last_seq = last_seq + 1 WHERE name = :stream
 RETURNING last_seq
 
 -- name: stream_claim_snapshot
+-- The claimed messages as they are now: a claim is a lease still held, so nothing else
+-- changes them before the snapshot commits.
 INSERT INTO sqlbroker_spark_claim (
-    stream, seq, delivery_id, lease_token, message_id, subscription, topic, priority,
-    ordering_key, idempotency_key, payload, content_type, headers, attempts, max_attempts,
-    replay_count, enqueued_at, available_at, expires_at, first_started_at, lease_expires_at,
-    last_error, claimed_at
+    stream, seq, delivery_id, lease_token, {snapshot_columns}, claimed_at
 )
-SELECT :stream, :seq, m.id, m.lease_token, m.message_id, m.subscription, m.topic, m.priority,
-       m.ordering_key, m.idempotency_key, m.payload, m.content_type, m.headers, m.attempts,
-       m.max_attempts, m.replay_count, m.enqueued_at, m.available_at, m.expires_at,
-       m.first_started_at, m.lease_expires_at, m.last_error, :now
+SELECT :stream, :seq, m.id, m.lease_token, {snapshot_values}, :now
 FROM sqlbroker_message m
 JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
       FROM json_each(:claimed)) c ON c.id = m.id AND c.token = m.lease_token
 
 -- name: stream_read
 -- The same columns as a batch read of messages, as they were when claimed.
-SELECT delivery_id, message_id, subscription, topic, 'running', priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, available_at, expires_at, first_started_at, lease_expires_at, last_error
+SELECT {stream_columns}
 FROM sqlbroker_spark_claim
 WHERE stream = :stream AND seq > :after_seq AND seq <= :upto_seq
   AND delivery_id % :parts = :part

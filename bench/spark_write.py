@@ -1,0 +1,236 @@
+"""A large DataFrame write beside another publisher: throughput, memory, lock hold.
+
+    PYTHONPATH=src .venv/bin/python bench/spark_write.py [--rows 1000000]
+        [--backends sqlite,postgresql] [--before /path/to/old/src]
+
+For each backend (and, with ``--before``, for the old tree and this one, in one run), on a
+fresh database: ``df.write.format("sqlbroker")`` of an N-row DataFrame (4 partitions) in a
+process of its own with its own SparkSession, while this process
+
+* publishes one message every 20 ms to the same database (the "other writer" of issue 28
+  item 3) and records how long each publish took and whether it failed (``DatabaseBusy``):
+  on SQLite, the longest publish is the longest time the write held the write lock;
+* samples the resident memory of every Python process of the write (the driver, its
+  Python workers, the commit) every 100 ms and keeps the largest.
+
+Results go to ``bench/results/spark_write.json`` and ``bench/results/spark_write.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+
+def child(url: str, rows: int) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from sqlbroker.spark import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("sqlbroker-spark-write-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    frame = spark.range(0, rows, 1, 4).select(
+        F.col("id").alias("order_id"),
+        F.concat(F.lit("customer-"), (F.col("id") % 1000).cast("string")).alias("customer"),
+        (F.col("id") * 0.25).alias("amount"),
+    )
+    started = time.perf_counter()
+    frame.write.format("sqlbroker").option("url", url).option("topic", "orders.created").mode(
+        "append"
+    ).save()
+    print(json.dumps({"write_s": time.perf_counter() - started}), flush=True)
+    spark.stop()
+
+
+def _tree(root: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+def _python_rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+    except OSError:
+        return 0
+    if "python" not in fields.get("Name", "").lower():
+        return 0
+    return int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+
+
+def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
+    import sqlbroker
+    from sqlbroker.core.errors import DatabaseBusy
+
+    with sqlbroker.Broker(url, migrate=True) as broker:
+        broker.subscribe("bench", "orders.#")
+    env = {**os.environ, "PYTHONPATH": src}
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--child", url, "--rows", str(rows)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    stop = threading.Event()
+    peak = {"rss": 0}
+    probe: dict[str, Any] = {"latencies": [], "busy": 0, "errors": 0}
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            for pid in _tree(process.pid):
+                peak["rss"] = max(peak["rss"], _python_rss(pid))
+
+    def publish() -> None:
+        with sqlbroker.Broker(url) as other:
+            while not stop.wait(0.02):
+                started = time.perf_counter()
+                try:
+                    other.publish("probe.ping", {"at": time.time()})
+                except DatabaseBusy:
+                    probe["busy"] += 1
+                except sqlbroker.SqlbrokerError:
+                    probe["errors"] += 1
+                probe["latencies"].append(time.perf_counter() - started)
+
+    threads = [threading.Thread(target=sample), threading.Thread(target=publish)]
+    for thread in threads:
+        thread.start()
+    out, _ = process.communicate()
+    stop.set()
+    for thread in threads:
+        thread.join()
+    if process.returncode != 0:
+        raise RuntimeError(f"the write failed (exit {process.returncode})")
+    write_s = json.loads(out.strip().splitlines()[-1])["write_s"]
+    with sqlbroker.Broker(url) as broker:
+        published = len(broker.pending("bench", limit=rows + 1)) if rows <= 10_000 else None
+        counts = broker.backend.table_counts()
+    latencies = sorted(probe["latencies"])
+    return {
+        "write_s": round(write_s, 2),
+        "write_msg_per_s": round(rows / write_s),
+        "messages_in_queue": counts.get("sqlbroker_message", published),
+        "peak_python_rss_mib": round(peak["rss"] / 2**20),
+        "other_publisher": {
+            "publishes": len(latencies),
+            "busy_errors": probe["busy"],
+            "other_errors": probe["errors"],
+            "max_s": round(latencies[-1], 3) if latencies else None,
+            "p99_s": round(latencies[int(len(latencies) * 0.99)], 3) if latencies else None,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--before", help="the src/ directory of the old tree")
+    parser.add_argument("--out", default=str(RESULTS / "spark_write"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.child:
+        child(arguments.child, arguments.rows)
+        return
+    sys.path.insert(0, str(REPO / "tests"))
+    from pgserver import PostgresServer
+
+    variants = {"after": str(REPO / "src")}
+    if arguments.before:
+        variants = {"before": arguments.before, **variants}
+    results: dict[str, Any] = {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "rows": arguments.rows,
+        "runs": [],
+    }
+    work = Path(tempfile.mkdtemp(prefix="sqlbroker-spark-write-"))
+    server = None
+    try:
+        for backend in arguments.backends.split(","):
+            for index, (variant, src) in enumerate(variants.items()):
+                if backend == "sqlite":
+                    url = f"sqlite:///{work}/write-{variant}.db"
+                else:
+                    if server is None:
+                        server = PostgresServer(durable=True).start()
+                    server.create_database(f"write_{index}")
+                    url = str(server.url(f"write_{index}"))
+                print(f"[{backend} {variant}] writing {arguments.rows:,} rows", flush=True)
+                run = {"backend": backend, "variant": variant}
+                run.update(run_variant(url, src, arguments.rows))
+                print(json.dumps(run), flush=True)
+                results["runs"].append(run)
+    finally:
+        if server is not None:
+            server.stop()
+    results["load_average_end"] = os.getloadavg()
+    out = Path(arguments.out)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        "# A large DataFrame write beside another publisher",
+        "",
+        f"{results['started']} · `bench/spark_write.py --rows {arguments.rows}` · load average"
+        f" at end {', '.join(f'{x:.1f}' for x in results['load_average_end'])} (2 cores,"
+        " shared with other work: compare only rows of this run)",
+        "",
+        "| backend | tree | write (s) | msg/s | peak Python RSS (MiB) | other publisher:"
+        " longest publish (s) | p99 (s) | DatabaseBusy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in results["runs"]:
+        other = run["other_publisher"]
+        lines.append(
+            f"| {run['backend']} | {run['variant']} | {run['write_s']} |"
+            f" {run['write_msg_per_s']:,} | {run['peak_python_rss_mib']:,} | {other['max_s']} |"
+            f" {other['p99_s']} | {other['busy_errors']} |"
+        )
+    lines += [
+        "",
+        "The write: N rows, 4 partitions, `local[2]`, staging on the executors and the driver's"
+        " publish, until `save()` returned. Beside it, one publisher on the same database"
+        " publishes a message every 20 ms; on SQLite its longest publish is the longest time"
+        " the write held the write lock. Peak RSS: the largest Python process of the write.",
+        "",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

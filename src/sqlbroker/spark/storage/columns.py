@@ -1,0 +1,276 @@
+"""The one column list of every Spark read, and what both stores share: staged rows, row
+filters, and the SQL markers the column list fills in."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.message import NewMessage, new_message_id
+from sqlbroker.spark.storage.base import SPARK_TABLES, Columns, Published, SparkRowFilter
+from sqlbroker.storage.base import InsertResult
+from sqlbroker.storage.rows import payload_hash
+
+SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
+    "messages": (
+        "id",
+        "message_id",
+        "subscription",
+        "topic",
+        "state",
+        "priority",
+        "ordering_key",
+        "idempotency_key",
+        "payload",
+        "content_type",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "replay_count",
+        "enqueued_at",
+        "available_at",
+        "expires_at",
+        "first_started_at",
+        "lease_expires_at",
+        "last_error",
+    ),
+    "archive": (
+        "id",
+        "delivery_id",
+        "message_id",
+        "subscription",
+        "topic",
+        "outcome",
+        "priority",
+        "ordering_key",
+        "idempotency_key",
+        "payload",
+        "content_type",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "replay_count",
+        "enqueued_at",
+        "first_started_at",
+        "finished_at",
+    ),
+    "dead": (
+        "id",
+        "delivery_id",
+        "message_id",
+        "subscription",
+        "topic",
+        "priority",
+        "ordering_key",
+        "idempotency_key",
+        "payload",
+        "content_type",
+        "headers",
+        "attempts",
+        "max_attempts",
+        "replay_count",
+        "reason",
+        "error_type",
+        "error_message",
+        "traceback",
+        "enqueued_at",
+        "first_started_at",
+        "first_failed_at",
+        "last_failed_at",
+        "dead_at",
+    ),
+}
+"""The columns of a Spark batch read of each table, in order: the only list of them. The
+SQL of each store names them through markers (:func:`fill_columns`)."""
+
+STREAM_COLUMNS: tuple[str, ...] = SPARK_COLUMNS["messages"]
+"""A streaming read yields the columns of a batch read of messages (``id`` is the
+delivery id), as they were when claimed."""
+
+SNAPSHOT_COLUMNS: tuple[str, ...] = tuple(c for c in STREAM_COLUMNS if c not in ("id", "state"))
+"""The message columns a stream's claim snapshot copies (the claim table stores the id as
+``delivery_id`` and no state: a claimed message is running)."""
+
+TIME_COLUMNS = frozenset(
+    {
+        "enqueued_at",
+        "available_at",
+        "expires_at",
+        "first_started_at",
+        "lease_expires_at",
+        "finished_at",
+        "first_failed_at",
+        "last_failed_at",
+        "dead_at",
+    }
+)
+
+
+def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
+    """The blocks of a store's SQL file with their column markers filled in.
+
+    ``{messages_columns}``, ``{archive_columns}``, ``{dead_columns}`` and
+    ``{stream_columns}`` become the select list of that read; ``{snapshot_columns}`` the
+    claim table's copy of a message's columns and ``{snapshot_values}`` the same columns of
+    the message row ``m``. A column whose SQL is not its bare name (a cast, a constant) has
+    a block of its own: ``column_<name>`` for every read, ``stream_column_<name>`` for the
+    stream's read of the claim table. Names come from the lists above, never from input.
+    """
+
+    def select(names: Sequence[str], *prefixes: str) -> str:
+        def one(name: str) -> str:
+            for prefix in prefixes:
+                if f"{prefix}{name}" in blocks:
+                    return blocks[f"{prefix}{name}"]
+            return name
+
+        return ", ".join(one(name) for name in names)
+
+    markers = {
+        f"{{{table}_columns}}": select(SPARK_COLUMNS[table], "column_") for table in SPARK_TABLES
+    }
+    markers["{stream_columns}"] = select(STREAM_COLUMNS, "stream_column_", "column_")
+    markers["{snapshot_columns}"] = ", ".join(SNAPSHOT_COLUMNS)
+    markers["{snapshot_values}"] = ", ".join(f"m.{name}" for name in SNAPSHOT_COLUMNS)
+    filled = {}
+    for name, body in blocks.items():
+        for marker, text in markers.items():
+            body = body.replace(marker, text)
+        filled[name] = body
+    return filled
+
+
+def check_table(where: SparkRowFilter) -> str:
+    if where.table not in SPARK_TABLES:
+        raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
+    return where.table
+
+
+def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
+    """Transpose rows into columns; payloads become ``bytes``."""
+    columns: Columns = {name: [] for name in names}
+    lists = [columns[name] for name in names]
+    for row in rows:
+        for target, value in zip(lists, row, strict=True):
+            target.append(value)
+    if "payload" in columns:
+        columns["payload"] = [bytes(value) for value in columns["payload"]]
+    return columns
+
+
+def content_hash(message: NewMessage) -> str:
+    """What makes two staged rows "the same message" for deterministic idempotency keys."""
+    digest = hashlib.sha256()
+    for part in (
+        message.topic,
+        message.content_type,
+        message.headers or "",
+        str(message.priority),
+        message.ordering_key or "",
+    ):
+        digest.update(part.encode())
+        digest.update(b"\x00")
+    digest.update(message.payload)
+    return digest.hexdigest()[:40]
+
+
+def stage_params(
+    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage], now: Any
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "job_id": job,
+            "partition_id": partition,
+            "attempt": attempt,
+            "seq": first_seq + index,
+            "topic": message.topic,
+            "payload": message.payload,
+            "content_type": message.content_type,
+            "headers": message.headers,
+            "priority": message.priority,
+            "ordering_key": message.ordering_key,
+            "idempotency_key": message.idempotency_key,
+            "content_hash": content_hash(message),
+            "max_attempts": message.max_attempts,
+            "dedupe_window": message.dedupe_window,
+            "now": now,
+        }
+        for index, message in enumerate(rows)
+    ]
+
+
+class StagedKeys:
+    """Messages for staged rows, a page at a time, in partition and row order.
+
+    A row without an idempotency key gets ``key_prefix`` + content hash + its occurrence
+    among identical rows of the job: identical rows stay distinct messages, and a re-run of
+    the same job derives the same keys. Only the contents staged more than once
+    (``repeated``, found by one query before the first page) need counting, so the memory
+    held is that of the repeated contents, not of every row.
+    """
+
+    def __init__(self, key_prefix: str, repeated: Iterable[tuple[str, str]]) -> None:
+        self._prefix = key_prefix
+        self._seen = dict.fromkeys(repeated, 0)
+
+    def messages(self, rows: Iterable[Mapping[str, Any]]) -> list[NewMessage]:
+        messages = []
+        for row in rows:
+            key = row["idempotency_key"]
+            if key is None:
+                slot = (row["topic"], row["content_hash"])
+                occurrence = self._seen.get(slot, 0)
+                if slot in self._seen:
+                    self._seen[slot] = occurrence + 1
+                key = f"{self._prefix}{row['content_hash']}.{occurrence}"
+            payload = bytes(row["payload"])
+            messages.append(
+                NewMessage(
+                    message_id=new_message_id(),
+                    topic=row["topic"],
+                    payload=payload,
+                    content_type=row["content_type"],
+                    headers=row["headers"],
+                    priority=row["priority"],
+                    ordering_key=row["ordering_key"],
+                    idempotency_key=key,
+                    payload_hash=payload_hash(payload, row["content_type"]),
+                    delay=None,
+                    available_at=None,
+                    ttl=None,
+                    expires_at=None,
+                    max_attempts=row["max_attempts"],
+                    dedupe_window=float(row["dedupe_window"]),
+                )
+            )
+        return messages
+
+
+def publish_staged(
+    *,
+    winners: Sequence[tuple[int, int]],
+    keys: StagedKeys,
+    chunk: int,
+    read_page: Callable[[int, int, int, int], list[Mapping[str, Any]]],
+    publish_page: Callable[[Sequence[NewMessage], int, int, int], InsertResult],
+) -> Published:
+    """The paging loop of ``SparkStore.stage_publish``: ``read_page(partition, attempt,
+    after_seq, limit)`` returns staged rows by ``seq``; ``publish_page(messages, partition,
+    attempt, upto_seq)`` publishes them and deletes their staged rows in one transaction."""
+    published = duplicates = unrouted = 0
+    for partition, attempt in sorted(winners):
+        after = -1
+        while True:
+            rows = read_page(partition, attempt, after, chunk)
+            if not rows:
+                break
+            after = int(rows[-1]["seq"])
+            result = publish_page(keys.messages(rows), partition, attempt, after)
+            published += len(result.message_ids) - result.duplicates
+            duplicates += result.duplicates
+            unrouted += result.unrouted
+            if len(rows) < chunk:
+                break
+    return Published(published=published, duplicates=duplicates, unrouted=unrouted)

@@ -1,0 +1,346 @@
+"""The Spark store of a PostgreSQL database.
+
+Batch reads go through ADBC: the server's rows arrive as Arrow batches and reach Spark
+without a Python object per value. Everything else runs in the broker's own transactions
+(``Backend.begin()``), on connections with its settings (login, role, schema,
+durability), so row-level security sees the same tenant on every path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+import pyarrow as pa
+from psycopg.rows import dict_row
+
+from sqlbroker.core.errors import (
+    ConnectionLost,
+    InvalidOption,
+    SchemaError,
+    SqlbrokerError,
+    StorageError,
+)
+from sqlbroker.core.message import NewMessage
+from sqlbroker.spark.schema import arrow_schema
+from sqlbroker.spark.storage.base import (
+    Columns,
+    ExportRun,
+    IdRange,
+    Published,
+    SparkRowFilter,
+    StreamAck,
+)
+from sqlbroker.spark.storage.columns import (
+    SPARK_COLUMNS,
+    STREAM_COLUMNS,
+    StagedKeys,
+    check_table,
+    columns_of,
+    fill_columns,
+    publish_staged,
+    stage_params,
+)
+from sqlbroker.storage.base import Backend, InsertResult, Lease
+from sqlbroker.storage.sql import load_blocks
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+_NO_ID = -(2**63)
+_ANY_ID = 2**63 - 1
+
+
+@cache
+def _queries(schema: str | None) -> dict[str, str]:
+    if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+        raise InvalidOption("schema", "must be a lowercase SQL identifier")
+    qualifier = "" if schema is None else f'"{schema}".'
+    return fill_columns(load_blocks("sqlbroker.spark.storage", "postgres.sql", schema=qualifier))
+
+
+def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
+    """The positional parameters of a row filter and an id range ``(after_id, upto_id]``."""
+    if where.min_id is not None:
+        after_id = max(after_id, where.min_id - 1)
+    if where.max_id is not None:
+        upto_id = min(upto_id, where.max_id)
+    return (
+        where.subscription or "",
+        where.topic_regex or "",
+        where.since or _EARLIEST,
+        where.until or _LATEST,
+        after_id,
+        upto_id,
+    )
+
+
+class PostgresSparkStore:
+    """:class:`~sqlbroker.spark.storage.base.SparkStore` on the broker's PostgreSQL
+    database (and schema)."""
+
+    def __init__(self, backend: Backend, *, url: str, schema: str | None) -> None:
+        self._backend = backend
+        self._url = url
+        self._sql = _queries(schema)
+
+    @contextmanager
+    def _arrow(self) -> Iterator[Any]:
+        """An ADBC cursor of a connection of our own (the URL's login, so the same tenant)."""
+        import adbc_driver_manager.dbapi as adbc_errors
+        import adbc_driver_postgresql.dbapi as adbc
+
+        try:
+            with adbc.connect(self._url) as conn, conn.cursor() as cursor:
+                yield cursor
+        except adbc_errors.Error as error:
+            text = str(error).strip()
+            if "does not exist" in text and "relation" in text:
+                raise SchemaError(
+                    f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`"
+                ) from None
+            if isinstance(error, adbc_errors.OperationalError):
+                raise ConnectionLost(f"PostgreSQL: {text}", ambiguous=False, write=False) from None
+            raise StorageError(f"PostgreSQL error: {text}") from None
+
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """A transaction of the broker (its errors arrive translated), never cut for
+        taking long: its bulk statements may."""
+        with self._backend.begin(timed=False) as tx:
+            yield tx.connection
+
+    def identity(self) -> str:
+        with self._tx() as conn:
+            row = conn.execute(self._sql["identity_get"]).fetchone()
+        if row is None:
+            raise SchemaError("the database has no identity row: run `sqlbroker migrate`")
+        return str(row[0])
+
+    # --- batch read --------------------------------------------------------------------------
+
+    def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
+        table = check_table(where)
+        with self._arrow() as cursor:
+            cursor.execute(self._sql[f"{table}_range"], _bounds(where, _NO_ID, _ANY_ID))
+            row = cursor.fetchone()
+        if row is None or not row[2]:
+            return None
+        return IdRange(low=int(row[0]), high=int(row[1]), count=int(row[2]))
+
+    def rows_read(
+        self, *, where: SparkRowFilter, after_id: int, upto_id: int, fetch: int
+    ) -> Iterator[pa.RecordBatch]:
+        table = check_table(where)
+        target = arrow_schema(SPARK_COLUMNS[table])
+        with self._arrow() as cursor:
+            cursor.execute(self._sql[f"{table}_read"], _bounds(where, after_id, upto_id))
+            for batch in cursor.fetch_record_batch():
+                for start in range(0, batch.num_rows, fetch):
+                    yield batch.slice(start, fetch).cast(target)
+
+    # --- idempotent batch write --------------------------------------------------------------
+
+    def stage_insert(
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
+    ) -> int:
+        params = stage_params(
+            job=job, partition=partition, attempt=attempt, first_seq=first_seq, rows=rows, now=None
+        )
+        with self._tx() as conn, conn.cursor() as cursor:
+            cursor.executemany(self._sql["stage_insert"], params)
+        return len(params)
+
+    def stage_publish(
+        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+    ) -> Published:
+        with self._tx() as conn:
+            repeated = conn.execute(
+                self._sql["stage_repeated"],
+                {
+                    "job_id": job,
+                    "partitions": [w[0] for w in winners],
+                    "attempts": [w[1] for w in winners],
+                },
+            ).fetchall()
+
+        def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
+            with self._tx() as conn:
+                rows: list[Any] = (
+                    conn.cursor(row_factory=dict_row)
+                    .execute(
+                        self._sql["stage_page"],
+                        {
+                            "job_id": job,
+                            "partition_id": partition,
+                            "attempt": attempt,
+                            "after_seq": after,
+                            "limit": limit,
+                        },
+                    )
+                    .fetchall()
+                )
+            return rows
+
+        def publish_page(
+            messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
+        ) -> InsertResult:
+            with self._tx() as conn:
+                result = self._backend.message_insert_many(
+                    messages=messages, subscription=None, conn=conn
+                )
+                conn.execute(
+                    self._sql["stage_delete_page"],
+                    {
+                        "job_id": job,
+                        "partition_id": partition,
+                        "attempt": attempt,
+                        "upto_seq": upto,
+                    },
+                )
+            return result
+
+        published = publish_staged(
+            winners=winners,
+            keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
+            chunk=chunk,
+            read_page=read_page,
+            publish_page=publish_page,
+        )
+        with self._tx() as conn:  # what the losing attempts staged
+            conn.execute(self._sql["stage_delete_job"], {"job_id": job})
+        return published
+
+    def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
+        deleted = 0
+        with self._tx() as conn:
+            if job is not None:
+                deleted += conn.execute(self._sql["stage_delete_job"], {"job_id": job}).rowcount
+            if older_than is not None:
+                deleted += conn.execute(
+                    self._sql["stage_delete_older"], {"older_than": older_than}
+                ).rowcount
+        return deleted
+
+    # --- streaming ---------------------------------------------------------------------------
+
+    def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
+        with self._tx() as conn:
+            conn.execute(
+                self._sql["stream_insert"],
+                {"stream": stream, "subscription": subscription, "now": None},
+            )
+            row = conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def stream_claim(
+        self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
+    ) -> int:
+        claimed = [
+            Lease.of(delivery)
+            for delivery in self._backend.message_claim_many(
+                subscription=subscription, limit=limit, lease=lease, worker=worker
+            )
+        ]
+        try:
+            with self._tx() as conn:
+                if not claimed:
+                    row = conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()
+                    assert row is not None
+                    return int(row[0])
+                row = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
+                assert row is not None
+                seq = int(row[0])
+                conn.execute(
+                    self._sql["stream_claim_snapshot"],
+                    {
+                        "stream": stream,
+                        "seq": seq,
+                        "now": None,
+                        "ids": [c.id for c in claimed],
+                        "tokens": [c.token for c in claimed],
+                    },
+                )
+        except BaseException:
+            # Not in any snapshot: give the messages back rather than wait out the lease.
+            if claimed:
+                with suppress(SqlbrokerError):
+                    self._backend.message_release_many(leases=claimed)
+            raise
+        return seq
+
+    def stream_read(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Columns:
+        params = {
+            "stream": stream,
+            "after_seq": after_seq,
+            "upto_seq": upto_seq,
+            "part": part,
+            "parts": parts,
+        }
+        with self._tx() as conn:
+            rows = conn.execute(self._sql["stream_read"], params).fetchall()
+        return columns_of(STREAM_COLUMNS, rows)
+
+    def _stream_leases(self, stream: str, upto_seq: int) -> list[Lease]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                self._sql["stream_leases"], {"stream": stream, "upto_seq": upto_seq}
+            ).fetchall()
+        return [Lease(id=int(row[0]), token=str(row[1])) for row in rows]
+
+    def stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
+        leases = self._stream_leases(stream, upto_seq)
+        return len(self._backend.message_extend_leases(leases=leases, lease=lease)) if leases else 0
+
+    def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
+        leases = self._stream_leases(stream, upto_seq)
+        done = self._backend.message_complete_many(leases=leases) if leases else []
+        # Forgetting the claims after the completion: a crash in between leaves claims
+        # whose leases are gone, which the next ack forgets.
+        with self._tx() as conn:
+            params = {"stream": stream, "upto_seq": upto_seq}
+            conn.execute(self._sql["stream_forget"], params)
+            conn.execute(self._sql["stream_acked"], params)
+        return StreamAck(acked=len(done), lost=len(leases) - len(done))
+
+    # --- archive pipeline --------------------------------------------------------------------
+
+    def export_commit(self, *, run: ExportRun) -> None:
+        with self._tx() as conn:
+            archived = conn.execute(
+                self._sql["export_delete_archive"],
+                {"cutoff": run.cutoff, "max_id": run.archive_max_id},
+            ).rowcount
+            dead = conn.execute(
+                self._sql["export_delete_dead"], {"cutoff": run.cutoff, "max_id": run.dead_max_id}
+            ).rowcount
+            if (archived, dead) != (run.archive_rows, run.dead_rows):
+                raise StorageError(
+                    f"export {run.run_id}: the database holds {archived} archive rows and"
+                    f" {dead} dead letters in the exported range, the Parquet files"
+                    f" {run.archive_rows} and {run.dead_rows}; nothing was deleted"
+                )
+            conn.execute(
+                self._sql["export_record"],
+                {
+                    "run_id": run.run_id,
+                    "cutoff": run.cutoff,
+                    "archive_max_id": run.archive_max_id,
+                    "dead_max_id": run.dead_max_id,
+                    "archive_rows": run.archive_rows,
+                    "dead_rows": run.dead_rows,
+                    "now": None,
+                },
+            )
+
+    def export_done(self, *, run_id: str) -> bool:
+        with self._tx() as conn:
+            row = conn.execute(self._sql["export_get"], {"run_id": run_id}).fetchone()
+        return bool(row and row[0])

@@ -1,0 +1,159 @@
+"""The Spark plugin's store (``sqlbroker.spark.storage``) on both backends, driven directly
+(no SparkSession needed)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import sqlbroker
+from sqlbroker.core.errors import IdempotencyConflict, StorageError
+from sqlbroker.features.publishing import PublishDefaults, build_message
+from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore, open_store
+from sqlbroker.spark.storage.columns import SPARK_COLUMNS
+
+DEFAULTS = PublishDefaults(max_attempts=5, dedupe_window=3600.0, payload_limit=262144)
+
+
+def _spark(broker: sqlbroker.Broker, url: str) -> SparkStore:
+    return open_store(broker, url=url, options={})
+
+
+def _messages(count: int, topic: str = "orders.created", same: bool = False) -> list[Any]:
+    return [build_message(topic, {"n": 0 if same else n}, defaults=DEFAULTS) for n in range(count)]
+
+
+def test_staged_winners_are_published_once_with_derived_keys(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    broker.subscribe("orders", "orders.#")
+    store = _spark(broker, backend_url)
+    # Partition 0 failed once (attempt 7) after staging two rows, then won (attempt 9).
+    store.stage_insert(job="j1", partition=0, attempt=7, first_seq=0, rows=_messages(2))
+    store.stage_insert(job="j1", partition=0, attempt=9, first_seq=0, rows=_messages(3))
+    store.stage_insert(job="j1", partition=1, attempt=8, first_seq=0, rows=_messages(3, same=True))
+    result = store.stage_publish(job="j1", winners=[(0, 9), (1, 8)], key_prefix="t:", chunk=2)
+    assert (result.published, result.duplicates) == (6, 0)
+    pending = broker.pending("orders", limit=100)
+    assert len(pending) == 6
+    assert store.stage_discard(job=None, older_than=broker.backend.now() + timedelta(1)) == 0
+
+    # The same rows staged again by a re-run: all duplicates, nothing new.
+    store.stage_insert(job="j2", partition=0, attempt=1, first_seq=0, rows=_messages(3))
+    store.stage_insert(job="j2", partition=1, attempt=2, first_seq=0, rows=_messages(3, same=True))
+    again = store.stage_publish(job="j2", winners=[(0, 1), (1, 2)], key_prefix="t:", chunk=2)
+    assert (again.published, again.duplicates) == (0, 6)
+    assert len(broker.pending("orders", limit=100)) == 6
+
+
+def test_the_publish_commits_chunk_by_chunk_and_a_rerun_publishes_the_rest(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """Issue 28 item 5: each chunk of the driver's publish is a transaction of its own (on
+    SQLite, the write lock is let go between chunks). A commit failing at its third chunk
+    leaves the first two published; the job run again publishes exactly the rest."""
+    broker.subscribe("orders", "orders.#")
+    broker.publish("orders.created", {"taken": True}, idempotency_key="order-5")
+    store = _spark(broker, backend_url)
+
+    def rows(conflict: bool) -> list[Any]:
+        messages = _messages(4) + _messages(2, same=True)
+        fifth = build_message(
+            "orders.created",
+            {"n": 5 if conflict else "fixed"},
+            defaults=DEFAULTS,
+            idempotency_key="order-5" if conflict else "order-5b",
+        )
+        return [*messages[:4], fifth, *messages[4:]]
+
+    store.stage_insert(job="j1", partition=0, attempt=1, first_seq=0, rows=rows(conflict=True))
+    with pytest.raises(IdempotencyConflict):
+        store.stage_publish(job="j1", winners=[(0, 1)], key_prefix="t:", chunk=2)
+    assert len(broker.pending("orders", limit=100)) == 1 + 4
+    assert store.stage_discard(job="j1", older_than=None) == 3
+
+    store.stage_insert(job="j2", partition=0, attempt=1, first_seq=0, rows=rows(conflict=False))
+    again = store.stage_publish(job="j2", winners=[(0, 1)], key_prefix="t:", chunk=2)
+    assert (again.published, again.duplicates) == (3, 4)
+    assert len(broker.pending("orders", limit=100)) == 1 + 7
+
+
+def test_an_aborted_job_leaves_nothing(broker: sqlbroker.Broker, backend_url: str) -> None:
+    store = _spark(broker, backend_url)
+    store.stage_insert(job="j", partition=0, attempt=1, first_seq=0, rows=_messages(4))
+    assert store.stage_discard(job="j", older_than=None) == 4
+    assert store.stage_discard(job="j", older_than=None) == 0
+
+
+def test_id_range_and_reads_follow_the_filter(broker: sqlbroker.Broker, backend_url: str) -> None:
+    broker.subscribe("a", "a.#")
+    broker.subscribe("b", "b.#")
+    broker.publish_many(
+        [{"topic": "a.x", "payload": n} for n in range(5)]
+        + [{"topic": "b.y", "payload": n} for n in range(3)]
+    )
+    store = _spark(broker, backend_url)
+    found = store.id_range(where=SparkRowFilter(table="messages", subscription="b"))
+    assert found.count == 3
+    batches = list(
+        store.rows_read(
+            where=SparkRowFilter(table="messages", subscription="b"),
+            after_id=found.low - 1,
+            upto_id=found.high,
+            fetch=2,
+        )
+    )
+    assert [batch.num_rows for batch in batches] == [2, 1]
+    columns = pa.Table.from_batches(batches).to_pydict()
+    assert list(columns) == list(SPARK_COLUMNS["messages"])
+    assert columns["topic"] == ["b.y"] * 3
+    assert all(isinstance(t, datetime) for t in columns["enqueued_at"])
+    assert store.id_range(where=SparkRowFilter(table="archive")) is None
+
+
+def test_stream_claims_are_read_back_and_acked(broker: sqlbroker.Broker, backend_url: str) -> None:
+    broker.subscribe("s", "s.#")
+    ids = broker.publish_many([{"topic": "s.x", "payload": n} for n in range(7)])
+    store = _spark(broker, backend_url)
+    assert store.stream_open(stream="st", subscription="s") == (0, 0)
+    claim = {"stream": "st", "subscription": "s", "lease": 60.0, "worker": "w"}
+    assert store.stream_claim(limit=4, **claim) == 1
+    assert store.stream_claim(limit=4, **claim) == 2
+    assert store.stream_claim(limit=4, **claim) == 2
+    parts = [
+        store.stream_read(stream="st", after_seq=0, upto_seq=2, part=p, parts=2) for p in range(2)
+    ]
+    read = sorted(m for part in parts for m in part["message_id"])
+    assert read == sorted(ids)
+    assert store.stream_extend(stream="st", upto_seq=2, lease=120.0) == 7
+    acked = store.stream_ack(stream="st", upto_seq=1)
+    assert (acked.acked, acked.lost) == (4, 0)
+    assert store.stream_open(stream="st", subscription="s") == (2, 1)
+    assert len(broker.pending("s")) == 3
+    assert store.stream_ack(stream="st", upto_seq=2).acked == 3
+    assert broker.pending("s") == []
+
+
+def test_export_commit_deletes_exactly_or_nothing(
+    clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock, backend_url: str
+) -> None:
+    broker = clocked_broker
+    broker.subscribe("q", "q.#")
+    broker.publish_many([{"topic": "q.x", "payload": n} for n in range(6)])
+    broker.complete(broker.claim("q", limit=6))
+    clock.advance(3600.0)
+    store = _spark(broker, backend_url)
+    cutoff = broker.backend.now() - timedelta(minutes=30)
+    found = store.id_range(where=SparkRowFilter(table="archive", until=cutoff))
+    wrong = ExportRun("r1", cutoff, found.high, 0, archive_rows=5, dead_rows=0)
+    with pytest.raises(StorageError, match="nothing was deleted"):
+        store.export_commit(run=wrong)
+    assert len(broker.archive(limit=100)) == 6
+    assert not store.export_done(run_id="r1")
+    right = ExportRun("r2", cutoff, found.high, 0, archive_rows=6, dead_rows=0)
+    store.export_commit(run=right)
+    assert broker.archive(limit=100) == []
+    assert store.export_done(run_id="r2")
