@@ -24,9 +24,19 @@ from mkdocs.structure.pages import Page
 log = logging.getLogger("mkdocs.plugins.sqlbroker_docs")
 
 ROOT = Path(__file__).resolve().parent.parent
-# Document this tree's sqlbroker (as mkdocstrings' ``paths: [src]`` does), not an installed one.
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
+SRC = ROOT / "src"
+
+
+def _sqlbroker() -> Any:
+    """This tree's sqlbroker (as mkdocstrings' ``paths: [src]`` reads), not an installed one."""
+    if sys.path[:1] != [str(SRC)]:
+        sys.path.insert(0, str(SRC))
+    import sqlbroker
+
+    if not Path(sqlbroker.__file__).resolve().is_relative_to(SRC):
+        log.warning("documenting %s, not this tree's src/", sqlbroker.__file__)
+    return sqlbroker
+
 
 # The API reference's sections, in order; a public name in none of them lands in "Other".
 SECTIONS: list[tuple[str, list[str]]] = [
@@ -70,7 +80,7 @@ ERRORS_TITLE = "Errors"
 
 
 def _api_page() -> str:
-    import sqlbroker
+    sqlbroker = _sqlbroker()
     from sqlbroker.core.errors import SqlbrokerError
 
     names = [name for name in sqlbroker.__all__ if name != "__version__"]
@@ -116,8 +126,7 @@ def _own_doc(obj: Any) -> str | None:
 
 def _undocumented() -> list[str]:
     """Names in ``sqlbroker.__all__``, and their classes' public members, without a docstring."""
-    import sqlbroker
-
+    sqlbroker = _sqlbroker()
     missing: list[str] = []
     for name in sqlbroker.__all__:
         obj = getattr(sqlbroker, name)
