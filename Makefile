@@ -26,7 +26,7 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "installing sqlbroker with every extra and the test tools into $(VENV) (about 1.5 GB)"
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[postgres,cron,metrics,dev,spark,faststream,django]'
+	$(PIP) install -e '.[postgres,cron,metrics,dev,spark,faststream,django,celery]'
 	@touch $(STAMP) $(DEMO_STAMP)
 
 env: $(STAMP)

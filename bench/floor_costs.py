@@ -30,8 +30,10 @@ drain's variants publish, claim and ack through the floor's latency loop, agains
 sqlbroker's own latency workload (its worker).
 
 For batched publishes (``--workload publish-batch``: 500 messages per transaction, one
-thread) the same variants insert a batch in one statement, and ``sqlbroker`` is
-``Broker.send_many``.
+thread) each path runs alone: ``floor`` is the floor's binary COPY (its faster path), then
+the same rows by ``INSERT … SELECT FROM unnest``, sqlbroker's rows (its table, the values
+of a plain send, message ids made by the client) by COPY and by unnest, the unnest with the
+queue created on first use, and ``sqlbroker`` is ``Broker.send_many``.
 
     .venv/bin/python bench/floor_costs.py [--workload claim10] [--repeats 5] [--messages 3000]
     .venv/bin/python bench/floor_costs.py --workload publish-batch --messages 50000
@@ -46,7 +48,10 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import harness
 from harness import DEFAULT, QUICK, Case, CaseResult, PostgresTarget, run_cases
@@ -174,11 +179,34 @@ SELECT pg_notify('sqlbroker', %(queue)s) {notify}
 """
 
 
+def _table_row(queue: str, body: bytes) -> tuple[Any, ...]:
+    now = datetime.now(UTC)
+    return (uuid.uuid4(), queue, queue, "available", 2, body, "application/json", 5, now, now)
+
+
 TABLE = pg_floor.FloorSql(
     schema=PostgresBackend.schema_sql(),
     table="sqlbroker_message",
     insert_one=table_insert(ONE_ROW),
     insert_many=table_insert(MANY_ROWS),
+    # The same rows by a binary COPY (message ids made by the client, as sqlbroker does).
+    copy_many="COPY sqlbroker_message (message_id, subscription, topic, state, priority,"
+    " payload, content_type, max_attempts, enqueued_at, available_at) FROM STDIN"
+    " (FORMAT BINARY)",
+    copy_types=(
+        "uuid",
+        "text",
+        "text",
+        "text",
+        "int2",
+        "bytea",
+        "text",
+        "int4",
+        "timestamptz",
+        "timestamptz",
+    ),
+    copy_row=_table_row,
+    notify="SELECT pg_notify('sqlbroker', %(queue)s)",
 )
 PUBLISH_VARIANTS = {
     "floor": pg_floor.FLOOR,
@@ -211,8 +239,16 @@ def main() -> None:
     elif args.workload == "publish-batch":
         workload, what = "publish.batch", "messages in batches of 500, 1 thread"
         sizes = dataclasses.replace(sizes, publish_batch=args.messages, batch_size=500)
+        # Each path alone: the floor is its COPY (the faster), then the same rows by unnest,
+        # then sqlbroker's rows both ways.
         variants = {
-            name: pg_floor.publish_batch_with(sql) for name, sql in PUBLISH_VARIANTS.items()
+            "floor": pg_floor.publish_batch_with(pg_floor.FLOOR, "copy"),
+            "floor by unnest": pg_floor.publish_batch_with(pg_floor.FLOOR, "unnest"),
+            "+sqlbroker's table by COPY": pg_floor.publish_batch_with(TABLE, "copy"),
+            "+sqlbroker's table by unnest": pg_floor.publish_batch_with(TABLE, "unnest"),
+            "+queue on first use by unnest": pg_floor.publish_batch_with(
+                PUBLISH_VARIANTS["+queue on first use"], "unnest"
+            ),
         }
     elif args.workload == "latency":
         workload = "latency"

@@ -1,7 +1,7 @@
 """Profile one workload of one system on a durable PostgreSQL with pg_stat_statements.
 
     .venv/bin/python bench/pgprofile.py [--system sqlbroker] [--workload drain.claim10]
-                                      [--python-profile] [--quick]
+                                      [--python-profile] [--quick] [--messages N]
 
 Prints the statements by total server time (calls, mean and total ms, rows per call, WAL
 bytes) and, with ``--python-profile``, the client's hottest functions (cProfile, by own
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import pstats
 import sys
 from typing import Any
@@ -40,14 +41,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--python-profile", action="store_true")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--messages", type=int, help="publish and drain sizes")
     args = parser.parse_args()
     sizes = QUICK if args.quick else DEFAULT
+    if args.messages:
+        n = args.messages
+        sizes = dataclasses.replace(sizes, publish_single=n, publish_batch=n, drain=n)
     server = harness.start_postgres()
     try:
         server.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
         server.restart()
         target = PostgresTarget(server)
-        run = systems.load(args.system).WORKLOADS[args.workload]
+        module = systems.load(args.system)
+        # sqlbroker's workloads of bench/targets.py and the floor's single batch paths too.
+        run = {
+            **module.WORKLOADS,
+            **getattr(module, "TARGET_WORKLOADS", {}),
+            **getattr(module, "ONE_METHOD", {}),
+        }[args.workload]
         with target.fresh() as database:
             with psycopg.connect(database.url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION pg_stat_statements")

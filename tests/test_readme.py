@@ -600,14 +600,14 @@ assert len(broker.pending("emails")) == 1
         "def record_payment(msg):",
         backends=("sqlite",),
         prelude=BROKER_FROM_ENV
-        + """with broker.backend.transaction() as setup:
-    setup.execute("CREATE TABLE ledger (order_id INTEGER, amount REAL)")
+        + """with broker.backend.begin() as setup:
+    setup.connection.execute("CREATE TABLE ledger (order_id INTEGER, amount REAL)")
 """,
         epilogue="""
 broker.send("payments", {"order": 42, "amount": 19.8})
 broker.run_until_idle(timeout=30)
-with broker.backend.transaction() as check:
-    rows = check.execute("SELECT order_id, amount FROM ledger").fetchall()
+with broker.backend.begin() as check:
+    rows = check.connection.execute("SELECT order_id, amount FROM ledger").fetchall()
     assert [tuple(row) for row in rows] == [(42, 19.8)]
 assert len(broker.archive("payments", outcome="completed")) == 1
 """,
@@ -747,6 +747,28 @@ assert get_broker().pending("tasks.emails") == [], "and its message does not eit
         marks=(pytest.mark.slow,),
     ),
     Case(
+        "docs/django.md",
+        "result = total.enqueue([19.8, 5.2])",
+        backends=("sqlite",),
+        seed=_django_migrated,
+        prelude="""\
+import os
+import subprocess
+import sys
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mysite.settings")
+django.setup()
+worker = subprocess.Popen([sys.executable, "manage.py", "sqlbroker_worker"])
+""",
+        epilogue="""
+worker.terminate()
+assert worker.wait(timeout=60) == 0
+assert (result.status, result.return_value) == ("SUCCESSFUL", 25.0)
+""",
+        marks=(pytest.mark.slow,),
+    ),
+    Case(
         "docs/spark.md",
         "register(spark)                       # once per session",
         backends=("sqlite",),
@@ -798,6 +820,72 @@ def _faststream_receipts(run: Run) -> int:
 
 def _check(condition: bool, run: Run) -> None:
     assert condition, run.output
+
+
+# --- docs/celery.md ----------------------------------------------------------------------------
+
+
+def _printed(document: str, contains: str) -> str:
+    """A block of a document as printed, for a case that needs it as a file (``tasks.py``)."""
+    (block,) = [b for b in blocks() if b.path == REPO / document and contains in b.code]
+    return block.code
+
+
+CELERY_TASKS = _printed("docs/celery.md", "import sqlbroker.contrib.celery  # registers")
+
+
+def _verify_celery_worker(run: Run) -> None:
+    assert "scheduled" in run.output, "sqlbroker pending shows the countdown waiting"
+    assert "receipt for order 42" in run.output
+    with run.broker() as broker:
+        assert len(broker.archive("celery", outcome="completed")) == 2, "both acknowledged"
+        assert broker.pending("celery") == []
+
+
+CASES += [
+    Case(
+        "docs/celery.md",
+        "import sqlbroker.contrib.celery  # registers",
+        epilogue="""
+send_receipt.delay(42)
+from sqlbroker import Broker
+with Broker(database) as broker:
+    (task,) = broker.pending("celery")
+    assert task.state.value == "available"
+""",
+    ),
+    Case(
+        "docs/celery.md",
+        "celery -A tasks worker --loglevel=INFO",
+        files={"tasks.py": CELERY_TASKS},
+        background={
+            # Celery's own Ctrl-C handler exits 1 after its warm shutdown (EX_FAILURE).
+            "celery -A tasks worker": Background(
+                ready=lambda run: "receipt for order 43" in run.output, codes=(0, 1)
+            )
+        },
+        verify=_verify_celery_worker,
+        marks=(pytest.mark.slow,),
+    ),
+    Case(
+        "docs/celery.md",
+        "with publishing_in(db):",
+        backends=("postgresql",),
+        files={"tasks.py": CELERY_TASKS},
+        prelude="""import os, psycopg
+with psycopg.connect(os.environ["SQLBROKER_URL"], autocommit=True) as setup:
+    setup.execute("CREATE TABLE orders (id integer)")
+""",
+        epilogue="""
+from sqlbroker import Broker
+with Broker(os.environ["SQLBROKER_URL"]) as broker:
+    (task,) = broker.pending("celery")
+    assert task.state.value == "available"
+with psycopg.connect(os.environ["SQLBROKER_URL"]) as check:
+    assert check.execute("SELECT id FROM orders").fetchall() == [(42,)]
+""",
+    ),
+]
 
 
 # --- collection ---------------------------------------------------------------------------------

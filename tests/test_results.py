@@ -183,7 +183,8 @@ def _watching(broker: sqlbroker.Broker) -> bool:
     """Whether a result watch is in place (its LISTEN connection, or its watcher thread)."""
     if broker.backend_name == "sqlite":
         return any(thread.name == "sqlbroker-result" for thread in threading.enumerate())
-    with broker.backend.transaction() as conn:
+    with broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
         ).fetchone()
@@ -417,7 +418,8 @@ def _watchers(broker: sqlbroker.Broker) -> int:
     """How many result watches are open: LISTEN connections, or watcher threads."""
     if broker.backend_name == "sqlite":
         return sum(thread.name == "sqlbroker-result" for thread in threading.enumerate())
-    with broker.backend.transaction() as conn:
+    with broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%_result%%'"
         ).fetchone()

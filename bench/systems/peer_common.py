@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import peers
@@ -36,6 +36,10 @@ def timed_single(send: Callable[[int], object], sizes: Sizes) -> Sample:
         send(i)
         timings.append(time.perf_counter() - before)
     elapsed = time.perf_counter() - started
+    return _single_sample(sizes, elapsed, timings)
+
+
+def _single_sample(sizes: Sizes, elapsed: float, timings: list[float]) -> Sample:
     return Sample(
         {"rate": sizes.publish_single / elapsed},
         {
@@ -45,6 +49,20 @@ def timed_single(send: Callable[[int], object], sizes: Sizes) -> Sample:
             "send_p99_ms": round(percentile(timings, 0.99) * 1000, 3),
         },
     )
+
+
+async def timed_single_async(send: Callable[[int], Awaitable[object]], sizes: Sizes) -> Sample:
+    """``await send(i)`` one after the other, as :func:`timed_single` (one event loop)."""
+    for i in range(sizes.warmup):
+        await send(i)
+    timings: list[float] = []
+    started = time.perf_counter()
+    for i in range(sizes.publish_single):
+        before = time.perf_counter()
+        await send(i)
+        timings.append(time.perf_counter() - before)
+    elapsed = time.perf_counter() - started
+    return _single_sample(sizes, elapsed, timings)
 
 
 def timed_batches(send_batch: Callable[[list[int]], object], sizes: Sizes) -> Sample:

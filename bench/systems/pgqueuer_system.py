@@ -35,7 +35,7 @@ from systems.peer_common import (
     encode,
     remote_workloads,
     timed_batches,
-    timed_single,
+    timed_single_async,
 )
 
 NAME = "pgqueuer"
@@ -73,15 +73,19 @@ async def _enqueue_many(queries: Any, seqs: list[int]) -> None:
 
 
 def publish_single(database: Database, sizes: Sizes) -> Sample:
-    loop = asyncio.new_event_loop()
-    connection, queries = loop.run_until_complete(_setup(database))
-    sample = timed_single(
-        lambda i: loop.run_until_complete(queries.enqueue(ENTRYPOINT, encode(payload(i)))), sizes
-    )
-    check_published(loop.run_until_complete(_count(connection)), sizes, sizes.publish_single)
-    loop.run_until_complete(connection.close())
-    loop.close()
-    return sample
+    """Sequential ``await queries.enqueue(...)`` in one coroutine (one event loop, as an
+    async application calls it)."""
+
+    async def run() -> Sample:
+        connection, queries = await _setup(database)
+        sample = await timed_single_async(
+            lambda i: queries.enqueue(ENTRYPOINT, encode(payload(i))), sizes
+        )
+        check_published(await _count(connection), sizes, sizes.publish_single)
+        await connection.close()
+        return sample
+
+    return asyncio.run(run())
 
 
 def publish_batch(database: Database, sizes: Sizes) -> Sample:

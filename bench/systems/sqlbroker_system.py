@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import inspect
 import sqlite3
@@ -31,7 +32,7 @@ from harness import (
 )
 from workloads import BACKLOGS, PROCESSES
 
-from sqlbroker import Broker, Message
+from sqlbroker import AsyncBroker, Broker, Message
 
 NAME = "sqlbroker"
 BACKENDS = ("sqlite", "postgresql")
@@ -169,13 +170,90 @@ def publish_batch(database: Database, sizes: Sizes) -> Sample:
     )
 
 
+def _check_ready_sql(database: Database, expected: int) -> None:
+    """As :func:`_check_ready`, by SQL (an ``AsyncBroker`` may have no sync twin)."""
+    rows = _query(
+        database,
+        "SELECT count(*) FROM sqlbroker_message WHERE subscription = %s AND state = 'available'",
+        (QUEUE,),
+    )
+    if rows[0][0] != expected:
+        raise BenchError(f"{rows[0][0]} messages ready after publishing {expected}")
+
+
+def publish_single_async(database: Database, sizes: Sizes) -> Sample:
+    """``await AsyncBroker.send`` one after the other in one coroutine (issue 24's target:
+    against pgqueuer's async enqueue)."""
+
+    async def run() -> Sample:
+        async with AsyncBroker(database.url, migrate=True, **database.options) as broker:
+            for i in range(sizes.warmup):
+                await broker.send(QUEUE, payload(i))
+            timings: list[float] = []
+            started = time.perf_counter()
+            for i in range(sizes.publish_single):
+                before = time.perf_counter()
+                await broker.send(QUEUE, payload(i))
+                timings.append(time.perf_counter() - before)
+            elapsed = time.perf_counter() - started
+        _check_ready_sql(database, sizes.warmup + sizes.publish_single)
+        return Sample(
+            {"rate": sizes.publish_single / elapsed},
+            {
+                "messages": sizes.publish_single,
+                "seconds": round(elapsed, 3),
+                "send_p50_ms": round(percentile(timings, 0.5) * 1000, 3),
+                "send_p99_ms": round(percentile(timings, 0.99) * 1000, 3),
+            },
+        )
+
+    return asyncio.run(run())
+
+
+def publish_batch_async(database: Database, sizes: Sizes) -> Sample:
+    """``await AsyncBroker.send_many`` with batches of ``batch_size``, one after the other."""
+
+    async def run() -> Sample:
+        async with AsyncBroker(database.url, migrate=True, **database.options) as broker:
+            await broker.send_many(QUEUE, [payload(i) for i in range(sizes.warmup)])
+            batches = sizes.publish_batch // sizes.batch_size
+            started = time.perf_counter()
+            for b in range(batches):
+                base = b * sizes.batch_size
+                await broker.send_many(QUEUE, [payload(base + i) for i in range(sizes.batch_size)])
+            elapsed = time.perf_counter() - started
+            sent = batches * sizes.batch_size
+        _check_ready_sql(database, sizes.warmup + sent)
+        return Sample(
+            {"rate": sent / elapsed},
+            {"messages": sent, "batch_size": sizes.batch_size, "seconds": round(elapsed, 3)},
+        )
+
+    return asyncio.run(run())
+
+
 # --- drain -----------------------------------------------------------------------------------
 
 
 def drain_runtime(database: Database, sizes: Sizes) -> Sample:
+    return drain_runtime_with(None)(database, sizes)
+
+
+def drain_runtime_with(prefetch: int | None) -> Callable[[Database, Sizes], Sample]:
+    """``drain.runtime`` with the subscriber's ``prefetch`` (``None``: its default)."""
+
+    def run(database: Database, sizes: Sizes) -> Sample:
+        return _drain_runtime(database, sizes, prefetch)
+
+    return run
+
+
+def _drain_runtime(database: Database, sizes: Sizes, prefetch: int | None) -> Sample:
     published = prepublish(database, sizes.drain)
     args = [NAME, "drain", *_backend_args(database)]
     args += ["--concurrency", str(sizes.worker_concurrency), "--expect", str(sizes.drain)]
+    if prefetch is not None:
+        args += ["--prefetch", str(prefetch)]
     with Consumer(*args, timeout=600) as consumer:
         done = consumer.finish()
     if done["handled"] != sizes.drain or done["distinct"] != sizes.drain:
@@ -192,6 +270,7 @@ def drain_runtime(database: Database, sizes: Sizes) -> Sample:
             "startup_s": round(done["t_first"] - done["t_start"], 3),
             "idle_detection_and_shutdown_s": round(done["t_end"] - done["t_last"], 3),
             "concurrency": sizes.worker_concurrency,
+            "prefetch": prefetch,
             **_call_summary(done["calls"]),
         },
     )
@@ -480,6 +559,13 @@ WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     **{f"drain.processes.{n}": drain_processes(n) for n in PROCESSES},
     "soak": soak,
 }
+TARGET_WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
+    "publish.single.async": publish_single_async,
+    "publish.batch": publish_batch,
+    "publish.batch.async": publish_batch_async,
+    "drain.runtime.prefetch10": drain_runtime_with(10),
+}
+"""What ``bench/targets.py`` measures of sqlbroker (issue 24's targets)."""
 POSTGRESQL_ONLY = ("claim.backlog.", "drain.processes.", "soak")
 """W4 and W6 run on the durable PostgreSQL target (the production setting) only: on a
 2-core box each takes minutes."""

@@ -284,5 +284,6 @@ def test_times_are_utc_whatever_the_database_time_zone(pg_server: Any, pg_url: s
         (archived,) = broker.archive("q")
         assert_time(archived.finished_at, datetime.now(UTC), tolerance=near)
         # psycopg returns datetime.UTC itself, which the claim's rows take without converting.
-        with broker.backend.transaction() as conn:
+        with broker.backend.begin() as conn_tx:
+            conn = conn_tx.connection
             assert conn.execute("SHOW TimeZone").fetchone() == ("UTC",)

@@ -29,9 +29,11 @@ CLAIMS = 40
 def wal_writes(broker: sqlbroker.Broker) -> int:
     """The cluster's WAL writes so far, this session's pending counts included: the session
     flushes its statistics as it goes idle after ``pg_stat_force_next_flush()``."""
-    with broker.backend.transaction() as conn:
+    with broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         conn.execute("SELECT pg_stat_force_next_flush()")
-    with broker.backend.transaction() as conn:
+    with broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         row = conn.execute("SELECT wal_write FROM pg_stat_wal").fetchone()
     assert row is not None
     return int(row[0])
@@ -99,7 +101,8 @@ def test_a_publish_after_a_claim_on_the_same_connection_is_durable(pg_url: str) 
             assert len(broker.claim("q", limit=1)) == 1
             broker.send("other", {"i": i})
         writes = wal_writes(broker) - before
-        with broker.backend.transaction() as conn:
+        with broker.backend.begin() as conn_tx:
+            conn = conn_tx.connection
             row = conn.execute("SHOW synchronous_commit").fetchone()
     assert row == ("on",)
     assert writes >= CLAIMS, f"{writes} WAL writes for {CLAIMS} publishes after claims"

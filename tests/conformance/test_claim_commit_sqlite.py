@@ -90,7 +90,8 @@ def test_durable_claims_fsync(tmp_path: Path) -> None:
 
 
 def synchronous_level(broker: sqlbroker.Broker) -> int:
-    with broker.backend.transaction() as conn:
+    with broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         return int(conn.execute("PRAGMA synchronous").fetchone()[0])
 
 

@@ -1,4 +1,4 @@
-"""The backend's coroutines (the worker's claim, ``transaction_async`` and the ack inside
+"""The backend's coroutines (the worker's claim, ``begin_async`` and the ack inside
 it) never block the event loop on the database, and do not use the loop's default
 executor, which user code shares."""
 
@@ -24,10 +24,8 @@ def test_async_operations_keep_off_the_default_executor(broker: sqlbroker.Broker
             (claimed,) = await backend.async_ops.message_claim_many(
                 subscription="q", limit=1, lease=60, worker="loop"
             )
-            async with backend.transaction_async() as conn:
-                return await backend.message_complete_many_async(
-                    leases=[Lease.of(claimed)], conn=conn
-                )
+            async with backend.begin_async() as tx:
+                return await tx.message_complete_many(leases=[Lease.of(claimed)])
         finally:
             await backend.close_async()
 
@@ -48,7 +46,7 @@ def test_a_transaction_waiting_for_the_database_leaves_the_loop_running(
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with backend.transaction():
+        with backend.begin():
             holding.set()
             release.wait(60)
 
@@ -57,8 +55,8 @@ def test_a_transaction_waiting_for_the_database_leaves_the_loop_running(
     assert holding.wait(60)
 
     async def acknowledge() -> list[int]:
-        async with backend.transaction_async() as conn:
-            return await backend.message_complete_many_async(leases=[Lease.of(delivery)], conn=conn)
+        async with backend.begin_async() as tx:
+            return await tx.message_complete_many(leases=[Lease.of(delivery)])
 
     async def scenario() -> list[int]:
         try:

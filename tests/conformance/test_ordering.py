@@ -134,7 +134,8 @@ def test_the_reaper_gives_a_headless_key_its_next_copy_once(broker: sqlbroker.Br
     assert sorted(d.message_id for d in heads) == sorted([lost[0], kept[0]])
     gone = next(d for d in heads if d.key == "lost")
     mark = "?" if broker.backend_name == "sqlite" else "%s"
-    with broker.backend.transaction() as conn:  # the head leaves; the promotion never runs
+    with broker.backend.begin() as conn_tx:  # the head leaves; the promotion never runs
+        conn = conn_tx.connection
         conn.execute(f"DELETE FROM sqlbroker_message WHERE id = {mark}", (gone.id,))
     assert broker.claim("q", limit=10) == []
     assert broker.reap()["unblocked"] == 1

@@ -18,7 +18,7 @@ EXHAUSTED = r"no PostgreSQL connection within 1 s \(pool of 1\)"
 
 def test_the_blocking_pool(pg_url: str) -> None:
     with sqlbroker.Broker(pg_url, pool_size=1, connect_timeout=1) as broker:
-        with broker.backend.transaction():  # holds the only connection
+        with broker.backend.begin():  # holds the only connection
             with pytest.raises(ConnectionLost, match=EXHAUSTED) as raised:
                 broker.send("q", 1)
             assert raised.value.ambiguous is False
@@ -38,7 +38,7 @@ def test_the_event_loop_s_pool(pg_url: str) -> None:
 
         async def run() -> None:
             try:
-                async with backend.transaction_async():
+                async with backend.begin_async():
                     with pytest.raises(ConnectionLost, match=EXHAUSTED) as raised:
                         await claim()
                     assert raised.value.ambiguous is False

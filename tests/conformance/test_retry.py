@@ -114,6 +114,8 @@ def test_reaping_an_expired_lease_on_the_last_attempt_dead_letters(
         "processed_trimmed": 0,
         "results_trimmed": 0,
         "sagas_swept": 0,
+        "archive_trimmed": 0,
+        "dead_trimmed": 0,
     }
     second = claim_one(clocked_broker, "q", lease=10)
     assert second.attempt == 2

@@ -34,9 +34,11 @@ def _settle(broker: sqlbroker.Broker, delivery: Delivery, move: str, *args: Any)
     sagas = broker.sagas
     backend = broker.backend
     saga_id, index = delivery.payload["saga_id"], delivery.payload["step"]
-    with backend.transaction() as conn:
-        moved: bool = getattr(sagas, move)(conn, saga_id, index, delivery.message_id, *args)
-        assert backend.message_complete_many(leases=[Lease.of(delivery)], conn=conn)
+    with backend.begin() as tx:
+        moved: bool = getattr(sagas, move)(
+            tx.connection, saga_id, index, delivery.message_id, *args
+        )
+        assert tx.message_complete_many(leases=[Lease.of(delivery)])
     return moved
 
 
@@ -111,14 +113,16 @@ def test_start_inside_the_callers_transaction(clocked_broker: sqlbroker.Broker) 
     backend = clocked_broker.backend
 
     def start_then_fail() -> None:
-        with backend.transaction() as conn:
+        with backend.begin() as conn_tx:
+            conn = conn_tx.connection
             clocked_broker.sagas.start(CHECKOUT, {}, saga_id="rolled-back", conn=conn)
             raise RuntimeError("the caller's transaction fails")
 
     with pytest.raises(RuntimeError):
         start_then_fail()
     assert clocked_broker.sagas.list() == []
-    with backend.transaction() as conn:
+    with backend.begin() as conn_tx:
+        conn = conn_tx.connection
         clocked_broker.sagas.start(CHECKOUT, {}, saga_id="kept", conn=conn)
     assert [saga.id for saga in clocked_broker.sagas.list()] == ["kept"]
     assert _claim(clocked_broker, "reserve").payload["saga_id"] == "kept"
@@ -160,9 +164,11 @@ def test_transitions_happen_once_however_often_a_message_comes(
     saga_id = clocked_broker.sagas.start(CHECKOUT, {})
     delivery = _claim(clocked_broker, "reserve")
     sagas = clocked_broker.sagas
-    with clocked_broker.backend.transaction() as conn:
+    with clocked_broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         assert sagas.action_done(conn, saga_id, 0, delivery.message_id, "1", 1)
-    with clocked_broker.backend.transaction() as conn:
+    with clocked_broker.backend.begin() as conn_tx:
+        conn = conn_tx.connection
         assert not sagas.action_done(conn, saga_id, 0, delivery.message_id, "2", 1)
         assert not sagas.action_failed(conn, saga_id, 0, delivery.message_id, "late", 1)
     saga = sagas.get(saga_id)

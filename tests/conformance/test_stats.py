@@ -23,6 +23,8 @@ def test_stats_of_an_idle_subscription(broker: sqlbroker.Broker) -> None:
             blocked=0,
             dead=0,
             oldest_ready_age=None,
+            archive_retention=7 * 86400.0,
+            dead_retention=30 * 86400.0,
         )
     ]
 

@@ -129,7 +129,7 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
         import json
         from datetime import timedelta
         from django.utils import timezone
-        from shop.tasks import arecord, boom, email, record
+        from shop.tasks import arecord, boom, email, record, shaped, unstorable
 
         low = [record.using(priority=-10).enqueue(n).id for n in (1, 2, 3)]
         high = [record.using(priority=50).enqueue(n).id for n in (10, 11, 12)]
@@ -137,14 +137,15 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
         ids = {"low": low, "high": high, "email": email.enqueue(20).id,
                "boom": boom.enqueue(30).id, "later": later.id,
                "async": asyncio.run(arecord.aenqueue(50)).id,
-               "run_after": later.task.run_after.isoformat()}
+               "run_after": later.task.run_after.isoformat(),
+               "shaped": shaped.enqueue(60).id, "unstorable": unstorable.enqueue(70).id}
         ids["before"] = [record.get_result(i).status for i in low + high]
         print(json.dumps(ids))
         """
     )
     assert set(ids["before"]) == {"READY"}
     worker = project.worker("--concurrency", "1")
-    _wait(_finished(project, completed=9, dead=1), "the tasks to run", project)
+    _wait(_finished(project, completed=10, dead=2), "the tasks to run", project)
     assert _stop(worker) == 0, project.log()
 
     results = project.shell(
@@ -158,22 +159,42 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
         out = {{}}
         for name in ("low", "high"):
             out[name] = [backend.get_result(i).status for i in ids[name]]
+            out[name + "_values"] = [backend.get_result(i).return_value for i in ids[name]]
+        def value_error(result):
+            try:
+                result.return_value
+            except ValueError as error:
+                return str(error)
+        out["shaped"] = backend.get_result(ids["shaped"]).return_value
+        bad = backend.get_result(ids["unstorable"])
+        out["unstorable"] = [bad.status, bad.errors[0].exception_class.__name__,
+                             bad.errors[0].traceback.splitlines()[-1], bad.attempts,
+                             value_error(bad)]
         failed = backend.get_result(ids["boom"])
         out["boom"] = [failed.status, failed.errors[0].exception_class.__name__,
                        failed.errors[0].traceback, failed.attempts, failed.task.name]
         email = backend.get_result(ids["email"])
         out["email"] = [email.status, email.task.queue_name, email.attempts,
-                        email.finished_at >= email.started_at >= email.enqueued_at]
+                        email.finished_at >= email.started_at >= email.enqueued_at,
+                        email.return_value]
         out["order"] = list(Done.objects.filter(task="record").order_by("id")
                             .values_list("number", flat=True))
         out["later_done_at"] = Done.objects.get(number=40).done_at.isoformat()
         out["async"] = [backend.get_result(ids["async"]).status,
+                        backend.get_result(ids["async"]).return_value,
                         list(Done.objects.filter(task="arecord").values_list("number", flat=True))]
         print(json.dumps(out))
         """
     )
     assert results["low"] == results["high"] == ["SUCCESSFUL"] * 3
-    assert results["email"] == ["SUCCESSFUL", "emails", 1, True]
+    assert results["low_values"] == [1, 2, 3], "what each task returned"
+    assert results["high_values"] == [10, 11, 12]
+    assert results["email"] == ["SUCCESSFUL", "emails", 1, True, None]
+    assert results["shaped"] == {"number": 60, "7": [60, "bytes"]}, "Django's normalisation"
+    kind, last_line, attempts, why = results["unstorable"][1:]
+    assert results["unstorable"][0] == "FAILED", "Django fails a task it cannot keep the value of"
+    assert (kind, attempts, why) == ("TypeError", 1, "Task failed")
+    assert "Unsupported type" in last_line
     status, kind, trace, attempts, name = results["boom"]
     assert (status, kind, attempts, name) == ("FAILED", "ValueError", 1, "boom")
     assert "boom 30" in trace
@@ -181,7 +202,7 @@ def test_tasks_run_by_priority_queue_and_run_after_and_report_their_results(
     assert sorted(order) == [1, 2, 3, 10, 11, 12, 40]
     assert max(order.index(n) for n in (10, 11, 12)) < min(order.index(n) for n in (1, 2, 3))
     assert results["later_done_at"] >= ids["run_after"]
-    assert results["async"] == ["SUCCESSFUL", [50]], "a coroutine task, enqueued from async code"
+    assert results["async"] == ["SUCCESSFUL", None, [50]], "a coroutine task, from async code"
 
 
 def test_enqueue_joins_the_request_transaction(project: Project) -> None:
@@ -269,7 +290,7 @@ def test_a_killed_worker_loses_no_task(project: Project) -> None:
         from shop.tasks import slow
         result = slow.get_result({ids["slow"]!r})
         print(json.dumps({{
-            "status": result.status, "attempts": result.attempts,
+            "status": result.status, "attempts": result.attempts, "value": result.return_value,
             "slow": list(Done.objects.filter(task="slow").values_list("attempt", flat=True)),
             "records": sorted(set(Done.objects.filter(task="record")
                                   .values_list("number", flat=True))),
@@ -278,33 +299,86 @@ def test_a_killed_worker_loses_no_task(project: Project) -> None:
     )
     assert out["status"] == "SUCCESSFUL"
     assert out["attempts"] == 2
+    assert out["value"] == {"number": 1, "attempt": 2}, "stored by the second worker, read after"
     assert out["slow"] == [2], "the killed attempt wrote nothing; the redelivery finished it"
     assert out["records"] == list(range(2, 22)), "nothing lost"
 
 
 def test_retries_run_a_failing_task_again_before_it_fails(project: Project) -> None:
     project.env["TASKS_OPTIONS"] = json.dumps({"RETRIES": 1})
-    failing = project.shell(
+    failing, bad, big = project.shell(
         """
         import json
-        from shop.tasks import boom
-        print(json.dumps(boom.enqueue(7).id))
+        from shop.tasks import boom, oversized, unstorable
+        print(json.dumps([boom.enqueue(7).id, unstorable.enqueue(8).id, oversized.enqueue(9).id]))
         """
     )
     worker = project.worker()
-    _wait(_finished(project, completed=0, dead=1), "the task to fail twice", project)
+    _wait(_finished(project, completed=0, dead=3), "the tasks to fail", project)
     assert _stop(worker) == 0, project.log()
     result = project.shell(
         f"""
         import json
-        from shop.tasks import boom
+        from shop.models import Done
+        from shop.tasks import boom, oversized, unstorable
         result = boom.get_result({failing!r})
-        print(json.dumps([result.status, result.attempts, result.errors[0].traceback]))
+        bad = unstorable.get_result({bad!r})
+        big = oversized.get_result({big!r})
+        print(json.dumps([result.status, result.attempts, result.errors[0].traceback,
+                          [bad.status, bad.attempts, bad.errors[0].exception_class.__name__,
+                           Done.objects.filter(task="unstorable").count()],
+                          [big.status, big.attempts, big.errors[0].exception_class.__name__]]))
         """
     )
-    status, attempts, trace = result
+    status, attempts, trace, unstorable, oversized = result
     assert (status, attempts) == ("FAILED", 2)
     assert "boom 7" in trace
+    assert unstorable == ["FAILED", 1, "TypeError", 1], "its value would not change: not retried"
+    assert oversized == ["FAILED", 1, "InvalidPayload"], "over the payload limit: the same"
+
+
+def test_a_result_past_result_ttl_is_no_longer_found(project: Project) -> None:
+    """Stored results are trimmed after the broker's ``result_ttl``: then the task's result
+    does not exist, as in Django's own backends once their results are pruned; a failed
+    task's error stays with its dead letter."""
+    project.env["TASKS_BROKER_OPTIONS"] = json.dumps({"lease": 2, "result_ttl": 1})
+    done, failed = project.shell(
+        """
+        import json
+        from shop.tasks import boom, record
+        print(json.dumps([record.enqueue(5).id, boom.enqueue(6).id]))
+        """
+    )
+    worker = project.worker()
+    _wait(_finished(project, completed=1, dead=1), "the tasks to finish", project)
+    assert _stop(worker) == 0, project.log()
+
+    def trimmed() -> bool:
+        with sqlbroker.Broker(project.url, result_ttl=1) as broker:
+            broker.reap()
+            try:
+                broker.result(done)
+            except sqlbroker.NotFound:
+                return True
+            return False
+
+    _wait(trimmed, "the result to be trimmed", project)
+    out = project.shell(
+        f"""
+        import json
+        from shop.tasks import boom, record
+        from sqlbroker.contrib.django_tasks.framework import TaskResultDoesNotExist
+        try:
+            record.get_result({done!r})
+            gone = "found"
+        except TaskResultDoesNotExist as error:
+            gone = str(error)
+        print(json.dumps([gone, boom.get_result({failed!r}).status]))
+        """
+    )
+    gone, status = out
+    assert "no longer kept" in gone
+    assert status == "FAILED"
 
 
 def test_the_system_check_names_a_missing_app_and_a_deferred_sqlite(project: Project) -> None:

@@ -290,6 +290,8 @@ class Model:
             "processed_trimmed": 0,
             "results_trimmed": 0,
             "sagas_swept": 0,
+            "archive_trimmed": 0,
+            "dead_trimmed": 0,
         }
 
     def take_back_expired(self) -> tuple[int, int]:

@@ -67,7 +67,7 @@ def test_network_timeout_sets_libpq_keepalives_unless_the_url_does(
 def test_own_statements_are_bounded_and_the_callers_transaction_is_not(pg_url: str) -> None:
     """A pooled connection that gives no answer within ``network_timeout`` is shut down:
     here a wait for a lock another session holds, which the watchdog cannot tell from a
-    silent network. The caller's own transaction (``backend.transaction()``, a handler's
+    silent network. The caller's own transaction (``backend.begin(timed=False)``, a handler's
     effects) is never timed, however long it runs."""
     with sqlbroker.Broker(pg_url, network_timeout=1) as broker:
         broker.subscribe("held", ["held.#"])
@@ -78,7 +78,8 @@ def test_own_statements_are_bounded_and_the_callers_transaction_is_not(pg_url: s
             # Ambiguous indeed: the server still waits for the lock on behalf of a client
             # that left, and deletes the subscription once the holder commits.
             assert raised.value.ambiguous
-        with broker.backend.transaction() as conn:
+        with broker.backend.begin(timed=False) as conn_tx:
+            conn = conn_tx.connection
             conn.execute("SELECT pg_sleep(1.5)")
         broker.send("jobs", {"tag": "after"})  # the pool replaced its connections
 

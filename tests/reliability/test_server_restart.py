@@ -208,7 +208,7 @@ def test_after_its_sessions_are_terminated_the_pool_fails_no_caller(pg_url: str)
     with sqlbroker.Broker(pg_url, application_name="pool-under-test") as broker:
         with contextlib.ExitStack() as stack:  # four connections at once, then idle
             for _ in range(4):
-                stack.enter_context(broker.backend.transaction())
+                stack.enter_context(broker.backend.begin())
         assert terminate_backends(pg_url, application_prefix="pool-under-test") == 4
         # pg_terminate_backend only signals: calls made once the sessions have ended.
         wait_until(
@@ -240,7 +240,7 @@ def test_calls_after_a_server_restart_do_not_fail(own_server: OwnServer, mode: s
         async with sqlbroker.AsyncBroker(url) as broker:
             async with contextlib.AsyncExitStack() as stack:
                 for _ in range(idle):
-                    await stack.enter_async_context(broker.sync.backend.transaction_async())
+                    await stack.enter_async_context(broker.sync.backend.begin_async())
             own_server.server.restart(mode)
             for index in range(2 * idle):
                 try:
@@ -251,7 +251,7 @@ def test_calls_after_a_server_restart_do_not_fail(own_server: OwnServer, mode: s
     with sqlbroker.Broker(url) as broker:
         with contextlib.ExitStack() as stack:
             for _ in range(idle):
-                stack.enter_context(broker.backend.transaction())
+                stack.enter_context(broker.backend.begin())
         own_server.server.restart(mode)
         for index in range(2 * idle):
             try:

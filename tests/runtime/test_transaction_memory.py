@@ -15,8 +15,8 @@ from runtime.support import run_until_idle
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_transaction_on_an_in_memory_broker(kind: str) -> None:
     with sqlbroker.Broker("sqlite:///:memory:") as broker:
-        with broker.backend.transaction() as conn:
-            conn.execute("CREATE TABLE app_effects (message_id text, attempt integer)")
+        with broker.backend.begin() as tx:
+            tx.connection.execute("CREATE TABLE app_effects (message_id text, attempt integer)")
         retry = sqlbroker.RetryPolicy(base=0.01, cap=0.01)
 
         def write(conn: Any, msg: sqlbroker.Message) -> None:
@@ -41,8 +41,8 @@ def test_a_transaction_on_an_in_memory_broker(kind: str) -> None:
         ids = {broker.send("jobs", payload): payload for payload in ["steady", "flaky"]}
         run_until_idle(broker)
 
-        with broker.backend.transaction() as conn:
-            rows = sorted(tuple(r) for r in conn.execute("SELECT * FROM app_effects"))
+        with broker.backend.begin() as tx:
+            rows = sorted(tuple(r) for r in tx.connection.execute("SELECT * FROM app_effects"))
         assert rows == sorted(
             (message_id, 2 if payload == "flaky" else 1) for message_id, payload in ids.items()
         )

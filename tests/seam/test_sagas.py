@@ -123,7 +123,8 @@ def test_a_transaction_joins_every_operation_and_rolls_back_whole(backend: Any) 
 
 
 def test_the_caller_s_transaction_is_joined(backend: Any) -> None:
-    with backend.transaction() as conn:
+    with backend.begin() as own:
+        conn = own.connection
         with backend.begin(conn) as tx:
             tx.saga_insert(saga=new())
         with backend.begin(conn) as tx:

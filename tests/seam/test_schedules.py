@@ -161,14 +161,14 @@ def test_advance_and_published_are_operations_of_a_transaction(backend: Any) -> 
 
 def test_upsert_joins_the_caller_s_transaction(backend: Any) -> None:
     def failing() -> None:
-        with backend.transaction() as conn, backend.begin(conn) as tx:
+        with backend.begin() as own, backend.begin(own.connection) as tx:
             tx.schedule_upsert(definition=definition())
             raise RuntimeError("the caller's own step failed")
 
     with pytest.raises(RuntimeError, match="own step failed"):
         failing()
     assert backend.schedule_list(names=None) == []
-    with backend.transaction() as conn, backend.begin(conn) as tx:
+    with backend.begin() as own, backend.begin(own.connection) as tx:
         assert tx.schedule_upsert(definition=definition()).name == "tick"
     assert [r.name for r in backend.schedule_list(names=None)] == ["tick"]
 

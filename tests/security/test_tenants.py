@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -475,3 +476,30 @@ def test_an_upgrade_with_tenants_enabled_isolates_the_tables_schema_9_adds(
             assert all("sqlbroker_session_tenant" in default for _, default in defaults)
     finally:
         pg_server.drop_database(name)
+
+
+@pytest.mark.postgres
+def test_a_tenants_reaper_applies_its_retention_to_its_own_rows_only(tenants: Tenants) -> None:
+    """Retention under row security: acme's reaper, with a clock far ahead, deletes acme's
+    own archive rows and dead letters past their time, keeps globex's, and drops no day
+    that still holds a row (a day of the archive holds every tenant's rows). The owner's
+    reaper then drops the day."""
+    clock = sqlbroker.ManualClock()
+    with tenants.broker(ACME) as acme, tenants.broker(GLOBEX) as globex:
+        for broker, queue in ((acme, "acme-jobs"), (globex, "globex-jobs")):
+            broker.send(queue, "done")
+            broker.complete(broker.claim(queue))
+            broker.send(queue, "dead")
+            broker.dead_letter(broker.claim(queue)[0], reason="bad")
+    clock.advance(timedelta(days=40))
+    with tenants.broker(ACME, clock=clock) as acme:
+        counts = acme.reap()
+        assert (counts["archive_trimmed"], counts["dead_trimmed"]) == (1, 1)
+        assert acme.archive() == []
+    with tenants.broker(GLOBEX) as globex:
+        assert [row.payload for row in globex.archive()] == ["done"]
+        assert [d.payload for d in globex.dead_letters.list()] == ["dead"]
+    with sqlbroker.Broker(tenants.admin_url, clock=clock) as owner:
+        owner.reap()
+        assert owner.archive() == []
+        assert owner.dead_letters.list() == []

@@ -326,6 +326,18 @@ class Subscription:
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """How long a subscription's archive rows and dead letters are kept, in seconds: its own
+    time, or the broker's default (``archive_default``/``dead_default`` say which)."""
+
+    subscription: str
+    archive: float
+    dead: float
+    archive_default: bool
+    dead_default: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SubscriptionStats:
     """A subscription at one instant. Ages and handler times are in seconds.
 
@@ -346,3 +358,7 @@ class SubscriptionStats:
     handler_p50: float | None = None
     handler_p95: float | None = None
     expired: int = 0
+    archive_retention: float | None = None
+    """Seconds its finished copies are kept in the archive (its own or the default)."""
+    dead_retention: float | None = None
+    """Seconds its dead letters are kept (its own or the default)."""

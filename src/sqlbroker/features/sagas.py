@@ -172,14 +172,15 @@ class Sagas:
             with self._begin(conn) as txn:
                 self._start(txn, saga, new)
         else:
-            with self._backend.transaction() as own, self._begin(own) as txn:
+            with self._begin(None) as txn:
                 self._start(txn, saga, new)
         return new.id
 
     @contextmanager
     def _begin(self, conn: Any) -> Iterator[_Txn]:
+        """A transition's transaction: the caller's ``conn``, or (``None``) one of our own."""
         with self._backend.begin(conn) as tx:
-            yield _Txn(conn, tx)
+            yield _Txn(tx.connection, tx)
 
     def _start(self, txn: _Txn, saga: Saga, new: NewSaga) -> None:
         if not txn.tx.saga_insert(saga=new):
@@ -220,7 +221,7 @@ class Sagas:
         """Turn a running saga back: what is done gets compensated (the step in flight
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
-        with self._backend.transaction() as conn, self._begin(conn) as txn:
+        with self._begin(None) as txn:
             saga = txn.tx.saga_get(id=_checked_id(saga_id), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
@@ -248,8 +249,8 @@ class Sagas:
     ) -> bool:
         """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
         separately, by the runtime's write-back)."""
-        with self._backend.transaction() as conn:
-            return self.undo_failed(conn, saga_id, index, message_id, reason, attempt)
+        with self._backend.begin() as tx:
+            return self.undo_failed(tx.connection, saga_id, index, message_id, reason, attempt)
 
     def lock(self, conn: Any, saga_id: str) -> SagaInstance | None:
         """The saga read under its lock inside ``conn``'s transaction (which holds it)."""
@@ -376,7 +377,7 @@ class Sagas:
         moved = 0
         for due in self._backend.saga_due(limit=limit):
             try:
-                with self._backend.transaction() as conn, self._begin(conn) as txn:
+                with self._begin(None) as txn:
                     saga = txn.tx.saga_get(id=due.id, lock=True)
                     if saga is None or saga.version != due.version or saga.status.terminal:
                         continue

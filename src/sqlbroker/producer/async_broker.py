@@ -26,6 +26,7 @@ from sqlbroker.core.message import (
     NewMessage,
     Outcome,
     PendingMessage,
+    Retention,
     State,
     Subscription,
     SubscriptionStats,
@@ -352,6 +353,21 @@ class AsyncBroker:
         """See :meth:`Broker.subscriptions`."""
         return await self._offload.run(self.sync.subscriptions)
 
+    async def retention(self, subscription: str | None = None) -> builtins.list[Retention]:
+        return await self._offload.run(self.sync.retention, subscription)
+
+    async def set_retention(
+        self,
+        subscription: str,
+        *,
+        archive: float | timedelta | None = None,
+        dead: float | timedelta | None = None,
+        reset: bool = False,
+    ) -> Retention:
+        return await self._offload.run(
+            self.sync.set_retention, subscription, archive=archive, dead=dead, reset=reset
+        )
+
     async def claim(
         self,
         subscription: str,
@@ -372,17 +388,20 @@ class AsyncBroker:
     ) -> None:
         """See :meth:`Broker.complete`."""
         items = delivery_list(deliveries)
-        if conn is None:
-            await self._offload.run(self.sync.complete, items, result=result)
-        elif not caller.is_async(conn):
+        if conn is not None and not caller.is_async(conn):
             self.sync.complete(items, conn=conn, result=result)
+            return
+        values = self.sync.result_values(items, result)
+        if not items:
+            return
+        leases = [Lease.of(d) for d in items]
+        backend = await self._backend()
+        if conn is None:
+            done = await backend.async_ops.message_complete_many(leases=leases, values=values)
         else:
-            values = self.sync._result_values(items, result)
-            backend = await self._backend()
-            done = await backend.message_complete_many_async(
-                leases=[Lease.of(d) for d in items], conn=conn, values=values
-            )
-            raise_lost((d.id for d in items), done)
+            async with backend.begin_async(conn) as tx:
+                done = await tx.message_complete_many(leases=leases, values=values)
+        raise_lost((d.id for d in items), done)
 
     async def retry(
         self,

@@ -25,6 +25,7 @@ from sqlbroker.core.limits import (
 from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
+    Retention,
     Subscription,
 )
 from sqlbroker.core.results import Result
@@ -40,6 +41,14 @@ from sqlbroker.features.publishing import (
     with_headers,
 )
 from sqlbroker.features.results import DEFAULT_RESULT_TTL, Results, check_result_ttl
+from sqlbroker.features.retention import (
+    DEFAULT_ARCHIVE_RETENTION,
+    DEFAULT_DEAD_RETENTION,
+    RetentionDefaults,
+    retain,
+    retention_list,
+    retention_set,
+)
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.features.schedules import Schedules
 from sqlbroker.producer.consuming import BrokerConsumer
@@ -73,6 +82,11 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     writes nothing): ``max_copies`` (10,000), the copies one publish call may write —
     messages times the subscriptions each fans out to; ``max_subscriptions`` (10,000) and
     ``max_patterns`` (10,000) per database. A subscription has at most 100 patterns.
+
+    Retention (docs/reliability.md, "Retention"): finished copies are kept in the archive
+    for ``archive_retention`` (7 days) and dead letters for ``dead_retention`` (30 days),
+    unless a subscription has times of its own (:meth:`set_retention`); the reaper removes
+    what is older.
     """
 
     def __init__(
@@ -88,10 +102,13 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
         max_patterns: int = DEFAULT_MAX_PATTERNS,
         result_ttl: float | timedelta = DEFAULT_RESULT_TTL,
+        archive_retention: float | timedelta = DEFAULT_ARCHIVE_RETENTION,
+        dead_retention: float | timedelta = DEFAULT_DEAD_RETENTION,
         clock: Clock | None = None,
         **backend_options: Any,
     ) -> None:
         parsed = parse_url(url)
+        self._retention = RetentionDefaults.checked(archive=archive_retention, dead=dead_retention)
         self._url = parsed
         self._lease = validate.lease_seconds(lease)
         self._result_ttl = check_result_ttl(result_ttl)
@@ -418,12 +435,34 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         """How long stored results are kept, in seconds."""
         return self._result_ttl
 
+    def retention(self, subscription: str | None = None) -> list[Retention]:
+        """How long each subscription (or one) keeps its archive rows and dead letters: its
+        own times or the broker's defaults."""
+        return retention_list(self._checked(), self._retention, subscription)
+
+    def set_retention(
+        self,
+        subscription: str,
+        *,
+        archive: float | timedelta | None = None,
+        dead: float | timedelta | None = None,
+        reset: bool = False,
+    ) -> Retention:
+        """Give a subscription its own archive and/or dead-letter retention (``None``: leave
+        it as it is; ``reset=True`` first returns both to the broker's defaults). Raises
+        ``NotFound`` when there is no such subscription."""
+        return retention_set(
+            self._checked(), self._retention, subscription, archive=archive, dead=dead, reset=reset
+        )
+
     # --- maintenance -------------------------------------------------------------------------
 
     def reap(self, *, limit: int = 1000) -> dict[str, int]:
         """One maintenance pass (the worker runs this periodically): release expired leases,
         dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys and
-        processed keys past their window and stored results older than ``result_ttl``."""
+        processed keys past their window and stored results older than ``result_ttl``, and
+        remove archive rows and dead letters past their retention (at most ``limit`` of
+        each kind per pass)."""
         count = validate.integer(limit, "limit", minimum=1, maximum=100_000)
         backend = self._checked()
         leases: ReapResult = backend.lease_release_expired(limit=count)
@@ -436,6 +475,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             "processed_trimmed": backend.processed_trim(limit=count),
             "results_trimmed": backend.result_trim(ttl=self._result_ttl, limit=count),
             "sagas_swept": self.sagas.sweep(limit=count),
+            **retain(backend, self._retention, limit=count),
         }
 
     # --- sagas -------------------------------------------------------------------------------

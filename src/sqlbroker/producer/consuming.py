@@ -172,15 +172,19 @@ class BrokerConsumer:
         return value is: a JSON value under the payload limit (``InvalidPayload`` otherwise,
         nothing written), for one delivery at a time; ``None`` stores nothing."""
         items = delivery_list(deliveries)
-        values = self._result_values(items, result)
+        values = self.result_values(items, result)
         if not items:
             return
-        done = self._checked().message_complete_many(
-            leases=[Lease.of(d) for d in items], conn=conn, values=values
-        )
-        self._raise_lost((d.id for d in items), done)
+        leases = [Lease.of(d) for d in items]
+        backend = self._checked()
+        if conn is None:
+            done = backend.message_complete_many(leases=leases, values=values)
+        else:
+            with backend.begin(conn) as tx:
+                done = tx.message_complete_many(leases=leases, values=values)
+        raise_lost((d.id for d in items), done)
 
-    def _result_values(self, items: list[Delivery], result: Any) -> list[bytes | None] | None:
+    def result_values(self, items: list[Delivery], result: Any) -> list[bytes | None] | None:
         """The encoded ``result`` for the one delivery in ``items`` (``None``: no value)."""
         if result is None:
             return None

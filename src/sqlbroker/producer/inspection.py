@@ -3,6 +3,7 @@ archive, stats, heartbeats, per-minute series, unrouted publishes and the audit 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from sqlbroker.core import validate
@@ -16,11 +17,14 @@ from sqlbroker.core.message import (
 from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import metrics
+from sqlbroker.features.retention import RetentionDefaults, retention_list
 from sqlbroker.storage.base import Backend
 
 
 class BrokerInspection:
     """Read-only listings and stats of :class:`~sqlbroker.Broker` (mixed into it)."""
+
+    _retention: RetentionDefaults
 
     def _checked(self) -> Backend:
         raise NotImplementedError
@@ -57,7 +61,15 @@ class BrokerInspection:
         """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
         expired copies, and — from what workers recorded over the last ``window`` seconds —
         completed, retried and dead-lettered per minute and handler time p50/p95."""
-        return metrics.subscription_stats(self._checked(), window=window)
+        backend = self._checked()
+        stats = metrics.subscription_stats(backend, window=window)
+        kept = {r.subscription: r for r in retention_list(backend, self._retention)}
+        return [
+            replace(row, archive_retention=kept[name].archive, dead_retention=kept[name].dead)
+            if (name := row.subscription) in kept
+            else row
+            for row in stats
+        ]
 
     # --- observability -----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import Any
 from sqlbroker.core.errors import LeaseLost, SqlbrokerError
 from sqlbroker.core.message import Delivery
 from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.seam import AsyncTx, Tx
 
 
 class EffectsTransaction:
@@ -42,21 +43,23 @@ class EffectsTransaction:
         self._claim = claim
         self._unclaim = unclaim
         self._committed = committed
-        self._sync: AbstractContextManager[Any] | None = None
-        self._async: AbstractAsyncContextManager[Any] | None = None
-        self._conn: Any = None
+        self._sync: AbstractContextManager[Tx] | None = None
+        self._async: AbstractAsyncContextManager[AsyncTx] | None = None
+        self._tx: Tx | None = None
+        self._async_tx: AsyncTx | None = None
 
     # --- sync ----------------------------------------------------------------------------
 
     def __enter__(self) -> Any:
         self._start()
         try:
-            self._sync = self._backend.transaction()
-            self._conn = self._sync.__enter__()
+            # The handler's own statements run in it: never cut for taking long.
+            self._sync = self._backend.begin(timed=False)
+            self._tx = self._sync.__enter__()
         except BaseException:
             self._unclaim()
             raise
-        return self._conn
+        return self._tx.connection
 
     def __exit__(
         self,
@@ -65,13 +68,12 @@ class EffectsTransaction:
         trace: TracebackType | None,
     ) -> bool:
         assert self._sync is not None
+        assert self._tx is not None
         if kind is not None:
             self._unclaim()
             return bool(self._sync.__exit__(kind, error, trace))
         try:
-            done = self._backend.message_complete_many(
-                leases=[Lease.of(self._delivery)], conn=self._conn
-            )
+            done = self._tx.message_complete_many(leases=[Lease.of(self._delivery)])
             if not done:
                 raise LeaseLost([self._delivery.id])
         except BaseException as failure:
@@ -91,12 +93,12 @@ class EffectsTransaction:
     async def __aenter__(self) -> Any:
         self._start()
         try:
-            self._async = self._backend.transaction_async()
-            self._conn = await self._async.__aenter__()
+            self._async = self._backend.begin_async(timed=False)
+            self._async_tx = await self._async.__aenter__()
         except BaseException:
             self._unclaim()
             raise
-        return self._conn
+        return self._async_tx.connection
 
     async def __aexit__(
         self,
@@ -105,13 +107,12 @@ class EffectsTransaction:
         trace: TracebackType | None,
     ) -> bool:
         assert self._async is not None
+        assert self._async_tx is not None
         if kind is not None:
             self._unclaim()
             return bool(await self._async.__aexit__(kind, error, trace))
         try:
-            done = await self._backend.message_complete_many_async(
-                leases=[Lease.of(self._delivery)], conn=self._conn
-            )
+            done = await self._async_tx.message_complete_many(leases=[Lease.of(self._delivery)])
             if not done:
                 raise LeaseLost([self._delivery.id])
         except BaseException as failure:

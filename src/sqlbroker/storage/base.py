@@ -140,6 +140,17 @@ class ReapResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionBounds:
+    """The longest and shortest retentions (seconds) that subscriptions have of their own;
+    ``None`` when none has one."""
+
+    archive_longest: float | None
+    archive_shortest: float | None
+    dead_longest: float | None
+    dead_shortest: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class InsertResult:
     """The message id for each input, in order: a fresh id, or an earlier duplicate's id."""
 
@@ -185,12 +196,14 @@ class Backend(Protocol):
     """Every operation as a coroutine (PostgreSQL: on the running loop's async pool;
     SQLite: on the backend's own threads)."""
 
-    def begin(self, conn: Any = None) -> AbstractContextManager[Tx]:
+    def begin(self, conn: Any = None, *, timed: bool = True) -> AbstractContextManager[Tx]:
         """One transaction for several operations, each a method of the ``Tx``: the
         backend's own (committed when the block ends normally, rolled back otherwise), or
         with ``conn`` the caller's connection, joined as a savepoint, never committed."""
 
-    def begin_async(self, conn: Any = None) -> AbstractAsyncContextManager[AsyncTx]:
+    def begin_async(
+        self, conn: Any = None, *, timed: bool = True
+    ) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -221,7 +234,7 @@ class Backend(Protocol):
 
     # --- subscriptions ---------------------------------------------------------------------
     def subscription_upsert(
-        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
+        self, *, name: str, patterns: Sequence[str], replace: bool
     ) -> Subscription: ...
 
     def subscription_ensure(self, *, name: str) -> bool:
@@ -285,35 +298,14 @@ class Backend(Protocol):
         self,
         *,
         leases: Sequence[Lease],
-        conn: Any = None,
         values: Sequence[bytes | None] | None = None,
     ) -> list[int]:
-        """Archive the copies as completed; return the ids whose lease was still valid.
-        With ``conn`` inside that connection's transaction (see :meth:`transaction`).
+        """Archive the copies as completed; return the ids whose lease was still valid
+        (inside a caller's transaction: ``begin(conn).message_complete_many``).
 
         ``values`` (aligned with ``leases``) are the handlers' encoded return values, stored
         as results in the same statement; ``None`` (all of them, or the whole argument)
         stores nothing and costs nothing: the statement is the one without results."""
-
-    async def message_complete_many_async(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        """:meth:`message_complete_many` inside ``conn`` from :meth:`transaction_async`."""
-
-    def transaction(self) -> AbstractContextManager[Any]:
-        """A write transaction on a connection of the backend's own, yielding the driver
-        connection (``sqlite3.Connection`` / ``psycopg.Connection``) for the caller's
-        statements: it commits when the block ends normally and rolls back otherwise.
-        Handlers' exactly-once effects use it with ``message_complete_many(conn=)``."""
-
-    def transaction_async(self) -> AbstractAsyncContextManager[Any]:
-        """:meth:`transaction` for coroutines: PostgreSQL yields a
-        ``psycopg.AsyncConnection`` from a pool of the running loop; SQLite yields its
-        ``sqlite3.Connection``, one transaction of the loop at a time."""
 
     async def close_async(self) -> None:
         """Let go of what :meth:`transaction_async` holds for the running event loop."""
@@ -354,7 +346,47 @@ class Backend(Protocol):
     def dedupe_trim(self, *, limit: int) -> int:
         """Delete idempotency keys whose window has passed; return how many."""
 
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int: ...
+    # --- retention (per subscription; docs/reliability.md, "Retention") --------------------
+    def retention_set(
+        self,
+        *,
+        name: str,
+        archive: float | None,
+        dead: float | None,
+        change_archive: bool,
+        change_dead: bool,
+    ) -> bool:
+        """Set a subscription's own archive and dead-letter retention (seconds; ``None``: the
+        broker's default), each only when its ``change_`` flag is set. False: no such
+        subscription."""
+
+    def retention_list(self, *, name: str | None) -> list[tuple[str, float | None, float | None]]:
+        """``(subscription, archive, dead)`` retentions of its own (``None``: the default)."""
+
+    def retention_bounds(self) -> RetentionBounds:
+        """The longest and shortest retentions subscriptions have of their own."""
+
+    def archive_partitions_maintain(self, *, ahead: int, keep: float) -> tuple[int, int]:
+        """Create the archive's days up to ``ahead`` days from now and drop the days whose
+        rows are all older than ``keep`` seconds; ``(created, dropped)``. PostgreSQL only
+        (SQLite: ``(0, 0)``); leaderless, one caller at a time does the work."""
+
+    def archive_trim(self, *, keep: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows older than ``keep`` seconds, whatever their
+        subscription (PostgreSQL: older than that time's day; later rows go with their
+        day); return how many."""
+
+    def archive_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        """Delete at most ``limit`` archive rows past their subscription's own retention
+        (``keep``, the default, for those without one and for unrouted rows) where it is
+        shorter than ``longest``; return how many."""
+
+    def dead_trim(self, *, keep: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters older than ``keep`` seconds."""
+
+    def dead_trim_shorter(self, *, keep: float, longest: float, limit: int) -> int:
+        """Delete at most ``limit`` dead letters past their subscription's own retention
+        (``keep`` for those without one) where it is shorter than ``longest``."""
 
     # --- stored results (see features/results.py) ------------------------------------------
     def result_lookup(self, *, message_id: str) -> list[ResultRecord]:

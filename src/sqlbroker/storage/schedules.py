@@ -111,15 +111,16 @@ def fire_many(backend: Backend, *, fires: Sequence[ScheduleFire]) -> dict[str, l
     ``message_insert_many`` would); return the published ids of each, leaving out the
     fires that lost the race.
 
-    Not yet one plan: publishing still takes a connection, so the transaction is the
-    backend's and the two schedule steps join it through ``begin(conn)``."""
+    Not yet one plan: publishing still takes a connection, the transaction's own."""
     if not fires:
         return {}
-    with backend.transaction() as conn, backend.begin(conn) as tx:
+    with backend.begin() as tx:
         won = tx.schedule_advance_many(fires=fires)
         messages = [message for fire in won for message in fire.messages]
         ids = (
-            backend.message_insert_many(messages=messages, subscription=None, conn=conn).message_ids
+            backend.message_insert_many(
+                messages=messages, subscription=None, conn=tx.connection
+            ).message_ids
             if messages
             else []
         )

@@ -28,9 +28,12 @@ from sqlbroker.storage.operations import (
     messages,
     observability,
     processed,
+    results,
+    retention,
     sagas,
     schedules,
     security,
+    subscriptions,
 )
 from sqlbroker.storage.plan import Access, Plan, access_of
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -58,6 +61,12 @@ class Settings:
     """Where dead-lettering is announced (PostgreSQL's NOTIFY)."""
     claim_commit: str = "off"
     """PostgreSQL: the ``synchronous_commit`` of a claim's own transaction."""
+    archive_completed: bool = True
+    """Whether a completed copy is kept in the archive (else only deleted)."""
+    result_channel: str = ""
+    """Where a stored result is announced (PostgreSQL's NOTIFY)."""
+    partitioned_archive: bool = False
+    """PostgreSQL: the archive is range-partitioned by day (retention drops whole days)."""
     key_locks: bool = False
     """Whether writers of one ordering key must lock it (PostgreSQL's advisory locks);
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
@@ -122,6 +131,7 @@ class Executor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = Operation(messages.message_claim_many)
+    message_complete_many = Operation(messages.message_complete_many)
     message_retry_many = Operation(messages.message_retry_many)
     message_dead_many = Operation(messages.message_dead_many)
     message_extend_leases = Operation(messages.message_extend_leases)
@@ -139,6 +149,24 @@ class Executor(ABC):
     processed_release = Operation(processed.release)
     processed_forget = Operation(processed.forget)
     processed_trim = Operation(processed.trim)
+
+    # --- subscriptions -----------------------------------------------------------------
+    subscription_upsert = Operation(subscriptions.subscription_upsert)
+    subscription_list = Operation(subscriptions.subscription_list)
+
+    # --- stored results (features/results.py) -----------------------------------------
+    result_lookup = Operation(results.result_lookup)
+    result_trim = Operation(results.result_trim)
+
+    # --- retention (features/retention.py) ----------------------------------------------
+    retention_set = Operation(retention.retention_set)
+    retention_list = Operation(retention.retention_list)
+    retention_bounds = Operation(retention.retention_bounds)
+    archive_partitions_maintain = Operation(retention.archive_partitions_maintain)
+    archive_trim = Operation(retention.archive_trim)
+    archive_trim_shorter = Operation(retention.archive_trim_shorter)
+    dead_trim = Operation(retention.dead_trim)
+    dead_trim_shorter = Operation(retention.dead_trim_shorter)
 
     # --- listings, dead-letter admin, archive, stats -------------------------------------
     message_list = Operation(admin.message_list)
@@ -203,6 +231,7 @@ class AsyncExecutor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = AsyncOperation(messages.message_claim_many)
+    message_complete_many = AsyncOperation(messages.message_complete_many)
     message_retry_many = AsyncOperation(messages.message_retry_many)
     message_dead_many = AsyncOperation(messages.message_dead_many)
     message_extend_leases = AsyncOperation(messages.message_extend_leases)
@@ -220,6 +249,24 @@ class AsyncExecutor(ABC):
     processed_release = AsyncOperation(processed.release)
     processed_forget = AsyncOperation(processed.forget)
     processed_trim = AsyncOperation(processed.trim)
+
+    # --- subscriptions -----------------------------------------------------------------
+    subscription_upsert = AsyncOperation(subscriptions.subscription_upsert)
+    subscription_list = AsyncOperation(subscriptions.subscription_list)
+
+    # --- stored results ----------------------------------------------------------------
+    result_lookup = AsyncOperation(results.result_lookup)
+    result_trim = AsyncOperation(results.result_trim)
+
+    # --- retention --------------------------------------------------------------------
+    retention_set = AsyncOperation(retention.retention_set)
+    retention_list = AsyncOperation(retention.retention_list)
+    retention_bounds = AsyncOperation(retention.retention_bounds)
+    archive_partitions_maintain = AsyncOperation(retention.archive_partitions_maintain)
+    archive_trim = AsyncOperation(retention.archive_trim)
+    archive_trim_shorter = AsyncOperation(retention.archive_trim_shorter)
+    dead_trim = AsyncOperation(retention.dead_trim)
+    dead_trim_shorter = AsyncOperation(retention.dead_trim_shorter)
 
     # --- listings, dead-letter admin, archive, stats -------------------------------------
     message_list = AsyncOperation(admin.message_list)
@@ -274,11 +321,15 @@ class AsyncExecutor(ABC):
 
 
 class Tx(Executor):
-    """The operations inside one transaction (see ``Backend.begin``)."""
+    """The operations inside one transaction (see ``Backend.begin``).
 
-    def __init__(self, settings: Settings, run: Run) -> None:
+    ``connection`` is the driver connection it runs on, for the caller's own statements in
+    the same transaction (a handler's effects, an outbox's writes)."""
+
+    def __init__(self, settings: Settings, run: Run, connection: Any) -> None:
         self.settings = settings
         self._run = run
+        self.connection = connection
 
     def execute(self, plan: Plan[T], access: Access) -> T:
         result: T = self._run(plan)
@@ -286,11 +337,15 @@ class Tx(Executor):
 
 
 class AsyncTx(AsyncExecutor):
-    """The operations inside one transaction, for coroutines (see ``Backend.begin_async``)."""
+    """The operations inside one transaction, for coroutines (see ``Backend.begin_async``);
+    ``connection`` as for :class:`Tx`."""
 
-    def __init__(self, settings: Settings, run: Callable[[Plan[Any]], Awaitable[Any]]) -> None:
+    def __init__(
+        self, settings: Settings, run: Callable[[Plan[Any]], Awaitable[Any]], connection: Any
+    ) -> None:
         self.settings = settings
         self._run = run
+        self.connection = connection
 
     async def execute(self, plan: Plan[T], access: Access) -> T:
         result: T = await self._run(plan)

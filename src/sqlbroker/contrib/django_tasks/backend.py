@@ -18,8 +18,10 @@
   window in which a crash after the commit loses the task.
 - ``python manage.py sqlbroker_worker`` runs the tasks (a sqlbroker worker).
 - ``get_result(id)`` reads the task's state from sqlbroker each time: READY while its
-  message waits, RUNNING while leased, SUCCESSFUL once archived as completed, FAILED once
-  dead-lettered (with the error and traceback) or expired. Return values are not stored.
+  message waits, RUNNING while leased, SUCCESSFUL once completed (``return_value`` is
+  what the task returned, kept as a stored result, docs/results.md), FAILED once
+  dead-lettered (with the error and traceback) or expired. Once the result is older than
+  the broker's ``result_ttl`` it raises ``TaskResultDoesNotExist``.
 
 OPTIONS (each optional):
 
@@ -37,8 +39,9 @@ The broker (URL, ``Broker`` options) comes from ``settings.SQLBROKER``
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -58,9 +61,10 @@ from sqlbroker.contrib.django_tasks.framework import (
     signals,
 )
 from sqlbroker.core import validate
-from sqlbroker.core.errors import ConfigurationError, SqlbrokerError
-from sqlbroker.core.message import ArchivedMessage, DeadLetter, Outcome, PendingMessage, State
+from sqlbroker.core.errors import ConfigurationError, NotFound, SqlbrokerError
+from sqlbroker.core.message import ArchivedMessage, DeadLetter, PendingMessage, State
 from sqlbroker.core.policies import RetryPolicy
+from sqlbroker.core.results import Result
 from sqlbroker.core.topics import validate_topic
 
 DEFAULT_PREFIX = "tasks."
@@ -217,9 +221,13 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
             errors=[],
             worker_ids=[],
         )
-        _apply(
-            result, locate(self.sqlbroker_queue(record.queue_name), message_id, record.enqueued_at)
-        )
+        try:
+            state = locate(self.sqlbroker_queue(record.queue_name), message_id)
+        except NotFound as gone:
+            raise TaskResultDoesNotExist(
+                f"task {message_id} finished and its result is no longer kept: {gone}"
+            ) from None
+        _apply(result, state)
         return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
@@ -246,86 +254,105 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
 
 # --- where a task is ------------------------------------------------------------------------
 
-Found = PendingMessage | ArchivedMessage | DeadLetter
 
-
+@dataclass(frozen=True, slots=True)
 class Waiting:
-    """The task's message waits in its queue (available, scheduled or blocked)."""
+    """The task's message is still in its queue: ``copy`` when a worker holds it (found
+    among the queue's running copies), else ``None`` (it waits, perhaps for a retry)."""
+
+    copy: PendingMessage | None = None
 
 
-def locate(queue: str, message_id: str, enqueued_at: datetime) -> Found | Waiting:
-    """Where the task's message is now: archived, running, dead-lettered or waiting.
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The task's stored result, and its archive row or dead letter when still kept
+    (started_at and the attempts come from there)."""
 
-    A copy only moves forward (waiting → running → archive or dead letters, or back to
-    waiting for a retry), so the archive is read (by message id) before and after the
-    running copies: one that finishes meanwhile is found the second time. The queue's
-    running copies and its dead letters since the task was enqueued are scanned (sqlbroker
-    has no lookup of those by message id yet); the waiting ones, however many, never are:
-    a task whose record exists and is found nowhere else is waiting."""
+    result: Result
+    trace: ArchivedMessage | DeadLetter | None
+
+
+def locate(queue: str, message_id: str) -> Waiting | Finished:
+    """Where the task's message is now, by ``broker.result`` (its stored result, or that it
+    is not finished) and, for the details, the archive by message id, the dead letters
+    around the moment it died, or the queue's running copies. Raises ``NotFound`` once
+    nothing of a finished task is kept (its result is older than ``result_ttl``)."""
     broker = get_broker()
-    for archived in broker.archive(queue, message_id=message_id, limit=1):
-        return archived
-    for copy in broker.pending(queue, state=State.RUNNING, limit=validate.MAX_BATCH):
-        if copy.message_id == message_id:
-            return copy
-    for archived in broker.archive(queue, message_id=message_id, limit=1):
-        return archived
-    for dead in _dead_letters(queue, since=enqueued_at - timedelta(hours=1)):
-        if dead.message_id == message_id:
-            return dead
-    return Waiting()
+    done = broker.result(message_id, subscription=queue)
+    if done is None:
+        for copy in broker.pending(queue, state=State.RUNNING, limit=validate.MAX_BATCH):
+            if copy.message_id == message_id:
+                return Waiting(copy)
+        # Not running: waiting — or it finished since the first look.
+        done = broker.result(message_id, subscription=queue)
+        if done is None:
+            return Waiting()
+    return Finished(done, _trace(queue, done))
 
 
-def _dead_letters(queue: str, *, since: datetime) -> Iterator[DeadLetter]:
+def _trace(queue: str, done: Result) -> ArchivedMessage | DeadLetter | None:
     broker = get_broker()
+    if done.outcome != "dead":
+        for archived in broker.archive(queue, message_id=done.message_id, limit=1):
+            return archived
+        return None
+    # Dead letters are not looked up by message id: read those of the queue that died
+    # within a second of this one (a page or two, however many there are).
     after_id: int | None = None
     while True:
         page = broker.dead_letters.list(
-            subscription=queue, dead_after=since.astimezone(UTC), limit=500, after_id=after_id
+            subscription=queue,
+            dead_after=done.finished_at - _NEAR,
+            dead_before=done.finished_at + _NEAR,
+            limit=500,
+            after_id=after_id,
         )
-        yield from page
+        for dead in page:
+            if dead.message_id == done.message_id:
+                return dead
         if len(page) < 500:
-            return
+            return None
         after_id = page[-1].id
 
 
-def _apply(result: TaskResult, state: Found | Waiting) -> None:
+_NEAR = timedelta(seconds=1)
+
+
+def _apply(result: TaskResult, state: Waiting | Finished) -> None:
     if isinstance(state, Waiting):
+        if state.copy is not None:
+            set_field(result, "status", TaskResultStatus.RUNNING)
+            set_field(result, "worker_ids", [WORKER_ID] * state.copy.attempts)
         return
-    if isinstance(state, PendingMessage):
-        running = state.state == State.RUNNING
-        set_field(result, "status", TaskResultStatus.RUNNING if running else TaskResultStatus.READY)
-        set_field(result, "worker_ids", [WORKER_ID] * state.attempts)
+    done, trace = state.result, state.trace
+    set_field(result, "finished_at", done.finished_at)
+    # A task that finished ran at least once; the archive or dead letter says how often.
+    set_field(result, "worker_ids", [WORKER_ID] * (trace.attempts if trace else 1))
+    if trace is not None:
+        set_field(result, "started_at", trace.first_started_at)
+        set_field(result, "last_attempted_at", trace.first_started_at)
+    if done.outcome == "completed":
+        set_field(result, "status", TaskResultStatus.SUCCESSFUL)
+        set_field(result, "_return_value", done.value)
         return
-    set_field(result, "started_at", state.first_started_at)
-    set_field(result, "last_attempted_at", state.first_started_at)
-    set_field(result, "worker_ids", [WORKER_ID] * state.attempts)
-    if isinstance(state, ArchivedMessage):
-        set_field(result, "finished_at", state.finished_at)
-        completed = state.outcome == Outcome.COMPLETED
-        set_field(
-            result, "status", TaskResultStatus.SUCCESSFUL if completed else TaskResultStatus.FAILED
-        )
+    set_field(result, "status", TaskResultStatus.FAILED)  # dead, expired or cancelled
+    if isinstance(trace, DeadLetter):
+        set_field(result, "last_attempted_at", trace.last_failed_at)
+        error_type, text = trace.error_type, trace.traceback or trace.error_message
+    elif done.error is not None:
+        error_type, text = done.error.type, done.error.traceback or done.error.message
+    else:
         return
-    set_field(result, "finished_at", state.dead_at)
-    set_field(result, "last_attempted_at", state.last_failed_at)
-    set_field(result, "status", TaskResultStatus.FAILED)
-    set_field(
-        result,
-        "errors",
-        [
-            TaskError(
-                exception_class_path=_class_path(state.error_type),
-                traceback=state.traceback or state.error_message or state.reason,
-            )
-        ],
+    error = TaskError(
+        exception_class_path=_class_path(error_type), traceback=text or done.reason or ""
     )
+    set_field(result, "errors", [error])
 
 
 def _class_path(error_type: str | None) -> str:
     """An importable path for ``TaskError.exception_class`` (sqlbroker stores builtins
     by their bare name; a worker that vanished has no exception at all)."""
-    if not error_type:
+    if not error_type or error_type == "sqlbroker.DeadLetter":  # dead without an exception
         return "sqlbroker.WorkerCrashed"
     return error_type if "." in error_type else f"builtins.{error_type}"
 

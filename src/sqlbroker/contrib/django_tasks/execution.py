@@ -3,10 +3,12 @@ that ``manage.py sqlbroker_worker`` runs."""
 
 from __future__ import annotations
 
+import json
 import threading
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from django.db import close_old_connections
 from django.utils import timezone
@@ -21,6 +23,7 @@ from sqlbroker.contrib.django_tasks.framework import (
     TaskError,
     TaskResult,
     TaskResultStatus,
+    normalize_json,
     set_field,
     signals,
     task_backends,
@@ -48,10 +51,34 @@ def backend_named(alias: str) -> SqlbrokerBackend:
     return backend
 
 
+def stored_value(value: Any) -> Any:
+    """What is kept of a task's return value: normalised by Django's own rule (tuples
+    become lists, bytes text; anything else that is not JSON raises ``TypeError`` or
+    ``ValueError``, as in Django's backends) and read back as JSON would read it, so dict
+    keys are text — what a task returns is what ``get_result`` shows, in any process."""
+    normalized = normalize_json(value)
+    if normalized is None or type(normalized) in (str, int, bool):
+        return normalized
+    return json.loads(json.dumps(normalized, allow_nan=False))
+
+
 def task_handler(backend: SqlbrokerBackend) -> Callable[[Message], None]:
-    """The sqlbroker handler that runs one task message, sending Django's
+    """The sqlbroker handler (of a subscriber with ``ack="manual"``) that runs one task
+    message, stores its return value with the acknowledgement and sends Django's
     ``task_started`` and ``task_finished`` signals around it."""
     worker_id = BrokerConsumer.worker_name()
+
+    def failed(result: TaskResult, error: BaseException) -> None:
+        set_field(result, "status", TaskResultStatus.FAILED)
+        set_field(result, "finished_at", timezone.now())
+        kind = type(error)
+        result.errors.append(
+            TaskError(
+                exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+                traceback="".join(traceback.format_exception(error)),
+            )
+        )
+        signals.task_finished.send(type(backend), task_result=result)
 
     def run_task(msg: Message) -> None:
         payload = msg.payload
@@ -83,22 +110,25 @@ def task_handler(backend: SqlbrokerBackend) -> Callable[[Message], None]:
             signals.task_started.send(type(backend), task_result=result)
             try:
                 if task.takes_context:
-                    task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+                    value = task.call(
+                        TaskContext(task_result=result), *result.args, **result.kwargs
+                    )
                 else:
-                    task.call(*result.args, **result.kwargs)
+                    value = task.call(*result.args, **result.kwargs)
             except Exception as error:
                 if msg.attempt > backend.retries:  # the retry policy dead-letters it now
-                    set_field(result, "status", TaskResultStatus.FAILED)
-                    set_field(result, "finished_at", timezone.now())
-                    kind = type(error)
-                    result.errors.append(
-                        TaskError(
-                            exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-                            traceback="".join(traceback.format_exception(error)),
-                        )
-                    )
-                    signals.task_finished.send(type(backend), task_result=result)
+                    failed(result, error)
                 raise
+            try:
+                value = stored_value(value)
+                msg.ack(result=value)  # InvalidPayload (a ValueError) over the size limit
+            except (TypeError, ValueError) as error:
+                # Django fails a task whose return value it cannot keep. Running it again
+                # would return the same: dead-lettered now, whatever RETRIES says.
+                msg.reject(f"the task's return value cannot be stored: {error}", error=error)
+                failed(result, error)
+                return
+            set_field(result, "_return_value", value)
             set_field(result, "status", TaskResultStatus.SUCCESSFUL)
             set_field(result, "finished_at", timezone.now())
             signals.task_finished.send(type(backend), task_result=result)
@@ -134,6 +164,7 @@ def worker_broker(
             concurrency=concurrency,
             timeout=timeout,
             retry=backend.retry_policy(),
+            ack="manual",
         )(handler)
     return broker
 

@@ -1,7 +1,7 @@
 """The Tasks framework this backend plugs into: Django's own ``django.tasks`` (Django ≥ 6.0)
 when it is there, else the ``django-tasks`` backport (Django 4.2–5.2). Both share the
 interface used here (``BaseTaskBackend``, ``Task``, ``TaskResult``, ``TaskError``, the
-signals), so the rest of the package imports it from this one place."""
+signals, ``normalize_json``), so the rest of the package imports it from this one place."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ if NAME == "django.tasks":
         TaskResultStatus,
         task,
     )
+    from django.utils.json import (  # type: ignore[import-not-found,unused-ignore]
+        normalize_json,
+    )
 else:
     from django_tasks import exceptions as _exceptions
     from django_tasks import signals, task_backends
@@ -51,6 +54,7 @@ else:
         TaskResultStatus,
         task,
     )
+    from django_tasks.utils import normalize_json
 
 TaskResultDoesNotExist: type[Exception] = _exceptions.TaskResultDoesNotExist
 
@@ -70,6 +74,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "normalize_json",
     "set_field",
     "signals",
     "task",

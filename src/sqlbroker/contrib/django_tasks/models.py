@@ -1,10 +1,11 @@
 """What ``get_result`` needs that the queue does not show: the call a task id stands for.
 
 A row is written in the same transaction as the task's message (so both exist or neither)
-and holds the call only — task path, arguments, queue, priority. The task's *state* is
-never copied here: it is read from sqlbroker (the pending copy, the archive, the dead
-letters) each time. Rows are removed ``RETENTION`` seconds after the task was due by the
-worker command."""
+and holds the call only — task path, arguments, queue, priority: a waiting task's
+``TaskResult`` needs them, and sqlbroker shows a waiting message's state but not its
+payload. The task's *state*, return value and errors are never copied here: they are read
+from sqlbroker (``broker.result``, the archive, the dead letters) each time. Rows are
+removed ``RETENTION`` seconds after the task was due by the worker command."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from sqlbroker.interfaces.cli.messages import claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
 from sqlbroker.interfaces.cli.pipeline import pipeline
 from sqlbroker.interfaces.cli.results import result
+from sqlbroker.interfaces.cli.retention import retention
 from sqlbroker.interfaces.cli.sagas import saga
 from sqlbroker.interfaces.cli.schedules import scheduler, schedules
 from sqlbroker.interfaces.cli.security import roles, tenants
@@ -82,6 +83,7 @@ for _command in (
     tenants,
 ):
     cli.add_command(_command)
+subscriptions.add_command(retention)
 
 
 def main() -> None:

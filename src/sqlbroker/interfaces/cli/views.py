@@ -59,6 +59,8 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
         "p50",
         "p95",
         "expired",
+        "archive kept",
+        "dead kept",
     ]
     body = [
         (
@@ -75,6 +77,8 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
             human_duration(s.handler_p50),
             human_duration(s.handler_p95),
             s.expired,
+            human_age(s.archive_retention),
+            human_age(s.dead_retention),
         )
         for s in rows
     ]
@@ -85,6 +89,8 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
         numeric=columns[1:],
         key="subscription",
         drop=[
+            "dead kept",
+            "archive kept",
             "expired",
             "retry/min",
             "dead/min",
@@ -294,18 +300,38 @@ def archive(
     print_damaged(rows)
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @json_option()
-@pass_session
-def subscriptions(session: Session, as_json: bool) -> None:
-    """List subscriptions and their topic patterns."""
-    rows = session.reader().subscriptions()
+@click.pass_context
+def subscriptions(ctx: click.Context, as_json: bool) -> None:
+    """List subscriptions, their topic patterns and how long they keep finished copies
+    (archive) and dead letters (see `subscriptions retention`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    session: Session = ctx.obj
+    broker = session.reader()
+    rows = broker.subscriptions()
+    kept = {r.subscription: r for r in broker.retention()}
     if as_json:
         echo_json(rows)
         return
-    body = [(s.name, ", ".join(s.patterns), human_time(s.created_at)) for s in rows]
+    body = [
+        (
+            s.name,
+            ", ".join(s.patterns),
+            human_age(kept[s.name].archive) if s.name in kept else "-",
+            human_age(kept[s.name].dead) if s.name in kept else "-",
+            human_time(s.created_at),
+        )
+        for s in rows
+    ]
     print_table(
-        table(None, ["name", "patterns", "created at"], body, drop=["created at"]),
+        table(
+            None,
+            ["name", "patterns", "archive kept", "dead kept", "created at"],
+            body,
+            drop=["created at", "dead kept", "archive kept"],
+        ),
         empty="no subscriptions yet",
     )
     print_damaged(rows, key="name")

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.serde import encode_json
-from sqlbroker.storage.base import DeadRequest, Lease, ReapResult, RetryRequest, undecodable_deaths
+from sqlbroker.storage.base import (
+    DeadRequest,
+    Lease,
+    ReapResult,
+    RetryRequest,
+    check_values,
+    undecodable_deaths,
+)
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Plan, query, relaxed
 from sqlbroker.storage.rows import deliveries_of, error_json
@@ -85,6 +92,32 @@ def message_claim_many(
     if damaged:
         yield from message_dead_many(settings, deaths=undecodable_deaths(damaged))
     return deliveries
+
+
+def message_complete_many(
+    settings: Settings, *, leases: Sequence[Lease], values: Sequence[bytes | None] | None = None
+) -> Plan[list[int]]:
+    """Archive the copies as completed (or only delete them, without ``archive_completed``);
+    return the ids whose lease was still valid. ``values`` (aligned with ``leases``) are the
+    handlers' encoded return values, stored as results in the same statement; with none
+    the statement is the one without results, which costs nothing more."""
+    check_values(leases, values)
+    if not leases:
+        return []
+    if values is not None and any(value is not None for value in values):
+        rows = yield query(
+            "message_complete_valued",
+            **_leases(leases),
+            # JSON text (validated before): SQLite carries arrays as JSON, which has no bytes.
+            values=[None if value is None else value.decode() for value in values],
+            archive=settings.archive_completed,
+            result_channel=settings.result_channel,
+        )
+    else:
+        block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
+        rows = yield query(block, **_leases(leases))
+    yield from _promote_heads(rows)
+    return sorted(row[0] for row in rows)
 
 
 def message_retry_many(settings: Settings, *, retries: Sequence[RetryRequest]) -> Plan[list[int]]:

@@ -23,7 +23,7 @@ from sqlbroker.storage.columns import (
     utc,
     utc_or_none,
 )
-from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.storage.plan import Plan, atomic, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -56,6 +56,7 @@ _SAGA_COLUMNS = (
 )
 
 
+@atomic
 def insert(settings: Settings, *, saga: NewSaga) -> Plan[bool]:
     """Create a ``running`` saga at step 0 with its steps ``pending`` and its deadline
     ``timeout`` seconds away; False (and nothing written) when the id exists. Two

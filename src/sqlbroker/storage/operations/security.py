@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from sqlbroker.core.errors import ConfigurationError, NotFound
 from sqlbroker.storage.base import ROLE_GROUPS, TenantRole
-from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.storage.plan import Plan, atomic, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -28,6 +28,7 @@ def _roles_needed(settings: Settings, what: str) -> None:
         )
 
 
+@atomic
 def roles_grant(
     settings: Settings, *, prefix: str, create: bool
 ) -> Plan[dict[str, dict[str, str]]]:

@@ -12,38 +12,25 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import ConnectionLost
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.message import (
-    Subscription,
-)
 from sqlbroker.core.serde import encode_json
-from sqlbroker.core.topics import pattern_regex
-from sqlbroker.storage.base import (
-    Lease,
-    check_values,
-)
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect
 from sqlbroker.storage.postgres.connection import (
-    AsyncConn,
     Conn,
     PostgresPool,
-    StatementPlan,
     run_plan,
-    run_plan_async,
 )
 from sqlbroker.storage.postgres.liveness import Watchdog
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
@@ -52,7 +39,6 @@ from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.postgres.spark import PostgresSpark
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
@@ -72,6 +58,7 @@ _SQL_FILES = (
     "observability.sql",
     "security.sql",
     "results.sql",
+    "retention.sql",
 )
 T = TypeVar("T")
 
@@ -127,9 +114,6 @@ class PostgresBackend(
         self.result_channel = f"{self.notify_channel}_result"
         self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
         self._archive_completed = archive
-        self._complete_sql = self._sql[
-            "message_complete" if archive else "message_complete_unarchived"
-        ]
         self.settings = Settings(
             dialect="postgresql",
             limits=self.limits,
@@ -140,7 +124,10 @@ class PostgresBackend(
             supports_notify=True,
             notify_channel=self.notify_channel,
             key_locks=True,
+            partitioned_archive=True,
             schema=self._schema,
+            archive_completed=self._archive_completed,
+            result_channel=self.result_channel,
         )
         self.async_ops: AsyncExecutor = _PostgresAsyncOps(self)
 
@@ -170,26 +157,26 @@ class PostgresBackend(
             return dialect.run(conn, self._sql, plan, self._clock.now())
 
     @contextlib.contextmanager
-    def begin(self, conn: Any = None) -> Iterator[Tx]:
+    def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
         """One transaction for several operations: ours (committed when the block ends
         normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
         SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
-        with self._db.transaction(conn) as raw:
-            yield Tx(self.settings, functools.partial(self._run_on, raw))
+        with self._db.transaction(conn, watched=timed) as raw:
+            yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
         return dialect.run(conn, self._sql, plan, self._clock.now())
 
     @contextlib.asynccontextmanager
-    async def begin_async(self, conn: Any = None) -> AsyncIterator[AsyncTx]:
+    async def begin_async(self, conn: Any = None, *, timed: bool = True) -> AsyncIterator[AsyncTx]:
         """:meth:`begin` for coroutines, on a connection of the running loop's pool or the
         caller's async connection (psycopg's ``AsyncConnection``, SQLAlchemy's asyncio)."""
-        async with self._db.transaction_async(conn) as raw:
+        async with self._db.transaction_async(conn, watched=timed) as raw:
 
             async def run(plan: Plan[Any]) -> Any:
                 return await dialect.run_async(raw, self._sql, plan, self._clock.now())
 
-            yield AsyncTx(self.settings, run)
+            yield AsyncTx(self.settings, run, raw)
 
     def now(self) -> datetime:
         with self._db.connection(write=False) as conn:
@@ -241,46 +228,11 @@ class PostgresBackend(
 
     # --- subscriptions -----------------------------------------------------------------------
 
-    def subscription_upsert(
-        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
-    ) -> Subscription:
-        now = self._now_param()
-        with self._db.transaction(conn) as c:
-            c.execute(self._sql["subscription_insert"], {"name": name, "now": now})
-            if replace:
-                c.execute(self._sql["subscription_patterns_clear"], {"name": name})
-            c.execute(
-                self._sql["subscription_pattern_insert"],
-                {
-                    "name": name,
-                    "patterns": list(patterns),
-                    "regexes": [pattern_regex(p) for p in patterns],
-                },
-            )
-            ((own, subscriptions, total),) = c.execute(
-                self._sql["subscription_room"], {"name": name}
-            ).fetchall()
-            self.limits.check_room(
-                subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=total
-            )
-            rows = (
-                c.cursor(row_factory=dict_row)
-                .execute(self._sql["subscription_get"], {"name": name})
-                .fetchall()
-            )
-        return subscriptions_of(rows)[0]
-
     def subscription_ensure(self, *, name: str) -> bool:
         with self._db.transaction() as conn:
             created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
         self._remember_queue(name)
         return created
-
-    def subscription_list(self) -> list[Subscription]:
-        with self._db.connection(write=False) as conn:
-            return subscriptions_of(
-                conn.cursor(row_factory=dict_row).execute(self._sql["subscription_list"]).fetchall()
-            )
 
     def subscription_delete(self, *, name: str) -> bool:
         self._known_queues.discard(name)
@@ -289,99 +241,13 @@ class PostgresBackend(
 
     # --- consuming ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _lease_params(leases: Sequence[Lease]) -> dict[str, Any]:
-        return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
-
-    def message_complete_many(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any = None,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        check_values(leases, values)
-        if not leases:
-            return []
-        plan = self._complete_plan(leases, self._now_param(), values)
-        if conn is None:
-            with self._db.connection(write=True) as c:
-                return run_plan(c, plan)
-        with self._db.transaction(conn) as c:
-            return run_plan(c, plan)
-
-    async def message_complete_many_async(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        check_values(leases, values)
-        if not leases:
-            return []
-        async with self._db.transaction_async(conn) as c:
-            return await run_plan_async(c, self._complete_plan(leases, self._now_param(), values))
-
     def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
         return fire_many(self, fires=fires)
-
-    def transaction(self) -> AbstractContextManager[Conn]:
-        # The caller's statements run in it (a handler's effects): never timed.
-        return self._db.transaction(watched=False)
-
-    def transaction_async(self) -> AbstractAsyncContextManager[AsyncConn]:
-        return self._db.transaction_async(watched=False)
 
     async def close_async(self) -> None:
         await self._db.close_async()
 
-    def _complete_plan(
-        self, leases: Sequence[Lease], now: datetime | None, values: Sequence[bytes | None] | None
-    ) -> StatementPlan[list[int]]:
-        if values is None or all(value is None for value in values):
-            rows = yield self._complete_sql, {**self._lease_params(leases), "now": now}
-        else:
-            params = {
-                **self._lease_params(leases),
-                "values": list(values),
-                "now": now,
-                "archive": self._archive_completed,
-                "result_channel": self.result_channel,
-            }
-            rows = yield self._sql["message_complete_valued"], params
-        yield from self._promote_plan(rows, now)
-        return [row[0] for row in rows]
-
-    def _promote_after(self, conn: Conn, removed: Sequence[tuple[Any, ...]]) -> None:
-        run_plan(conn, self._promote_plan(removed, self._now_param()))
-
-    def _promote_plan(
-        self, removed: Sequence[tuple[Any, ...]], now: datetime | None
-    ) -> StatementPlan[None]:
-        """Rows ``(id, subscription, ordering_key, state, …)`` just left the hot table: keys
-        whose head was among them get their next copy. A crash before this statement leaves
-        the key headless until the reaper's ``key_repair``."""
-        heads = sorted(
-            {(row[1], row[2]) for row in removed if row[2] is not None and row[3] != "blocked"}
-        )
-        if heads:
-            yield (
-                self._sql["key_promote"],
-                {
-                    "subscriptions": [subscription for subscription, _ in heads],
-                    "keys": [key for _, key in heads],
-                    "now": now,
-                },
-            )
-
     # --- maintenance -------------------------------------------------------------------------
-
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            return conn.execute(
-                self._sql["archive_trim"], {"older_than": older_than, "limit": limit}
-            ).rowcount
 
 
 class _PostgresAsyncOps(AsyncExecutor):

@@ -59,7 +59,7 @@ ON CONFLICT (name) DO NOTHING
 -- name: subscription_patterns_clear
 DELETE FROM {schema}sqlbroker_subscription_pattern WHERE subscription = %(name)s
 
--- name: subscription_pattern_insert
+-- name: subscription_patterns_insert
 INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
 SELECT %(name)s, p.pattern, p.regex
 FROM unnest(%(patterns)b::text[], %(regexes)b::text[]) AS p(pattern, regex)
@@ -429,7 +429,7 @@ RETURNING m.id, m.subscription, m.ordering_key, m.state
 -- is announced on the result channel with its message id, in the same commit. ``archive``
 -- is the backend's archive_completed (false: the copies are only deleted).
 WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(values)b::bytea[])
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(values)b::text[])
         AS l(id, token, value)
 ),
 done AS (
@@ -455,7 +455,7 @@ stored AS (
     INSERT INTO {schema}sqlbroker_result (
         delivery_id, message_id, subscription, value, finished_at, tenant
     )
-    SELECT id, message_id, subscription, result_value,
+    SELECT id, message_id, subscription, convert_to(result_value, 'UTF8'),
            coalesce(%(now)s::timestamptz, statement_timestamp()),
            (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
     FROM done
@@ -707,10 +707,4 @@ FROM (
 -- As in key_promote: never reopen a copy promoted and claimed since the snapshot.
 WHERE m.id = nxt.id AND m.state = 'blocked'
 
--- name: archive_trim
-DELETE FROM {schema}sqlbroker_archive
-WHERE id = ANY (ARRAY(
-    SELECT id FROM {schema}sqlbroker_archive WHERE finished_at < %(older_than)s
-    ORDER BY finished_at LIMIT %(limit)s
-))
 

@@ -10,14 +10,11 @@ import logging
 import threading
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from sqlbroker.core.results import ResultRecord
 from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
-from sqlbroker.storage.columns import utc
 from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.url import redact
@@ -25,22 +22,6 @@ from sqlbroker.storage.url import redact
 log = logging.getLogger("sqlbroker.storage")
 _LISTEN_PAUSE = 0.5
 """Seconds between two checks of the stop flag while listening."""
-
-
-def _records(rows: list[tuple[Any, ...]]) -> list[ResultRecord]:
-    return [
-        ResultRecord(
-            subscription=row[0],
-            kind=row[1],
-            value=None if row[2] is None else bytes(row[2]),
-            reason=row[3],
-            error_type=row[4],
-            error_message=row[5],
-            traceback=row[6],
-            finished_at=None if row[7] is None else utc(row[7]),
-        )
-        for row in rows
-    ]
 
 
 class PostgresResults:
@@ -54,17 +35,6 @@ class PostgresResults:
 
     def _now_param(self) -> datetime | None:
         raise NotImplementedError
-
-    def result_lookup(self, *, message_id: str) -> list[ResultRecord]:
-        with self._db.connection(write=False) as conn:
-            rows = conn.execute(self._sql["result_lookup"], {"message_id": message_id}).fetchall()
-        return _records(rows)
-
-    def result_trim(self, *, ttl: float, limit: int) -> int:
-        with self._db.connection(write=True) as conn:
-            return conn.execute(
-                self._sql["result_trim"], {"now": self._now_param(), "ttl": ttl, "limit": limit}
-            ).rowcount
 
     def _listen_statement(self) -> sql.Composed:
         return sql.SQL("LISTEN {}; LISTEN {}").format(

@@ -3,12 +3,11 @@
 -- DO blocks below quote them with format('%I') when they build a GRANT.
 
 -- name: security_settings
--- The grant block's arguments, for the session (a transaction's own when it runs in one):
--- in autocommit the grant is the next statement, not the same transaction. Each grant
--- sets all three, so a value left on a pooled connection is never read by another.
-SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, false),
-       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), false),
-       set_config('sqlbroker.create_roles', %(create)s::text, false)
+-- The grant block's arguments, for this transaction only (roles_grant is an atomic
+-- operation): nothing is left on a pooled connection, or on a pooler's shared session.
+SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
+       set_config('sqlbroker.grant_schema', coalesce(%(schema)s::text, current_schema()), true),
+       set_config('sqlbroker.create_roles', %(create)s::text, true)
 
 -- name: roles_grant
 -- The grant matrix: for each group role, the privileges it gets on each sqlbroker table.
@@ -45,7 +44,8 @@ BEGIN
 
     SELECT array_agg(c.relname::text ORDER BY c.relname) INTO tables
     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = target AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%%';
+    WHERE n.nspname = target AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+      AND c.relname LIKE 'sqlbroker\_%%';
     IF tables IS NULL THEN
         RAISE EXCEPTION 'sqlbroker: no sqlbroker tables in schema %%', target
             USING ERRCODE = 'undefined_table', HINT = 'run sqlbroker migrate first';
@@ -90,7 +90,8 @@ BEGIN
             ('consumer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT'),
+            -- (the reaper deletes dead letters past their retention, schema 13)
+            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_result',               'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
@@ -144,6 +145,20 @@ BEGIN
                        entry.privileges, target, entry.table_name, prefix || '_' || entry.role_suffix);
     END LOOP;
 
+    -- The archive's partitions are reached through it; its ids come from a sequence and its
+    -- days are created and dropped by a function that runs as the owner (schema 13): those
+    -- who insert use the sequence, those who delete (the reaper, the export) maintain days.
+    IF to_regclass(format('%%I.sqlbroker_archive_id_seq', target)) IS NOT NULL THEN
+        EXECUTE format('GRANT USAGE ON SEQUENCE %%I.sqlbroker_archive_id_seq TO %%I, %%I, %%I',
+                       target, prefix || '_producer', prefix || '_consumer', prefix || '_operator');
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %%I.sqlbroker_archive_maintain(timestamptz,'
+                       ' integer, timestamptz) TO %%I, %%I',
+                       target, prefix || '_consumer', prefix || '_operator');
+        -- The operator sets a subscription's retention (and nothing else of it).
+        EXECUTE format('GRANT UPDATE (archive_retention, dead_retention)'
+                       ' ON TABLE %%I.sqlbroker_subscription TO %%I', target, prefix || '_operator');
+    END IF;
+
     -- Consumers and operators update messages (claim, ack, retry, release, promote) but
     -- never move one to another subscription or tenant: UPDATE on every other column.
     FOREACH group_name IN ARRAY ARRAY['consumer', 'operator'] LOOP
@@ -174,7 +189,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL aclexplode(c.relacl) AS p
 JOIN pg_catalog.pg_roles r ON r.oid = p.grantee
 WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
-  AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%%'
+  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
   AND r.rolname LIKE %(prefix)s::text || '\_%%'
 GROUP BY r.rolname, c.relname
 ORDER BY r.rolname, c.relname
@@ -183,7 +198,7 @@ ORDER BY r.rolname, c.relname
 SELECT c.relname::text
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
-  AND c.relkind IN ('r', 'p') AND c.relname LIKE 'sqlbroker\_%%'
+  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
 ORDER BY 1
 
 -- name: tenants_enable

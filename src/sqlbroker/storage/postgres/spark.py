@@ -44,8 +44,7 @@ class PostgresSpark:
     ) -> InsertResult:
         raise NotImplementedError
 
-    def message_complete_many(self, *, leases: Sequence[Lease]) -> list[int]:
-        raise NotImplementedError
+    message_complete_many: Callable[..., list[int]]
 
     message_extend_leases: Callable[..., dict[int, datetime]]
 

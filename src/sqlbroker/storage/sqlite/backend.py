@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import sqlite3
 import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -25,21 +24,12 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.message import (
-    Outcome,
-    Subscription,
-)
 from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
-from sqlbroker.storage.base import (
-    Lease,
-    check_values,
-)
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.rows import subscriptions_of
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.sql import load_sql
@@ -106,6 +96,7 @@ class SqliteBackend(
                 "schedules.sql",
                 "observability.sql",
                 "results.sql",
+                "retention.sql",
             ),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
@@ -115,7 +106,11 @@ class SqliteBackend(
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
         self.settings = Settings(
-            dialect="sqlite", limits=self.limits, clock=clock, promotion=self._promotion
+            dialect="sqlite",
+            limits=self.limits,
+            clock=clock,
+            promotion=self._promotion,
+            archive_completed=self._archive_completed,
         )
         self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
         self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
@@ -135,18 +130,19 @@ class SqliteBackend(
             return dialect.run(conn, self._sql, plan, self._now())
 
     @contextlib.contextmanager
-    def begin(self, conn: Any = None) -> Iterator[Tx]:
+    def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
         """One write transaction for several operations: ours (``BEGIN IMMEDIATE``,
         committed when the block ends normally, rolled back otherwise), or with ``conn``
-        the caller's, joined as a savepoint and never committed here."""
+        the caller's, joined as a savepoint and never committed here. (``timed`` is
+        PostgreSQL's: SQLite's statements are bounded by ``busy_timeout``.)"""
         with self._db.write(conn) as raw:
-            yield Tx(self.settings, functools.partial(self._run_on, raw))
+            yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
         return dialect.run(conn, self._sql, plan, self._now())
 
     @contextlib.asynccontextmanager
-    async def begin_async(self, conn: Any = None) -> AsyncIterator[AsyncTx]:
+    async def begin_async(self, conn: Any = None, *, timed: bool = True) -> AsyncIterator[AsyncTx]:
         """:meth:`begin` for coroutines: the transaction is held by one of the backend's
         threads, which runs each operation; the loop never blocks on SQLite. SQLite has
         no async driver, so a caller's ``conn`` is refused."""
@@ -160,7 +156,7 @@ class SqliteBackend(
             async def run(plan: Plan[Any]) -> Any:
                 return await held.call(functools.partial(self._run_on, raw, plan))
 
-            yield AsyncTx(self.settings, run)
+            yield AsyncTx(self.settings, run, raw)
 
     def _now(self) -> float:
         now = self._clock.now()
@@ -221,21 +217,6 @@ class SqliteBackend(
 
     # --- subscriptions -----------------------------------------------------------------------
 
-    def subscription_upsert(
-        self, *, name: str, patterns: Sequence[str], replace: bool, conn: Any = None
-    ) -> Subscription:
-        with self._db.write(conn) as c:
-            c.execute(self._sql["subscription_insert"], {"name": name, "now": self._now()})
-            if replace:
-                c.execute(self._sql["subscription_patterns_clear"], {"name": name})
-            c.executemany(
-                self._sql["subscription_pattern_insert"],
-                [{"name": name, "pattern": p, "regex": pattern_regex(p)} for p in patterns],
-            )
-            self._check_room(c, name)
-            rows = c.execute(self._sql["subscription_get"], {"name": name}).fetchall()
-        return subscriptions_of(rows)[0]
-
     def subscription_ensure(self, *, name: str) -> bool:
         with self._db.write() as c:
             return self._ensure_queue(c, name, self._now())
@@ -261,10 +242,6 @@ class SqliteBackend(
             subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
         )
 
-    def subscription_list(self) -> list[Subscription]:
-        with self._db.read() as conn:
-            return subscriptions_of(conn.execute(self._sql["subscription_list"]).fetchall())
-
     def subscription_delete(self, *, name: str) -> bool:
         with self._db.write() as conn:
             conn.execute(self._sql["subscription_delete_messages"], {"name": name})
@@ -272,82 +249,8 @@ class SqliteBackend(
 
     # --- consuming ---------------------------------------------------------------------------
 
-    def _valid_ids(self, conn: sqlite3.Connection, leases: Sequence[Lease]) -> list[int]:
-        batch = json.dumps([[lease.id, lease.token] for lease in leases])
-        return [row[0] for row in conn.execute(self._sql["lease_valid_ids"], {"batch": batch})]
-
-    def _archive_and_delete(
-        self, conn: sqlite3.Connection, ids: Sequence[int], outcome: Outcome, now: float
-    ) -> None:
-        if ids:
-            conn.execute(
-                self._sql["archive_insert_ids"],
-                {"ids": json.dumps(list(ids)), "outcome": outcome.value, "now": now},
-            )
-            self._delete(conn, ids, now)
-
-    def _delete(self, conn: sqlite3.Connection, ids: Sequence[int], now: float) -> None:
-        """Delete copies from the hot table; keys whose head left get their next copy."""
-        encoded = json.dumps(list(ids))
-        heads = conn.execute(self._sql["key_heads_of_ids"], {"ids": encoded}).fetchall()
-        conn.execute(self._sql["message_delete_ids"], {"ids": encoded})
-        if heads:
-            subscriptions = json.dumps([row[0] for row in heads])
-            keys = json.dumps([row[1] for row in heads])
-            conn.execute(
-                self._sql["key_promote"], {"subscriptions": subscriptions, "keys": keys, "now": now}
-            )
-
-    def message_complete_many(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any = None,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        check_values(leases, values)
-        if not leases:
-            return []
-        now = self._now()
-        with self._db.write(conn) as c:
-            ids = self._valid_ids(c, leases)
-            if values is not None and ids:
-                valid = set(ids)
-                stored = [
-                    {"id": lease.id, "value": value, "now": now}
-                    for lease, value in zip(leases, values, strict=True)
-                    if value is not None and lease.id in valid
-                ]
-                if stored:
-                    c.executemany(self._sql["result_insert"], stored)
-            if self._archive_completed:
-                self._archive_and_delete(c, ids, Outcome.COMPLETED, now)
-            elif ids:
-                self._delete(c, ids, now)
-        return ids
-
-    async def message_complete_many_async(
-        self,
-        *,
-        leases: Sequence[Lease],
-        conn: Any,
-        values: Sequence[bytes | None] | None = None,
-    ) -> list[int]:
-        complete = functools.partial(
-            self.message_complete_many, leases=leases, conn=conn, values=values
-        )
-        held = self._held.get(id(conn))
-        if held is None:
-            # A caller's own connection: used on the calling thread, where its owner uses
-            # it (sqlite3 connections may refuse other threads).
-            return complete()
-        return await held.call(complete)
-
     def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
         return fire_many(self, fires=fires)
-
-    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        return self._db.write()
 
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
@@ -374,12 +277,6 @@ class SqliteBackend(
                 del self._held[id(conn)]
 
     # --- maintenance -------------------------------------------------------------------------
-
-    def archive_trim(self, *, older_than: datetime, limit: int) -> int:
-        with self._db.write() as conn:
-            return conn.execute(
-                self._sql["archive_trim"], {"older_than": older_than.timestamp(), "limit": limit}
-            ).rowcount
 
 
 class _SqliteAsyncOps(AsyncExecutor):

@@ -77,6 +77,13 @@ WHERE (topic, idempotency_key) IN (
     SELECT topic, idempotency_key FROM sqlbroker_dedupe WHERE expires_at <= :now LIMIT :limit
 )
 
+-- name: subscription_patterns_insert
+INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
+SELECT :name, p.value, r.value
+FROM json_each(:patterns) p JOIN json_each(:regexes) r ON r.key = p.key
+WHERE true
+ON CONFLICT (subscription, pattern) DO NOTHING
+
 -- name: subscription_room
 -- What the limits are checked against (core/limits.py): the patterns of one subscription
 -- and the totals of the database, inside the transaction that just wrote them.
@@ -158,35 +165,6 @@ WHERE id IN (
 RETURNING id, message_id, subscription, topic, payload, content_type, headers, priority,
           ordering_key, idempotency_key, attempts, max_attempts, replay_count, enqueued_at,
           available_at, expires_at, lease_token, lease_expires_at
-
--- name: lease_valid_ids
-SELECT m.id FROM sqlbroker_message m
-JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
-      FROM json_each(:batch)) b ON b.id = m.id AND b.token = m.lease_token
-WHERE m.state = 'running'
-ORDER BY m.id
-
--- name: archive_insert_ids
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-)
-SELECT id, message_id, subscription, topic, :outcome, priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, first_started_at, :now
-FROM sqlbroker_message
-WHERE id IN (SELECT value FROM json_each(:ids))
-ORDER BY id
-
--- name: message_delete_ids
-DELETE FROM sqlbroker_message WHERE id IN (SELECT value FROM json_each(:ids))
-
--- name: key_heads_of_ids
--- The keys whose head (their one copy that is not blocked) is among these ids.
-SELECT DISTINCT subscription, ordering_key FROM sqlbroker_message
-WHERE id IN (SELECT value FROM json_each(:ids))
-  AND ordering_key IS NOT NULL AND state <> 'blocked'
 
 -- name: key_promote
 -- After a key's head left, the oldest blocked copy of the key becomes its head (unless a
@@ -289,10 +267,6 @@ WHERE id IN (
     LIMIT :limit
 )
 
--- name: archive_trim
-DELETE FROM sqlbroker_archive
-WHERE id IN (SELECT id FROM sqlbroker_archive WHERE finished_at < :older_than ORDER BY finished_at LIMIT :limit)
-
 -- name: message_dead
 -- Two statements (SQLite has no DML in a WITH): the valid leases' copies are copied to
 -- the dead letters, then deleted, returning what promote_heads needs; both select the same
@@ -386,4 +360,59 @@ WHERE id IN (SELECT id FROM sqlbroker_message
              WHERE expires_at <= :now AND state <> 'running'
              ORDER BY expires_at, id
              LIMIT :limit)
+RETURNING id, subscription, ordering_key, state
+
+-- name: message_complete
+-- Two statements, as in message_dead: the copies of valid leases are archived, then deleted.
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+    enqueued_at, first_started_at, finished_at
+)
+SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, first_started_at, :now
+FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+                            JOIN json_each(:tokens) t ON t.key = i.key)
+ORDER BY id;
+DELETE FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+                            JOIN json_each(:tokens) t ON t.key = i.key)
+RETURNING id, subscription, ordering_key, state
+
+-- name: message_complete_unarchived
+-- message_complete for a backend with archive_completed=False: the copy is only deleted.
+DELETE FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+                            JOIN json_each(:tokens) t ON t.key = i.key)
+RETURNING id, subscription, ordering_key, state
+
+-- name: message_complete_valued
+-- message_complete for a batch in which some handler returned a value: the values (JSON
+-- text, NULL: none) are stored as results first, then the copies are archived (when
+-- :archive) and deleted.
+INSERT INTO sqlbroker_result (delivery_id, message_id, subscription, value, finished_at)
+SELECT m.id, m.message_id, m.subscription, CAST(v.value AS BLOB), :now
+FROM sqlbroker_message m
+JOIN (SELECT i.value AS id, t.value AS token, jv.value AS value
+      FROM json_each(:ids) i
+      JOIN json_each(:tokens) t ON t.key = i.key
+      JOIN json_each(:values) jv ON jv.key = i.key) v ON v.id = m.id AND v.token = m.lease_token
+WHERE m.state = 'running' AND v.value IS NOT NULL
+ORDER BY m.id;
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+    enqueued_at, first_started_at, finished_at
+)
+SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
+       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+       enqueued_at, first_started_at, :now
+FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+                            JOIN json_each(:tokens) t ON t.key = i.key) AND :archive;
+DELETE FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+                            JOIN json_each(:tokens) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state

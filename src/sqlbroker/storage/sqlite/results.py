@@ -9,11 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any
 
-from sqlbroker.core.results import ResultRecord
 from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
-from sqlbroker.storage.columns import utc
 from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.sqlite.connection import SqlitePool
 
@@ -31,17 +28,6 @@ class SqliteResults:
     def _watch(self, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
         raise NotImplementedError
 
-    def result_lookup(self, *, message_id: str) -> list[ResultRecord]:
-        with self._db.read() as conn:
-            rows = conn.execute(self._sql["result_lookup"], {"message_id": message_id}).fetchall()
-        return [_record(row) for row in rows]
-
-    def result_trim(self, *, ttl: float, limit: int) -> int:
-        with self._db.write() as conn:
-            return conn.execute(
-                self._sql["result_trim"], {"now": self._now(), "ttl": ttl, "limit": limit}
-            ).rowcount
-
     def _result_source(self, hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
         """The result hub's source: the ``PRAGMA data_version`` watcher; every commit of
         any connection or process may have finished a waited-for copy."""
@@ -55,16 +41,3 @@ class SqliteResults:
         self, *, message_id: str
     ) -> AbstractAsyncContextManager[AsyncResultWatch]:
         return self._result_hub.watch_async(message_id)
-
-
-def _record(row: Any) -> ResultRecord:
-    return ResultRecord(
-        subscription=row[0],
-        kind=row[1],
-        value=None if row[2] is None else bytes(row[2]),
-        reason=row[3],
-        error_type=row[4],
-        error_message=row[5],
-        traceback=row[6],
-        finished_at=None if row[7] is None else utc(row[7]),
-    )

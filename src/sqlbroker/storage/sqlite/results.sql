@@ -1,12 +1,6 @@
 -- Stored results (docs/results.md): the values written with a complete, the lookup by
 -- message id and the retention trim.
 
--- name: result_insert
--- Before the copy leaves the hot table, in the complete's transaction; one row per copy
--- whose handler returned a value (a complete without values never runs it).
-INSERT INTO sqlbroker_result (delivery_id, message_id, subscription, value, finished_at)
-SELECT id, message_id, subscription, :value, :now FROM sqlbroker_message WHERE id = :id
-
 -- name: result_lookup
 -- Every trace of the message's copies, one row each: still in the hot table (pending), a
 -- stored value, a dead letter, an archive row. The caller picks, per subscription, what

@@ -32,6 +32,26 @@ def slow(context, number, marker):
         Path(marker).write_text("started", encoding="utf-8")
         time.sleep(60)
     Done.objects.create(task="slow", number=number, attempt=attempt)
+    return {"number": number, "attempt": attempt}
+
+
+@task
+def shaped(number):
+    """Returns what Django normalises: a tuple becomes a list, bytes text, a key text."""
+    return {"number": number, 7: (number, b"bytes")}
+
+
+@task
+def unstorable(number):
+    """Returns what is not JSON: Django fails such a task."""
+    Done.objects.create(task="unstorable", number=number)
+    return {number}
+
+
+@task
+def oversized(number):
+    """Returns more than the broker's payload limit (256 KiB by default)."""
+    return "x" * (300 * 1024)
 
 
 @task

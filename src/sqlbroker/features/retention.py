@@ -1,0 +1,150 @@
+"""Retention: how long archive rows and dead letters are kept, and the reaper's share of
+removing them (docs/reliability.md, "Retention").
+
+Every subscription keeps its finished copies for ``archive`` seconds and its dead letters
+for ``dead`` seconds: its own times when set, the broker's defaults otherwise (7 and 30
+days). Unrouted publishes, which have no subscription, follow the archive default; rows of
+a deleted subscription follow the longest retention in force. On PostgreSQL the archive
+is partitioned by day: whole days past the longest retention are dropped, and shorter
+retentions are applied by deleting rows, in bounded batches, like everything on SQLite.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import NotFound, StorageError
+from sqlbroker.core.message import Retention
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.base import Backend
+
+log = logging.getLogger("sqlbroker.retention")
+
+DAY = 86_400.0
+DEFAULT_ARCHIVE_RETENTION = 7 * DAY
+"""A week: long enough to look into last weekend's incident or re-run a weekly export,
+short enough that a busy queue's archive stays a small multiple of a day's traffic."""
+DEFAULT_DEAD_RETENTION = 30 * DAY
+"""A month: a dead letter waits for a person (to read, fix and replay); a month covers a
+holiday and a monthly review, and dead letters are far fewer than archive rows."""
+MAX_RETENTION = 36_500 * DAY
+"""A hundred years: what the schema accepts (and finite, so the reaper's arithmetic is)."""
+PARTITIONS_AHEAD = 3
+"""Days of archive partitions kept ready ahead of today (PostgreSQL), so that a weekend
+without a reaper still finds its days."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionDefaults:
+    """The broker's defaults, in seconds."""
+
+    archive: float = DEFAULT_ARCHIVE_RETENTION
+    dead: float = DEFAULT_DEAD_RETENTION
+
+    @classmethod
+    def checked(cls, *, archive: object, dead: object) -> RetentionDefaults:
+        return cls(
+            archive=retention_seconds(archive, "archive_retention"),
+            dead=retention_seconds(dead, "dead_retention"),
+        )
+
+
+def retention_seconds(value: object, field: str) -> float:
+    """A retention: seconds or a ``timedelta``, greater than zero, at most a hundred years."""
+    return validate.seconds(value, field, maximum=MAX_RETENTION, allow_zero=False)
+
+
+def retention_list(
+    backend: Backend, defaults: RetentionDefaults, subscription: str | None = None
+) -> list[Retention]:
+    """The retention of each subscription (or of one), its own or the defaults."""
+    if subscription is not None:
+        validate_topic(subscription, "subscription")
+    return [
+        Retention(
+            subscription=name,
+            archive=defaults.archive if archive is None else archive,
+            dead=defaults.dead if dead is None else dead,
+            archive_default=archive is None,
+            dead_default=dead is None,
+        )
+        for name, archive, dead in backend.retention_list(name=subscription)
+    ]
+
+
+def retention_set(
+    backend: Backend,
+    defaults: RetentionDefaults,
+    subscription: str,
+    *,
+    archive: object = None,
+    dead: object = None,
+    reset: bool = False,
+) -> Retention:
+    """Set a subscription's own times (``None``: leave as is; ``reset=True`` first returns
+    both to the defaults). ``NotFound`` when there is no such subscription."""
+    validate_topic(subscription, "subscription")
+    reset = validate.flag(reset, "reset")
+    archive_seconds = None if archive is None else retention_seconds(archive, "archive")
+    dead_seconds = None if dead is None else retention_seconds(dead, "dead")
+    if not backend.retention_set(
+        name=subscription,
+        archive=archive_seconds,
+        dead=dead_seconds,
+        change_archive=reset or archive_seconds is not None,
+        change_dead=reset or dead_seconds is not None,
+    ):
+        raise NotFound(f"no subscription named {subscription!r}")
+    (found,) = retention_list(backend, defaults, subscription)
+    return found
+
+
+def _longest(default: float, longest: float | None) -> float:
+    return default if longest is None else max(default, longest)
+
+
+def _has_shorter(default: float, shortest: float | None, longest: float) -> bool:
+    """Does any row follow a retention shorter than the longest? The default's rows
+    (unrouted ones at least) when the default is shorter; else a subscription's own."""
+    return default < longest or (shortest is not None and shortest < longest)
+
+
+def retain(backend: Backend, defaults: RetentionDefaults, *, limit: int) -> dict[str, int]:
+    """The reaper's retention pass. Rows past the longest retention in force go first
+    (PostgreSQL: whole days are dropped, then what no day took); rows under a shorter
+    retention then go by subscription, only when such a retention exists. At most ``limit``
+    archive rows and ``limit`` dead letters are deleted per pass."""
+    bounds = backend.retention_bounds()
+    archive_longest = _longest(defaults.archive, bounds.archive_longest)
+    dead_longest = _longest(defaults.dead, bounds.dead_longest)
+    try:
+        created, dropped = backend.archive_partitions_maintain(
+            ahead=PARTITIONS_AHEAD, keep=archive_longest
+        )
+    except StorageError as error:
+        # Days are an optimisation: without them rows go to the default partition, and the
+        # row deletes below still apply every retention. Say why, and carry on.
+        log.warning("archive partitions not maintained: %s", error)
+        created = dropped = 0
+    if created or dropped:
+        log.info(
+            "archive partitions: %d day(s) created, %d dropped",
+            created,
+            dropped,
+            extra={"partitions_created": created, "partitions_dropped": dropped},
+        )
+    archived = backend.archive_trim(keep=archive_longest, limit=limit)
+    if archived < limit and _has_shorter(
+        defaults.archive, bounds.archive_shortest, archive_longest
+    ):
+        archived += backend.archive_trim_shorter(
+            keep=defaults.archive, longest=archive_longest, limit=limit - archived
+        )
+    dead = backend.dead_trim(keep=dead_longest, limit=limit)
+    if dead < limit and _has_shorter(defaults.dead, bounds.dead_shortest, dead_longest):
+        dead += backend.dead_trim_shorter(
+            keep=defaults.dead, longest=dead_longest, limit=limit - dead
+        )
+    return {"archive_trimmed": archived, "dead_trimmed": dead}

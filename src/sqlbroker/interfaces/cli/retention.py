@@ -1,0 +1,60 @@
+"""``sqlbroker subscriptions retention``: how long a subscription keeps its archive rows
+and dead letters."""
+
+from __future__ import annotations
+
+import click
+
+from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.render import echo_json, human_age, print_table, table
+from sqlbroker.interfaces.cli.session import Session, pass_session
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--archive", type=DURATION, default=None, help="Keep finished copies this long (7d).")
+@click.option("--dead", type=DURATION, default=None, help="Keep dead letters this long (30d).")
+@click.option(
+    "--default",
+    "reset",
+    is_flag=True,
+    help="Return both to the broker's defaults (before --archive/--dead, if given).",
+)
+@json_option()
+@pass_session
+def retention(
+    session: Session,
+    name: str | None,
+    archive: float | None,
+    dead: float | None,
+    reset: bool,
+    as_json: bool,
+) -> None:
+    """Show or set how long subscriptions keep finished copies and dead letters.
+
+    Without options, show every subscription's times (or NAME's). With --archive, --dead or
+    --default, set NAME's own times; the reaper removes what is older. The defaults are 7
+    days (archive) and 30 days (dead letters), or the worker's Broker(archive_retention=,
+    dead_retention=).
+    """
+    if archive is None and dead is None and not reset:
+        rows = session.reader().retention(name)
+    else:
+        if name is None:
+            raise click.UsageError("give the subscription NAME whose retention to set")
+        rows = [session.broker().set_retention(name, archive=archive, dead=dead, reset=reset)]
+    if as_json:
+        echo_json(rows)
+        return
+    body = [
+        (
+            r.subscription,
+            human_age(r.archive) + (" (default)" if r.archive_default else ""),
+            human_age(r.dead) + (" (default)" if r.dead_default else ""),
+        )
+        for r in rows
+    ]
+    print_table(
+        table(None, ["subscription", "archive kept", "dead kept"], body),
+        empty="no subscriptions yet",
+    )
