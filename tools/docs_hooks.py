@@ -56,6 +56,7 @@ SECTIONS: list[tuple[str, list[str]]] = [
             "Subscription",
             "SubscriptionStats",
             "Result",
+            "Retention",
         ],
     ),
     ("Schedules", ["Schedule", "Missed"]),

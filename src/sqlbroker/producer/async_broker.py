@@ -354,6 +354,7 @@ class AsyncBroker:
         return await self._offload.run(self.sync.subscriptions)
 
     async def retention(self, subscription: str | None = None) -> builtins.list[Retention]:
+        """See :meth:`Broker.retention`."""
         return await self._offload.run(self.sync.retention, subscription)
 
     async def set_retention(
@@ -364,6 +365,7 @@ class AsyncBroker:
         dead: float | timedelta | None = None,
         reset: bool = False,
     ) -> Retention:
+        """See :meth:`Broker.set_retention`."""
         return await self._offload.run(
             self.sync.set_retention, subscription, archive=archive, dead=dead, reset=reset
         )
