@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck env postgres chromium faketime bench bench-full faults-long fuzz clean
+.PHONY: demo test test-fast lint typecheck docs env postgres chromium faketime bench bench-full faults-long fuzz clean
 
 DEMO_STAMP := $(VENV)/.demo-installed
 # pip shows its progress (what it collects and downloads); only the first run installs.
@@ -62,16 +62,21 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples bench
-	$(BIN)/ruff format --check src tests examples bench
+	$(BIN)/ruff check src tests examples bench tools
+	$(BIN)/ruff format --check src tests examples bench tools
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+## The documentation site (mkdocs.yml) into site/: --strict, so a broken link or anchor, or a
+## public name without a docstring, fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 ## The whole suite, PostgreSQL included (slow suites too; CI runs exactly this), then the
 ## PostgreSQL conformance suite again as a runtime login without DDL rights (~1 minute).
-test: $(STAMP) postgres chromium faketime lint typecheck
+test: $(STAMP) postgres chromium faketime lint typecheck docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	SQLBROKER_TEST_PG_ROLE=runtime $(BIN)/python -m pytest -m postgres tests/conformance $(PYTEST_ARGS)
 
@@ -84,7 +89,7 @@ faults-long: $(STAMP) postgres faketime
 	SQLBROKER_FAULTS_SCALE=10 $(BIN)/python -m pytest -m slow --timeout=3600 -rP tests/reliability $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo .fuzz
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo .fuzz site
 
 ## A long fuzzing run: each atheris harness for FUZZ_SECONDS (corpus kept in .fuzz/, crashes
 ## saved there), then the property tests under the long Hypothesis profile.

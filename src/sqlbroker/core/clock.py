@@ -16,6 +16,8 @@ from sqlbroker.core.validate import point_in_time
 
 
 class Clock(Protocol):
+    """What ``Broker(clock=...)`` accepts: anything with a ``now()`` method."""
+
     def now(self) -> datetime | None:
         """The time to use, or ``None`` for the database's own clock."""
 
@@ -24,6 +26,7 @@ class DatabaseClock:
     """The production clock: the database decides what time it is."""
 
     def now(self) -> datetime | None:
+        """Always ``None``: every statement uses the database's clock."""
         return None
 
     def __repr__(self) -> str:
@@ -41,10 +44,12 @@ class ManualClock:
         self._lock = threading.Lock()
 
     def now(self) -> datetime | None:
+        """The clock's current time (moved only by :meth:`advance`)."""
         with self._lock:
             return self._now
 
     def advance(self, seconds: float | timedelta) -> datetime:
+        """Move the clock forward by ``seconds`` (or a ``timedelta``); returns the new time."""
         step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
         with self._lock:
             self._now += step

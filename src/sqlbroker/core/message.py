@@ -107,6 +107,7 @@ class ErrorInfo:
 
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorInfo:
+        """The exception's type name, message and formatted traceback."""
         kind = type(error)
         name = error_type_name(kind)
         try:
@@ -118,6 +119,8 @@ class ErrorInfo:
 
     @classmethod
     def coerce(cls, error: BaseException | str | ErrorInfo | None) -> ErrorInfo | None:
+        """An ``ErrorInfo`` from an exception, a text (type ``"str"``) or one already made;
+        ``None`` stays ``None``."""
         if error is None or isinstance(error, ErrorInfo):
             return error
         if isinstance(error, BaseException):
@@ -311,6 +314,9 @@ class ArchivedMessage:
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
+    """A named queue: every message published to a topic matching one of its ``patterns``
+    gets a copy here (:meth:`Broker.subscribe`)."""
+
     name: str
     patterns: tuple[str, ...]
     created_at: datetime

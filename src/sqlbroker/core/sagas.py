@@ -124,6 +124,7 @@ class Saga:
         object.__setattr__(self, "timeout", validate.seconds(timeout, "timeout", allow_zero=False))
 
     def step(self, name: str) -> Step:
+        """The step called ``name`` (``InvalidOption`` naming the saga's steps otherwise)."""
         for step in self.steps:
             if step.name == name:
                 return step

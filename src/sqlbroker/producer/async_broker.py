@@ -139,6 +139,7 @@ class AsyncBroker:
 
     @property
     def url(self) -> str:
+        """The database URL with any password replaced by ``***``."""
         return self.sync.url
 
     async def __aenter__(self) -> Self:
@@ -153,10 +154,12 @@ class AsyncBroker:
         await self.close()
 
     async def close(self) -> None:
+        """See :meth:`Broker.close`; also stops the threads that run the blocking calls."""
         await self._offload.run(self.sync.close)
         self._offload.shutdown()
 
     async def migrate(self) -> builtins.list[int]:
+        """See :meth:`Broker.migrate`."""
         return await self._offload.run(self.sync.migrate)
 
     # A publish runs on this loop: PostgreSQL on the loop's async pool, SQLite on the
@@ -326,26 +329,32 @@ class AsyncBroker:
         lease: float | timedelta | None = None,
         window: float | timedelta | None = None,
     ) -> AsyncOnce:
+        """See :meth:`Broker.once`."""
         return AsyncOnce(
             self._offload,
             functools.partial(self.sync.once, scope, key, lease=lease, window=window),
         )
 
     async def forget(self, scope: str, key: str | int) -> bool:
+        """See :meth:`Broker.forget`."""
         return await self._offload.run(self.sync.forget, scope, key)
 
     async def subscribe(
         self, name: str, patterns: str | Sequence[str], *, replace: bool = False
     ) -> Subscription:
+        """See :meth:`Broker.subscribe`."""
         return await self._offload.run(self.sync.subscribe, name, patterns, replace=replace)
 
     async def unsubscribe(self, name: str) -> bool:
+        """See :meth:`Broker.unsubscribe`."""
         return await self._offload.run(self.sync.unsubscribe, name)
 
     async def subscriptions(self) -> builtins.list[Subscription]:
+        """See :meth:`Broker.subscriptions`."""
         return await self._offload.run(self.sync.subscriptions)
 
     async def retention(self, subscription: str | None = None) -> builtins.list[Retention]:
+        """See :meth:`Broker.retention`."""
         return await self._offload.run(self.sync.retention, subscription)
 
     async def set_retention(
@@ -356,6 +365,7 @@ class AsyncBroker:
         dead: float | timedelta | None = None,
         reset: bool = False,
     ) -> Retention:
+        """See :meth:`Broker.set_retention`."""
         return await self._offload.run(
             self.sync.set_retention, subscription, archive=archive, dead=dead, reset=reset
         )
@@ -455,6 +465,7 @@ class AsyncBroker:
         return await operations.message_cancel_many(message_ids=[canonical])
 
     async def reap(self, *, limit: int = 1000) -> dict[str, int]:
+        """See :meth:`Broker.reap`."""
         return await self._offload.run(self.sync.reap, limit=limit)
 
     async def result(
@@ -473,6 +484,7 @@ class AsyncBroker:
     async def pending(
         self, subscription: str | None = None, *, state: State | str | None = None, limit: int = 100
     ) -> builtins.list[PendingMessage]:
+        """See :meth:`Broker.pending`."""
         return await self._offload.run(self.sync.pending, subscription, state=state, limit=limit)
 
     async def archive(
@@ -483,11 +495,13 @@ class AsyncBroker:
         message_id: str | None = None,
         limit: int = 100,
     ) -> builtins.list[ArchivedMessage]:
+        """See :meth:`Broker.archive`."""
         return await self._offload.run(
             self.sync.archive, subscription, outcome=outcome, message_id=message_id, limit=limit
         )
 
     async def stats(self) -> builtins.list[SubscriptionStats]:
+        """See :meth:`Broker.stats`."""
         return await self._offload.run(self.sync.stats)
 
     async def schedule(self, name: str, topic: str, payload: Any, **options: Any) -> Schedule:
@@ -495,16 +509,21 @@ class AsyncBroker:
         return await self._offload.run(self.sync.schedule, name, topic, payload, **options)
 
     async def unschedule(self, name: str) -> bool:
+        """See :meth:`Broker.unschedule`."""
         return await self._offload.run(self.sync.unschedule, name)
 
     async def schedules(self, names: Iterable[str] | None = None) -> builtins.list[Schedule]:
+        """See :meth:`Broker.schedules`."""
         return await self._offload.run(self.sync.schedules, _materialized(names))
 
     async def pause_schedule(self, name: str) -> bool:
+        """See :meth:`Broker.pause_schedule`."""
         return await self._offload.run(self.sync.pause_schedule, name)
 
     async def resume_schedule(self, name: str) -> bool:
+        """See :meth:`Broker.resume_schedule`."""
         return await self._offload.run(self.sync.resume_schedule, name)
 
     async def run_due_schedules(self) -> ScheduleRun:
+        """See :meth:`Broker.run_due_schedules`."""
         return await self._offload.run(self.sync.run_due_schedules)

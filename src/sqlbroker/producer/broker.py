@@ -156,6 +156,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         self._publish_listeners.append(listener)
 
     def remove_publish_listener(self, listener: Callable[[str | None], None]) -> None:
+        """Stop calling a listener added by :meth:`add_publish_listener` (unknown: no-op)."""
         with contextlib.suppress(ValueError):
             self._publish_listeners.remove(listener)
 
@@ -217,6 +218,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
 
     @property
     def in_memory(self) -> bool:
+        """Whether the database is SQLite's ``:memory:`` one (gone when the broker closes)."""
         return self._url.path == ":memory:"
 
     def __repr__(self) -> str:
@@ -245,9 +247,11 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         return applied
 
     def schema_version(self) -> int:
+        """The database's applied schema version (0 for an empty database)."""
         return self._backend.schema_version()
 
     def close(self) -> None:
+        """Close the broker's connections; ``with Broker(...) as broker:`` calls it."""
         self._backend.close()
 
     def __enter__(self) -> Self:
@@ -400,6 +404,7 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         return self._checked().subscription_delete(name=name)
 
     def subscriptions(self) -> list[Subscription]:
+        """Every subscription, with its patterns (:class:`~sqlbroker.Subscription`)."""
         return self._checked().subscription_list()
 
     def pause(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:

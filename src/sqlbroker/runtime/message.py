@@ -113,6 +113,7 @@ class Message:
 
     @property
     def delivery(self) -> Delivery:
+        """The claimed copy itself (:class:`~sqlbroker.Delivery`), with its lease."""
         return self._delivery
 
     @property
@@ -127,30 +128,37 @@ class Message:
 
     @property
     def subscription(self) -> str:
+        """The subscription (queue) this copy was delivered to."""
         return self._delivery.subscription
 
     @property
     def topic(self) -> str:
+        """The topic the message was published to."""
         return self._delivery.topic
 
     @property
     def payload(self) -> Any:
+        """The decoded payload."""
         return self._delivery.payload
 
     @property
     def content_type(self) -> str:
+        """The payload's content type (``application/json`` unless published otherwise)."""
         return self._delivery.content_type
 
     @property
     def headers(self) -> dict[str, str]:
+        """The message's headers (text to text)."""
         return self._delivery.headers
 
     @property
     def key(self) -> str | None:
+        """The ordering key, or ``None``: copies of one key are handled one at a time, in order."""
         return self._delivery.key
 
     @property
     def priority(self) -> int:
+        """The priority, 0 (``URGENT``, claimed first) to 9."""
         return self._delivery.priority
 
     @property
@@ -160,14 +168,17 @@ class Message:
 
     @property
     def max_attempts(self) -> int:
+        """The claims allowed before the copy is dead-lettered."""
         return self._delivery.max_attempts
 
     @property
     def replay_count(self) -> int:
+        """How many times the copy was replayed from the dead letters."""
         return self._delivery.replay_count
 
     @property
     def enqueued_at(self) -> datetime:
+        """When the message was published (the database's clock)."""
         return self._delivery.enqueued_at
 
     @property

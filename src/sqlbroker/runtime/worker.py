@@ -92,6 +92,13 @@ class BrokerLike(Protocol):
 
 
 class Worker:
+    """Runs a broker's subscribers: claims their copies, calls the handlers, settles them.
+
+    Made by :meth:`Broker.worker` (or run by ``broker.run()`` and ``sqlbroker worker``), not
+    constructed directly. :meth:`run` blocks until :meth:`stop`, SIGTERM or SIGINT; a stop
+    waits up to ``grace`` seconds for running handlers and gives the rest back.
+    """
+
     def __init__(
         self,
         broker: BrokerLike,
