@@ -22,7 +22,6 @@ from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
     Delivery,
-    ErrorInfo,
     NewMessage,
     Outcome,
     PendingMessage,
@@ -39,14 +38,11 @@ from sqlbroker.features.publishing import build_batch, build_message, check_opti
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
 from sqlbroker.producer.consuming import (
-    TAKE_BACK_BATCH,
     delivery_list,
-    one_delivery,
     raise_lost,
-    retry_request,
 )
 from sqlbroker.storage import caller
-from sqlbroker.storage.base import Backend, DeadRequest, Lease
+from sqlbroker.storage.base import Backend, Lease
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -309,6 +305,11 @@ class AsyncBroker:
     async def _insert_async(
         self, messages: builtins.list[NewMessage], queue: str | None, conn: Any
     ) -> builtins.list[str]:
+        if conn is None:
+            # On the broker's threads and its sync pool: an async pool belongs to one event
+            # loop, and a caller that runs one loop per call (asyncio.run(broker.send(…)))
+            # would leave a pool behind per call (issue 24: the async face's own pool).
+            return await self._offload.run(self.sync.insert, messages, queue)
         messages = self.sync.with_hook_headers(messages)
         backend = await self._backend()
         result = await backend.message_insert_many_async(
@@ -387,30 +388,29 @@ class AsyncBroker:
         worker: str | None = None,
     ) -> builtins.list[Delivery]:
         """See :meth:`Broker.claim`."""
-        arguments = self.sync.claim_arguments(subscription, limit=limit, lease=lease, worker=worker)
-        operations = (await self._backend()).async_ops
-        if self.sync.take_back_due():
-            await operations.lease_release_expired(limit=TAKE_BACK_BATCH)
-        return await operations.message_claim_many(**arguments)
+        return await self._offload.run(
+            self.sync.claim, subscription, limit=limit, lease=lease, worker=worker
+        )
 
     async def complete(
         self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None, result: Any = None
     ) -> None:
         """See :meth:`Broker.complete`."""
         items = delivery_list(deliveries)
-        if conn is not None and not caller.is_async(conn):
+        if conn is None:
+            await self._offload.run(self.sync.complete, items, result=result)
+            return
+        if not caller.is_async(conn):
             self.sync.complete(items, conn=conn, result=result)
             return
         values = self.sync.result_values(items, result)
         if not items:
             return
-        leases = [Lease.of(d) for d in items]
         backend = await self._backend()
-        if conn is None:
-            done = await backend.async_ops.message_complete_many(leases=leases, values=values)
-        else:
-            async with backend.begin_async(conn) as tx:
-                done = await tx.message_complete_many(leases=leases, values=values)
+        async with backend.begin_async(conn) as tx:
+            done = await tx.message_complete_many(
+                leases=[Lease.of(d) for d in items], values=values
+            )
         raise_lost((d.id for d in items), done)
 
     async def retry(
@@ -421,48 +421,27 @@ class AsyncBroker:
         error: BaseException | str | None = None,
     ) -> None:
         """See :meth:`Broker.retry`."""
-        item = one_delivery(delivery)
-        request = retry_request(item, after=after, error=error)
-        operations = (await self._backend()).async_ops
-        if isinstance(request, DeadRequest):
-            done = await operations.message_dead_many(deaths=[request])
-        else:
-            done = await operations.message_retry_many(retries=[request])
-        raise_lost([item.id], done)
+        await self._offload.run(self.sync.retry, delivery, after=after, error=error)
 
     async def dead_letter(
         self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
     ) -> None:
         """See :meth:`Broker.dead_letter`."""
-        item = one_delivery(delivery)
-        request = DeadRequest(Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error))
-        operations = (await self._backend()).async_ops
-        raise_lost([item.id], await operations.message_dead_many(deaths=[request]))
+        await self._offload.run(self.sync.dead_letter, delivery, reason=reason, error=error)
 
     async def extend(
         self, delivery: Delivery, *, lease: float | timedelta | None = None
     ) -> datetime:
         """See :meth:`Broker.extend`."""
-        item = one_delivery(delivery)
-        seconds = self.sync.lease if lease is None else validate.lease_seconds(lease)
-        operations = (await self._backend()).async_ops
-        extended = await operations.message_extend_leases(leases=[Lease.of(item)], lease=seconds)
-        raise_lost([item.id], extended)
-        return extended[item.id]
+        return await self._offload.run(self.sync.extend, delivery, lease=lease)
 
     async def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
         """See :meth:`Broker.release`."""
-        items = delivery_list(deliveries)
-        if items:
-            operations = (await self._backend()).async_ops
-            done = await operations.message_release_many(leases=[Lease.of(d) for d in items])
-            raise_lost((d.id for d in items), done)
+        await self._offload.run(self.sync.release, delivery_list(deliveries))
 
     async def cancel(self, message_id: str) -> int:
         """See :meth:`Broker.cancel`."""
-        canonical = validate.message_id(message_id)
-        operations = (await self._backend()).async_ops
-        return await operations.message_cancel_many(message_ids=[canonical])
+        return await self._offload.run(self.sync.cancel, message_id)
 
     async def reap(self, *, limit: int = 1000) -> dict[str, int]:
         """See :meth:`Broker.reap`."""

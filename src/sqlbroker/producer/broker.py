@@ -165,6 +165,10 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
         publish path calls this on the caller's thread, where a trace span is current."""
         return with_headers(messages, self._header_hooks) if self._header_hooks else messages
 
+    def insert(self, messages: list[NewMessage], queue: str | None) -> list[str]:
+        """Publish built messages (``AsyncBroker``'s publishes run this on its threads)."""
+        return self._insert(messages, queue, None)
+
     def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
         messages = self.with_hook_headers(messages)
         result = self._checked().message_insert_many(
