@@ -586,8 +586,10 @@ def count_calls(broker: Broker, names: list[str]) -> dict[str, dict[str, float]]
         *path, attribute = name.split(".")
         owner: Any = broker.backend
         for part in path:
-            owner = getattr(owner, part)
-        original = getattr(owner, attribute)
+            owner = getattr(owner, part, None)
+        original = getattr(owner, attribute, None)
+        if original is None:  # an older tree (bench/compare_trees.py): not counted
+            continue
         stats = counts.setdefault(name, {"calls": 0, "rows": 0, "seconds": 0.0})
 
         def tally(found: Any, started: float, stats: dict[str, float]) -> Any:
