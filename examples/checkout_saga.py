@@ -78,8 +78,9 @@ def make_broker(url: str) -> sqlbroker.Broker:
 
 
 def stock(app: sqlbroker.Broker) -> int:
-    with app.backend.transaction() as conn:
-        return int(conn.execute("SELECT available FROM stock WHERE sku = 'mug'").fetchone()[0])
+    with app.backend.begin() as tx:
+        row = tx.connection.execute("SELECT available FROM stock WHERE sku = 'mug'").fetchone()
+        return int(row[0])
 
 
 def main() -> None:
@@ -89,9 +90,9 @@ def main() -> None:
     path = Path(args.db or os.path.join(tempfile.mkdtemp(), "checkout.db"))
     path.unlink(missing_ok=True)
     app = make_broker(f"sqlite:///{path}")
-    with app.backend.transaction() as conn:
-        conn.execute("CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER)")
-        conn.execute("INSERT INTO stock VALUES ('mug', 10)")
+    with app.backend.begin() as tx:
+        tx.connection.execute("CREATE TABLE stock (sku TEXT PRIMARY KEY, available INTEGER)")
+        tx.connection.execute("INSERT INTO stock VALUES ('mug', 10)")
     orders = {
         "order-1": {"sku": "mug", "quantity": 2, "amount": 19.80, "city": "Lisbon"},
         "order-2": {"sku": "mug", "quantity": 3, "amount": 29.70, "city": "Atlantis"},

@@ -55,7 +55,8 @@ def _add_checkouts(url: str) -> None:
     checkout = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(checkout)
     app = checkout.make_broker(url)
-    with app.backend.transaction() as conn:
+    with app.backend.begin() as tx:
+        conn = tx.connection
         conn.execute("CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER)")
         conn.execute("INSERT OR REPLACE INTO stock VALUES ('mug', 10)")
     app.sagas.start(
