@@ -3,7 +3,7 @@ routing) as one plan, run on a sync or an async connection inside one transactio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -40,8 +40,7 @@ class PostgresPublishing:
     _known_queues: set[str]
     """Queues this process saw exist: a send to one of them is a single statement."""
 
-    def _now_param(self) -> datetime | None:
-        raise NotImplementedError
+    _now_param: Callable[[], datetime | None]
 
     def message_insert_many(
         self,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 
@@ -33,8 +34,7 @@ class PostgresResults:
     result_channel: str
     dead_channel: str
 
-    def _now_param(self) -> datetime | None:
-        raise NotImplementedError
+    _now_param: Callable[[], datetime | None]
 
     def _listen_statement(self) -> sql.Composed:
         return sql.SQL("LISTEN {}; LISTEN {}").format(

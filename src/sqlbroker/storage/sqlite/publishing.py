@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlbroker.core.errors import IdempotencyConflict, InvalidOption
@@ -26,11 +26,9 @@ class SqlitePublishing:
 
     _threads: SqliteThreads
 
-    def _now(self) -> float:
-        raise NotImplementedError
+    _now: Callable[[], float]
 
-    def _ensure_queue(self, c: sqlite3.Connection, name: str, now: float) -> bool:
-        raise NotImplementedError
+    _ensure_queue: Callable[[sqlite3.Connection, str, float], bool]
 
     def message_insert_many(
         self,

@@ -22,11 +22,9 @@ class SqliteResults:
     _sql: dict[str, str]
     _result_hub: ResultHub
 
-    def _now(self) -> float:
-        raise NotImplementedError
+    _now: Callable[[], float]
 
-    def _watch(self, on_hint: Callable[[str | None], None], stop: threading.Event) -> None:
-        raise NotImplementedError
+    _watch: Callable[[Callable[[str | None], None], threading.Event], None]
 
     def _result_source(self, hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
         """The result hub's source: the ``PRAGMA data_version`` watcher; every commit of

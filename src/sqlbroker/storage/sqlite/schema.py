@@ -3,6 +3,8 @@ is at the version this sqlbroker needs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlbroker.core.errors import SchemaError
 from sqlbroker.storage.sql import load_blocks, load_migrations, printed_schema
 from sqlbroker.storage.sqlite.connection import SqlitePool, split_script
@@ -14,8 +16,7 @@ class SqliteSchema:
     _db: SqlitePool
     _sql: dict[str, str]
 
-    def _now(self) -> float:
-        raise NotImplementedError
+    _now: Callable[[], float]
 
     def migrate(self) -> list[int]:
         applied: list[int] = []
