@@ -365,8 +365,16 @@ WHERE id IN (SELECT id FROM sqlbroker_message
              LIMIT :limit)
 RETURNING id, subscription, ordering_key, state
 
--- name: message_complete
--- Two statements, as in message_dead: the copies of valid leases are archived, then deleted.
+-- name: leased_delete
+-- (A fragment, included below.) The copies of the valid leases (:ids with :tokens) leave
+-- the hot table, returning what promote_heads needs.
+DELETE FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+                            JOIN json_each(:tokens) t ON t.key = i.key)
+RETURNING id, subscription, ordering_key, state
+
+-- name: leased_archive_completed
+-- (A fragment, included below.) The copies of the valid leases, archived as completed.
 INSERT INTO sqlbroker_archive (
     delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
     idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
@@ -378,18 +386,16 @@ SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
 FROM sqlbroker_message
 WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
                             JOIN json_each(:tokens) t ON t.key = i.key)
+
+-- name: message_complete
+-- Two statements, as in message_dead: the copies of valid leases are archived, then deleted.
+-- include: leased_archive_completed
 ORDER BY id;
-DELETE FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            JOIN json_each(:tokens) t ON t.key = i.key)
-RETURNING id, subscription, ordering_key, state
+-- include: leased_delete
 
 -- name: message_complete_unarchived
 -- message_complete for a backend with archive_completed=False: the copy is only deleted.
-DELETE FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            JOIN json_each(:tokens) t ON t.key = i.key)
-RETURNING id, subscription, ordering_key, state
+-- include: leased_delete
 
 -- name: message_complete_valued
 -- message_complete for a batch in which some handler returned a value: the values (JSON
@@ -404,18 +410,6 @@ JOIN (SELECT i.value AS id, t.value AS token, jv.value AS value
       JOIN json_each(:values) jv ON jv.key = i.key) v ON v.id = m.id AND v.token = m.lease_token
 WHERE m.state = 'running' AND v.value IS NOT NULL
 ORDER BY m.id;
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-)
-SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, first_started_at, :now
-FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            JOIN json_each(:tokens) t ON t.key = i.key) AND :archive;
-DELETE FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            JOIN json_each(:tokens) t ON t.key = i.key)
-RETURNING id, subscription, ordering_key, state
+-- include: leased_archive_completed
+  AND :archive;
+-- include: leased_delete
