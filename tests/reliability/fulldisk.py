@@ -66,24 +66,27 @@ def free_bytes(path: Path) -> int:
 def fill(filler: Path, *, leave: int) -> int:
     """Grow ``filler`` until at most ``leave`` bytes of its filesystem stay free (or none
     at all); return its size. The load then fills the last bytes itself."""
-    with filler.open("ab") as file:
-        wanted = file.tell() + max(0, free_bytes(filler.parent) - leave)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        wanted = size + max(0, free_bytes(filler.parent) - leave)
         try:
-            if wanted > file.tell():
-                os.posix_fallocate(file.fileno(), 0, wanted)
+            if wanted > size:
+                os.posix_fallocate(fd, 0, wanted)
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
-            # Someone else took some of the space meanwhile: fill what is left.
-            chunk = b"\0" * 4096
+            # The load took some of the space meanwhile: fill what is left.
+            chunk = bytes(4096)
             try:
-                while True:
-                    file.write(chunk)
-                    file.flush()
+                while os.write(fd, chunk):
+                    pass
             except OSError as full:
                 if full.errno != errno.ENOSPC:
                     raise
-    return filler.stat().st_size
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 class TmpfsServer(PostgresServer):
@@ -113,6 +116,21 @@ class TmpfsServer(PostgresServer):
         """Where the tests put their filler file (in the data directory, which PostgreSQL
         leaves alone: it never lists unknown files there)."""
         return self.data_dir / "filler"
+
+    def postmaster_alive(self) -> bool:
+        """Whether the server's postmaster still runs (a crash restarts the server from
+        it; when its crash recovery fails too, it shuts down and stays down)."""
+        try:
+            pid = int((self._data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def start_again(self) -> None:
+        """Start the server that shut itself down, on the same port, as a supervisor
+        (systemd's ``Restart=``, Patroni) would."""
+        self._pg_ctl_start("start")
 
     def stop(self) -> None:
         mounted, self._mounted = self._mounted, None

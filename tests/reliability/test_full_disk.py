@@ -13,7 +13,11 @@ publish completed.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +31,7 @@ from reliability.checker import verdict_for
 from reliability.fulldisk import TmpfsServer, fill, free_bytes, tmpfs
 from reliability.history import Event, HistoryWriter, read_histories
 from reliability.pgfaults import (
+    Agent,
     agents,
     completions,
     consumer,
@@ -48,6 +53,7 @@ LEAVE = 1 << 20  # bytes the filler leaves free
 WARM = 2.0  # seconds of load before the disk is filled
 HOLD = 3.0  # seconds the disk stays full once a publish has failed for it
 AFTER = 3.0  # seconds of load after space is freed
+CLI = "from sqlbroker.interfaces.cli import main; main()"  # the console script's entry point
 FULL = re.compile(
     r"StorageFull: the (PostgreSQL|SQLite) database's disk is full; nothing was written,"
     r" try again once space is freed \(.+\)"
@@ -60,6 +66,7 @@ class Disk:
 
     url: str
     directory: Path
+    server: TmpfsServer | None = None
 
     @property
     def filler(self) -> Path:
@@ -77,7 +84,7 @@ def postgres_disk() -> Iterator[Disk]:
         url = server.url("faults")
         with sqlbroker.Broker(url, migrate=True) as broker:
             broker.migrate()
-        yield Disk(url, server.data_dir)
+        yield Disk(url, server.data_dir, server)
     finally:
         server.stop()
 
@@ -99,36 +106,105 @@ def test_sqlite_file_full_under_load(sqlite_disk: Disk, tmp_path: Path) -> None:
     fill_under_load(sqlite_disk, tmp_path)
 
 
+@dataclass
+class Load:
+    """The scenario's worker and producer processes."""
+
+    consumers: list[Agent]
+    producers: list[Agent]
+    stop_file: Path
+
+    @property
+    def dead(self) -> list[tuple[Agent, str]]:
+        return [(a, a.log()) for a in self.consumers + self.producers if not a.alive]
+
+
+def start_load(started: list[Agent], url: str, workdir: Path) -> Load:
+    """Two workers, then two producers at ``RATE`` each (one sends every message alone, the
+    other batches of four with ``publish_many``), all ready."""
+    consumers = [
+        consumer(url, workdir, f"consumer{index}", poll_interval=POLL, lease=LEASE, sleep=0.01)
+        for index in range(2)
+    ]
+    started.extend(consumers)
+    for agent in consumers:
+        agent.wait_ready()
+    stop_file = workdir / "stop"
+    producers = [
+        producer(
+            url,
+            workdir,
+            f"producer{index}",
+            rate=RATE,
+            batch=1 + 3 * index,
+            pad=PAD,
+            stop_file=stop_file,
+        )
+        for index in range(2)
+    ]
+    started.extend(producers)
+    for agent in producers:
+        agent.wait_ready()
+    return Load(consumers, producers, stop_file)
+
+
+def finish_load(load: Load, url: str) -> None:
+    """Stop the producers, let the workers drain the queue, then stop them: each must be
+    alive still, exit 0 and have logged no traceback."""
+    load.stop_file.touch()
+    wait_all(load.producers, timeout=120)
+    wait_drained(url, timeout=60)
+    dead = [agent for agent in load.consumers if not agent.alive]
+    assert not dead, f"worker processes died: {[(a, a.log()) for a in dead]}"
+    for agent in load.consumers:
+        assert agent.stop() == 0, agent.log()
+        assert "Traceback" not in agent.log(tail=10**7), agent.log()
+
+
+@dataclass
+class LoadReport:
+    """What the producers saw, and how soon the load resumed after ``since``."""
+
+    errors: Counter[str]
+    full: list[str]
+    first_publish: float | None
+    first_completion: float | None
+    since: float
+
+    @classmethod
+    def of(cls, events: list[Event], since: float) -> LoadReport:
+        publishes = [e for e in events if e["op"] == "publish"]
+        return cls(
+            errors=Counter(e["error"].split(":")[0] for e in publishes if e.get("error")),
+            full=[e["error"] for e in publishes if e.get("error", "").startswith("StorageFull")],
+            first_publish=first_after(
+                sorted(e["mono"] for e in publishes if e["status"] == "ok"), since
+            ),
+            first_completion=first_after(completions(events), since),
+            since=since,
+        )
+
+    def resumed(self) -> str:
+        return (
+            f"first publish {_seconds(self.first_publish, self.since)}, first completion"
+            f" {_seconds(self.first_completion, self.since)}"
+        )
+
+    def assert_resumed(self) -> None:
+        """Producers and workers resumed by themselves, within ten poll intervals (the
+        bound of the server-restart scenario)."""
+        assert self.first_publish is not None, "no publish succeeded afterwards"
+        assert self.first_completion is not None, "no completion afterwards"
+        assert self.first_publish - self.since <= 10 * POLL
+        assert self.first_completion - self.since <= 10 * POLL
+
+
 def fill_under_load(disk: Disk, workdir: Path) -> None:
     url = disk.url
-    stop_file = workdir / "stop"
     faults = HistoryWriter(workdir, "faults")
     with agents() as started:
-        consumers = [
-            consumer(url, workdir, f"consumer{index}", poll_interval=POLL, lease=LEASE, sleep=0.01)
-            for index in range(2)
-        ]
-        started.extend(consumers)
-        for agent in consumers:
-            agent.wait_ready()
-        producers = [
-            # One sends each message alone, the other in batches of four (publish_many).
-            producer(
-                url,
-                workdir,
-                f"producer{index}",
-                rate=RATE,
-                batch=1 + 3 * index,
-                pad=PAD,
-                stop_file=stop_file,
-            )
-            for index in range(2)
-        ]
-        started.extend(producers)
-        for agent in producers:
-            agent.wait_ready()
+        load = start_load(started, url, workdir)
         time.sleep(WARM)
-
         faults.fault("disk_full", "disk")
         filled = time.monotonic()
         fill(disk.filler, leave=LEAVE)
@@ -142,56 +218,107 @@ def fill_under_load(disk: Disk, workdir: Path) -> None:
         batch = publish_batches_while_full(url, workdir)
         time.sleep(HOLD)
         left = free_bytes(disk.directory)
-        dead = [agent for agent in started if not agent.alive]
-        assert not dead, f"processes died on the full disk: {[(a, a.log()) for a in dead]}"
-
+        assert not load.dead, f"processes died on the full disk: {load.dead}"
         faults.fault("space_freed", "disk")
         disk.filler.unlink()
         freed = time.monotonic()
         time.sleep(AFTER)
-        stop_file.touch()
-        wait_all(producers, timeout=120)
-        wait_drained(url, timeout=60)
-        dead = [agent for agent in consumers if not agent.alive]
-        assert not dead, f"worker processes died: {[(a, a.log()) for a in dead]}"
-        for agent in consumers:
-            assert agent.stop() == 0, agent.log()
-            assert "Traceback" not in agent.log(tail=10**7), agent.log()
+        finish_load(load, url)
 
     events = read_histories(workdir)
     verdict = verdict_for(events, url, subscriptions=["jobs"], lease=LEASE)
-    errors = Counter(
-        e["error"].split(":")[0] for e in events if e["op"] == "publish" and e.get("error")
-    )
-    full = [e for e in events if e["op"] == "publish" and e.get("error", "").startswith("Storage")]
-    first_publish = first_after(
-        sorted(e["mono"] for e in events if e["op"] == "publish" and e["status"] == "ok"), freed
-    )
-    first_completion = first_after(completions(events), freed)
+    outcome = LoadReport.of(events, freed)
     print(
         f"\n{url.split(':')[0]}: load refused {refused_at - filled:.2f} s after the fill;"
-        f" {left} bytes free while full; publish errors {dict(errors)};"
-        f" batches while full {batch}; after space was freed: first publish"
-        f" {_seconds(first_publish, freed)}, first completion {_seconds(first_completion, freed)}"
+        f" {left} bytes free while full; publish errors {dict(outcome.errors)};"
+        f" batches while full {batch}; after space was freed: {outcome.resumed()}"
         f"\n{verdict.summary()}"
     )
     verdict.assert_clean()
     # The disk really filled, and a publish was told so in sqlbroker's words alone: the
-    # same class and wording on both backends. (A PostgreSQL server that cannot write its
-    # WAL restarts: its callers then see ConnectionLost, as in any server crash.)
-    assert full, "no publish failed for the full disk"
-    assert all(FULL.fullmatch(e["error"]) for e in full), {e["error"] for e in full}
-    assert set(errors) <= {"StorageFull", "ConnectionLost"}, errors
+    # same class and wording on both backends.
+    assert outcome.full, "no publish failed for the full disk"
+    assert all(FULL.fullmatch(error) for error in outcome.full), set(outcome.full)
+    assert set(outcome.errors) == {"StorageFull"}, outcome.errors
     # A batch refused for the full disk left none of its rows (the checker also finds any
     # row of a definitely failed publish: its "unexpected").
-    assert batch["refused"] >= 1, batch
+    assert batch["refused"] == 1, batch
     assert batch["rows_of_refused"] == 0, batch
-    # Producers and workers resumed by themselves once space was freed, within ten poll
-    # intervals (the brief bound of the restart scenario), and the load ran on.
-    assert first_publish is not None, "no publish succeeded after space was freed"
-    assert first_completion is not None, "no completion after space was freed"
-    assert first_publish - freed <= 10 * POLL
-    assert first_completion - freed <= 10 * POLL
+    outcome.assert_resumed()
+
+
+@pytest.mark.postgres
+def test_postgres_wal_full_crashes_the_server_and_clients_come_back(
+    postgres_disk: Disk, tmp_path: Path
+) -> None:
+    """The one write PostgreSQL cannot refuse politely is its WAL's: a new segment needed
+    on a full disk PANICs the server, and its crash recovery, which needs one too, fails,
+    so the postmaster shuts down. Clients see ``ConnectionLost`` and must neither die nor
+    need a restart: once space is freed and the server is started again (as systemd or
+    Patroni would), they carry on by themselves and nothing acknowledged is lost. The
+    segment is forced with ``pg_switch_wal()`` on the full disk, where a busy server
+    would need one sooner or later."""
+    url = postgres_disk.url
+    server = postgres_disk.server
+    assert server is not None
+    workdir = tmp_path
+    faults = HistoryWriter(workdir, "faults")
+    with agents() as started:
+        load = start_load(started, url, workdir)
+        time.sleep(WARM)
+        faults.fault("disk_full", "disk")
+        fill(postgres_disk.filler, leave=0)
+        faults.fault("restart", "server")  # the crash to come: claims it forgets are explained
+        crashed = force_wal_segment(url)
+        wait_until(
+            lambda: not server.postmaster_alive(),
+            timeout=60,
+            what="the server to shut down after its failed crash recovery",
+            interval=0.1,
+        )
+        time.sleep(HOLD)  # the load runs on against a server that is down
+        assert not load.dead, f"processes died while the server was down: {load.dead}"
+        faults.fault("space_freed", "disk")
+        postgres_disk.filler.unlink()
+        server.start_again()
+        back = time.monotonic()
+        faults.record("server_back", seconds=back - crashed)
+        time.sleep(AFTER)
+        finish_load(load, url)
+
+    events = read_histories(workdir)
+    verdict = verdict_for(events, url, subscriptions=["jobs"], lease=LEASE)
+    outcome = LoadReport.of(events, back)
+    print(
+        f"\nWAL full: publish errors {dict(outcome.errors)}; after the server was started"
+        f" again: {outcome.resumed()}\n{verdict.summary()}"
+    )
+    verdict.assert_clean()
+    # While the server was down nothing was acknowledged (publishes in flight at the crash
+    # raise ConnectionLost; later ones wait for a connection up to connect_timeout).
+    assert not [
+        e
+        for e in events
+        if e["op"] == "publish" and crashed < e["mono"] < back and e["status"] == "ok"
+    ]
+    assert set(outcome.errors) <= {"StorageFull", "ConnectionLost"}, outcome.errors
+    assert all(FULL.fullmatch(error) for error in outcome.full), set(outcome.full)
+    outcome.assert_resumed()
+
+
+def force_wal_segment(url: str) -> float:
+    """Make the server start a WAL segment (a transaction id, then ``pg_switch_wal()``)
+    until the connection breaks; return when it did (monotonic)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as admin:
+        for _ in range(100):
+            try:
+                admin.execute("SELECT txid_current()")
+                admin.execute("SELECT pg_switch_wal()")
+            except psycopg.OperationalError:
+                return time.monotonic()
+    raise AssertionError("the server wrote 100 WAL segments on a full disk")
 
 
 def first_full(events: list[Event]) -> bool:
@@ -249,3 +376,41 @@ def publish_batches_while_full(url: str, workdir: Path) -> dict[str, int]:
 
 def _seconds(moment: float | None, since: float) -> str:
     return "never" if moment is None else f"{moment - since:.2f} s"
+
+
+@pytest.mark.parametrize(
+    "disk_fixture", ["sqlite_disk", pytest.param("postgres_disk", marks=pytest.mark.postgres)]
+)
+def test_the_cli_on_a_full_disk_says_so_in_one_line(
+    disk_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """A full disk is no bad input: ``sqlbroker send`` prints the one ``error:`` line of
+    every operational failure and exits 1, in the same words on both backends."""
+    disk: Disk = request.getfixturevalue(disk_fixture)
+    # Open first: on a full disk SQLite cannot even create its shared-memory file (the
+    # last connection to close removes it), and opening raises StorageFull too.
+    with sqlbroker.Broker(disk.url) as broker:
+        fill(disk.filler, leave=0)
+        # Whatever room the database's own pages still had is taken too.
+        for index in range(10_000):
+            try:
+                broker.send("jobs", {"pad": "x" * PAD}, idempotency_key=f"last-{index}")
+            except sqlbroker.StorageFull:
+                break
+        else:
+            raise AssertionError("10,000 sends fitted on a full disk")
+        env = {k: v for k, v in os.environ.items() if k != "SQLBROKER_DEBUG"}
+        done = subprocess.run(
+            [sys.executable, "-c", CLI, "send", "jobs", "-"],
+            input=json.dumps({"pad": "x" * 100_000}),
+            env={**env, "SQLBROKER_URL": disk.url, "NO_COLOR": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: "), line
+    assert FULL.fullmatch(line.replace("error: ", "StorageFull: ", 1)), line
