@@ -21,8 +21,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,7 +51,7 @@ POLL = 1.0
 LEASE = 3.0
 RATE = 40.0  # messages per second and producer
 PAD = 2000  # bytes of padding per payload, so that the load fills the last bytes quickly
-LEAVE = 1 << 20  # bytes the filler leaves free
+LEAVE = 1 << 18  # bytes the filler leaves free
 WARM = 2.0  # seconds of load before the disk is filled
 HOLD = 3.0  # seconds the disk stays full once a publish has failed for it
 AFTER = 3.0  # seconds of load after space is freed
@@ -75,9 +77,29 @@ class Disk:
 
 @pytest.fixture
 def postgres_disk() -> Iterator[Disk]:
-    # 64 MiB: a fresh cluster with the test's database takes about 32; checkpoints every
-    # 4 MiB of WAL keep pg_wal to a few 1 MiB segments, recycled rather than created.
-    server = TmpfsServer(size_mb=64, settings={"max_wal_size": "4MB", "min_wal_size": "2MB"})
+    """A server that has run a while: its WAL has recycled segments ahead, as
+    ``min_wal_size`` keeps them (here 24 of 1 MiB, made by switching segments and two
+    checkpoints), so a full disk refuses the tables' growth and the WAL still has room."""
+    with own_postgres(size_mb=80, max_wal_size="32MB", min_wal_size="16MB") as disk:
+        with psycopg_connect(disk.url) as admin:
+            for _ in range(20):
+                admin.execute("SELECT txid_current()")
+                admin.execute("SELECT pg_switch_wal()")
+            admin.execute("CHECKPOINT")
+            admin.execute("CHECKPOINT")
+        yield disk
+
+
+@pytest.fixture
+def bare_postgres_disk() -> Iterator[Disk]:
+    """A new server whose WAL has next to nothing ahead (a few 1 MiB segments)."""
+    with own_postgres(size_mb=64, max_wal_size="4MB", min_wal_size="2MB") as disk:
+        yield disk
+
+
+@contextmanager
+def own_postgres(*, size_mb: int, **settings: str) -> Iterator[Disk]:
+    server = TmpfsServer(size_mb=size_mb, settings=settings)
     try:
         server.start()
         server.create_database("faults")
@@ -87,6 +109,12 @@ def postgres_disk() -> Iterator[Disk]:
         yield Disk(url, server.data_dir, server)
     finally:
         server.stop()
+
+
+def psycopg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
 
 
 @pytest.fixture
@@ -219,6 +247,10 @@ def fill_under_load(disk: Disk, workdir: Path) -> None:
         time.sleep(HOLD)
         left = free_bytes(disk.directory)
         assert not load.dead, f"processes died on the full disk: {load.dead}"
+        if disk.server is not None:
+            # Not what this test is about (the WAL test below is): the WAL had to create
+            # a segment on the full disk, and the server crashed instead of refusing.
+            assert disk.server.postmaster_alive(), "the server crashed: its WAL ran out"
         faults.fault("space_freed", "disk")
         disk.filler.unlink()
         freed = time.monotonic()
@@ -249,7 +281,7 @@ def fill_under_load(disk: Disk, workdir: Path) -> None:
 
 @pytest.mark.postgres
 def test_postgres_wal_full_crashes_the_server_and_clients_come_back(
-    postgres_disk: Disk, tmp_path: Path
+    bare_postgres_disk: Disk, tmp_path: Path
 ) -> None:
     """The one write PostgreSQL cannot refuse politely is its WAL's: a new segment needed
     on a full disk PANICs the server, and its crash recovery, which needs one too, fails,
@@ -258,8 +290,8 @@ def test_postgres_wal_full_crashes_the_server_and_clients_come_back(
     Patroni would), they carry on by themselves and nothing acknowledged is lost. The
     segment is forced with ``pg_switch_wal()`` on the full disk, where a busy server
     would need one sooner or later."""
-    url = postgres_disk.url
-    server = postgres_disk.server
+    url = bare_postgres_disk.url
+    server = bare_postgres_disk.server
     assert server is not None
     workdir = tmp_path
     faults = HistoryWriter(workdir, "faults")
@@ -267,7 +299,7 @@ def test_postgres_wal_full_crashes_the_server_and_clients_come_back(
         load = start_load(started, url, workdir)
         time.sleep(WARM)
         faults.fault("disk_full", "disk")
-        fill(postgres_disk.filler, leave=0)
+        fill(bare_postgres_disk.filler, leave=0)
         faults.fault("restart", "server")  # the crash to come: claims it forgets are explained
         crashed = force_wal_segment(url)
         wait_until(
@@ -279,7 +311,7 @@ def test_postgres_wal_full_crashes_the_server_and_clients_come_back(
         time.sleep(HOLD)  # the load runs on against a server that is down
         assert not load.dead, f"processes died while the server was down: {load.dead}"
         faults.fault("space_freed", "disk")
-        postgres_disk.filler.unlink()
+        bare_postgres_disk.filler.unlink()
         server.start_again()
         back = time.monotonic()
         faults.record("server_back", seconds=back - crashed)
@@ -311,7 +343,7 @@ def force_wal_segment(url: str) -> float:
     until the connection breaks; return when it did (monotonic)."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as admin:
+    with psycopg_connect(url) as admin:
         for _ in range(100):
             try:
                 admin.execute("SELECT txid_current()")
