@@ -147,9 +147,11 @@ class StorageFull(StorageError):
     Raised alike by both backends: PostgreSQL's ``disk_full`` (SQLSTATE 53100: a table,
     index or temporary file could not grow) and SQLite's ``SQLITE_FULL`` (the database
     file, its WAL or its shared-memory file could not grow). ``backend`` is
-    ``"PostgreSQL"`` or ``"SQLite"``, ``detail`` the database's own words. A PostgreSQL
-    server that cannot write its WAL stops every session and restarts; callers see
-    ``ConnectionLost`` then, as for any other server crash."""
+    ``"PostgreSQL"`` or ``"SQLite"``, ``detail`` the database's own words. Inside a
+    caller's transaction (``conn=``) that transaction is lost with it (PostgreSQL aborts
+    it; SQLite may roll it back). A PostgreSQL server that cannot write its WAL crashes
+    instead, and stays down while its disk is full: callers see ``ConnectionLost`` then,
+    as for any other server crash."""
 
     def __init__(self, backend: str, detail: str) -> None:
         self.backend = backend
