@@ -132,15 +132,18 @@ class PostgresServer:
         *,
         durable: bool = False,
         settings: dict[str, str] | None = None,
+        initdb_options: Sequence[str] = (),
     ) -> None:
         """Prepare a server; nothing is started until :meth:`start`.
 
         ``bin_dir`` overrides binary discovery (see :func:`find_bin_dir`).
         ``durable=True`` leaves ``fsync``, ``synchronous_commit`` and
         ``full_page_writes`` at PostgreSQL's (durable) defaults. ``settings``
-        are more server settings (e.g. ``synchronous_standby_names``).
+        are more server settings (e.g. ``synchronous_standby_names``);
+        ``initdb_options`` more options for ``initdb`` (e.g. ``--wal-segsize=1``).
         """
         self._durable = durable
+        self._initdb_options = list(initdb_options)
         self._extra_settings = dict(settings or {})
         self._bin_dir = Path(bin_dir) if bin_dir is not None else find_bin_dir()
         self._initdb = self._tool("initdb")
@@ -465,6 +468,7 @@ class PostgresServer:
             "--encoding=UTF8",
             # Skip fsyncing the new cluster: it is thrown away anyway.
             "--no-sync",
+            *self._initdb_options,
         ]
         proc = self._run([*common, "--locale=C.UTF-8"], as_server=True, check=False)
         if proc.returncode == 0:

@@ -24,6 +24,7 @@ from sqlbroker.core.errors import (
     SchemaError,
     SqlbrokerError,
     StorageError,
+    StorageFull,
     ValidationError,
 )
 from sqlbroker.core.message import (
@@ -121,6 +122,7 @@ __all__ = [
     "StepContext",
     "StepStatus",
     "StorageError",
+    "StorageFull",
     "Subscription",
     "SubscriptionStats",
     "ValidationError",

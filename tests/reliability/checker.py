@@ -150,6 +150,10 @@ def _faults(events: Iterable[Event]) -> tuple[dict[int, list[tuple[str, float]]]
             server.moments.append(event["mono"])
             if event["kind"] in ("restart", "failover"):
                 server.restarts.append(event["wall"])
+        elif event["target"] == "disk":
+            # A full disk explains no duplicate by itself: an ack it refused is written
+            # once space is back, or its lease expires first ("lease expired").
+            continue
         else:
             by_pid[int(event["target"])].append((event["kind"], event["mono"]))
     return by_pid, server

@@ -24,7 +24,8 @@ Events (``op``) and their fields:
 - ``settle_lost``: the outcome was refused because the lease had been lost.
 - ``fault``: ``kind`` (``kill``, ``stop``, ``cont``, ``restart``, ``terminate``, ``exit``
   (a process about to end itself), ``failover``, ...) and ``target`` (a process id,
-  ``"server"``, or ``"network"``: the way to the server).
+  ``"server"``, ``"network"``: the way to the server, or ``"disk"``: the database's
+  filesystem, filled up or freed).
 
 The checker (``checker.py``) reads every file of a scenario's directory together.
 """

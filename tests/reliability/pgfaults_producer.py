@@ -21,7 +21,8 @@ and ``SQLBROKER_ROLLBACK_EVERY`` (0: never), ``SQLBROKER_APPLICATION_NAME``,
 ``publish_many``), ``SQLBROKER_BURST`` (publish that many back to back, then pause: the
 same rate on average, with quiet gaps), ``SQLBROKER_STOP_FILE`` (stop early, cleanly,
 once this file exists), ``SQLBROKER_POOLER`` (the broker's ``pooler``: also its own
-driver connections then prepare nothing). Exit status 0 once every message was published.
+driver connections then prepare nothing), ``SQLBROKER_PAD`` (that many bytes of padding
+in each payload's ``pad``; 0). Exit status 0 once every message was published.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Producer:
             options["pooler"] = self.pooler
         self.broker = sqlbroker.Broker(self.url, **options)
         self.give_up = float(env("SQLBROKER_GIVE_UP", "120"))
+        self.pad = "x" * int(env("SQLBROKER_PAD", "0"))
+
+    def payload(self, tag: str) -> dict[str, str]:
+        return {"tag": tag, "pad": self.pad} if self.pad else {"tag": tag}
 
     def _driver_connection(self) -> Any:
         if self.url.startswith("sqlite"):
@@ -75,10 +80,12 @@ class Producer:
         while True:
             try:
                 if len(tags) == 1:
-                    ids = [self.broker.send(self.queue, {"tag": tags[0]}, idempotency_key=tags[0])]
+                    ids = [
+                        self.broker.send(self.queue, self.payload(tags[0]), idempotency_key=tags[0])
+                    ]
                 else:
                     ids = self.broker.publish_many(
-                        {"topic": self.queue, "payload": {"tag": tag}, "idempotency_key": tag}
+                        {"topic": self.queue, "payload": self.payload(tag), "idempotency_key": tag}
                         for tag in tags
                     )
             except Exception as error:
@@ -108,7 +115,7 @@ class Producer:
                 conn.execute("BEGIN")
             try:
                 message_id = self.broker.send(
-                    self.queue, {"tag": tag}, idempotency_key=tag, conn=conn
+                    self.queue, self.payload(tag), idempotency_key=tag, conn=conn
                 )
             except Exception as error:
                 self.writer.publish_failed(tag, error, ikey=tag)

@@ -140,6 +140,28 @@ class DatabaseBusy(StorageError):
     written; trying again later is safe."""
 
 
+class StorageFull(StorageError):
+    """The database's disk is full: nothing was written, and the same call succeeds once
+    space is freed (nothing has to be restarted).
+
+    Raised alike by both backends: PostgreSQL's ``disk_full`` (SQLSTATE 53100: a table,
+    index or temporary file could not grow) and SQLite's ``SQLITE_FULL`` (the database
+    file, its WAL or its shared-memory file could not grow). ``backend`` is
+    ``"PostgreSQL"`` or ``"SQLite"``, ``detail`` the database's own words. Inside a
+    caller's transaction (``conn=``) that transaction is lost with it (PostgreSQL aborts
+    it; SQLite may roll it back). A PostgreSQL server that cannot write its WAL crashes
+    instead, and stays down while its disk is full: callers see ``ConnectionLost`` then,
+    as for any other server crash."""
+
+    def __init__(self, backend: str, detail: str) -> None:
+        self.backend = backend
+        self.detail = detail
+        super().__init__(
+            f"the {backend} database's disk is full; nothing was written, try again once"
+            f" space is freed ({detail})"
+        )
+
+
 class ConnectionLost(StorageError):
     """The connection to the database failed during an operation.
 

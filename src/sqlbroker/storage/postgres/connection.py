@@ -26,6 +26,7 @@ from sqlbroker.core.errors import (
     InvalidOption,
     SchemaError,
     StorageError,
+    StorageFull,
 )
 from sqlbroker.storage import caller
 from sqlbroker.storage.postgres.adapters import ADAPTERS
@@ -91,6 +92,7 @@ _LOGIN_REFUSED = (
 )
 _ROLE = 'role "'
 _NO_SUCH_DATABASE = 'database "'
+_NO_SPACE = "no space left on device"  # strerror(ENOSPC), in any error's text
 
 
 def _parameters(url: str) -> dict[str, Any]:
@@ -127,6 +129,16 @@ def connect_failure(context: str, error: psycopg.Error, *, write: bool = True) -
     if isinstance(error, psycopg.ProgrammingError):  # an invalid connection option
         return ConfigurationError(f"{context}: {text}")
     return ConnectionLost(f"{context}: {text}", ambiguous=False, write=write)
+
+
+def _disk_full(error: psycopg.Error, text: str) -> bool:
+    """Whether the server refused a statement for want of disk space (SQLSTATE 53100, or
+    ENOSPC in the words of an error filed under another code). A PANIC or FATAL one ended
+    the session too (the server could not write its WAL and restarts): that is a lost
+    connection, whose commit's fate is unknown, not a refused statement."""
+    if error.diag.severity_nonlocalized in ("PANIC", "FATAL"):
+        return False
+    return isinstance(error, psycopg.errors.DiskFull) or _NO_SPACE in text.lower()
 
 
 class PostgresPool:
@@ -415,6 +427,8 @@ class PostgresPool:
                 f"PostgreSQL: the statement ran longer than statement_timeout"
                 f" ({self.statement_timeout:g} s); nothing was changed, try again: {text}"
             )
+        if _disk_full(error, text) and not (conn is not None and conn.broken):
+            return StorageFull("PostgreSQL", text)
         broken = (
             conn is None
             or conn.broken

@@ -16,6 +16,7 @@ from sqlbroker.core.errors import (
     InvalidOption,
     SchemaError,
     StorageError,
+    StorageFull,
 )
 from sqlbroker.core.topics import regex_matches, stored_pattern_matches
 from sqlbroker.storage import caller
@@ -59,6 +60,16 @@ def _filesystem_type(path: str) -> str | None:
         if (path == mount_point or path.startswith(prefix)) and len(mount_point) >= len(best):
             best, kind = mount_point, fields[2]
     return kind
+
+
+def _disk_full(error: sqlite3.Error) -> bool:
+    """Whether SQLite ran out of disk: ``SQLITE_FULL`` (the database file or its WAL could
+    not grow), or ``SQLITE_IOERR_SHMSIZE`` (the shared-memory file could not: SQLite writes
+    into each of its new pages up front, so that a full disk is an error, not a SIGBUS)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is not None and (
+        code & 0xFF == sqlite3.SQLITE_FULL or code == sqlite3.SQLITE_IOERR_SHMSIZE
+    )
 
 
 def _encodable(text: str) -> bool:
@@ -263,6 +274,8 @@ class SqlitePool:
             yield
         except sqlite3.OperationalError as error:
             text = str(error)
+            if _disk_full(error):
+                raise StorageFull("SQLite", text) from None
             if "locked" in text or "busy" in text:
                 waited = time.monotonic() - started
                 # SQLite answers some conflicts at once, without waiting for the lock (its
