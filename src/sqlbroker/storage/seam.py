@@ -26,6 +26,7 @@ from sqlbroker.core.limits import Limits
 from sqlbroker.storage.operations import (
     admin,
     control,
+    flow,
     messages,
     observability,
     processed,
@@ -150,6 +151,10 @@ class Executor(ABC):
     message_cancel_requested = Operation(control.message_cancel_requested)
     message_cancel_leased = Operation(control.message_cancel_leased)
 
+    # --- flow limits: caps, rate limits, fairness (the claim obeys them) -------------------
+    flow_set = Operation(flow.flow_set)
+    flow_list = Operation(flow.flow_list)
+
     # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
     processed_reserve = Operation(processed.reserve)
     processed_confirm = Operation(processed.confirm)
@@ -254,6 +259,10 @@ class AsyncExecutor(ABC):
     subscription_pause = AsyncOperation(control.subscription_pause)
     message_cancel_requested = AsyncOperation(control.message_cancel_requested)
     message_cancel_leased = AsyncOperation(control.message_cancel_leased)
+
+    # --- flow limits -------------------------------------------------------------------------
+    flow_set = AsyncOperation(flow.flow_set)
+    flow_list = AsyncOperation(flow.flow_list)
 
     # --- processed keys --------------------------------------------------------------------
     processed_reserve = AsyncOperation(processed.reserve)

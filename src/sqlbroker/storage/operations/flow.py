@@ -1,0 +1,82 @@
+"""Flow limits: a subscription's concurrency caps, rate limits and fairness, and the claim
+that obeys them (docs/flow-control.md).
+
+The limits are columns of the subscription. :func:`message_claim_many` (messages.py) runs
+the plain claim first, which claims nothing from a flow-controlled subscription (one more
+condition on the primary-key probe it makes anyway): only when it found nothing does it
+ask whether the subscription is flow-controlled and, if so, run ``message_claim_flow``.
+So a subscription without limits claims exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlbroker.core.flow import Flow, FlowLimits, Rate
+from sqlbroker.core.message import Delivery
+from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.storage.rows import deliveries_of
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.rows import UndecodableRow
+    from sqlbroker.storage.seam import Settings
+
+
+def flow_set(settings: Settings, *, name: str, limits: FlowLimits) -> Plan[bool]:
+    """Set the subscription's flow limits (all of them); False if it is unknown."""
+    rate, key_rate = limits.rate_limit, limits.key_rate_limit
+    rows = yield query(
+        "flow_set",
+        name=name,
+        max_running=limits.max_running,
+        key_concurrency=limits.key_concurrency,
+        rate_count=None if rate is None else rate.count,
+        rate_period=None if rate is None else rate.period,
+        key_rate_count=None if key_rate is None else key_rate.count,
+        key_rate_period=None if key_rate is None else key_rate.period,
+        fair=limits.fair,
+    )
+    return bool(rows)
+
+
+def _rate(count: object, period: object) -> Rate | None:
+    if isinstance(count, int) and isinstance(period, int | float) and count > 0 and period > 0:
+        return Rate(count, float(period))
+    return None
+
+
+def _cap(value: object) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+@reads
+def flow_list(settings: Settings, *, name: str | None) -> Plan[list[Flow]]:
+    """Every subscription's (or one's) flow limits, running copies and throttling."""
+    rows = yield query("flow_list", name=name)
+    return [
+        Flow(
+            subscription=str(row[0]),
+            limits=FlowLimits(
+                max_running=_cap(row[1]),
+                key_concurrency=_cap(row[2]),
+                rate_limit=_rate(row[3], row[4]),
+                key_rate_limit=_rate(row[5], row[6]),
+                fair=bool(row[7]),
+            ),
+            running=int(row[8]),
+            throttled_for=float(row[9] or 0.0),
+        )
+        for row in rows
+    ]
+
+
+def claim_flow(
+    subscription: str, params: dict[str, object]
+) -> Plan[tuple[list[Delivery], list[UndecodableRow]]]:
+    """The flow-controlled claim, when the plain claim found nothing: ``([], [])`` for a
+    subscription without flow limits (or paused)."""
+    controlled = yield query("flow_controlled", subscription=subscription)
+    if not controlled:
+        return [], []
+    rows = yield query("message_claim_flow", subscription=subscription, **params)
+    return deliveries_of(rows)
