@@ -26,6 +26,7 @@ from sqlbroker.core.errors import (
     StorageError,
     ValidationError,
 )
+from sqlbroker.core.flow import Flow, FlowLimits, Rate
 from sqlbroker.core.message import (
     HIGH,
     LOW,
@@ -80,6 +81,8 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "ErrorInfo",
+    "Flow",
+    "FlowLimits",
     "IdempotencyConflict",
     "InvalidDuration",
     "InvalidHeaders",
@@ -101,6 +104,7 @@ __all__ = [
     "Outcome",
     "PendingMessage",
     "Priority",
+    "Rate",
     "Reject",
     "ReservationLost",
     "Result",

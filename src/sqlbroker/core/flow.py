@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.message import Delivery
 
 MAX_CAP = 1_000_000
 """The largest ``max_running`` or ``key_concurrency``."""
@@ -164,3 +165,14 @@ class Flow:
     def throttled(self) -> bool:
         """Whether claims wait now, for the rate limit or the concurrency cap."""
         return self.throttled_for > 0 or self.at_cap
+
+
+class Claimed(list[Delivery]):
+    """What a claim returned, and ``wait``: seconds until a rate limit lets the next claim
+    of the subscription through, when it is what held this one back (else ``None``)."""
+
+    __slots__ = ("wait",)
+
+    def __init__(self, deliveries: list[Delivery], wait: float | None = None) -> None:
+        super().__init__(deliveries)
+        self.wait = wait

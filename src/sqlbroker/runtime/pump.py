@@ -191,6 +191,13 @@ class Pump:
             if len(found) >= min(capacity, limit_per_claim):
                 pause = self._poll_min
                 continue
+            throttled = getattr(found, "wait", None)
+            if throttled is not None:
+                # A rate limit holds claims back until then: no hint can change that, so
+                # sleep through them instead of claiming nothing on every notification.
+                self.idle = False
+                await wait_any(stop, timeout=min(throttled, self._poll_max))
+                continue
             self.idle = not found and not self._open
             pause = self._poll_min if found else min(pause * 2, self._poll_max)
             await self._sleep_until_hint(pause * random.uniform(0.75, 1.0))

@@ -10,10 +10,9 @@ So a subscription without limits claims exactly as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlbroker.core.flow import Flow, FlowLimits, Rate
-from sqlbroker.core.message import Delivery
+from sqlbroker.core.flow import Claimed, Flow, FlowLimits, Rate
 from sqlbroker.storage.plan import Plan, query, reads
 from sqlbroker.storage.rows import deliveries_of
 
@@ -71,12 +70,24 @@ def flow_list(settings: Settings, *, name: str | None) -> Plan[list[Flow]]:
 
 
 def claim_flow(
-    subscription: str, params: dict[str, object]
-) -> Plan[tuple[list[Delivery], list[UndecodableRow]]]:
-    """The flow-controlled claim, when the plain claim found nothing: ``([], [])`` for a
-    subscription without flow limits (or paused)."""
+    subscription: str, params: dict[str, Any]
+) -> Plan[tuple[Claimed, list[UndecodableRow]]]:
+    """The flow-controlled claim, when the plain claim found nothing: nothing for a
+    subscription without flow limits (or paused). When it took fewer than it asked for
+    and a rate limit holds claims back, the result says for how long (``Claimed.wait``)."""
     controlled = yield query("flow_controlled", subscription=subscription)
     if not controlled:
-        return [], []
+        return Claimed([]), []
     rows = yield query("message_claim_flow", subscription=subscription, **params)
-    return deliveries_of(rows)
+    deliveries, damaged = deliveries_of(rows)
+    wait = None
+    if len(rows) < params["limit"]:
+        found = yield query("flow_wait", subscription=subscription)
+        subscription_wait, key_wait = found[0] if found else (None, None)
+        # The subscription's bucket holds every claim back; the keys' only a claim that
+        # took nothing (the least wait: the first key whose next claim is due).
+        if subscription_wait is not None and subscription_wait > 0:
+            wait = float(subscription_wait)
+        elif not rows and key_wait is not None and key_wait > 0:
+            wait = float(key_wait)
+    return Claimed(deliveries, wait), damaged

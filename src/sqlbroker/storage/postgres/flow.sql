@@ -154,3 +154,19 @@ swept AS (
       AND b.ordering_key NOT IN (SELECT ch.ordering_key FROM charges ch)
 )
 SELECT * FROM claimed
+
+-- name: flow_wait
+-- After a flow claim took fewer than it asked for: seconds until the subscription's rate
+-- limit lets the next claim through, and the least such wait of its throttled keys (NULL:
+-- none waits). The worker sleeps that long instead of polling.
+SELECT (SELECT extract(epoch FROM b.tat - coalesce(%(now)s::timestamptz, statement_timestamp()))::float8
+               - (greatest(1, floor(s.rate_count / s.rate_period)) - 1) * s.rate_period / s.rate_count
+        FROM {schema}sqlbroker_flow_bucket b
+        WHERE b.subscription = s.name AND b.ordering_key = ''),
+       (SELECT min(extract(epoch FROM b.tat - coalesce(%(now)s::timestamptz, statement_timestamp()))::float8)
+               - (greatest(1, floor(s.key_rate_count / s.key_rate_period)) - 1)
+                 * s.key_rate_period / s.key_rate_count
+        FROM {schema}sqlbroker_flow_bucket b
+        WHERE b.subscription = s.name AND b.ordering_key <> '')
+FROM {schema}sqlbroker_subscription s
+WHERE s.name = %(subscription)s

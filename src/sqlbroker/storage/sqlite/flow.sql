@@ -152,3 +152,20 @@ WHERE id IN (SELECT id FROM temp.sqlbroker_flow_pick)
 RETURNING id, message_id, subscription, topic, payload, content_type, headers, priority,
           ordering_key, idempotency_key, attempts, max_attempts, replay_count, enqueued_at,
           available_at, expires_at, lease_token, lease_expires_at
+
+-- name: flow_wait
+-- After a flow claim took fewer than it asked for: seconds until the subscription's rate
+-- limit lets the next claim through, and the least such wait of its throttled keys (NULL:
+-- none waits). The worker sleeps that long instead of polling.
+SELECT (SELECT b.tat - :now
+               - (max(1, CAST(s.rate_count / s.rate_period AS INTEGER)) - 1)
+                 * s.rate_period / s.rate_count
+        FROM sqlbroker_flow_bucket b
+        WHERE b.subscription = s.name AND b.ordering_key = ''),
+       (SELECT min(b.tat) - :now
+               - (max(1, CAST(s.key_rate_count / s.key_rate_period AS INTEGER)) - 1)
+                 * s.key_rate_period / s.key_rate_count
+        FROM sqlbroker_flow_bucket b
+        WHERE b.subscription = s.name AND b.ordering_key <> '')
+FROM sqlbroker_subscription s
+WHERE s.name = :subscription
