@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.flow import Claimed, Flow, FlowLimits, Rate
+from sqlbroker.core.message import Delivery
 from sqlbroker.storage.plan import Plan, query, reads
 from sqlbroker.storage.rows import deliveries_of
 
@@ -71,13 +72,14 @@ def flow_list(settings: Settings, *, name: str | None) -> Plan[list[Flow]]:
 
 def claim_flow(
     subscription: str, params: dict[str, Any]
-) -> Plan[tuple[Claimed, list[UndecodableRow]]]:
+) -> Plan[tuple[list[Delivery], list[UndecodableRow]]]:
     """The flow-controlled claim, when the plain claim found nothing: nothing for a
-    subscription without flow limits (or paused). When it took fewer than it asked for
-    and a rate limit holds claims back, the result says for how long (``Claimed.wait``)."""
+    subscription without flow limits (or paused). Its deliveries come as :class:`Claimed`
+    (a worker then claims no more than it can start); when it took fewer than it asked
+    for and a rate limit holds claims back, ``Claimed.wait`` says for how long."""
     controlled = yield query("flow_controlled", subscription=subscription)
     if not controlled:
-        return Claimed([]), []
+        return [], []
     rows = yield query("message_claim_flow", subscription=subscription, **params)
     deliveries, damaged = deliveries_of(rows)
     wait = None
