@@ -9,7 +9,7 @@ from typing import Any
 from tests.seam.support import claim, new_message, publish
 
 from sqlbroker.core.clock import ManualClock
-from sqlbroker.core.flow import FlowLimits, Rate, flow_limits
+from sqlbroker.core.flow import Claimed, FlowLimits, Rate, flow_limits
 from sqlbroker.storage.base import Lease
 
 
@@ -120,3 +120,28 @@ def test_an_unknown_subscription_is_not_found_and_nothing_is_written(backend: An
     assert not backend.flow_set(name="nope", limits=FlowLimits(max_running=1))
     assert backend.table_counts() == before
     assert backend.flow_list(name="nope") == []
+
+
+def test_a_throttled_claim_says_when_the_next_is_due(backend: Any, clock: ManualClock) -> None:
+    publish(backend, "jobs", 3)
+    publish(backend, "plain", 1)
+    limit(backend, "jobs", rate_limit="1/min")
+    first = claim(backend, "jobs", 10)
+    assert isinstance(first, Claimed)
+    assert len(first) == 1
+    assert first.wait is not None
+    assert 59 < first.wait <= 60
+    held = claim(backend, "jobs", 10)
+    assert held == []
+    assert isinstance(held, Claimed)
+    assert held.wait is not None
+    assert 59 < held.wait <= 60
+    clock.advance(45)
+    held = claim(backend, "jobs", 10)
+    assert held.wait is not None
+    assert 14 < held.wait <= 15
+    limit(backend, "jobs", max_running=1)  # a cap is waited out by polling: no wait
+    clock.advance(60)
+    assert getattr(claim(backend, "jobs", 10), "wait", None) is None
+    # A subscription without limits claims through the plain statement alone.
+    assert not isinstance(claim(backend, "plain", 10), Claimed)

@@ -76,6 +76,8 @@ class Settings:
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
     schema: str | None = None
     """PostgreSQL: the schema of the tables (``None``: the search path's)."""
+    flow_limited: flow.FlowLimited = field(default_factory=flow.FlowLimited)
+    """The subscriptions last found flow-limited (their claims skip the plain claim)."""
 
 
 class Operation(Generic[P, T]):

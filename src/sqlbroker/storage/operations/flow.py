@@ -1,11 +1,10 @@
 """Flow limits: a subscription's concurrency caps, rate limits and fairness, and the claim
 that obeys them (docs/flow-control.md).
 
-The limits are columns of the subscription. :func:`message_claim_many` (messages.py) runs
-the plain claim first, which claims nothing from a flow-controlled subscription (one more
-condition on the primary-key probe it makes anyway): only when it found nothing does it
-ask whether the subscription is flow-controlled and, if so, run ``message_claim_flow``.
-So a subscription without limits claims exactly as before.
+The limits are columns of the subscription. The plain claim claims nothing from a
+flow-limited subscription (one more condition on the primary-key probe it makes anyway),
+so a subscription without limits claims exactly as before; :func:`claim_copies` sends a
+flow-limited one's claims to ``message_claim_flow``.
 """
 
 from __future__ import annotations
@@ -70,17 +69,66 @@ def flow_list(settings: Settings, *, name: str | None) -> Plan[list[Flow]]:
     ]
 
 
-def claim_flow(
-    subscription: str, params: dict[str, Any]
+class FlowLimited:
+    """The subscriptions this process last found flow-limited: their claims go to the
+    flow claim first, skipping the plain claim's round trip (which would find nothing)."""
+
+    MAX = 10_000
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def add(self, name: str) -> None:
+        if len(self._names) >= self.MAX:
+            self._names.clear()
+        self._names.add(name)
+
+    def discard(self, name: str) -> None:
+        self._names.discard(name)
+
+
+def claim_copies(
+    settings: Settings, subscription: str, params: dict[str, Any]
 ) -> Plan[tuple[list[Delivery], list[UndecodableRow]]]:
-    """The flow-controlled claim, when the plain claim found nothing: nothing for a
-    subscription without flow limits (or paused). Its deliveries come as :class:`Claimed`
-    (a worker then claims no more than it can start); when it took fewer than it asked
-    for and a rate limit holds claims back, ``Claimed.wait`` says for how long."""
+    """The claim of :func:`messages.message_claim_many`: the plain statement, or for a
+    flow-limited subscription ``message_claim_flow``, whose deliveries come as
+    :class:`Claimed` (a worker then claims no more than it can start); when it took fewer
+    than it asked for and a rate limit holds claims back, ``Claimed.wait`` says how long.
+
+    Which one a subscription needs is learnt from the claims themselves: the plain
+    statement claims nothing from a flow-limited subscription, the flow statement nothing
+    from one without limits (or paused); only a claim that found nothing asks which it is.
+    """
+    limited = settings.flow_limited
+    if subscription in limited:
+        found = yield from _claim_limited(subscription, params)
+        if found is not None:
+            return found
+        limited.discard(subscription)
+    rows = yield query("message_claim", subscription=subscription, **params)
+    if rows:
+        return deliveries_of(rows)
     controlled = yield query("flow_controlled", subscription=subscription)
     if not controlled:
         return [], []
+    limited.add(subscription)
+    found = yield from _claim_limited(subscription, params)
+    return found if found is not None else ([], [])
+
+
+def _claim_limited(
+    subscription: str, params: dict[str, Any]
+) -> Plan[tuple[list[Delivery], list[UndecodableRow]] | None]:
+    """The flow claim; ``None`` when it found nothing because the subscription has no
+    limits (any more) or is paused."""
     rows = yield query("message_claim_flow", subscription=subscription, **params)
+    if not rows:
+        controlled = yield query("flow_controlled", subscription=subscription)
+        if not controlled:
+            return None
     deliveries, damaged = deliveries_of(rows)
     wait = None
     if len(rows) < params["limit"]:

@@ -23,9 +23,9 @@ from sqlbroker.storage.base import (
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
-from sqlbroker.storage.operations.flow import claim_flow
+from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import Plan, query, relaxed
-from sqlbroker.storage.rows import deliveries_of, error_json
+from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -88,11 +88,7 @@ def message_claim_many(
         "max_attempts": max_attempts,
         "claim_commit": settings.claim_commit,
     }
-    rows = yield query("message_claim", subscription=subscription, **params)
-    deliveries, damaged = deliveries_of(rows)
-    if not rows:
-        # A flow-controlled subscription is claimed only here (operations/flow.py).
-        deliveries, damaged = yield from claim_flow(subscription, params)
+    deliveries, damaged = yield from claim_copies(settings, subscription, params)
     if damaged:
         yield from message_dead_many(settings, deaths=undecodable_deaths(damaged))
     return deliveries

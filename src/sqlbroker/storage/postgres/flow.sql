@@ -82,17 +82,31 @@ plain AS (
     ORDER BY m.priority, m.available_at, m.id
     LIMIT %(limit)s
 ),
-ranked AS (
-    SELECT m.id, m.ordering_key, m.priority, m.available_at,
-           row_number() OVER (PARTITION BY m.ordering_key
-                              ORDER BY m.priority, m.available_at, m.id) AS rank
+-- With key rules or fairness: every claimable copy, ranked within its key. The available
+-- ones come by the claim index, the blocked ones (with key_concurrency) by the key index.
+waiting AS (
+    SELECT m.id, m.ordering_key, m.priority, m.available_at
     FROM {schema}sqlbroker_message m
     WHERE m.subscription = %(subscription)s
-      AND (m.state = 'available'
-           OR (m.state = 'blocked' AND (SELECT f.key_concurrency IS NOT NULL FROM f)))
+      AND m.state = 'available'
       AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
       AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
+    UNION ALL
+    SELECT m.id, m.ordering_key, m.priority, m.available_at
+    FROM {schema}sqlbroker_message m
+    WHERE m.subscription = %(subscription)s
+      AND m.ordering_key IS NOT NULL
+      AND m.state = 'blocked'
+      AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+      AND (SELECT f.key_concurrency IS NOT NULL FROM f)
+),
+ranked AS (
+    SELECT w.id, w.ordering_key, w.priority, w.available_at,
+           row_number() OVER (PARTITION BY w.ordering_key
+                              ORDER BY w.priority, w.available_at, w.id) AS rank
+    FROM waiting w
 ),
 picked AS (
     SELECT c.id

@@ -93,17 +93,29 @@ plain AS (
         LIMIT :limit
     )
 ),
-ranked AS (
-    SELECT m.id, m.ordering_key, m.priority, m.available_at,
-           row_number() OVER (PARTITION BY m.ordering_key
-                              ORDER BY m.priority, m.available_at, m.id) AS rank
+waiting AS (
+    SELECT m.id, m.ordering_key, m.priority, m.available_at
     FROM sqlbroker_message m
     WHERE m.subscription = :subscription
-      AND (m.state = 'available'
-           OR (m.state = 'blocked' AND (SELECT f.key_concurrency IS NOT NULL FROM f)))
+      AND m.state = 'available'
       AND m.available_at <= :now
       AND (m.expires_at IS NULL OR m.expires_at > :now)
       AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
+    UNION ALL
+    SELECT m.id, m.ordering_key, m.priority, m.available_at
+    FROM sqlbroker_message m
+    WHERE m.subscription = :subscription
+      AND m.ordering_key IS NOT NULL
+      AND m.state = 'blocked'
+      AND m.available_at <= :now
+      AND (m.expires_at IS NULL OR m.expires_at > :now)
+      AND (SELECT f.key_concurrency IS NOT NULL FROM f)
+),
+ranked AS (
+    SELECT w.id, w.ordering_key, w.priority, w.available_at,
+           row_number() OVER (PARTITION BY w.ordering_key
+                              ORDER BY w.priority, w.available_at, w.id) AS rank
+    FROM waiting w
 )
 SELECT c.id, c.ordering_key
 FROM (SELECT * FROM plain UNION ALL SELECT * FROM ranked) c
