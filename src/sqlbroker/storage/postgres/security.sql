@@ -254,6 +254,9 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY;
+    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
+        ALTER TABLE {schema}sqlbroker_flow_bucket ENABLE ROW LEVEL SECURITY;
+    END IF;
 END
 $tenants$
 
@@ -294,6 +297,9 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY;
+    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
+        ALTER TABLE {schema}sqlbroker_flow_bucket DISABLE ROW LEVEL SECURITY;
+    END IF;
 END
 $tenants$
 

@@ -51,3 +51,18 @@ BEGIN
     GROUP BY s.ordering_key;
 END
 $flow$;
+
+-- Under tenant isolation (docs/security.md) a tenant's claims charge only the buckets of
+-- the subscriptions it sees, as the Spark stream's rows (schema 9); with tenants already
+-- enabled the table is isolated now, as `tenants enable` does.
+CREATE POLICY sqlbroker_tenant_isolation ON {schema}sqlbroker_flow_bucket
+    USING (subscription IN (SELECT s.name FROM {schema}sqlbroker_subscription s));
+
+DO $enabled$
+BEGIN
+    IF (SELECT c.relrowsecurity FROM pg_catalog.pg_class c
+        WHERE c.oid = '{schema}sqlbroker_message'::regclass) THEN
+        ALTER TABLE {schema}sqlbroker_flow_bucket ENABLE ROW LEVEL SECURITY;
+    END IF;
+END
+$enabled$;
