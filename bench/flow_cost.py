@@ -138,9 +138,7 @@ def main() -> None:
     ]
     for backend, rows in report["backends"].items():
         for mode, row in rows.items():
-            lines.append(
-                f"| {backend} | `{mode}` | {row['median_ms']:.3f} | {row['ratio']:.2f}× |"
-            )
+            lines.append(f"| {backend} | `{mode}` | {row['median_ms']:.3f} | {row['ratio']:.2f}× |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
