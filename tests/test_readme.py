@@ -560,6 +560,17 @@ assert broker.stats()[0].paused is False
 """,
     ),
     Case(
+        "docs/flow-control.md",
+        'broker.set_flow("payments", max_running=4, rate_limit="100/min")',
+        prelude=BROKER_FROM_ENV,
+        epilogue="""
+from sqlbroker import FlowLimits
+(payments,) = broker.flow("payments")
+assert payments.limits == FlowLimits(max_running=4, key_concurrency=2, fair=True)
+assert broker.subscribers["reports"].flow.max_running == 2
+""",
+    ),
+    Case(
         "docs/results.md",
         "sqlbroker result not-a-message-id",
         worker=True,

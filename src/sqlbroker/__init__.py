@@ -27,6 +27,7 @@ from sqlbroker.core.errors import (
     StorageFull,
     ValidationError,
 )
+from sqlbroker.core.flow import Flow, FlowLimits, Rate
 from sqlbroker.core.message import (
     HIGH,
     LOW,
@@ -81,6 +82,8 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "ErrorInfo",
+    "Flow",
+    "FlowLimits",
     "IdempotencyConflict",
     "InvalidDuration",
     "InvalidHeaders",
@@ -102,6 +105,7 @@ __all__ = [
     "Outcome",
     "PendingMessage",
     "Priority",
+    "Rate",
     "Reject",
     "ReservationLost",
     "Result",

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
+from sqlbroker.core.flow import Rate
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import Saga
 from sqlbroker.features.sagas import warn_unhandled
@@ -66,6 +67,11 @@ class Broker(_ProducerBroker):
         retry: RetryPolicy | None = None,
         ack: AckMode = "auto",
         on_dead_letter: DeadLetterHook | None = None,
+        max_running: int | None = None,
+        key_concurrency: int | None = None,
+        rate_limit: str | Rate | None = None,
+        key_rate_limit: str | Rate | None = None,
+        fair: bool | None = None,
     ) -> Callable[[H], H]:
         """Register the decorated function (``async def`` or plain ``def``) as the handler
         of a subscription: ``topics=[patterns]`` for pub/sub (named ``name``, default the
@@ -85,7 +91,13 @@ class Broker(_ProducerBroker):
           exponential backoff with full jitter, capped at 300 s);
         - ``ack``: ``"auto"`` settles from the handler's result; ``"manual"`` leaves it to
           ``msg.ack()``, ``msg.nack(after=…)`` or ``msg.reject(reason)``;
-        - ``on_dead_letter(msg, reason)``: called after a message was dead-lettered.
+        - ``on_dead_letter(msg, reason)``: called after a message was dead-lettered;
+        - flow limits, for the subscription as a whole across every worker and host
+          (docs/flow-control.md): ``max_running`` copies running at once,
+          ``key_concurrency`` per ordering key, ``rate_limit`` / ``key_rate_limit`` claims
+          per period (``"100/min"``), ``fair`` round-robin across ordering keys. When any
+          is given the worker sets exactly these at start (the others off); with none it
+          leaves the subscription's own (``Broker.set_flow``, ``sqlbroker flow``).
         """
 
         def register(handler: H) -> H:
@@ -101,6 +113,11 @@ class Broker(_ProducerBroker):
                 retry=retry,
                 ack=ack,
                 on_dead_letter=on_dead_letter,
+                max_running=max_running,
+                key_concurrency=key_concurrency,
+                rate_limit=rate_limit,
+                key_rate_limit=key_rate_limit,
+                fair=fair,
             )
             if spec.name in self.subscribers:
                 raise SqlbrokerError(f"a subscriber for {spec.name!r} is already registered")

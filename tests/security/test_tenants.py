@@ -503,3 +503,25 @@ def test_a_tenants_reaper_applies_its_retention_to_its_own_rows_only(tenants: Te
         owner.reap()
         assert owner.archive() == []
         assert owner.dead_letters.list() == []
+
+
+@pytest.mark.postgres
+def test_flow_limits_and_their_buckets_stay_with_their_tenant(tenants: Tenants) -> None:
+    """A tenant's rate limit charges a bucket no other tenant sees or changes, and its
+    capped claims count only its own running copies (docs/flow-control.md)."""
+    with tenants.broker(ACME) as acme, tenants.broker(GLOBEX) as globex:
+        acme.send("acme-jobs", 1)
+        acme.send("acme-jobs", 2)
+        globex.send("globex-jobs", 1)
+        acme.set_flow("acme-jobs", rate_limit="1/hour", max_running=5)
+        assert len(acme.claim("acme-jobs", limit=10)) == 1
+        assert acme.claim("acme-jobs", limit=10) == []
+        with pytest.raises(sqlbroker.NotFound):
+            globex.set_flow("acme-jobs", rate_limit=None)
+        assert globex.flow() == [globex.flow("globex-jobs")[0]]
+    with psycopg.connect(tenants.url(GLOBEX), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlbroker_flow_bucket").fetchone() == (0,)
+        done = conn.execute("UPDATE sqlbroker_flow_bucket SET tat = now() + interval '1 day'")
+        assert done.rowcount == 0
+    with psycopg.connect(tenants.url(ACME), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlbroker_flow_bucket").fetchone() == (1,)

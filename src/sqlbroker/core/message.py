@@ -364,3 +364,8 @@ class SubscriptionStats:
     """Seconds its dead letters are kept (its own or the default)."""
     paused: bool = False
     """Whether claims are paused (``Broker.pause``): publishes still queue up."""
+    throttled: bool = False
+    """Whether its flow limits hold claims back now (``Broker.set_flow``): its rate limit,
+    or ``max_running`` copies running."""
+    throttled_for: float = 0.0
+    """Seconds until its rate limit lets the next claim through (0: now)."""

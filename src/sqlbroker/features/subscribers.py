@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.flow import FlowLimits, Rate, flow_limits
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.topics import validate_pattern, validate_topic
 
@@ -45,6 +46,9 @@ class SubscriberSpec:
     retry: RetryPolicy
     ack: AckMode
     on_dead_letter: DeadLetterHook | None
+    flow: FlowLimits | None = None
+    """The subscription's flow limits, set when the worker starts (``None``: the worker
+    leaves those the subscription has, e.g. set with ``sqlbroker flow``)."""
 
     @property
     def is_async(self) -> bool:
@@ -66,6 +70,11 @@ def make_spec(
     retry: RetryPolicy | None = None,
     ack: AckMode = "auto",
     on_dead_letter: DeadLetterHook | None = None,
+    max_running: int | None = None,
+    key_concurrency: int | None = None,
+    rate_limit: str | Rate | None = None,
+    key_rate_limit: str | Rate | None = None,
+    fair: bool | None = None,
 ) -> SubscriberSpec:
     """Validate a subscriber declaration."""
     if not callable(handler):
@@ -98,6 +107,17 @@ def make_spec(
     if on_dead_letter is not None and not callable(on_dead_letter):
         raise InvalidOption("on_dead_letter", "must be callable")
     workers = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
+    declared = {
+        option: value
+        for option, value in (
+            ("max_running", max_running),
+            ("key_concurrency", key_concurrency),
+            ("rate_limit", rate_limit),
+            ("key_rate_limit", key_rate_limit),
+            ("fair", fair),
+        )
+        if value is not None
+    }
     return SubscriberSpec(
         name=name,
         handler=handler,
@@ -116,4 +136,5 @@ def make_spec(
         retry=retry or RetryPolicy(),
         ack=ack,
         on_dead_letter=on_dead_letter,
+        flow=flow_limits(declared) if declared else None,
     )

@@ -119,6 +119,22 @@ class DatabaseCollector:
         for row in stats:
             paused.add_metric([row.subscription], 1.0 if row.paused else 0.0)
         yield paused
+        throttled = core.GaugeMetricFamily(
+            "sqlbroker_subscription_throttled",
+            "1 while the subscription's flow limits hold claims back (its rate limit, or"
+            " max_running copies running; Broker.set_flow), else 0.",
+            labels=by_sub,
+        )
+        throttled_for = core.GaugeMetricFamily(
+            "sqlbroker_subscription_throttled_seconds",
+            "Seconds until the subscription's rate limit lets the next claim through.",
+            labels=by_sub,
+        )
+        for row in stats:
+            throttled.add_metric([row.subscription], 1.0 if row.throttled else 0.0)
+            throttled_for.add_metric([row.subscription], row.throttled_for)
+        yield throttled
+        yield throttled_for
         totals = core.CounterMetricFamily(
             "sqlbroker_messages",
             "Outcomes written back by workers, since the database was created.",

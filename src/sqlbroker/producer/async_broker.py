@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, Self, TypeVar
 
 from sqlbroker.core import validate
+from sqlbroker.core.flow import Flow
 from sqlbroker.core.message import (
     NORMAL,
     ArchivedMessage,
@@ -378,6 +379,14 @@ class AsyncBroker:
     async def resume(self, name: str, *, actor: str | None = None, note: str | None = None) -> None:
         """See :meth:`Broker.resume`."""
         await self._offload.run(self.sync.resume, name, actor=actor, note=note)
+
+    async def flow(self, subscription: str | None = None) -> builtins.list[Flow]:
+        """See :meth:`Broker.flow`."""
+        return await self._offload.run(self.sync.flow, subscription)
+
+    async def set_flow(self, subscription: str, *, reset: bool = False, **limits: object) -> Flow:
+        """See :meth:`Broker.set_flow`."""
+        return await self._offload.run(self.sync.set_flow, subscription, reset=reset, **limits)
 
     async def claim(
         self,

@@ -15,6 +15,7 @@ from typing import Any, Self
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError
+from sqlbroker.core.flow import Flow
 from sqlbroker.core.limits import (
     DEFAULT_MAX_COPIES,
     DEFAULT_MAX_PATTERNS,
@@ -32,6 +33,7 @@ from sqlbroker.core.results import Result
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.core.topics import validate_pattern, validate_topic
 from sqlbroker.features.dead_letters import DeadLetters, default_actor
+from sqlbroker.features.flow import flow_change, flow_list
 from sqlbroker.features.processed import Once, make_once, processed_key
 from sqlbroker.features.publishing import (
     PublishDefaults,
@@ -430,6 +432,21 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             actor=default_actor() if actor is None else validate.reason(actor, "actor")[:200],
             note=None if note is None else validate.reason(note, "note"),
         )
+
+    def flow(self, subscription: str | None = None) -> list[Flow]:
+        """Each subscription's (or one's) flow limits — concurrency caps, rate limits,
+        fairness — with its running copies and whether claims wait now (``throttled``).
+        See docs/flow-control.md."""
+        return flow_list(self._checked(), subscription)
+
+    def set_flow(self, subscription: str, *, reset: bool = False, **limits: object) -> Flow:
+        """Change a subscription's flow limits for every worker and host: ``max_running``,
+        ``key_concurrency`` (integers from 1), ``rate_limit``, ``key_rate_limit``
+        (``"100/min"``, ``"5/s"`` or a :class:`Rate`), ``fair`` (bool). A limit given as
+        ``None`` is removed; those not named stay (``reset=True``: are removed). Bad values
+        and unknown names raise ``ValidationError`` before anything is written;
+        ``NotFound`` for an unknown subscription."""
+        return flow_change(self._checked(), subscription, limits, reset=reset)
 
     # --- results -----------------------------------------------------------------------------
 

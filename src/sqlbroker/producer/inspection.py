@@ -59,11 +59,19 @@ class BrokerInspection:
 
     def stats(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> list[SubscriptionStats]:
         """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
-        expired copies, and — from what workers recorded over the last ``window`` seconds —
+        expired copies, whether flow limits hold claims back now (``throttled``), and — from
+        what workers recorded over the last ``window`` seconds —
         completed, retried and dead-lettered per minute and handler time p50/p95."""
         backend = self._checked()
         stats = metrics.subscription_stats(backend, window=window)
         kept = {r.subscription: r for r in retention_list(backend, self._retention)}
+        flows = {f.subscription: f for f in backend.flow_list(name=None) if f.limits.limited}
+        stats = [
+            replace(row, throttled=flow.throttled, throttled_for=flow.throttled_for)
+            if (flow := flows.get(row.subscription)) is not None
+            else row
+            for row in stats
+        ]
         return [
             replace(row, archive_retention=kept[name].archive, dead_retention=kept[name].dead)
             if (name := row.subscription) in kept

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.flow import Claimed
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT
 from sqlbroker.features.subscribers import SubscriberSpec
@@ -119,6 +120,9 @@ class Pump:
         self._capacity = asyncio.Event()
         self.idle = False
         self._pace: float | None = None  # recent handler seconds (moving average)
+        # Whether the last claim went through the subscription's flow limits: then copies
+        # claimed ahead of free slots would hold the caps' slots idle in the buffer.
+        self._flow_limited = False
         # By copy: the handlers in progress, and the task that runs each.
         self._running: dict[int, tuple[Message, asyncio.Task[Any] | None]] = {}
         self._cancelled_tasks: set[int] = set()  # copies whose handler task we cancelled
@@ -191,6 +195,15 @@ class Pump:
             if len(found) >= min(capacity, limit_per_claim):
                 pause = self._poll_min
                 continue
+            if found or isinstance(found, Claimed):
+                self._flow_limited = isinstance(found, Claimed)
+            throttled = found.wait if isinstance(found, Claimed) else None
+            if throttled is not None:
+                # A rate limit holds claims back until then: no hint can change that, so
+                # sleep through them instead of claiming nothing on every notification.
+                self.idle = False
+                await wait_any(stop, timeout=min(throttled, self._poll_max))
+                continue
             self.idle = not found and not self._open
             pause = self._poll_min if found else min(pause * 2, self._poll_max)
             await self._sleep_until_hint(pause * random.uniform(0.75, 1.0))
@@ -211,6 +224,8 @@ class Pump:
             timer.cancel()
 
     def _prefetch(self) -> int:
+        if self._flow_limited:
+            return 0
         if self.spec.prefetch is not None:
             return self.spec.prefetch
         workers = self.spec.concurrency

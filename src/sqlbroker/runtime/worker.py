@@ -363,6 +363,8 @@ class Worker:
                 backend.subscription_ensure(name=spec.name)
             else:
                 self._broker.subscribe(spec.name, list(spec.patterns), replace=True)
+            if spec.flow is not None:
+                backend.flow_set(name=spec.name, limits=spec.flow)
 
     async def _guard(self, name: str, work: Awaitable[None]) -> None:
         try:

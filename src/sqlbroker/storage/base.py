@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.flow import Flow, FlowLimits
 from sqlbroker.core.message import (
     ArchivedMessage,
     DeadLetter,
@@ -342,6 +343,12 @@ class Backend(Protocol):
 
     def subscription_pause(self, *, name: str, paused: bool, actor: str, note: str | None) -> None:
         """Pause or resume a subscription, audited; ``NotFound`` for an unknown name."""
+
+    def flow_set(self, *, name: str, limits: FlowLimits) -> bool:
+        """Set a subscription's flow limits; False if it is unknown."""
+
+    def flow_list(self, *, name: str | None) -> list[Flow]:
+        """Every subscription's (or one's) flow limits and where it stands against them."""
 
     def message_list(
         self, *, subscription: str | None, state: State | None, limit: int

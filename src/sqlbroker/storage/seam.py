@@ -26,6 +26,7 @@ from sqlbroker.core.limits import Limits
 from sqlbroker.storage.operations import (
     admin,
     control,
+    flow,
     messages,
     observability,
     processed,
@@ -75,6 +76,8 @@ class Settings:
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
     schema: str | None = None
     """PostgreSQL: the schema of the tables (``None``: the search path's)."""
+    flow_limited: flow.FlowLimited = field(default_factory=flow.FlowLimited)
+    """The subscriptions last found flow-limited (their claims skip the plain claim)."""
 
 
 class Operation(Generic[P, T]):
@@ -149,6 +152,10 @@ class Executor(ABC):
     subscription_pause = Operation(control.subscription_pause)
     message_cancel_requested = Operation(control.message_cancel_requested)
     message_cancel_leased = Operation(control.message_cancel_leased)
+
+    # --- flow limits: caps, rate limits, fairness (the claim obeys them) -------------------
+    flow_set = Operation(flow.flow_set)
+    flow_list = Operation(flow.flow_list)
 
     # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
     processed_reserve = Operation(processed.reserve)
@@ -254,6 +261,10 @@ class AsyncExecutor(ABC):
     subscription_pause = AsyncOperation(control.subscription_pause)
     message_cancel_requested = AsyncOperation(control.message_cancel_requested)
     message_cancel_leased = AsyncOperation(control.message_cancel_leased)
+
+    # --- flow limits -------------------------------------------------------------------------
+    flow_set = AsyncOperation(flow.flow_set)
+    flow_list = AsyncOperation(flow.flow_list)
 
     # --- processed keys --------------------------------------------------------------------
     processed_reserve = AsyncOperation(processed.reserve)

@@ -7,6 +7,7 @@ import click
 from sqlbroker.interfaces.cli.admin import migrate, pause, resume, schema, subscribe
 from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
+from sqlbroker.interfaces.cli.flow import flow
 from sqlbroker.interfaces.cli.messages import cancel, claim, publish, send
 from sqlbroker.interfaces.cli.observe import healthcheck, metrics
 from sqlbroker.interfaces.cli.pipeline import pipeline
@@ -87,6 +88,7 @@ for _command in (
 ):
     cli.add_command(_command)
 subscriptions.add_command(retention)
+subscriptions.add_command(flow)
 
 
 def main() -> None:

@@ -64,7 +64,9 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
     ]
     body = [
         (
-            f"{s.subscription} (paused)" if s.paused else s.subscription,
+            s.subscription
+            + (" (paused)" if s.paused else "")
+            + (" (throttled)" if s.throttled else ""),
             s.ready,
             s.scheduled,
             s.running,

@@ -23,8 +23,9 @@ from sqlbroker.storage.base import (
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import Plan, query, relaxed
-from sqlbroker.storage.rows import deliveries_of, error_json
+from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -74,21 +75,20 @@ def message_claim_many(
     then id); count the attempt. ``max_attempts`` (a consumer's retry policy) replaces a
     copy's own limit, so that the reaper's quarantine follows the same limit as retries.
     Due delayed copies are promoted first, at most every few milliseconds per
-    subscription (see :mod:`sqlbroker.storage.promotion`). A claimed row that does not
-    decode is dead-lettered (reason ``undecodable``) instead of being returned."""
+    subscription (see :mod:`sqlbroker.storage.promotion`). A subscription with flow limits
+    (caps, rate limits, fairness) is claimed within them (:mod:`.flow`). A claimed row that
+    does not decode is dead-lettered (reason ``undecodable``) instead of being returned."""
     injected = settings.clock.now()
     if settings.promotion.due(subscription, None if injected is None else injected.timestamp()):
         yield query("message_promote_scheduled", subscription=subscription, limit=PROMOTE_BATCH)
-    rows = yield query(
-        "message_claim",
-        subscription=subscription,
-        limit=limit,
-        lease=lease,
-        worker=worker,
-        max_attempts=max_attempts,
-        claim_commit=settings.claim_commit,
-    )
-    deliveries, damaged = deliveries_of(rows)
+    params: dict[str, Any] = {
+        "limit": limit,
+        "lease": lease,
+        "worker": worker,
+        "max_attempts": max_attempts,
+        "claim_commit": settings.claim_commit,
+    }
+    deliveries, damaged = yield from claim_copies(settings, subscription, params)
     if damaged:
         yield from message_dead_many(settings, deaths=undecodable_deaths(damaged))
     return deliveries

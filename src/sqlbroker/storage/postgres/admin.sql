@@ -148,3 +148,4 @@ UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM {schema}sqlbroker_spark_
 UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM {schema}sqlbroker_spark_export
 UNION ALL SELECT 'sqlbroker_identity', count(*) FROM {schema}sqlbroker_identity
 UNION ALL SELECT 'sqlbroker_tenant', count(*) FROM {schema}sqlbroker_tenant
+UNION ALL SELECT 'sqlbroker_flow_bucket', count(*) FROM {schema}sqlbroker_flow_bucket

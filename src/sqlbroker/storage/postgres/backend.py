@@ -59,6 +59,7 @@ _SQL_FILES = (
     "results.sql",
     "retention.sql",
     "control.sql",
+    "flow.sql",
 )
 T = TypeVar("T")
 

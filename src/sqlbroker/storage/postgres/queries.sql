@@ -368,10 +368,13 @@ WITH c AS MATERIALIZED (
       AND state = 'available'
       AND available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
       AND (expires_at IS NULL OR expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
-      -- A paused subscription claims nothing: uncorrelated, so one primary-key probe per
-      -- claim (an InitPlan), not one per row.
+      -- A paused subscription claims nothing, and a flow-controlled one is claimed by
+      -- message_claim_flow (flow.sql): uncorrelated, so one primary-key probe per claim
+      -- (an InitPlan), not one per row.
       AND NOT EXISTS (SELECT 1 FROM {schema}sqlbroker_subscription s
-                      WHERE s.name = %(subscription)s AND s.paused)
+                      WHERE s.name = %(subscription)s
+                        AND (s.paused OR s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL
+                             OR s.rate_count IS NOT NULL OR s.key_rate_count IS NOT NULL OR s.fair))
     ORDER BY priority, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

@@ -118,6 +118,10 @@ BEGIN
             ('operator', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE, DELETE'),
             ('operator', 'sqlbroker_spark_export',         'SELECT, INSERT'),
             ('operator', 'sqlbroker_tenant',               'SELECT'),
+            -- flow limits' rate buckets, charged by claims (schema 15)
+            ('consumer', 'sqlbroker_flow_bucket',          'SELECT, INSERT, UPDATE, DELETE'),
+            ('operator', 'sqlbroker_flow_bucket',          'SELECT, INSERT, UPDATE, DELETE'),
+            ('reader',   'sqlbroker_flow_bucket',          'SELECT'),
             -- reader: every read view (dashboard, metrics, CLI), no writes at all
             ('reader',   'sqlbroker_subscription',         'SELECT'),
             ('reader',   'sqlbroker_subscription_pattern', 'SELECT'),
@@ -174,6 +178,14 @@ BEGIN
     -- Operators pause and resume subscriptions (docs/flow-control.md): that column only.
     EXECUTE format('GRANT UPDATE (paused) ON TABLE %%I.sqlbroker_subscription TO %%I',
                    target, prefix || '_operator');
+    -- Operators set a subscription's flow limits, and so do workers (subscriber(max_running=…)
+    -- declares them): those columns only (schema 15).
+    IF to_regclass(format('%%I.sqlbroker_flow_bucket', target)) IS NOT NULL THEN
+        EXECUTE format('GRANT UPDATE (max_running, key_concurrency, rate_count, rate_period,'
+                       ' key_rate_count, key_rate_period, fair)'
+                       ' ON TABLE %%I.sqlbroker_subscription TO %%I, %%I',
+                       target, prefix || '_operator', prefix || '_consumer');
+    END IF;
 END
 $grant$
 
@@ -242,6 +254,9 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY;
+    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
+        ALTER TABLE {schema}sqlbroker_flow_bucket ENABLE ROW LEVEL SECURITY;
+    END IF;
 END
 $tenants$
 
@@ -282,6 +297,9 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY;
+    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
+        ALTER TABLE {schema}sqlbroker_flow_bucket DISABLE ROW LEVEL SECURITY;
+    END IF;
 END
 $tenants$
 

@@ -96,6 +96,7 @@ class SqliteBackend(
                 "results.sql",
                 "retention.sql",
                 "control.sql",
+                "flow.sql",
             ),
         )
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (

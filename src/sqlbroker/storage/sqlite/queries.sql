@@ -159,9 +159,12 @@ WHERE id IN (
       AND state = 'available'
       AND available_at <= :now
       AND (expires_at IS NULL OR expires_at > :now)
-      -- A paused subscription claims nothing (one primary-key probe per claim).
+      -- A paused subscription claims nothing, and a flow-controlled one is claimed by
+      -- message_claim_flow (flow.sql): one primary-key probe per claim.
       AND NOT EXISTS (SELECT 1 FROM sqlbroker_subscription s
-                      WHERE s.name = :subscription AND s.paused)
+                      WHERE s.name = :subscription
+                        AND (s.paused OR s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL
+                             OR s.rate_count IS NOT NULL OR s.key_rate_count IS NOT NULL OR s.fair))
     ORDER BY priority, available_at, id
     LIMIT :limit
 )

@@ -145,6 +145,7 @@ async function overview() {
       td([
         link(`#/subscription/${encodeURIComponent(s.subscription)}`, s.subscription, "subscription-link"),
         s.paused ? el("span", { className: "badge", "data-testid": "paused", title: "claims paused: sqlbroker resume" }, "paused") : null,
+        s.throttled ? el("span", { className: "badge", "data-testid": "throttled", title: "flow limits hold claims back: sqlbroker subscriptions flow" }, "throttled") : null,
       ]),
       td(num(s.ready), "num", { "data-testid": "ready" }),
       td(num(s.scheduled), "num"),

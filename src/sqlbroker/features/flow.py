@@ -1,0 +1,36 @@
+"""A subscription's flow limits, read and changed (docs/flow-control.md); the claim
+statement enforces them (storage/operations/flow.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlbroker.core import validate
+from sqlbroker.core.errors import NotFound
+from sqlbroker.core.flow import Flow, FlowLimits, flow_limits
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.base import Backend
+
+
+def flow_list(backend: Backend, subscription: str | None) -> list[Flow]:
+    """Every subscription's flow (or one's: ``NotFound`` if it is unknown)."""
+    if subscription is not None:
+        validate_topic(subscription, "subscription")
+    found = backend.flow_list(name=subscription)
+    if subscription is not None and not found:
+        raise NotFound(f"no subscription named {subscription!r}")
+    return found
+
+
+def flow_change(
+    backend: Backend, subscription: str, options: Mapping[str, object], *, reset: bool
+) -> Flow:
+    """Change the limits named in ``options`` (``None``: remove that limit), the others
+    kept (``reset=True``: the others removed). Every value is checked before any SQL."""
+    validate_topic(subscription, "subscription")
+    validate.flag(reset, "reset")
+    flow_limits(options)
+    base = FlowLimits() if reset else flow_list(backend, subscription)[0].limits
+    if not backend.flow_set(name=subscription, limits=flow_limits(options, base=base)):
+        raise NotFound(f"no subscription named {subscription!r}")
+    return flow_list(backend, subscription)[0]

@@ -1,0 +1,107 @@
+"""``sqlbroker subscriptions flow``: a subscription's concurrency caps, rate limits and
+fairness (docs/flow-control.md)."""
+
+from __future__ import annotations
+
+import click
+
+from sqlbroker.core.errors import NotFound
+from sqlbroker.core.flow import Flow
+from sqlbroker.interfaces.cli.params import json_option
+from sqlbroker.interfaces.cli.render import echo_json, print_table, table
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+
+_OFF = "none"
+
+
+def _cap(value: str | None, option: str) -> object:
+    """An integer, ``none`` (remove the limit) or the text as given (the broker rejects it
+    in its own words, as for any caller)."""
+    if value is None or value.strip().lower() == _OFF:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidUsage(f"{option} must be an integer or 'none', not {value!r}") from None
+
+
+def _rate(value: str) -> str | None:
+    return None if value.strip().lower() == _OFF else value
+
+
+@click.command()
+@click.argument("name", required=False)
+@click.option("--max-running", metavar="N|none", help="Copies running at once, by all workers.")
+@click.option("--key-concurrency", metavar="N|none", help="Copies of one ordering key at once.")
+@click.option("--rate", metavar="N/PERIOD|none", help="Claims per period: 100/min, 5/s.")
+@click.option("--key-rate", metavar="N/PERIOD|none", help="Claims per period of each key.")
+@click.option("--fair/--no-fair", default=None, help="Take the ordering keys in turn.")
+@click.option("--reset", is_flag=True, help="Remove the limits not given with this command.")
+@json_option()
+@pass_session
+def flow(
+    session: Session,
+    name: str | None,
+    max_running: str | None,
+    key_concurrency: str | None,
+    rate: str | None,
+    key_rate: str | None,
+    fair: bool | None,
+    reset: bool,
+    as_json: bool,
+) -> None:
+    """Show or set flow limits: concurrency caps, rate limits, fairness.
+
+    Without options, show every subscription's limits (or NAME's), its running copies and
+    whether claims wait now. With options, change NAME's for every worker at once: 'none'
+    removes a limit, the limits not named stay (--reset: are removed).
+    """
+    limits: dict[str, object] = {}
+    if max_running is not None:
+        limits["max_running"] = _cap(max_running, "--max-running")
+    if key_concurrency is not None:
+        limits["key_concurrency"] = _cap(key_concurrency, "--key-concurrency")
+    if rate is not None:
+        limits["rate_limit"] = _rate(rate)
+    if key_rate is not None:
+        limits["key_rate_limit"] = _rate(key_rate)
+    if fair is not None:
+        limits["fair"] = fair
+    try:
+        if limits or reset:
+            if name is None:
+                raise InvalidUsage("give the subscription NAME whose flow limits to set")
+            rows = [session.broker().set_flow(name, reset=reset, **limits)]
+        else:
+            rows = session.reader().flow(name)
+    except NotFound as error:
+        raise InvalidUsage(str(error)) from None
+    if as_json:
+        echo_json(rows)
+        return
+    print_table(
+        table(
+            None,
+            ["subscription", "max running", "per key", "rate", "key rate", "fair", "running"],
+            [_row(f) for f in rows],
+        ),
+        empty="no subscriptions yet",
+    )
+
+
+def _row(flow: Flow) -> tuple[str, ...]:
+    limits = flow.limits
+
+    def shown(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    name = flow.subscription + (" (throttled)" if flow.throttled else "")
+    return (
+        name,
+        shown(limits.max_running),
+        shown(limits.key_concurrency),
+        shown(limits.rate_limit),
+        shown(limits.key_rate_limit),
+        "yes" if limits.fair else "no",
+        str(flow.running),
+    )
