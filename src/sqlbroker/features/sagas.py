@@ -54,7 +54,7 @@ from sqlbroker.core.sagas import (
 from sqlbroker.core.serde import encode_value
 from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.seam import Tx
 
 log = logging.getLogger("sqlbroker.sagas")

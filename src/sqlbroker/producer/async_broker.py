@@ -42,7 +42,8 @@ from sqlbroker.producer.consuming import (
     raise_lost,
 )
 from sqlbroker.storage import caller
-from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import Lease
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -54,7 +54,8 @@ from sqlbroker.features.schedules import Schedules
 from sqlbroker.producer.consuming import BrokerConsumer
 from sqlbroker.producer.inspection import BrokerInspection
 from sqlbroker.producer.scheduling import BrokerSchedules
-from sqlbroker.storage.base import Backend, ReapResult
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import ReapResult
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.url import parse_url
 

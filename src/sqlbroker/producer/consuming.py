@@ -16,7 +16,8 @@ from sqlbroker.core.errors import InvalidOption, LeaseLost
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.serde import encode_value
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import DeadRequest, Lease, RetryRequest
 
 
 def delivery_list(

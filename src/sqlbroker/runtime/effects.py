@@ -21,7 +21,8 @@ from typing import Any
 
 from sqlbroker.core.errors import LeaseLost, SqlbrokerError
 from sqlbroker.core.message import Delivery
-from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import Lease
 from sqlbroker.storage.seam import AsyncTx, Tx
 
 

@@ -56,7 +56,8 @@ from sqlbroker.runtime.message import (
     SendToDead,
 )
 from sqlbroker.runtime.writeback import WriteBack, retry_pause, wait_any
-from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import Lease
 
 log = logging.getLogger("sqlbroker.runtime")
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRec
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.scheduler import Scheduler
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
 CANCEL_POLL = 0.5

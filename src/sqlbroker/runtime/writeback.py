@@ -28,7 +28,8 @@ from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.runtime.message import Cancelled, Complete, Outcome, RetryLater, SendToDead
-from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import DeadRequest, Lease, RetryRequest
 
 log = logging.getLogger("sqlbroker.runtime")
 MAX_DOUBLINGS = 30

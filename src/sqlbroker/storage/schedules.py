@@ -1,7 +1,7 @@
 """What the schedule operations of the storage seam take and return.
 
 The operations are in :mod:`sqlbroker.storage.operations.schedules`; see the
-"schedules" section of :class:`sqlbroker.storage.base.Backend` for the contracts.
+"schedules" section of :class:`sqlbroker.storage.seam.Executor`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlbroker.core.message import NewMessage
 from sqlbroker.core.schedules import Missed
 
 if TYPE_CHECKING:
-    from sqlbroker.storage.base import Backend
+    from sqlbroker.storage.backend import Backend
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from sqlbroker.storage.operations import (
     retention,
     sagas,
     schedules,
+    schema,
     security,
     subscriptions,
 )
@@ -227,6 +228,10 @@ class Executor(ABC):
     audit_list = Operation(observability.audit_list)
     # --- end observability -------------------------------------------------------------------
 
+    # --- schema (the migrations: each backend's migrate; storage/schema.py) --------------
+    schema_version = Operation(schema.schema_version)
+    # --- end schema --------------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -331,6 +336,10 @@ class AsyncExecutor(ABC):
     metric_trim = AsyncOperation(observability.metric_trim)
     audit_list = AsyncOperation(observability.audit_list)
     # --- end observability -------------------------------------------------------------------
+
+    # --- schema ------------------------------------------------------------------------------
+    schema_version = AsyncOperation(schema.schema_version)
+    # --- end schema --------------------------------------------------------------------------
 
 
 class Tx(Executor):

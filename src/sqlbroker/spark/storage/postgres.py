@@ -45,7 +45,8 @@ from sqlbroker.spark.storage.columns import (
     publish_staged,
     stage_params,
 )
-from sqlbroker.storage.base import Backend, InsertResult, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import InsertResult, Lease
 from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")

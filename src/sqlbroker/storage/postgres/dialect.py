@@ -7,6 +7,7 @@ database's own clock. Rows come back as tuples, or as dictionaries for a ``named
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
@@ -15,9 +16,36 @@ import psycopg
 from psycopg.pq import ExecStatus
 from psycopg.rows import TupleRow, dict_row
 
+from sqlbroker.core.errors import InvalidOption
 from sqlbroker.storage.plan import Plan, Query, Rows
+from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
+SCHEMA = SchemaFiles(
+    package="sqlbroker.storage.postgres",
+    label="PostgreSQL",
+    migrate_hint="run `sqlbroker migrate` as the migrator role (the schema's owner)",
+)
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def qualifier(schema: str | None) -> str:
+    """The prefix naming ``schema`` in SQL (``"name".``; empty for the search path)."""
+    if schema is None:
+        return ""
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+        raise InvalidOption(
+            "schema", "must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63)"
+        )
+    return f'"{schema}".'
+
+
+def schema_sql(schema: str | None = None) -> str:
+    """The complete schema script (``sqlbroker schema --print``), its tables in ``schema``
+    when given."""
+    prefix = qualifier(schema)
+    preamble = [f"CREATE SCHEMA IF NOT EXISTS {prefix[:-1]};"] if schema else []
+    return SCHEMA.script(prefix, preamble)
 
 
 def _params(query: Query, now: datetime | None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ SELECT pg_advisory_xact_lock(7262706672350731337)
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
 
 -- name: schema_version_exists
-SELECT to_regclass(%(table)s) IS NOT NULL
+SELECT to_regclass('{schema}sqlbroker_schema_version') IS NOT NULL
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
@@ -50,6 +50,17 @@ SELECT coalesce(%(now)s::timestamptz, statement_timestamp())
 
 -- name: health_check
 SELECT 1
+
+-- The next two blocks take a quoted identifier, composed by psycopg into {channel} and
+-- {name} (neither statement takes a parameter). schema_create runs only when the schema
+-- is missing: IF NOT EXISTS still needs CREATE on the database, which a migrator owning
+-- just its schema lacks.
+
+-- name: listen
+LISTEN {channel}
+
+-- name: schema_create
+CREATE SCHEMA IF NOT EXISTS {name}
 
 -- name: subscription_insert
 INSERT INTO {schema}sqlbroker_subscription (name, created_at)

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -24,42 +24,32 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.serde import encode_json
 from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.schedules import ScheduleFire, fire_many
-from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
+from sqlbroker.storage.result_hub import Hint, ResultHub
+from sqlbroker.storage.schema import pending
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SqlitePool
 from sqlbroker.storage.sqlite.publishing import SqlitePublishing
-from sqlbroker.storage.sqlite.results import SqliteResults
-from sqlbroker.storage.sqlite.schema import SqliteSchema
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
-_WORKER_LOST = encode_json(
-    {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
-)
-_PROMOTE_BATCH = 1000
 T = TypeVar("T")
 _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(
-    SqlitePublishing,
-    SqliteResults,
-    SqliteSchema,
-    Executor,
-):
+class SqliteBackend(SqlitePublishing, Backend):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
+    schema_files = dialect.SCHEMA
 
     def __init__(
         self,
@@ -112,7 +102,7 @@ class SqliteBackend(
             archive_completed=self._archive_completed,
         )
         self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
-        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
+        self.result_hub = ResultHub(self._result_source, name="sqlbroker-result")
 
     def __repr__(self) -> str:
         return f"SqliteBackend({self._url!s})"
@@ -165,7 +155,7 @@ class SqliteBackend(
         return utc(self._now())
 
     def close(self) -> None:
-        self._result_hub.close()
+        self.result_hub.close()
         self._threads.shutdown()
         self._db.close()
 
@@ -220,6 +210,34 @@ class SqliteBackend(
                 log.warning("watching the SQLite database for changes failed: %s", error)
                 stop.wait(1.0)
 
+    def _result_source(self, hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
+        """The result hub's source: the ``PRAGMA data_version`` watcher; every commit of
+        any connection or process may have finished a waited-for copy."""
+        ready.set()  # its first look hints anyway: nothing committed before it is missed
+        self._watch(lambda _subscription: hint(None), stop)
+
+    # --- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
+        with self._db.write() as conn:
+            conn.execute(self._sql["schema_version_table"])
+            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
+            for version, name, script in pending(self.schema_files.migrations(), current):
+                for statement in dialect.statements(script):
+                    conn.execute(statement)
+                conn.execute(
+                    self._sql["schema_version_insert"],
+                    {"version": version, "name": name, "now": self._now()},
+                )
+                applied.append(version)
+        return applied
+
+    @staticmethod
+    def schema_sql() -> str:
+        """The complete schema script, version rows included (``sqlbroker schema --print``)."""
+        return dialect.SCHEMA.script()
+
     # --- subscriptions -----------------------------------------------------------------------
 
     def subscription_ensure(self, *, name: str) -> bool:
@@ -254,9 +272,6 @@ class SqliteBackend(
 
     # --- consuming ---------------------------------------------------------------------------
 
-    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
-        return fire_many(self, fires=fires)
-
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
         self._threads.shutdown()
@@ -280,8 +295,6 @@ class SqliteBackend(
                 await held.leave(commit=True)
             finally:
                 del self._held[id(conn)]
-
-    # --- maintenance -------------------------------------------------------------------------
 
 
 class _SqliteAsyncOps(AsyncExecutor):

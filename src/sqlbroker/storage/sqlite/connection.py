@@ -69,21 +69,6 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def split_script(script: str) -> list[str]:
-    statements, buffer = [], ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            if buffer.strip():
-                statements.append(buffer.strip())
-            buffer = ""
-    if buffer.strip() and not all(
-        part.strip().startswith("--") or not part.strip() for part in buffer.splitlines()
-    ):
-        raise RuntimeError(f"incomplete SQL statement at the end of a migration: {buffer[:80]!r}")
-    return statements
-
-
 # PRAGMA takes no bound parameters: one literal statement per allowed level, and the
 # number PRAGMA synchronous reads back for it.
 _SYNCHRONOUS = {"full": "PRAGMA synchronous = FULL", "normal": "PRAGMA synchronous = NORMAL"}

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlbroker.storage.plan import Plan, Rows
+from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
 
@@ -29,17 +30,23 @@ def encode(value: Any) -> Any:
     return value
 
 
+SCHEMA = SchemaFiles(
+    package="sqlbroker.storage.sqlite", label="SQLite", migrate_hint="run `sqlbroker migrate`"
+)
+
+
 @functools.cache
-def statements(block: str) -> tuple[str, ...]:
-    """The statements of a block, split once per block text."""
+def statements(script: str) -> tuple[str, ...]:
+    """The statements of a block or a migration script, split once per text (a trailing
+    part of comments alone is no statement)."""
     found: list[str] = []
     buffer = ""
-    for line in block.splitlines(keepends=True):
+    for line in script.splitlines(keepends=True):
         buffer += line
         if sqlite3.complete_statement(buffer):
             found.append(buffer.strip())
             buffer = ""
-    if buffer.strip():
+    if any(part.strip() and not part.strip().startswith("--") for part in buffer.splitlines()):
         found.append(buffer.strip())
     return tuple(found)
 
