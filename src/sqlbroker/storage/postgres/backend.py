@@ -31,6 +31,7 @@ from sqlbroker.storage.postgres.connection import (
     PostgresPool,
     run_plan,
 )
+from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
@@ -88,29 +89,29 @@ class PostgresBackend(PostgresPublishing, Backend):
         self._schema = schema
         self._qualifier = dialect.qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
-        self._db = PostgresPool(
+        self._options = SessionOptions(
             url,
             pool_size=pool_size,
             synchronous_commit=synchronous_commit,
             connect_timeout=connect_timeout,
             application_name=application_name,
-            sql=self._sql,
             network_timeout=network_timeout,
             lock_timeout=lock_timeout,
             statement_timeout=statement_timeout,
             pooler=pooler,
             listen_url=None if listen_url is None else _listen_url(listen_url),
         )
+        self._db = PostgresPool(self._options, sql=self._sql)
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
         self._promotion = PromotionThrottle()
         # A claim's own commit: see message_claim in queries.sql.
-        self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
+        self._claim_commit = self._options.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
         self.result_channel = f"{self.notify_channel}_result"
         self.cancel_channel = f"{self.notify_channel}_cancel"
         self.result_hub = ResultHub(
             listening.result_source(
-                self._db,
+                self._options,
                 self._sql,
                 result_channel=self.result_channel,
                 dead_channel=self.dead_channel,
@@ -141,11 +142,11 @@ class PostgresBackend(PostgresPublishing, Backend):
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Settings of the pools' connections (a LISTEN session's: ``listen_target``)."""
-        return self._db.connection_kwargs()
+        return self._options.connection_kwargs()
 
     @property
     def conninfo(self) -> str:
-        return self._db.conninfo
+        return self._options.conninfo
 
     def _now_param(self) -> datetime | None:
         return self._clock.now()
@@ -200,7 +201,7 @@ class PostgresBackend(PostgresPublishing, Backend):
         on_cancel: Callable[[str], None] | None = None,
     ) -> None:
         await listening.listen(
-            self._db,
+            self._options,
             self._sql,
             channel=self.notify_channel,
             cancel_channel=self.cancel_channel,

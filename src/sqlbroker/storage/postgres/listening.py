@@ -16,8 +16,8 @@ import psycopg
 from psycopg import sql
 
 from sqlbroker.core.errors import ConnectionLost
-from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.postgres.liveness import Watchdog
+from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.result_hub import Hint, Source
 from sqlbroker.storage.url import redact
 
@@ -31,7 +31,7 @@ def _listen(blocks: Mapping[str, str], channels: Sequence[str]) -> list[sql.Comp
 
 
 async def listen(
-    pool: PostgresPool,
+    options: SessionOptions,
     blocks: Mapping[str, str],
     *,
     channel: str,
@@ -44,8 +44,8 @@ async def listen(
     cancels = cancel_channel if on_cancel is not None else None
     statements = _listen(blocks, [channel] + ([cancels] if cancels else []))
     pause = 0.1
-    health_every = pool.network_timeout / 2
-    target = pool.listen_target()
+    health_every = options.network_timeout / 2
+    target = options.listen_target()
     if target is None:
         log.info("no LISTEN behind a transaction pooler (no listen_url): polling only")
         on_hint(None)
@@ -87,7 +87,7 @@ async def listen(
 
 
 def result_source(
-    pool: PostgresPool, blocks: Mapping[str, str], *, result_channel: str, dead_channel: str
+    options: SessionOptions, blocks: Mapping[str, str], *, result_channel: str, dead_channel: str
 ) -> Source:
     """The result hub's source: a stored value's NOTIFY carries its message id, a dead
     letter's its subscription (any waiter may be concerned)."""
@@ -95,7 +95,7 @@ def result_source(
 
     def source(hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
         pause = 0.1
-        target = pool.listen_target()
+        target = options.listen_target()
         if target is None:  # behind a transaction pooler: the waiters' own looks alone
             ready.set()
             return
