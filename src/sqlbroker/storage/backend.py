@@ -12,18 +12,22 @@ few rules written here hold for every backend.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.message import NewMessage
 from sqlbroker.storage.base import AsyncResultWatch, InsertResult, ResultWatch
+from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.schema import SchemaFiles
-from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Tx
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
+from sqlbroker.storage.url import DatabaseURL
+
+T = TypeVar("T")
 
 
 class Backend(Executor):
@@ -41,6 +45,10 @@ class Backend(Executor):
     """The dialect's schema (its migrations, what to tell an operator)."""
     result_hub: ResultHub
     """The one source of result hints every waiting ``broker.result`` shares."""
+    _url: DatabaseURL
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._url!s})"
 
     @abstractmethod
     def begin(self, conn: Any = None, *, timed: bool = True) -> AbstractContextManager[Tx]:
@@ -161,3 +169,18 @@ class Backend(Executor):
     ) -> AbstractAsyncContextManager[AsyncResultWatch]:
         """:meth:`result_watch` on the running event loop."""
         return self.result_hub.watch_async(message_id)
+
+
+class AsyncOps(AsyncExecutor):
+    """A backend's operations as coroutines, each run by ``execute`` (the backend's: on
+    the running loop's pool, or on one of its threads)."""
+
+    def __init__(
+        self, settings: Settings, execute: Callable[[Plan[Any], Access], Awaitable[Any]]
+    ) -> None:
+        self.settings = settings
+        self._execute = execute
+
+    async def execute(self, plan: Plan[T], access: Access) -> T:
+        result: T = await self._execute(plan, access)
+        return result

@@ -14,7 +14,7 @@ overrides the database's own).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,6 +43,26 @@ class Rows(list[Any]):
 
 
 Plan = Generator[Query, Rows, T]
+
+
+def drive(plan: Plan[T], step: Callable[[Query], Rows]) -> T:
+    """Run ``plan`` to its result, each of its statements by ``step`` (a dialect's)."""
+    try:
+        statement = next(plan)
+        while True:
+            statement = plan.send(step(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def drive_async(plan: Plan[T], step: Callable[[Query], Awaitable[Rows]]) -> T:
+    """:func:`drive` with a coroutine ``step``."""
+    try:
+        statement = next(plan)
+        while True:
+            statement = plan.send(await step(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 def query(block: str, /, **params: Any) -> Query:

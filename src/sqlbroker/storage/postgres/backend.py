@@ -22,7 +22,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect, listening
@@ -41,18 +41,6 @@ from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
 
 log = logging.getLogger("sqlbroker.storage")
-_SQL_FILES = (
-    "queries.sql",
-    "admin.sql",
-    "processed.sql",
-    "sagas.sql",
-    "schedules.sql",
-    "observability.sql",
-    "security.sql",
-    "results.sql",
-    "retention.sql",
-    "control.sql",
-)
 T = TypeVar("T")
 
 
@@ -88,7 +76,7 @@ class PostgresBackend(PostgresPublishing, Backend):
         self._known_queues = set()
         self._schema = schema
         self._qualifier = dialect.qualifier(schema)
-        self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
+        self._sql = load_sql("sqlbroker.storage.postgres", schema=self._qualifier)
         self._options = SessionOptions(
             url,
             pool_size=pool_size,
@@ -135,10 +123,7 @@ class PostgresBackend(PostgresPublishing, Backend):
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
         )
-        self.async_ops: AsyncExecutor = _PostgresAsyncOps(self)
-
-    def __repr__(self) -> str:
-        return f"PostgresBackend({self._url!s})"
+        self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Settings of the pools' connections (a LISTEN session's: ``listen_target``)."""
@@ -161,6 +146,14 @@ class PostgresBackend(PostgresPublishing, Backend):
                 return dialect.run(conn, self._sql, plan, self._clock.now())
         with self._db.connection(write=not access.read_only) as conn:
             return dialect.run(conn, self._sql, plan, self._clock.now())
+
+    async def _execute_async(self, plan: Plan[T], access: Access) -> T:
+        """:meth:`execute` on the running loop's async pool."""
+        if access.atomic:
+            async with self._db.transaction_async() as conn:
+                return await dialect.run_async(conn, self._sql, plan, self._clock.now())
+        async with self._db.connection_async(write=not access.read_only) as conn:
+            return await dialect.run_async(conn, self._sql, plan, self._clock.now())
 
     @contextlib.contextmanager
     def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
@@ -280,19 +273,3 @@ def _listen_url(url: str) -> DatabaseURL:
     if parsed.scheme != "postgresql":
         raise InvalidOption("listen_url", f"must be a postgresql:// URL, not {parsed}")
     return parsed
-
-
-class _PostgresAsyncOps(AsyncExecutor):
-    """The operations for coroutines, on the running loop's async pool."""
-
-    def __init__(self, backend: PostgresBackend) -> None:
-        self.settings = backend.settings
-        self._backend = backend
-
-    async def execute(self, plan: Plan[T], access: Access) -> T:
-        backend = self._backend
-        if access.atomic:
-            async with backend._db.transaction_async() as conn:
-                return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())
-        async with backend._db.connection_async(write=not access.read_only) as conn:
-            return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())

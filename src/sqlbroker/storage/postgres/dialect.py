@@ -17,7 +17,7 @@ from psycopg.pq import ExecStatus
 from psycopg.rows import TupleRow, dict_row
 
 from sqlbroker.core.errors import InvalidOption
-from sqlbroker.storage.plan import Plan, Query, Rows
+from sqlbroker.storage.plan import Plan, Query, Rows, drive, drive_async
 from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
@@ -52,23 +52,26 @@ def _params(query: Query, now: datetime | None) -> dict[str, Any]:
     return {**query.params, "now": now}
 
 
+def _rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement just run returned rows (``cursor.description`` tells too, but
+    builds a column list to do it)."""
+    result = cursor.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
+
+
 def run(
     conn: psycopg.Connection[TupleRow], sql: Mapping[str, str], plan: Plan[T], now: datetime | None
 ) -> T:
     """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
-    try:
-        query = next(plan)
-        while True:
-            cursor: psycopg.Cursor[Any] = (
-                conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
-            )
-            cursor.execute(sql[query.block], _params(query, now))
-            result = cursor.pgresult
-            returned = result is not None and result.status == ExecStatus.TUPLES_OK
-            rows = Rows(cursor.fetchall() if returned else [], cursor.rowcount)
-            query = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    def step(query: Query) -> Rows:
+        cursor: psycopg.Cursor[Any] = (
+            conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
+        )
+        cursor.execute(sql[query.block], _params(query, now))
+        return Rows(cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
+
+    return drive(plan, step)
 
 
 async def run_async(
@@ -78,16 +81,12 @@ async def run_async(
     now: datetime | None,
 ) -> T:
     """:func:`run` on an async connection."""
-    try:
-        query = next(plan)
-        while True:
-            cursor: psycopg.AsyncCursor[Any] = (
-                conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
-            )
-            await cursor.execute(sql[query.block], _params(query, now))
-            result = cursor.pgresult
-            returned = result is not None and result.status == ExecStatus.TUPLES_OK
-            rows = Rows(await cursor.fetchall() if returned else [], cursor.rowcount)
-            query = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    async def step(query: Query) -> Rows:
+        cursor: psycopg.AsyncCursor[Any] = (
+            conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
+        )
+        await cursor.execute(sql[query.block], _params(query, now))
+        return Rows(await cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
+
+    return await drive_async(plan, step)

@@ -25,7 +25,7 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.topics import pattern_regex
-from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -74,20 +74,7 @@ class SqliteBackend(SqlitePublishing, Backend):
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
-        self._sql = load_sql(
-            "sqlbroker.storage.sqlite",
-            (
-                "queries.sql",
-                "admin.sql",
-                "processed.sql",
-                "sagas.sql",
-                "schedules.sql",
-                "observability.sql",
-                "results.sql",
-                "retention.sql",
-                "control.sql",
-            ),
-        )
+        self._sql = load_sql("sqlbroker.storage.sqlite")
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
@@ -101,11 +88,8 @@ class SqliteBackend(SqlitePublishing, Backend):
             promotion=self._promotion,
             archive_completed=self._archive_completed,
         )
-        self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
+        self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
         self.result_hub = ResultHub(self._result_source, name="sqlbroker-result")
-
-    def __repr__(self) -> str:
-        return f"SqliteBackend({self._url!s})"
 
     # --- the seam ----------------------------------------------------------------------------
 
@@ -117,6 +101,10 @@ class SqliteBackend(SqlitePublishing, Backend):
         flush = self._flush_claims or not access.relaxed
         with self._db.write(flush=flush) as conn:
             return dialect.run(conn, self._sql, plan, self._now())
+
+    async def _execute_async(self, plan: Plan[T], access: Access) -> T:
+        """:meth:`execute` on one of the backend's threads."""
+        return await self._threads.run(functools.partial(self.execute, plan, access))
 
     @contextlib.contextmanager
     def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
@@ -295,15 +283,3 @@ class SqliteBackend(SqlitePublishing, Backend):
                 await held.leave(commit=True)
             finally:
                 del self._held[id(conn)]
-
-
-class _SqliteAsyncOps(AsyncExecutor):
-    """The operations for coroutines, each on one of the backend's threads."""
-
-    def __init__(self, backend: SqliteBackend) -> None:
-        self.settings = backend.settings
-        self._backend = backend
-
-    async def execute(self, plan: Plan[T], access: Access) -> T:
-        run = functools.partial(self._backend.execute, plan, access)
-        return await self._backend._threads.run(run)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlbroker.storage.plan import Plan, Rows
+from sqlbroker.storage.plan import Plan, Query, Rows, drive
 from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
@@ -53,16 +53,14 @@ def statements(script: str) -> tuple[str, ...]:
 
 def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: float) -> T:
     """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
-    try:
-        query = next(plan)
-        while True:
-            params = {name: encode(value) for name, value in query.params.items()}
-            params["now"] = now
-            *before, last = statements(sql[query.block])
-            for statement in before:
-                conn.execute(statement, params)
-            cursor = conn.execute(last, params)
-            rows = Rows(cursor.fetchall(), cursor.rowcount)
-            query = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    def step(query: Query) -> Rows:
+        params = {name: encode(value) for name, value in query.params.items()}
+        params["now"] = now
+        *before, last = statements(sql[query.block])
+        for statement in before:
+            conn.execute(statement, params)
+        cursor = conn.execute(last, params)
+        return Rows(cursor.fetchall(), cursor.rowcount)
+
+    return drive(plan, step)
