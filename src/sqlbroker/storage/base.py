@@ -257,7 +257,6 @@ class Backend(Protocol):
         *,
         messages: Sequence[NewMessage],
         subscription: str | None,
-        conn: Any = None,
         max_copies: int | None = None,
     ) -> InsertResult:
         """Insert messages in one transaction.
@@ -269,22 +268,8 @@ class Backend(Protocol):
         per topic for each message's ``dedupe_window`` seconds; a duplicate returns the
         original id and writes nothing, a conflicting one raises ``IdempotencyConflict``
         and writes nothing.
-        With ``conn`` the caller's connection and transaction are used and never committed.
         More than ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing.
         """
-
-    async def message_insert_many_async(
-        self,
-        *,
-        messages: Sequence[NewMessage],
-        subscription: str | None,
-        conn: Any = None,
-        max_copies: int | None = None,
-    ) -> InsertResult:
-        """:meth:`message_insert_many` for coroutines: on a connection of the running
-        loop's pool, or with ``conn`` the caller's async connection (psycopg's
-        ``AsyncConnection``, SQLAlchemy's asyncio); SQLite runs it on the backend's own
-        threads and refuses a ``conn`` (it has no async driver)."""
 
     def message_claim_many(
         self,

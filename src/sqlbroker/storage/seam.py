@@ -29,6 +29,7 @@ from sqlbroker.storage.operations import (
     messages,
     observability,
     processed,
+    publishing,
     results,
     retention,
     sagas,
@@ -36,6 +37,7 @@ from sqlbroker.storage.operations import (
     security,
     subscriptions,
 )
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan, access_of
 from sqlbroker.storage.promotion import PromotionThrottle
 
@@ -75,6 +77,11 @@ class Settings:
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
     schema: str | None = None
     """PostgreSQL: the schema of the tables (``None``: the search path's)."""
+    array_params: bool = False
+    """Whether the driver binds whole arrays (PostgreSQL): a batch is then one statement;
+    else (SQLite, in-process) one statement per row (operations/publishing.py)."""
+    known_queues: KnownQueues | None = None
+    """PostgreSQL: the queues this process saw exist (a send to one is one statement)."""
 
 
 class Operation(Generic[P, T]):
@@ -94,7 +101,10 @@ class Operation(Generic[P, T]):
         plan, access = self.plan, self.access
 
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return executor.execute(plan(executor.settings, *args, **kwargs), access)
+            settings = executor.settings
+            return executor.execute(
+                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
+            )
 
         return call
 
@@ -118,7 +128,10 @@ class AsyncOperation(Generic[P, T]):
         plan, access = self.plan, self.access
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await executor.execute(plan(executor.settings, *args, **kwargs), access)
+            settings = executor.settings
+            return await executor.execute(
+                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
+            )
 
         return call
 
@@ -227,6 +240,12 @@ class Executor(ABC):
     audit_list = Operation(observability.audit_list)
     # --- end observability -------------------------------------------------------------------
 
+    # --- publishing (operations/publishing.py; queues: operations/subscriptions.py) ---------
+    message_insert_many = Operation(publishing.message_insert_many)
+    subscription_ensure = Operation(subscriptions.subscription_ensure)
+    subscription_delete = Operation(subscriptions.subscription_delete)
+    # --- end publishing ----------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -331,6 +350,12 @@ class AsyncExecutor(ABC):
     metric_trim = AsyncOperation(observability.metric_trim)
     audit_list = AsyncOperation(observability.audit_list)
     # --- end observability -------------------------------------------------------------------
+
+    # --- publishing ------------------------------------------------------------------------
+    message_insert_many = AsyncOperation(publishing.message_insert_many)
+    subscription_ensure = AsyncOperation(subscriptions.subscription_ensure)
+    subscription_delete = AsyncOperation(subscriptions.subscription_delete)
+    # --- end publishing ----------------------------------------------------------------------
 
 
 class Tx(Executor):

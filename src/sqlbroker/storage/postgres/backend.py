@@ -25,15 +25,14 @@ from sqlbroker.core.errors import ConnectionLost, InvalidOption
 from sqlbroker.core.limits import Limits
 from sqlbroker.core.serde import encode_json
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect
 from sqlbroker.storage.postgres.connection import (
     Conn,
     PostgresPool,
-    run_plan,
 )
 from sqlbroker.storage.postgres.liveness import Watchdog
-from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.postgres.results import PostgresResults
 from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -64,7 +63,6 @@ T = TypeVar("T")
 
 
 class PostgresBackend(
-    PostgresPublishing,
     PostgresResults,
     PostgresSchema,
     Executor,
@@ -96,7 +94,6 @@ class PostgresBackend(
         self._url = url
         self._clock = clock
         self.limits = limits or Limits()
-        self._known_queues = set()
         self._schema = schema
         self._qualifier = qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
@@ -137,6 +134,8 @@ class PostgresBackend(
             schema=self._schema,
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
+            array_params=True,
+            known_queues=KnownQueues(),
         )
         self.async_ops: AsyncExecutor = _PostgresAsyncOps(self)
 
@@ -250,19 +249,6 @@ class PostgresBackend(
                 )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 5.0)
-
-    # --- subscriptions -----------------------------------------------------------------------
-
-    def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.transaction() as conn:
-            created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
-        self._remember_queue(name)
-        return created
-
-    def subscription_delete(self, *, name: str) -> bool:
-        self._known_queues.discard(name)
-        with self._db.connection(write=True) as conn:
-            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
 
     # --- consuming ---------------------------------------------------------------------------
 
