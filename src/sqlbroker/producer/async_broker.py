@@ -313,14 +313,10 @@ class AsyncBroker:
             return await self._offload.run(self.sync.insert, messages, queue)
         messages = self.sync.with_hook_headers(messages)
         backend = await self._backend()
-        result = await backend.message_insert_many_async(
-            messages=messages,
-            subscription=queue,
-            conn=conn,
-            max_copies=self.sync.limits.max_copies,
-        )
-        if conn is None:
-            self.sync.published(queue)
+        async with backend.begin_async(conn) as tx:
+            result = await tx.message_insert_many(
+                messages=messages, subscription=queue, max_copies=self.sync.limits.max_copies
+            )
         return result.message_ids
 
     def once(

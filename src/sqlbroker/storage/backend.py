@@ -18,8 +18,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.message import NewMessage
-from sqlbroker.storage.base import AsyncResultWatch, InsertResult, ResultWatch
+from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
@@ -102,57 +101,11 @@ class Backend(Executor):
         keep coming), which sees commits from every connection and process.
         """
 
-    # --- subscriptions ---------------------------------------------------------------------
-    @abstractmethod
-    def subscription_ensure(self, *, name: str) -> bool:
-        """Create the queue ``name`` on first use: a subscription whose only pattern is its
-        name. An existing subscription is left as it is. Returns whether it was created."""
-
-    @abstractmethod
-    def subscription_delete(self, *, name: str) -> bool: ...
-
-    # --- publishing (storage/*/publishing.py until it moves onto the seam) -----------------
-    @abstractmethod
-    def message_insert_many(
-        self,
-        *,
-        messages: Sequence[NewMessage],
-        subscription: str | None,
-        conn: Any = None,
-        max_copies: int | None = None,
-    ) -> InsertResult:
-        """Insert messages in one transaction.
-
-        With ``subscription`` the copies go to that subscription only (point-to-point),
-        which is created in the same transaction when it does not exist yet;
-        without it each message fans out to every subscription with a matching pattern and
-        one that matches none is archived as ``unrouted``. Idempotency keys are reserved
-        per topic for each message's ``dedupe_window`` seconds; a duplicate returns the
-        original id and writes nothing, a conflicting one raises ``IdempotencyConflict``
-        and writes nothing.
-        With ``conn`` the caller's connection and transaction are used and never committed.
-        More than ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing.
-        """
-
-    @abstractmethod
-    async def message_insert_many_async(
-        self,
-        *,
-        messages: Sequence[NewMessage],
-        subscription: str | None,
-        conn: Any = None,
-        max_copies: int | None = None,
-    ) -> InsertResult:
-        """:meth:`message_insert_many` for coroutines: on a connection of the running
-        loop's pool, or with ``conn`` the caller's async connection (psycopg's
-        ``AsyncConnection``, SQLAlchemy's asyncio); SQLite runs it on the backend's own
-        threads and refuses a ``conn`` (it has no async driver)."""
-
     # --- rules every backend shares ---------------------------------------------------------
     def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
         """In one transaction: for each fire, advance its schedule by compare-and-set on
         (next run, definition, not paused) and, only when that succeeded, publish its
-        messages as :meth:`message_insert_many` would. Returns the published message ids
+        messages as ``message_insert_many`` would. Returns the published message ids
         of each schedule that advanced; a fire that lost the race is left out."""
         return fire_many(self, fires=fires)
 

@@ -91,12 +91,22 @@ class Access:
     read_only: bool = False
     atomic: bool = False
     relaxed: bool = False
+    atomic_when: Callable[..., bool] | None = None
+    """Instead of ``atomic``: whether one call's writes must apply all or nothing, from
+    its settings and keyword arguments (an operation that is often one statement)."""
+
+    def of_call(self, settings: Any, kwargs: Mapping[str, Any]) -> Access:
+        """The access of one call with ``kwargs``."""
+        if self.atomic_when is None:
+            return self
+        return ATOMIC if self.atomic_when(settings, **kwargs) else WRITE
 
 
 WRITE = Access()
+ATOMIC = Access(atomic=True)
 
 
-def _mark(plan: F, **flags: bool) -> F:
+def _mark(plan: F, **flags: Any) -> F:
     plan.access = Access(**flags)  # type: ignore[attr-defined]
     return plan
 
@@ -109,6 +119,16 @@ def reads(plan: F) -> F:
 def atomic(plan: F) -> F:
     """Mark an operation whose writes apply all or nothing (see :class:`Access`)."""
     return _mark(plan, atomic=True)
+
+
+def atomic_when(test: Callable[..., bool]) -> Callable[[F], F]:
+    """Mark an operation atomic for the calls where ``test(settings, **kwargs)`` holds;
+    the others are one statement, which PostgreSQL commits alone (no BEGIN, no COMMIT)."""
+
+    def mark(plan: F) -> F:
+        return _mark(plan, atomic_when=test)
+
+    return mark
 
 
 def relaxed(plan: F) -> F:

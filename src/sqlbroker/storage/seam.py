@@ -29,6 +29,7 @@ from sqlbroker.storage.operations import (
     messages,
     observability,
     processed,
+    publishing,
     results,
     retention,
     sagas,
@@ -37,6 +38,7 @@ from sqlbroker.storage.operations import (
     security,
     subscriptions,
 )
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan, access_of
 from sqlbroker.storage.promotion import PromotionThrottle
 
@@ -76,6 +78,11 @@ class Settings:
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
     schema: str | None = None
     """PostgreSQL: the schema of the tables (``None``: the search path's)."""
+    array_params: bool = False
+    """Whether the driver binds whole arrays (PostgreSQL): a batch is then one statement;
+    else (SQLite, in-process) one statement per row (operations/publishing.py)."""
+    known_queues: KnownQueues | None = None
+    """PostgreSQL: the queues this process saw exist (a send to one is one statement)."""
 
 
 class Operation(Generic[P, T]):
@@ -95,7 +102,10 @@ class Operation(Generic[P, T]):
         plan, access = self.plan, self.access
 
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return executor.execute(plan(executor.settings, *args, **kwargs), access)
+            settings = executor.settings
+            return executor.execute(
+                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
+            )
 
         return call
 
@@ -119,7 +129,10 @@ class AsyncOperation(Generic[P, T]):
         plan, access = self.plan, self.access
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await executor.execute(plan(executor.settings, *args, **kwargs), access)
+            settings = executor.settings
+            return await executor.execute(
+                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
+            )
 
         return call
 
@@ -232,6 +245,12 @@ class Executor(ABC):
     schema_version = Operation(schema.schema_version)
     # --- end schema --------------------------------------------------------------------------
 
+    # --- publishing (operations/publishing.py; queues: operations/subscriptions.py) ---------
+    message_insert_many = Operation(publishing.message_insert_many)
+    subscription_ensure = Operation(subscriptions.subscription_ensure)
+    subscription_delete = Operation(subscriptions.subscription_delete)
+    # --- end publishing ----------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -340,6 +359,12 @@ class AsyncExecutor(ABC):
     # --- schema ------------------------------------------------------------------------------
     schema_version = AsyncOperation(schema.schema_version)
     # --- end schema --------------------------------------------------------------------------
+
+    # --- publishing ------------------------------------------------------------------------
+    message_insert_many = AsyncOperation(publishing.message_insert_many)
+    subscription_ensure = AsyncOperation(subscriptions.subscription_ensure)
+    subscription_delete = AsyncOperation(subscriptions.subscription_delete)
+    # --- end publishing ----------------------------------------------------------------------
 
 
 class Tx(Executor):

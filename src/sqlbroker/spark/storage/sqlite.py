@@ -191,11 +191,9 @@ class SqliteSparkStore:
             def publish_page(
                 messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
             ) -> InsertResult:
-                with self._write() as conn:
-                    result = self._backend.message_insert_many(
-                        messages=messages, subscription=None, conn=conn
-                    )
-                    conn.execute(
+                with self._backend.begin(timed=False) as tx, _translated():
+                    result = tx.message_insert_many(messages=messages, subscription=None)
+                    tx.connection.execute(
                         self._sql["stage_delete_page"],
                         {
                             "job_id": job,

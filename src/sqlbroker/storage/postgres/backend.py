@@ -24,15 +24,14 @@ from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect, listening
 from sqlbroker.storage.postgres.connection import (
     Conn,
     PostgresPool,
-    run_plan,
 )
 from sqlbroker.storage.postgres.options import SessionOptions
-from sqlbroker.storage.postgres.publishing import PostgresPublishing
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schema import pending
@@ -44,7 +43,7 @@ log = logging.getLogger("sqlbroker.storage")
 T = TypeVar("T")
 
 
-class PostgresBackend(PostgresPublishing, Backend):
+class PostgresBackend(Backend):
     name = "postgresql"
     supports_notify = True
     schema_files = dialect.SCHEMA
@@ -73,7 +72,6 @@ class PostgresBackend(PostgresPublishing, Backend):
         self._url = url
         self._clock = clock
         self.limits = limits or Limits()
-        self._known_queues = set()
         self._schema = schema
         self._qualifier = dialect.qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", schema=self._qualifier)
@@ -122,6 +120,8 @@ class PostgresBackend(PostgresPublishing, Backend):
             schema=self._schema,
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
+            array_params=True,
+            known_queues=KnownQueues(),
         )
         self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
 
@@ -248,19 +248,6 @@ class PostgresBackend(PostgresPublishing, Backend):
         """The complete schema script, version rows included (``sqlbroker schema --print``),
         its tables in ``schema`` when given."""
         return dialect.schema_sql(schema)
-
-    # --- subscriptions -----------------------------------------------------------------------
-
-    def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.transaction() as conn:
-            created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
-        self._remember_queue(name)
-        return created
-
-    def subscription_delete(self, *, name: str) -> bool:
-        self._known_queues.discard(name)
-        with self._db.connection(write=True) as conn:
-            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
 
     # --- consuming ---------------------------------------------------------------------------
 

@@ -116,18 +116,6 @@ pattern AS (
 )
 SELECT name FROM created
 
--- name: queue_ensure
--- A queue is created on first use as a subscription whose only pattern is its own name;
--- an existing subscription of that name is left exactly as it is.
-WITH created AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-)
-INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-SELECT name, name, %(regex)s FROM created
-
 -- name: dedupe_reserve
 WITH b AS (
     SELECT * FROM unnest(%(topic)b::text[], %(idempotency_key)b::text[], %(message_id)b::uuid[],
@@ -731,3 +719,22 @@ WHERE m.id = nxt.id AND m.state = 'blocked'
 -- statements, do not apply to it. Transaction-local, so right behind a transaction pooler
 -- too, where the timeouts come from the role's settings.
 SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)
+
+-- name: dedupe_reserve_one
+-- dedupe_reserve for one key, with scalar parameters (publishing: one row, one statement).
+INSERT INTO {schema}sqlbroker_dedupe AS d (topic, idempotency_key, message_id, payload_hash, created_at, expires_at)
+SELECT %(topic)s, %(idempotency_key)s, %(message_id)s::uuid, %(payload_hash)s, t.now,
+       t.now + make_interval(secs => %(window)s::float8)
+FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now) t
+ON CONFLICT (topic, idempotency_key, tenant) DO UPDATE
+    SET message_id = excluded.message_id,
+        payload_hash = excluded.payload_hash,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE d.expires_at <= excluded.created_at
+RETURNING topic, idempotency_key
+
+-- name: dedupe_get_one
+SELECT topic, idempotency_key, message_id::text, payload_hash
+FROM {schema}sqlbroker_dedupe
+WHERE topic = %(topic)s AND idempotency_key = %(idempotency_key)s

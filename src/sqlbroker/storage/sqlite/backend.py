@@ -24,7 +24,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage import caller
 from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
@@ -35,7 +35,6 @@ from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SqlitePool
-from sqlbroker.storage.sqlite.publishing import SqlitePublishing
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
@@ -45,7 +44,7 @@ _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(SqlitePublishing, Backend):
+class SqliteBackend(Backend):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
@@ -125,7 +124,9 @@ class SqliteBackend(SqlitePublishing, Backend):
         no async driver, so a caller's ``conn`` is refused."""
         if conn is not None:
             raise InvalidOption(
-                "conn", "SQLite has no async connection; publish with Broker and conn="
+                "conn",
+                "SQLite has no async connections: pass the sqlite3.Connection itself, to"
+                f" Broker (not {caller.describe(conn)})",
             )
         async with self.transaction_async() as raw:
             held = self._held[id(raw)]
@@ -225,38 +226,6 @@ class SqliteBackend(SqlitePublishing, Backend):
     def schema_sql() -> str:
         """The complete schema script, version rows included (``sqlbroker schema --print``)."""
         return dialect.SCHEMA.script()
-
-    # --- subscriptions -----------------------------------------------------------------------
-
-    def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.write() as c:
-            return self._ensure_queue(c, name, self._now())
-
-    def _ensure_queue(self, c: sqlite3.Connection, name: str, now: float) -> bool:
-        params = {"name": name, "now": now}
-        created = c.execute(self._sql["subscription_insert"], params).rowcount == 1
-        if created:
-            c.execute(
-                self._sql["subscription_pattern_insert"],
-                {"name": name, "pattern": name, "regex": pattern_regex(name)},
-            )
-            self._check_room(c, name)
-        return created
-
-    def _check_room(self, c: sqlite3.Connection, name: str) -> None:
-        """The limits on subscriptions and patterns, after ``name`` was written (raising
-        rolls that back)."""
-        own, subscriptions, patterns = c.execute(
-            self._sql["subscription_room"], {"name": name}
-        ).fetchone()
-        self.limits.check_room(
-            subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
-        )
-
-    def subscription_delete(self, *, name: str) -> bool:
-        with self._db.write() as conn:
-            conn.execute(self._sql["subscription_delete_messages"], {"name": name})
-            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
 
     # --- consuming ---------------------------------------------------------------------------
 
