@@ -3,15 +3,14 @@ database. Each backend owns its SQL (``.sql`` files of named blocks) and its num
 migrations; above this package nothing speaks SQL.
 """
 
-from sqlbroker.storage.base import Backend, DeadFilter, DeadRequest, Lease, ReapResult, RetryRequest
+from sqlbroker.storage.base import Backend, DeadFilter, Lease, ReapResult, Settlement
 from sqlbroker.storage.factory import open_backend
 
 __all__ = [
     "Backend",
     "DeadFilter",
-    "DeadRequest",
     "Lease",
     "ReapResult",
-    "RetryRequest",
+    "Settlement",
     "open_backend",
 ]

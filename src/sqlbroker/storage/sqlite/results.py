@@ -1,7 +1,7 @@
 """SQLite stored results: the lookup, the retention trim, and the source of the hints a
 waiting ``broker.result(…, wait=)`` sleeps on — one ``PRAGMA data_version`` watcher per
 backend (shared through :class:`~sqlbroker.storage.result_hub.ResultHub`), which sees every
-commit of every connection and process. Values are written by ``message_complete_many``
+commit of every connection and process. Values are written by ``message_settle_many``
 (backend.py)."""
 
 from __future__ import annotations
