@@ -3,8 +3,8 @@
 Stored results (docs/results.md) must cost nothing when handlers return ``None``: such a
 batch runs the very statement the tree ran before results existed (this script checks the
 text against the commit it names, ``--base``), and a batch with values runs one statement
-too (``message_complete_valued`` on SQLite, ``message_settle`` on PostgreSQL: the values as one more array, the rows into
-sqlbroker_result, a NOTIFY per stored value on PostgreSQL).
+too (``message_complete_valued`` on SQLite, ``message_settle`` on PostgreSQL: the values
+as one more array, the rows into sqlbroker_result, a NOTIFY per stored value on PostgreSQL).
 
 Per target (SQLite and a throwaway PostgreSQL, each durable and fast) one queue with a
 backlog is claimed in batches of ``--batch`` and each batch completed by one of:
