@@ -38,12 +38,12 @@ from sqlbroker.features.publishing import build_batch, build_message, check_opti
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
 from sqlbroker.producer.consuming import (
+    completions,
     delivery_list,
     raise_lost,
 )
 from sqlbroker.storage import caller
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import Lease
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -405,9 +405,7 @@ class AsyncBroker:
             return
         backend = await self._backend()
         async with backend.begin_async(conn) as tx:
-            done = await tx.message_complete_many(
-                leases=[Lease.of(d) for d in items], values=values
-            )
+            done = await tx.message_settle_many(settlements=completions(items, values))
         raise_lost((d.id for d in items), done)
 
     async def retry(

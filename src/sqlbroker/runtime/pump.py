@@ -163,6 +163,13 @@ class Pump:
                 self._capacity.clear()
                 await wait_any(self._capacity, stop)
                 continue
+            # The write-back's backlog is full (a slow database): claim when a write frees it.
+            capacity = min(capacity, self._writeback.room())
+            if capacity <= 0:
+                self._capacity.clear()
+                self._writeback.roomy.clear()
+                await wait_any(self._capacity, self._writeback.roomy, stop)
+                continue
             self._hinted = False
             try:
                 found = await self._backend.async_ops.message_claim_many(

@@ -4,15 +4,14 @@ blocks) and its numbered migrations; above this package nothing speaks SQL.
 """
 
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import DeadFilter, DeadRequest, Lease, ReapResult, RetryRequest
+from sqlbroker.storage.base import DeadFilter, Lease, ReapResult, Settlement
 from sqlbroker.storage.factory import open_backend
 
 __all__ = [
     "Backend",
     "DeadFilter",
-    "DeadRequest",
     "Lease",
     "ReapResult",
-    "RetryRequest",
+    "Settlement",
     "open_backend",
 ]

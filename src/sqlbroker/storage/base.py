@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Literal, Protocol
 
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import (
@@ -36,43 +36,64 @@ class Lease:
         return cls(id=delivery.id, token=delivery.lease_token)
 
 
-@dataclass(frozen=True, slots=True)
-class RetryRequest:
-    """Back to the queue after ``after`` seconds; a ``snooze`` gives the attempt back."""
+SettleKind = Literal["complete", "retry", "dead", "cancel"]
+SETTLE_KINDS: tuple[SettleKind, ...] = ("complete", "retry", "dead", "cancel")
 
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How one leased copy's attempt ends: the one type that carries an outcome from the
+    worker, the broker's ``complete``/``retry``/``dead_letter`` and the claim's
+    undecodable rows into storage (``message_settle_many``).
+
+    - ``complete``: archived as completed; ``value`` is the handler's encoded result
+      (``None``: nothing stored);
+    - ``retry``: back to the queue after ``after`` seconds; a ``snooze`` gives the attempt
+      back. Whether a failure is retried or dead-lettered is the retry policy's decision
+      (:class:`~sqlbroker.RetryPolicy`), made before a settlement is built;
+    - ``dead``: to the dead letters with ``reason`` (made storable and cut to
+      ``MAX_REASON`` characters: a handler's ``Reject(reason)`` is not validated on the way);
+    - ``cancel``: archived as cancelled (its message was cancelled while it ran).
+    """
+
+    kind: SettleKind
     lease: Lease
-    after: float
-    error: ErrorInfo | None
+    value: bytes | None = None
+    after: float = 0.0
     snooze: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class DeadRequest:
-    """To the dead letters; ``reason`` is made storable (``storable_text``) and cut to
-    ``MAX_REASON`` characters (a handler's ``Reject(reason)`` is not validated on the way)."""
-
-    lease: Lease
-    reason: str
-    error: ErrorInfo | None
+    reason: str = ""
+    error: ErrorInfo | None = None
 
     def __post_init__(self) -> None:
-        reason = storable_text(str(self.reason)[:MAX_REASON])[:MAX_REASON]
-        object.__setattr__(self, "reason", reason)
+        if self.kind not in SETTLE_KINDS:
+            raise InvalidOption("kind", f"must be one of {', '.join(SETTLE_KINDS)}")
+        if self.kind == "dead":
+            reason = storable_text(str(self.reason)[:MAX_REASON])[:MAX_REASON]
+            object.__setattr__(self, "reason", reason)
+
+    @classmethod
+    def complete(cls, lease: Lease, value: bytes | None = None) -> Settlement:
+        return cls("complete", lease, value=value)
+
+    @classmethod
+    def retry(
+        cls, lease: Lease, after: float, error: ErrorInfo | None = None, *, snooze: bool = False
+    ) -> Settlement:
+        return cls("retry", lease, after=after, snooze=snooze, error=error)
+
+    @classmethod
+    def dead(cls, lease: Lease, reason: str, error: ErrorInfo | None = None) -> Settlement:
+        return cls("dead", lease, reason=reason, error=error)
+
+    @classmethod
+    def cancel(cls, lease: Lease) -> Settlement:
+        return cls("cancel", lease)
 
 
-def check_values(leases: Sequence[Lease], values: Sequence[bytes | None] | None) -> None:
-    """``message_complete_many``'s ``values`` are aligned with its leases (checked before
-    any SQL runs)."""
-    if values is not None and len(values) != len(leases):
-        raise InvalidOption(
-            "values", f"has {len(values)} entries for {len(leases)} leases: give one per lease"
-        )
-
-
-def undecodable_deaths(damaged: Sequence[UndecodableRow]) -> list[DeadRequest]:
-    """Dead-letter requests for claimed rows that do not decode (reason ``undecodable``,
+def undecodable_deaths(damaged: Sequence[UndecodableRow]) -> list[Settlement]:
+    """Dead-letter settlements for claimed rows that do not decode (reason ``undecodable``,
     error type ``sqlbroker.Undecodable``, the message naming the columns), each under the
-    lease its claim issued; every claim path sends these to ``message_dead_many``."""
+    lease its claim issued; every claim path sends these to ``message_settle_many``."""
     for row in damaged:
         log.warning(
             "message %s does not decode (%s): dead-lettered",
@@ -81,9 +102,7 @@ def undecodable_deaths(damaged: Sequence[UndecodableRow]) -> list[DeadRequest]:
             extra={"delivery_id": row.id, "reason": "undecodable"},
         )
     return [
-        DeadRequest(
-            lease=Lease(id=row.id, token=row.lease_token), reason=row.reason, error=row.error
-        )
+        Settlement.dead(Lease(id=row.id, token=row.lease_token), row.reason, row.error)
         for row in damaged
     ]
 

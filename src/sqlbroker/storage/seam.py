@@ -148,9 +148,7 @@ class Executor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = Operation(messages.message_claim_many)
-    message_complete_many = Operation(messages.message_complete_many)
-    message_retry_many = Operation(messages.message_retry_many)
-    message_dead_many = Operation(messages.message_dead_many)
+    message_settle_many = Operation(messages.message_settle_many)
     message_extend_leases = Operation(messages.message_extend_leases)
     message_release_many = Operation(messages.message_release_many)
     message_cancel_many = Operation(messages.message_cancel_many)
@@ -162,7 +160,6 @@ class Executor(ABC):
     # --- flow control by an operator: pause, cancel running copies ---------------------
     subscription_pause = Operation(control.subscription_pause)
     message_cancel_requested = Operation(control.message_cancel_requested)
-    message_cancel_leased = Operation(control.message_cancel_leased)
 
     # --- processed keys (consumer-side idempotency; features/processed.py) ----------------
     processed_reserve = Operation(processed.reserve)
@@ -263,9 +260,7 @@ class AsyncExecutor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = AsyncOperation(messages.message_claim_many)
-    message_complete_many = AsyncOperation(messages.message_complete_many)
-    message_retry_many = AsyncOperation(messages.message_retry_many)
-    message_dead_many = AsyncOperation(messages.message_dead_many)
+    message_settle_many = AsyncOperation(messages.message_settle_many)
     message_extend_leases = AsyncOperation(messages.message_extend_leases)
     message_release_many = AsyncOperation(messages.message_release_many)
     message_cancel_many = AsyncOperation(messages.message_cancel_many)
@@ -277,7 +272,6 @@ class AsyncExecutor(ABC):
     # --- flow control by an operator: pause, cancel running copies ---------------------
     subscription_pause = AsyncOperation(control.subscription_pause)
     message_cancel_requested = AsyncOperation(control.message_cancel_requested)
-    message_cancel_leased = AsyncOperation(control.message_cancel_leased)
 
     # --- processed keys --------------------------------------------------------------------
     processed_reserve = AsyncOperation(processed.reserve)

@@ -40,7 +40,7 @@ from sqlbroker.spark.storage.columns import (
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult, Lease
+from sqlbroker.storage.base import InsertResult, Lease, Settlement
 from sqlbroker.storage.sql import load_blocks
 
 _NO_ID = -(2**63)
@@ -295,7 +295,8 @@ class SqliteSparkStore:
 
     def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
         leases = self._stream_leases(stream, upto_seq)
-        done = self._backend.message_complete_many(leases=leases) if leases else []
+        settlements = [Settlement.complete(lease) for lease in leases]
+        done = self._backend.message_settle_many(settlements=settlements)
         # Forgetting the claims after the completion: a crash in between leaves claims
         # whose leases are gone, which the next ack forgets.
         with self._write() as conn:

@@ -425,20 +425,25 @@ USING unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
 WHERE m.id = l.id AND m.lease_token::text = l.token
 RETURNING m.id, m.subscription, m.ordering_key, m.state
 
--- name: message_complete_valued
--- message_complete for a batch in which some handler returned a value (only then: a batch
--- of None results runs the statement above, unchanged). The values ride along as one more
--- array (NULL: none) and land in sqlbroker_result in the same statement; each stored one
--- is announced on the result channel with its message id, in the same commit. ``archive``
--- is the backend's archive_completed (false: the copies are only deleted).
+-- name: message_settle
+-- A mixed batch of settlements in one statement: kind 'complete' (archived when :archive,
+-- its value stored as a result and announced on the result channel), 'dead' (to the dead
+-- letters, announced on the dead channel), 'cancel' (archived as cancelled) leave the hot
+-- table; 'retry' goes back to the queue (announced when available at once). Each copy at
+-- most once. Rows: id, subscription, ordering_key, state, and whether the copy left the
+-- table (its ordering key then promotes its next copy). Unused columns are NULL.
 WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(values)b::text[])
-        AS l(id, token, value)
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(kinds)b::text[],
+                         %(values)b::text[], %(afters)b::float8[], %(snoozes)b::boolean[],
+                         %(errors)b::text[], %(reasons)b::text[], %(error_types)b::text[],
+                         %(error_messages)b::text[], %(tracebacks)b::text[])
+        AS l(id, token, kind, result_value, after_seconds, snooze, last_error, reason,
+             error_type, error_message, traceback)
 ),
-done AS (
+gone AS (
     DELETE FROM {schema}sqlbroker_message m USING l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.*, l.value AS result_value
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND l.kind <> 'retry'
+    RETURNING m.*, l.kind, l.result_value, l.reason, l.error_type, l.error_message, l.traceback
 ),
 archived AS (
     INSERT INTO {schema}sqlbroker_archive (
@@ -446,12 +451,14 @@ archived AS (
         idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
         enqueued_at, first_started_at, finished_at, tenant
     )
-    SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
-    FROM done
-    WHERE %(archive)s
+    SELECT id, message_id, subscription, topic,
+           CASE WHEN kind = 'cancel' THEN 'cancelled' ELSE 'completed' END, priority,
+           ordering_key, idempotency_key, payload, content_type, headers, attempts,
+           max_attempts, replay_count, enqueued_at, first_started_at,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    WHERE kind = 'cancel' OR (kind = 'complete' AND %(archive)s)
     ORDER BY id
 ),
 stored AS (
@@ -460,54 +467,11 @@ stored AS (
     )
     SELECT id, message_id, subscription, convert_to(result_value, 'UTF8'),
            coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
-    FROM done
-    WHERE result_value IS NOT NULL
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    WHERE kind = 'complete' AND result_value IS NOT NULL
     ORDER BY id
     RETURNING message_id
-),
-notified AS (
-    SELECT count((SELECT pg_notify(%(result_channel)s, message_id::text))::text) AS n FROM stored
-)
-SELECT id, subscription, ordering_key, state, (SELECT n FROM notified) FROM done ORDER BY id
-
--- name: message_retry
-WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(afters)b::float8[],
-                         %(errors)b::text[], %(snoozes)b::boolean[])
-        AS l(id, token, after_seconds, last_error, snooze)
-),
-retried AS (
-    UPDATE {schema}sqlbroker_message m
-    SET state = CASE WHEN l.after_seconds > 0 THEN 'scheduled' ELSE 'available' END,
-        available_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => l.after_seconds),
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        worker = NULL,
-        attempts = m.attempts - CASE WHEN l.snooze THEN 1 ELSE 0 END,
-        last_error = coalesce(l.last_error, m.last_error),
-        first_failed_at = CASE WHEN l.snooze THEN m.first_failed_at
-            ELSE coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())) END,
-        last_failed_at = CASE WHEN l.snooze THEN m.last_failed_at
-            ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END
-    FROM l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.id, m.subscription, m.state
-)
-SELECT id,
-       CASE WHEN state = 'available' THEN (SELECT pg_notify(%(channel)s, subscription))::text END
-FROM retried ORDER BY id
-
--- name: message_dead
-WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(reasons)b::text[],
-                         %(error_types)b::text[], %(error_messages)b::text[], %(tracebacks)b::text[])
-        AS l(id, token, reason, error_type, error_message, traceback)
-),
-gone AS (
-    DELETE FROM {schema}sqlbroker_message m USING l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.*, l.reason, l.error_type, l.error_message, l.traceback
 ),
 dead AS (
     INSERT INTO {schema}sqlbroker_dead (
@@ -524,13 +488,37 @@ dead AS (
            coalesce(%(now)s::timestamptz, statement_timestamp()),
            (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
     FROM gone
+    WHERE kind = 'dead'
     ORDER BY id
-    RETURNING delivery_id, subscription
+    RETURNING subscription
+),
+retried AS (
+    UPDATE {schema}sqlbroker_message m
+    SET state = CASE WHEN l.after_seconds > 0 THEN 'scheduled' ELSE 'available' END,
+        available_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => l.after_seconds),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        worker = NULL,
+        attempts = m.attempts - CASE WHEN l.snooze THEN 1 ELSE 0 END,
+        last_error = coalesce(l.last_error, m.last_error),
+        first_failed_at = CASE WHEN l.snooze THEN m.first_failed_at
+            ELSE coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())) END,
+        last_failed_at = CASE WHEN l.snooze THEN m.last_failed_at
+            ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END
+    FROM l
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND l.kind = 'retry'
+    RETURNING m.id, m.subscription, m.state
+),
+notified AS (
+    SELECT (SELECT count((SELECT pg_notify(%(result_channel)s, message_id::text))::text) FROM stored)
+         + (SELECT count((SELECT pg_notify(%(dead_channel)s, subscription))::text) FROM dead)
+         + (SELECT count((SELECT pg_notify(%(channel)s, subscription))::text)
+            FROM retried WHERE state = 'available') AS n
 )
-SELECT d.delivery_id, g.subscription, g.ordering_key, g.state,
-       (SELECT pg_notify(%(dead_channel)s, d.subscription))::text
-FROM dead d JOIN gone g ON g.id = d.delivery_id
-ORDER BY d.delivery_id
+SELECT id, subscription, ordering_key, state, true, (SELECT n FROM notified) FROM gone
+UNION ALL
+SELECT id, subscription, NULL, state, false, (SELECT n FROM notified) FROM retried
+ORDER BY 1
 
 -- name: message_extend
 UPDATE {schema}sqlbroker_message m
