@@ -19,6 +19,7 @@ from psycopg.rows import TupleRow, dict_row
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.storage.plan import Plan, Query, Rows, drive, drive_async
 from sqlbroker.storage.schema import SchemaFiles
+from sqlbroker.storage.sql import load_blocks
 
 T = TypeVar("T")
 SCHEMA = SchemaFiles(
@@ -44,7 +45,8 @@ def schema_sql(schema: str | None = None) -> str:
     """The complete schema script (``sqlbroker schema --print``), its tables in ``schema``
     when given."""
     prefix = qualifier(schema)
-    preamble = [f"CREATE SCHEMA IF NOT EXISTS {prefix[:-1]};"] if schema else []
+    create = load_blocks(SCHEMA.package, "queries.sql")["schema_create"]
+    preamble = [create.replace("{name}", prefix[:-1]) + ";"] if schema else []
     return SCHEMA.script(prefix, preamble)
 
 

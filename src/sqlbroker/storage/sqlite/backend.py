@@ -34,7 +34,7 @@ from sqlbroker.storage.schema import pending
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
-from sqlbroker.storage.sqlite.connection import SqlitePool
+from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
@@ -187,7 +187,7 @@ class SqliteBackend(Backend):
                     # 2 ms after a change, doubling to 50 ms. A look costs microseconds.
                     pause = _WATCH_MIN
                     while not stop.is_set():
-                        version = conn.execute("PRAGMA data_version").fetchone()[0]
+                        version = conn.execute(SESSION["session_data_version"]).fetchone()[0]
                         if version != last:
                             last = version
                             pause = _WATCH_MIN
