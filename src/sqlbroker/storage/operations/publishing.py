@@ -18,7 +18,7 @@ from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.operations.subscriptions import queue_create
-from sqlbroker.storage.plan import Plan, Rows, atomic_when, query
+from sqlbroker.storage.plan import Plan, Rows, atomic_when, each, query
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -34,16 +34,26 @@ def _float_or_none(value: float | None) -> float | None:
 
 
 def _rows(
-    settings: Settings, block: str, columns: Mapping[str, list[Any]], **shared: Any
+    settings: Settings,
+    block: str,
+    columns: Mapping[str, list[Any]],
+    *,
+    read: bool = True,
+    **shared: Any,
 ) -> Plan[Rows]:
     """``block`` over the arrays ``columns`` in one statement, or ``block_one`` once per
-    row (see the module's docstring), its rows concatenated; ``shared`` goes to each."""
+    row (see the module's docstring), its rows concatenated; ``shared`` goes to each.
+    Unless they are ``read``, the runs of one row are one ``executemany``."""
     count = len(next(iter(columns.values())))
     if settings.array_params and count > 1:
         return (yield query(block, **columns, **shared))
+    rows = [
+        dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
+    ]
+    if not read and count > 1:
+        return (yield each(f"{block}_one", rows, **shared))
     found = Rows([], 0)
-    for index in range(count):
-        row = {name: value[index] for name, value in columns.items()}
+    for row in rows:
         found.extend((yield query(f"{block}_one", **row, **shared)))
     return found
 
@@ -100,17 +110,19 @@ def message_insert_many(
             if subscription is not None and not ordering_keys
             else "message_insert"
         )
+        routed = block == "message_insert"
         rows = yield from _rows(
             settings,
             block,
             _columns(fresh),
+            read=routed,
             subscription=subscription,
             queue_regex=None if subscription is None else pattern_regex(subscription),
             channel=settings.notify_channel,
             max_copies=UNLIMITED if max_copies is None else max_copies,
         )
-        unrouted = sum(int(row[0]) for row in rows)
-        if block == "message_insert":
+        if routed:
+            unrouted = sum(int(row[0]) for row in rows)
             # Past the limit a statement writes nothing; raising rolls back the others.
             check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
         if subscription is not None and known is not None:

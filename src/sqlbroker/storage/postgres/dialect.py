@@ -34,6 +34,11 @@ def run(
             cursor: psycopg.Cursor[Any] = (
                 conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
             )
+            if query.each:
+                params = _params(query, now)
+                cursor.executemany(sql[query.block], [{**params, **row} for row in query.each])
+                query = plan.send(Rows([], cursor.rowcount))
+                continue
             cursor.execute(sql[query.block], _params(query, now))
             result = cursor.pgresult
             returned = result is not None and result.status == ExecStatus.TUPLES_OK
@@ -56,6 +61,13 @@ async def run_async(
             cursor: psycopg.AsyncCursor[Any] = (
                 conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
             )
+            if query.each:
+                params = _params(query, now)
+                await cursor.executemany(
+                    sql[query.block], [{**params, **row} for row in query.each]
+                )
+                query = plan.send(Rows([], cursor.rowcount))
+                continue
             await cursor.execute(sql[query.block], _params(query, now))
             result = cursor.pgresult
             returned = result is not None and result.status == ExecStatus.TUPLES_OK

@@ -89,22 +89,6 @@ SELECT (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern WHERE subscr
        (SELECT count(*) FROM {schema}sqlbroker_subscription),
        (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern)
 
--- name: queue_create
--- queue_ensure, saying whether it created the queue (a row) or found it (none). The row
--- comes from the subscription's insert: under tenant isolation the new pattern row is not
--- yet visible to this statement's SELECT policy, which a RETURNING there would apply.
-WITH created AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(regex)s FROM created
-)
-SELECT name FROM created
-
 -- name: dedupe_reserve
 WITH b AS (
     SELECT * FROM unnest(%(topic)b::text[], %(idempotency_key)b::text[], %(message_id)b::uuid[],
@@ -727,3 +711,10 @@ RETURNING topic, idempotency_key
 SELECT topic, idempotency_key, message_id::text, payload_hash
 FROM {schema}sqlbroker_dedupe
 WHERE topic = %(topic)s AND idempotency_key = %(idempotency_key)s
+
+-- name: queue_create
+-- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
+INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+ON CONFLICT (name) DO NOTHING
+RETURNING name

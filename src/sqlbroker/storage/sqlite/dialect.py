@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from sqlbroker.storage.plan import Plan, Rows
 
 T = TypeVar("T")
+_PLAIN = frozenset({str, int, float, bytes, bool, type(None)})
 
 
 def encode(value: Any) -> Any:
@@ -51,6 +52,19 @@ def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: fl
         while True:
             params = {name: encode(value) for name, value in query.params.items()}
             params["now"] = now
+            if query.each:
+                cursor = conn.executemany(
+                    sql[query.block],
+                    [
+                        {
+                            **params,
+                            **{k: v if type(v) in _PLAIN else encode(v) for k, v in row.items()},
+                        }
+                        for row in query.each
+                    ],
+                )
+                query = plan.send(Rows([], cursor.rowcount))
+                continue
             *before, last = statements(sql[query.block])
             for statement in before:
                 conn.execute(statement, params)

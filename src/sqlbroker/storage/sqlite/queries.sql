@@ -350,13 +350,10 @@ DELETE FROM sqlbroker_message WHERE subscription = :name;
 DELETE FROM sqlbroker_subscription WHERE name = :name
 
 -- name: queue_create
--- A queue is created on first use as a subscription whose only pattern is its own name;
--- an existing subscription of that name is left exactly as it is. A row: it was created.
+-- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
 INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
-ON CONFLICT (name) DO NOTHING;
-INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
-SELECT :name, :name, :regex WHERE changes() = 1
-RETURNING subscription
+ON CONFLICT (name) DO NOTHING
+RETURNING name
 
 -- name: dedupe_reserve_one
 -- A row: the key is ours (new, or its holder's window ended).
@@ -439,7 +436,8 @@ SELECT changes() AS unrouted, 0 AS notified, count(*) AS copies FROM (
 
 -- name: message_insert_queue_one
 -- message_insert_one for a queue publish without ordering keys (the common case): one copy,
--- to :subscription (created before, by queue_create).
+-- to :subscription (created before, by queue_create). Its rows are not read, so it returns
+-- none: a batch runs it as one executemany.
 INSERT INTO sqlbroker_message (
     message_id, subscription, topic, state, priority, idempotency_key, payload,
     content_type, headers, max_attempts, enqueued_at, available_at, expires_at
@@ -450,4 +448,3 @@ INSERT INTO sqlbroker_message (
     :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
     coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
 )
-RETURNING 0 AS unrouted, 0 AS notified
