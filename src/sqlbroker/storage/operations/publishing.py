@@ -23,6 +23,13 @@ from sqlbroker.storage.plan import Plan, Rows, atomic_when, each, query
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
 
+_SHARED_COLUMNS = frozenset(
+    {"topic", "priority", "ordering_key", "idempotency_key", "content_type", "headers"}
+    | {"max_attempts", "at", "delay", "expires", "ttl"}
+)
+"""The columns of a batch that are often the same for every message (see message_batch in
+the PostgreSQL SQL)."""
+
 UNLIMITED = 2**62
 """``max_copies`` when the caller sets none (the broker's own bulk paths)."""
 
@@ -39,14 +46,21 @@ def _rows(
     columns: Mapping[str, list[Any]],
     *,
     read: bool = True,
+    squeeze: frozenset[str] = frozenset(),
     **shared: Any,
 ) -> Plan[Rows]:
     """``block`` over the arrays ``columns`` in one statement, or ``block_one`` once per
     row (see the module's docstring), its rows concatenated; ``shared`` goes to each.
-    Unless they are ``read``, the runs of one row are one ``executemany``."""
+    Unless they are ``read``, the runs of one row are one ``executemany``. A column named
+    in ``squeeze`` whose values are all equal goes to the array statement as one value
+    (the block reads it as standing for every row)."""
     count = len(next(iter(columns.values())))
     if settings.array_params and count > 1:
-        return (yield query(block, **columns, **shared))
+        arrays = {
+            name: values[:1] if name in squeeze and values.count(values[0]) == count else values
+            for name, values in columns.items()
+        }
+        return (yield query(block, **arrays, **shared))
     rows = [
         dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
     ]
@@ -116,6 +130,7 @@ def message_insert_many(
             block,
             _columns(fresh),
             read=routed,
+            squeeze=_SHARED_COLUMNS,
             subscription=subscription,
             queue_regex=None if subscription is None else pattern_regex(subscription),
             channel=settings.notify_channel,
