@@ -6,14 +6,14 @@ import asyncio
 import functools
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
@@ -43,41 +43,6 @@ from sqlbroker.storage.url import DatabaseURL, redact
 Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 T = TypeVar("T")
-Statement = tuple[str, Mapping[str, Any]]
-StatementPlan = Generator[Statement, list[tuple[Any, ...]], T]
-
-"""The statements of one operation, independent of the driver's I/O: the plan yields each
-statement with its parameters and is sent back the rows it returned. The same plan runs on
-a sync connection (:func:`run_plan`) or an async one (:func:`run_plan_async`)."""
-
-
-def returned_rows(cursor: psycopg.Cursor[TupleRow] | psycopg.AsyncCursor[TupleRow]) -> bool:
-    """Whether the statement just executed returned rows (``cursor.description`` tells
-    too, but builds a column list to do it)."""
-    result = cursor.pgresult
-    return result is not None and result.status == ExecStatus.TUPLES_OK
-
-
-def run_plan(conn: Conn, plan: StatementPlan[T]) -> T:
-    try:
-        statement, params = next(plan)
-        while True:
-            cursor = conn.execute(statement, params)
-            rows = cursor.fetchall() if returned_rows(cursor) else []
-            statement, params = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-
-
-async def run_plan_async(conn: AsyncConn, plan: StatementPlan[T]) -> T:
-    try:
-        statement, params = next(plan)
-        while True:
-            cursor = await conn.execute(statement, params)
-            rows = await cursor.fetchall() if returned_rows(cursor) else []
-            statement, params = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 # A failed connection attempt carries no SQLSTATE (libpq reports it as text), so a refused
