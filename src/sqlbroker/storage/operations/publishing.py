@@ -9,6 +9,7 @@ scalar parameters get a cached generic plan, an array's unnest is planned on eve
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +126,17 @@ def message_insert_many(
             else "message_insert"
         )
         routed = block == "message_insert"
+        if routed and subscription is None and max_copies is not None and not settings.array_params:
+            # Run row by row, the statements cannot see the batch: count its copies first,
+            # so that a refused fan-out writes nothing at all (nor holds the write lock).
+            topics = Counter(m.topic for m in fresh)
+            ((copies,),) = yield query(
+                "message_copies",
+                topics=list(topics),
+                counts=list(topics.values()),
+                subscription=None,
+            )
+            check_copies(copies, len(messages), max_copies)
         rows = yield from _rows(
             settings,
             block,
