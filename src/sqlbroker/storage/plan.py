@@ -14,7 +14,7 @@ overrides the database's own).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,11 +25,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass(frozen=True, slots=True)
 class Query:
     """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
-    its rows are addressable by column name (``row["id"]``), else by position."""
+    its rows are addressable by column name (``row["id"]``), else by position. With
+    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread."""
 
     block: str
     params: Mapping[str, Any]
     named: bool = False
+    each: Sequence[Mapping[str, Any]] = ()
 
 
 class Rows(list[Any]):
@@ -68,6 +70,12 @@ async def drive_async(plan: Plan[T], step: Callable[[Query], Awaitable[Rows]]) -
 def query(block: str, /, **params: Any) -> Query:
     """A statement whose rows are read by position."""
     return Query(block, params)
+
+
+def each(block: str, rows: Sequence[Mapping[str, Any]], /, **params: Any) -> Query:
+    """A one-statement block run once per row of ``rows`` (the driver's ``executemany``),
+    returning no rows, only the total ``rowcount``."""
+    return Query(block, params, each=rows)
 
 
 def named(block: str, /, **params: Any) -> Query:

@@ -9,6 +9,7 @@ scalar parameters get a cached generic plan, an array's unnest is planned on eve
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +19,17 @@ from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.operations.subscriptions import queue_create
-from sqlbroker.storage.plan import Plan, Rows, atomic_when, query
+from sqlbroker.storage.plan import Plan, Rows, atomic_when, each, query
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
+
+_SHARED_COLUMNS = frozenset(
+    {"topic", "priority", "ordering_key", "idempotency_key", "content_type", "headers"}
+    | {"max_attempts", "at", "delay", "expires", "ttl"}
+)
+"""The columns of a batch that are often the same for every message (see message_batch in
+the PostgreSQL SQL)."""
 
 UNLIMITED = 2**62
 """``max_copies`` when the caller sets none (the broker's own bulk paths)."""
@@ -34,16 +42,33 @@ def _float_or_none(value: float | None) -> float | None:
 
 
 def _rows(
-    settings: Settings, block: str, columns: Mapping[str, list[Any]], **shared: Any
+    settings: Settings,
+    block: str,
+    columns: Mapping[str, list[Any]],
+    *,
+    read: bool = True,
+    squeeze: frozenset[str] = frozenset(),
+    **shared: Any,
 ) -> Plan[Rows]:
     """``block`` over the arrays ``columns`` in one statement, or ``block_one`` once per
-    row (see the module's docstring), its rows concatenated; ``shared`` goes to each."""
+    row (see the module's docstring), its rows concatenated; ``shared`` goes to each.
+    Unless they are ``read``, the runs of one row are one ``executemany``. A column named
+    in ``squeeze`` whose values are all equal goes to the array statement as one value
+    (the block reads it as standing for every row)."""
     count = len(next(iter(columns.values())))
     if settings.array_params and count > 1:
-        return (yield query(block, **columns, **shared))
+        arrays = {
+            name: values[:1] if name in squeeze and values.count(values[0]) == count else values
+            for name, values in columns.items()
+        }
+        return (yield query(block, **arrays, **shared))
+    rows = [
+        dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
+    ]
+    if not read and count > 1:
+        return (yield each(f"{block}_one", rows, **shared))
     found = Rows([], 0)
-    for index in range(count):
-        row = {name: value[index] for name, value in columns.items()}
+    for row in rows:
         found.extend((yield query(f"{block}_one", **row, **shared)))
     return found
 
@@ -100,17 +125,31 @@ def message_insert_many(
             if subscription is not None and not ordering_keys
             else "message_insert"
         )
+        routed = block == "message_insert"
+        if routed and subscription is None and max_copies is not None and not settings.array_params:
+            # Run row by row, the statements cannot see the batch: count its copies first,
+            # so that a refused fan-out writes nothing at all (nor holds the write lock).
+            topics = Counter(m.topic for m in fresh)
+            ((copies,),) = yield query(
+                "message_copies",
+                topics=list(topics),
+                counts=list(topics.values()),
+                subscription=None,
+            )
+            check_copies(copies, len(messages), max_copies)
         rows = yield from _rows(
             settings,
             block,
             _columns(fresh),
+            read=routed,
+            squeeze=_SHARED_COLUMNS,
             subscription=subscription,
             queue_regex=None if subscription is None else pattern_regex(subscription),
             channel=settings.notify_channel,
             max_copies=UNLIMITED if max_copies is None else max_copies,
         )
-        unrouted = sum(int(row[0]) for row in rows)
-        if block == "message_insert":
+        if routed:
+            unrouted = sum(int(row[0]) for row in rows)
             # Past the limit a statement writes nothing; raising rolls back the others.
             check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
         if subscription is not None and known is not None:

@@ -72,8 +72,14 @@ def queue_create(settings: Settings, *, name: str) -> Plan[bool]:
     """Create the queue ``name`` when it does not exist (a subscription whose only pattern
     is its name) and check the limits on subscriptions and patterns (the error rolls the
     creation back). Returns whether it was created."""
-    created = yield query("queue_create", name=name, regex=pattern_regex(name))
+    created = yield query("queue_create", name=name)
     if created:
+        yield query(
+            "subscription_patterns_insert",
+            name=name,
+            patterns=[name],
+            regexes=[pattern_regex(name)],
+        )
         ((own, subscriptions, patterns),) = yield query("subscription_room", name=name)
         settings.limits.check_room(
             subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns

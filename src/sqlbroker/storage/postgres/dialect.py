@@ -70,7 +70,11 @@ def run(
         cursor: psycopg.Cursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
-        cursor.execute(sql[query.block], _params(query, now))
+        params = _params(query, now)
+        if query.each:
+            cursor.executemany(sql[query.block], [{**params, **row} for row in query.each])
+            return Rows([], cursor.rowcount)
+        cursor.execute(sql[query.block], params)
         return Rows(cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
 
     return drive(plan, step)
@@ -88,7 +92,11 @@ async def run_async(
         cursor: psycopg.AsyncCursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
-        await cursor.execute(sql[query.block], _params(query, now))
+        params = _params(query, now)
+        if query.each:
+            await cursor.executemany(sql[query.block], [{**params, **row} for row in query.each])
+            return Rows([], cursor.rowcount)
+        await cursor.execute(sql[query.block], params)
         return Rows(await cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
 
     return await drive_async(plan, step)

@@ -100,22 +100,6 @@ SELECT (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern WHERE subscr
        (SELECT count(*) FROM {schema}sqlbroker_subscription),
        (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern)
 
--- name: queue_create
--- queue_ensure, saying whether it created the queue (a row) or found it (none). The row
--- comes from the subscription's insert: under tenant isolation the new pattern row is not
--- yet visible to this statement's SELECT policy, which a RETURNING there would apply.
-WITH created AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(regex)s FROM created
-)
-SELECT name FROM created
-
 -- name: dedupe_reserve
 WITH b AS (
     SELECT * FROM unnest(%(topic)b::text[], %(idempotency_key)b::text[], %(message_id)b::uuid[],
@@ -152,21 +136,38 @@ WHERE ctid = ANY (ARRAY(
 ))
 
 -- name: message_insert
--- One statement for a whole batch (arrays read with unnest); see message_insert_routing.
-WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
-b AS (
-    SELECT b.*, t.now,
-           coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
-           coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
-    FROM t, unnest(%(message_id)b::uuid[], %(topic)b::text[], %(priority)b::smallint[],
-                   %(ordering_key)b::text[], %(idempotency_key)b::text[], %(payload)b::bytea[],
-                   %(content_type)b::text[], %(headers)b::text[], %(max_attempts)b::integer[],
-                   %(at)b::timestamptz[], %(delay)b::float8[], %(expires)b::timestamptz[],
-                   %(ttl)b::float8[])
-        WITH ORDINALITY AS b(message_id, topic, priority, ordering_key, idempotency_key, payload,
-                             content_type, headers, max_attempts, at, delay, expires, ttl, seq)
-),
+-- One statement for a whole batch (arrays: see message_batch); see message_insert_routing.
+-- include: message_batch
 -- include: message_insert_routing
+
+-- name: message_batch
+-- (A fragment, included above and below.) The rows of a batch: message_id and payload are
+-- arrays of one element per row, read with unnest; every other column is such an array or
+-- one element that stands for every row (operations/publishing.py sends a column whose
+-- values are all equal so: the driver encodes one value instead of hundreds).
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+u AS (
+    SELECT u.message_id, u.payload, u.seq,
+           (%(topic)b::text[])[least(u.seq, cardinality(%(topic)b::text[]))] AS topic,
+           (%(priority)b::smallint[])[least(u.seq, cardinality(%(priority)b::smallint[]))] AS priority,
+           (%(ordering_key)b::text[])[least(u.seq, cardinality(%(ordering_key)b::text[]))] AS ordering_key,
+           (%(idempotency_key)b::text[])[least(u.seq, cardinality(%(idempotency_key)b::text[]))] AS idempotency_key,
+           (%(content_type)b::text[])[least(u.seq, cardinality(%(content_type)b::text[]))] AS content_type,
+           (%(headers)b::text[])[least(u.seq, cardinality(%(headers)b::text[]))] AS headers,
+           (%(max_attempts)b::integer[])[least(u.seq, cardinality(%(max_attempts)b::integer[]))] AS max_attempts,
+           (%(at)b::timestamptz[])[least(u.seq, cardinality(%(at)b::timestamptz[]))] AS at,
+           (%(delay)b::float8[])[least(u.seq, cardinality(%(delay)b::float8[]))] AS delay,
+           (%(expires)b::timestamptz[])[least(u.seq, cardinality(%(expires)b::timestamptz[]))] AS expires,
+           (%(ttl)b::float8[])[least(u.seq, cardinality(%(ttl)b::float8[]))] AS ttl
+    FROM unnest(%(message_id)b::uuid[], %(payload)b::bytea[])
+        WITH ORDINALITY AS u(message_id, payload, seq)
+),
+b AS (
+    SELECT u.*, t.now,
+           coalesce(u.at, t.now + make_interval(secs => coalesce(u.delay, 0))) AS ready_at,
+           coalesce(u.expires, t.now + make_interval(secs => u.ttl)) AS expire_at
+    FROM t, u
+),
 
 -- name: message_insert_one
 -- The same for one message, with scalar parameters: unlike unnest over an array, whose
@@ -280,18 +281,7 @@ SELECT (SELECT count(*) FROM unrouted) AS unrouted,
 -- message_insert for a queue publish without ordering keys (the common case): every copy
 -- goes to %(subscription)s, none is blocked or unrouted, so the routing join, the window
 -- over keys and the unrouted anti-join of message_insert_routing are left out.
-WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
-b AS (
-    SELECT b.*, t.now,
-           coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
-           coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
-    FROM t, unnest(%(message_id)b::uuid[], %(topic)b::text[], %(priority)b::smallint[],
-                   %(idempotency_key)b::text[], %(payload)b::bytea[], %(content_type)b::text[],
-                   %(headers)b::text[], %(max_attempts)b::integer[], %(at)b::timestamptz[],
-                   %(delay)b::float8[], %(expires)b::timestamptz[], %(ttl)b::float8[])
-        WITH ORDINALITY AS b(message_id, topic, priority, idempotency_key, payload,
-                             content_type, headers, max_attempts, at, delay, expires, ttl, seq)
-),
+-- include: message_batch
 -- include: message_insert_direct
 
 -- name: message_insert_queue_one
@@ -726,3 +716,10 @@ RETURNING topic, idempotency_key
 SELECT topic, idempotency_key, message_id::text, payload_hash
 FROM {schema}sqlbroker_dedupe
 WHERE topic = %(topic)s AND idempotency_key = %(idempotency_key)s
+
+-- name: queue_create
+-- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
+INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+ON CONFLICT (name) DO NOTHING
+RETURNING name

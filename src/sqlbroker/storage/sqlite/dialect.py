@@ -20,6 +20,7 @@ from sqlbroker.storage.plan import Plan, Query, Rows, drive
 from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
+_PLAIN = frozenset({str, int, float, bytes, bool, type(None)})
 
 
 def encode(value: Any) -> Any:
@@ -57,6 +58,18 @@ def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: fl
     def step(query: Query) -> Rows:
         params = {name: encode(value) for name, value in query.params.items()}
         params["now"] = now
+        if query.each:
+            cursor = conn.executemany(
+                sql[query.block],
+                [
+                    {
+                        **params,
+                        **{k: v if type(v) in _PLAIN else encode(v) for k, v in row.items()},
+                    }
+                    for row in query.each
+                ],
+            )
+            return Rows([], cursor.rowcount)
         *before, last = statements(sql[query.block])
         for statement in before:
             conn.execute(statement, params)

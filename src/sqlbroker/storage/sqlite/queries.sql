@@ -350,13 +350,10 @@ DELETE FROM sqlbroker_message WHERE subscription = :name;
 DELETE FROM sqlbroker_subscription WHERE name = :name
 
 -- name: queue_create
--- A queue is created on first use as a subscription whose only pattern is its own name;
--- an existing subscription of that name is left exactly as it is. A row: it was created.
+-- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
 INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
-ON CONFLICT (name) DO NOTHING;
-INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
-SELECT :name, :name, :regex WHERE changes() = 1
-RETURNING subscription
+ON CONFLICT (name) DO NOTHING
+RETURNING name
 
 -- name: dedupe_reserve_one
 -- A row: the key is ours (new, or its holder's window ended).
@@ -375,33 +372,47 @@ SELECT topic, idempotency_key, message_id, payload_hash FROM sqlbroker_dedupe
 WHERE topic = :topic AND idempotency_key = :idempotency_key
 
 -- name: message_routes
--- (A fragment, included below.) The subscriptions of a copy: :subscription, or without
--- it every subscription with a pattern that matches :topic. Routing matches the stored
--- pattern (sqlbroker_pattern_match validates it again: a damaged row matches nothing),
--- never the stored regex; cheap tests first, as in PostgreSQL's message_insert_routing:
--- a matching pattern's first segment is '*', '#' or the topic's first word and a dot, its
--- last segment '*', '#' or a dot and the topic's last word.
-SELECT :subscription AS subscription WHERE :subscription IS NOT NULL
+-- (A fragment, included below.) The routes (seq, subscription) of the messages m(seq,
+-- topic): :subscription, or without it every subscription with a pattern that matches the
+-- topic. Routing matches the stored pattern (sqlbroker_pattern_match validates it again: a
+-- damaged row matches nothing), never the stored regex; cheap tests first, as in
+-- PostgreSQL's message_insert_routing: a matching pattern's first segment is '*', '#' or
+-- the topic's first word and a dot, its last segment '*', '#' or a dot and the last word.
+SELECT m.seq, :subscription AS subscription FROM m WHERE :subscription IS NOT NULL
 UNION ALL
-SELECT DISTINCT subscription FROM sqlbroker_subscription_pattern
-WHERE :subscription IS NULL AND CASE
-    WHEN pattern = :topic OR pattern = '#' THEN 1
-    WHEN pattern = '*' THEN instr(:topic, '.') = 0
-    WHEN NOT (substr(pattern, 1, instr(:topic || '.', '.')) = substr(:topic || '.', 1, instr(:topic || '.', '.'))
-              OR substr(pattern, 1, 2) IN ('*.', '#.'))
+SELECT DISTINCT m.seq, p.subscription
+FROM m JOIN sqlbroker_subscription_pattern p ON CASE
+    WHEN p.pattern = m.topic OR p.pattern = '#' THEN 1
+    WHEN p.pattern = '*' THEN instr(m.topic, '.') = 0
+    WHEN NOT (substr(p.pattern, 1, instr(m.topic || '.', '.'))
+                = substr(m.topic || '.', 1, instr(m.topic || '.', '.'))
+              OR substr(p.pattern, 1, 2) IN ('*.', '#.'))
         THEN 0
-    WHEN NOT (substr(pattern, -1 - length(:topic) + length(rtrim(:topic, replace(:topic, '.', ''))))
-                = '.' || substr(:topic, 1 + length(rtrim(:topic, replace(:topic, '.', ''))))
-              OR substr(pattern, -2) IN ('.*', '.#'))
+    WHEN NOT (substr(p.pattern, -1 - length(m.topic) + length(rtrim(m.topic, replace(m.topic, '.', ''))))
+                = '.' || substr(m.topic, 1 + length(rtrim(m.topic, replace(m.topic, '.', ''))))
+              OR substr(p.pattern, -2) IN ('.*', '.#'))
         THEN 0
-    ELSE sqlbroker_pattern_match(pattern, :topic)
+    ELSE sqlbroker_pattern_match(p.pattern, m.topic)
 END
+WHERE :subscription IS NULL
+
+-- name: message_copies
+-- The copies a batch would make (message_routes), given its distinct :topics and how many
+-- messages have each (:counts): a batch published one row at a time is counted first, so
+-- that a refused fan-out writes nothing at all.
+WITH m(seq, topic) AS (SELECT key, value FROM json_each(:topics)), r AS (
+-- include: message_routes
+)
+SELECT coalesce(sum(c.value), 0) FROM r JOIN json_each(:counts) c ON c.key = r.seq
 
 -- name: message_insert_one
 -- One message: a copy for each of its routes, none past :max_copies copies (the caller
 -- raises LimitExceeded from the count), and none routed: archived as unrouted. A copy
 -- whose ordering key already has a copy in its subscription waits, blocked, behind it.
 -- Returns (unrouted, notified, copies) as PostgreSQL's does.
+WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
+-- include: message_routes
+)
 INSERT INTO sqlbroker_message (
     message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
     payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
@@ -416,12 +427,11 @@ SELECT :message_id, r.subscription, :topic,
        :priority, :ordering_key, :idempotency_key, :payload, :content_type, :headers,
        :max_attempts, :now, coalesce(:at, :now + coalesce(:delay, 0)),
        coalesce(:expires, :now + :ttl)
-FROM (
+FROM r
+WHERE (SELECT count(*) FROM r) <= :max_copies;
+WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
 -- include: message_routes
-) r
-WHERE (SELECT count(*) FROM (
--- include: message_routes
-)) <= :max_copies;
+)
 INSERT INTO sqlbroker_archive (
     delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
     idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
@@ -430,16 +440,16 @@ INSERT INTO sqlbroker_archive (
 SELECT NULL, :message_id, NULL, :topic, 'unrouted', :priority, :ordering_key,
        :idempotency_key, :payload, :content_type, :headers, 0, :max_attempts, 0,
        :now, NULL, :now
-WHERE changes() = 0 AND NOT EXISTS (
--- include: message_routes
-);
-SELECT changes() AS unrouted, 0 AS notified, count(*) AS copies FROM (
+WHERE changes() = 0 AND NOT EXISTS (SELECT 1 FROM r);
+WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
 -- include: message_routes
 )
+SELECT changes() AS unrouted, 0 AS notified, count(*) AS copies FROM r
 
 -- name: message_insert_queue_one
 -- message_insert_one for a queue publish without ordering keys (the common case): one copy,
--- to :subscription (created before, by queue_create).
+-- to :subscription (created before, by queue_create). Its rows are not read, so it returns
+-- none: a batch runs it as one executemany.
 INSERT INTO sqlbroker_message (
     message_id, subscription, topic, state, priority, idempotency_key, payload,
     content_type, headers, max_attempts, enqueued_at, available_at, expires_at
@@ -450,4 +460,3 @@ INSERT INTO sqlbroker_message (
     :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
     coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
 )
-RETURNING 0 AS unrouted, 0 AS notified
