@@ -121,8 +121,10 @@ def test_a_copy_twice_in_one_call_is_refused_and_nothing_is_written(backend: Any
     with pytest.raises(InvalidOption, match=f"copy {first.id} twice"):
         backend.message_settle_many(settlements=twice)
     assert set(states(backend, "jobs").values()) == {"running"}
-    with pytest.raises(InvalidOption, match="kind"):
-        Settlement("archive", Lease.of(first))  # type: ignore[arg-type]
+    unknown = Settlement("archive", Lease.of(first))  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="'archive'"):
+        backend.message_settle_many(settlements=[Settlement.complete(Lease.of(second)), unknown])
+    assert set(states(backend, "jobs").values()) == {"running"}
     assert backend.message_settle_many(settlements=[]) == []
 
 

@@ -21,6 +21,7 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     Settlement,
+    storable_reason,
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
@@ -110,6 +111,10 @@ def message_settle_many(
     if not settlements:
         return []
     ids = [s.lease.id for s in settlements]
+    unknown = {s.kind for s in settlements} - set(SETTLE_KINDS)
+    if unknown:
+        named = ", ".join(sorted(map(repr, unknown)))
+        raise InvalidOption("kind", f"must be one of {', '.join(SETTLE_KINDS)}, not {named}")
     if len(set(ids)) != len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         raise InvalidOption(
@@ -158,7 +163,7 @@ def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
         "afters": [float(s.after) for s in settlements],
         "snoozes": [s.snooze for s in settlements],
         "errors": [error_json(s.error) if s.kind == "retry" else None for s in settlements],
-        "reasons": [s.reason for s in settlements],
+        "reasons": [storable_reason(s.reason) if s.kind == "dead" else None for s in settlements],
         "error_types": [e.type if e else None for e in errors],
         "error_messages": [e.message if e else None for e in errors],
         "tracebacks": [e.traceback if e else None for e in errors],
