@@ -1,6 +1,6 @@
 """The life of a leased copy: claim, settle (complete, retry, dead-letter, cancel), extend,
-release, cancel by message id, and the
-reaper's side (expired leases, TTLs, headless keys, idempotency keys past their window).
+release, cancel by message id, and the reaper's side (expired leases, TTLs, headless keys,
+idempotency keys past their window).
 
 Every removal from the hot table (dead letter, cancel, expiry, lost worker) returns the
 removed rows as ``(id, subscription, ordering_key, state)``, and :func:`_promote_heads`
@@ -120,11 +120,12 @@ def message_settle_many(
         raise InvalidOption(
             "settlements", f"holds copy {twice[0]} twice: settle each copy once per call"
         )
-    plain = all(s.kind == "complete" and s.value is None for s in settlements)
-    removed: list[Any] = []
-    if plain:
+    removed: list[Any] = []  # rows of the copies that left the hot table
+    done: list[int] = []
+    if all(s.kind == "complete" and s.value is None for s in settlements):
         block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
         removed = yield query(block, **_leases(settlements))
+        done = [row[0] for row in removed]
     elif settings.dialect == "postgresql":
         rows = yield query(
             "message_settle",
@@ -139,17 +140,13 @@ def message_settle_many(
         removed = [row for row in rows if row[4]]
         done = [row[0] for row in rows]
     else:
-        done = []
         for kind in SETTLE_KINDS:
             group = [s for s in settlements if s.kind == kind]
-            if not group:
-                continue
-            rows = yield _settle_kind(settings, kind, group)
-            done.extend(row[0] for row in rows)
-            if kind != "retry":
-                removed.extend(rows)
-    if plain:
-        done = [row[0] for row in removed]
+            if group:
+                rows = yield _settle_kind(settings, kind, group)
+                done.extend(row[0] for row in rows)
+                if kind != "retry":
+                    removed.extend(rows)
     yield from _promote_heads(removed)
     return sorted(done)
 
