@@ -125,3 +125,15 @@ def test_a_slow_database_pauses_the_claims_and_the_backlog_stays_bounded(
     assert max(held_sizes) > BATCH, max(held_sizes)
     assert max(write_sizes) == BATCH, write_sizes
     assert sum(write_sizes) >= len(ids)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("write_batch", 0), ("write_backlog", 0), ("write_batch", "10")]
+)
+def test_write_back_options_are_checked(broker: sqlbroker.Broker, option: str, value: Any) -> None:
+    @broker.subscriber(queue="jobs")
+    async def handle(msg: sqlbroker.Message) -> None:
+        pass
+
+    with pytest.raises(sqlbroker.InvalidOption, match=option):
+        broker.worker(**{option: value})
