@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import sqlbroker
+from runtime.support import run_until_idle
 from sqlbroker.runtime.writeback import WriteBack
 
 LIMIT = 120.0
@@ -125,3 +126,62 @@ def test_a_slow_database_pauses_the_claims_and_the_backlog_stays_bounded(
     assert max(held_sizes) > BATCH, max(held_sizes)
     assert max(write_sizes) == BATCH, write_sizes
     assert sum(write_sizes) >= len(ids)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("write_batch", 0), ("write_backlog", 0), ("write_batch", "10")]
+)
+def test_write_back_options_are_checked(broker: sqlbroker.Broker, option: str, value: Any) -> None:
+    @broker.subscriber(queue="jobs")
+    async def handle(msg: sqlbroker.Message) -> None:
+        pass
+
+    with pytest.raises(sqlbroker.InvalidOption, match=option):
+        broker.worker(**{option: value})
+
+
+def test_a_pump_waiting_for_room_wakes_when_another_subscription_commits_its_own(
+    broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backlog is shared by the worker's subscriptions. Here "ledger" holds all of it
+    with two claims that its handlers then complete in their own transactions — which frees
+    the room without any write-back — while "mail" waits for room. It must wake then, not
+    wait for a write that never comes (the worker never went idle)."""
+    waited_for_room = threading.Event()
+    real_room = WriteBack.room
+
+    def watched_room(self: WriteBack) -> int:
+        room = real_room(self)
+        if room <= 0:
+            waited_for_room.set()
+        return room
+
+    monkeypatch.setattr(WriteBack, "room", watched_room)
+    started: list[int] = []
+    both_started = threading.Event()
+
+    @broker.subscriber(queue="ledger", concurrency=2, prefetch=0)
+    def ledger(msg: sqlbroker.Message) -> None:
+        started.append(msg.payload)
+        if len(started) == 2:
+            both_started.set()
+        assert both_started.wait(LIMIT)
+        if msg.payload == 0:
+            broker.send("mail", "hello")  # wakes the other pump, which finds no room
+        assert waited_for_room.wait(LIMIT)
+        with msg.transaction():
+            pass
+
+    mailed: list[str] = []
+
+    @broker.subscriber(queue="mail")
+    def mail(msg: sqlbroker.Message) -> None:
+        mailed.append(msg.payload)
+
+    broker.send_many("ledger", [0, 1])
+    run_until_idle(broker, install_signal_handlers=False, write_backlog=2)
+
+    assert sorted(started) == [0, 1]
+    assert mailed == ["hello"]
+    assert broker.pending("ledger") == []
+    assert broker.pending("mail") == []

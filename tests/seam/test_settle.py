@@ -121,8 +121,10 @@ def test_a_copy_twice_in_one_call_is_refused_and_nothing_is_written(backend: Any
     with pytest.raises(InvalidOption, match=f"copy {first.id} twice"):
         backend.message_settle_many(settlements=twice)
     assert set(states(backend, "jobs").values()) == {"running"}
-    with pytest.raises(InvalidOption, match="kind"):
-        Settlement("archive", Lease.of(first))  # type: ignore[arg-type]
+    unknown = Settlement("archive", Lease.of(first))  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="'archive'"):
+        backend.message_settle_many(settlements=[Settlement.complete(Lease.of(second)), unknown])
+    assert set(states(backend, "jobs").values()) == {"running"}
     assert backend.message_settle_many(settlements=[]) == []
 
 
@@ -172,3 +174,25 @@ def test_the_async_executor_runs_the_same_plan(backend: Any) -> None:
 
     assert asyncio.run(main()) == sorted(d.id for d in deliveries)
     assert sorted(outcomes(backend, "jobs").values()) == ["cancelled", "completed", "completed"]
+
+
+def test_postgresql_announces_results_dead_letters_and_ready_retries_at_commit(
+    backend: Any, backend_url: str
+) -> None:
+    if not backend_url.startswith("postgresql"):
+        pytest.skip("SQLite has no NOTIFY (its watchers poll data_version)")
+    import psycopg
+
+    settings = backend.settings
+    ids = publish(backend, "jobs", 6)
+    deliveries = claim(backend, "jobs", 6)
+    with psycopg.connect(backend_url, autocommit=True) as listener:
+        for channel in (settings.notify_channel, settings.dead_channel, settings.result_channel):
+            listener.execute(f'LISTEN "{channel}"')
+        backend.message_settle_many(settlements=mixed(deliveries))
+        heard = {(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=3)}
+    assert heard == {
+        (settings.result_channel, ids[1]),  # the complete with a value
+        (settings.dead_channel, "jobs"),  # the dead letter
+        (settings.notify_channel, "jobs"),  # the snooze, available at once
+    }

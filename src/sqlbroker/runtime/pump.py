@@ -385,6 +385,9 @@ class Pump:
     def _free_slot(self, delivery: Delivery) -> None:
         self._open.discard(_key(delivery))
         self._capacity.set()
+        # A copy settled in its own transaction frees the backlog's room without a write:
+        # another subscription's pump may be waiting for it.
+        self._writeback.roomy.set()
 
     def _forget(self, delivery: Delivery) -> None:
         """Stop extending ``delivery``'s lease — unless its copy was claimed again since."""

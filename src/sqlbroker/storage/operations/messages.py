@@ -1,6 +1,6 @@
 """The life of a leased copy: claim, settle (complete, retry, dead-letter, cancel), extend,
-release, cancel by message id, and the
-reaper's side (expired leases, TTLs, headless keys, idempotency keys past their window).
+release, cancel by message id, and the reaper's side (expired leases, TTLs, headless keys,
+idempotency keys past their window).
 
 Every removal from the hot table (dead letter, cancel, expiry, lost worker) returns the
 removed rows as ``(id, subscription, ordering_key, state)``, and :func:`_promote_heads`
@@ -21,6 +21,7 @@ from sqlbroker.storage.base import (
     Lease,
     ReapResult,
     Settlement,
+    storable_reason,
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
@@ -110,16 +111,21 @@ def message_settle_many(
     if not settlements:
         return []
     ids = [s.lease.id for s in settlements]
+    unknown = {s.kind for s in settlements} - set(SETTLE_KINDS)
+    if unknown:
+        named = ", ".join(sorted(map(repr, unknown)))
+        raise InvalidOption("kind", f"must be one of {', '.join(SETTLE_KINDS)}, not {named}")
     if len(set(ids)) != len(ids):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         raise InvalidOption(
             "settlements", f"holds copy {twice[0]} twice: settle each copy once per call"
         )
-    plain = all(s.kind == "complete" and s.value is None for s in settlements)
-    removed: list[Any] = []
-    if plain:
+    removed: list[Any] = []  # rows of the copies that left the hot table
+    done: list[int] = []
+    if all(s.kind == "complete" and s.value is None for s in settlements):
         block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
         removed = yield query(block, **_leases(settlements))
+        done = [row[0] for row in removed]
     elif settings.dialect == "postgresql":
         rows = yield query(
             "message_settle",
@@ -134,17 +140,13 @@ def message_settle_many(
         removed = [row for row in rows if row[4]]
         done = [row[0] for row in rows]
     else:
-        done = []
         for kind in SETTLE_KINDS:
             group = [s for s in settlements if s.kind == kind]
-            if not group:
-                continue
-            rows = yield _settle_kind(settings, kind, group)
-            done.extend(row[0] for row in rows)
-            if kind != "retry":
-                removed.extend(rows)
-    if plain:
-        done = [row[0] for row in removed]
+            if group:
+                rows = yield _settle_kind(settings, kind, group)
+                done.extend(row[0] for row in rows)
+                if kind != "retry":
+                    removed.extend(rows)
     yield from _promote_heads(removed)
     return sorted(done)
 
@@ -158,7 +160,7 @@ def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
         "afters": [float(s.after) for s in settlements],
         "snoozes": [s.snooze for s in settlements],
         "errors": [error_json(s.error) if s.kind == "retry" else None for s in settlements],
-        "reasons": [s.reason for s in settlements],
+        "reasons": [storable_reason(s.reason) if s.kind == "dead" else None for s in settlements],
         "error_types": [e.type if e else None for e in errors],
         "error_messages": [e.message if e else None for e in errors],
         "tracebacks": [e.traceback if e else None for e in errors],
