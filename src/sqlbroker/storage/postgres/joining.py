@@ -45,7 +45,9 @@ class CallerConnections:
         """Each caller's connection's identity: a session cannot change database, so one
         read per connection object (the cost of a ``conn=`` stays a dictionary lookup)."""
 
-    def _translated(self, error: psycopg.Error, *, write: bool, conn: Any) -> Exception:
+    def _translated(
+        self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
+    ) -> Exception:
         return translate(error, self._pool.options, write=write, conn=conn)
 
     @contextmanager
