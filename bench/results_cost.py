@@ -3,13 +3,13 @@
 Stored results (docs/results.md) must cost nothing when handlers return ``None``: such a
 batch runs the very statement the tree ran before results existed (this script checks the
 text against the commit it names, ``--base``), and a batch with values runs one statement
-too (``message_complete_valued``: the values as one more array, the rows into
-sqlbroker_result, a NOTIFY per stored value on PostgreSQL).
+too (``message_complete_valued`` on SQLite, ``message_settle`` on PostgreSQL: the values
+as one more array, the rows into sqlbroker_result, a NOTIFY per stored value on PostgreSQL).
 
 Per target (SQLite and a throwaway PostgreSQL, each durable and fast) one queue with a
 backlog is claimed in batches of ``--batch`` and each batch completed by one of:
 
-- ``before``: ``message_complete_many(leases)`` — the statement of the base commit;
+- ``before``: ``message_settle_many`` of plain completes — the statement of the base commit;
 - ``none``: the same batch as the write-back passes it when every handler returned None;
 - ``values``: every handler returned a small JSON object (38 bytes);
 - ``mixed``: one handler in ten returned one.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import sqlbroker  # noqa: E402
 from pgserver import PostgresServer  # noqa: E402
-from sqlbroker.storage.base import Backend, Lease  # noqa: E402
+from sqlbroker.storage.base import Backend, Lease, Settlement  # noqa: E402
 from sqlbroker.storage.sql import parse_blocks  # noqa: E402
 
 VALUE = b'{"total":123,"status":"ok","lines":[1]}'
@@ -90,8 +90,12 @@ def _measure(
                 assert len(claimed) == batch, "the backlog ran out"
                 leases = [Lease.of(delivery) for delivery in claimed]
                 values = _values(variant, batch)
+                settlements = [
+                    Settlement.complete(lease, None if values is None else values[n])
+                    for n, lease in enumerate(leases)
+                ]
                 start = time.perf_counter()
-                done = backend.message_complete_many(leases=leases, values=values)
+                done = backend.message_settle_many(settlements=settlements)
                 samples[variant].append(time.perf_counter() - start)
                 assert len(done) == batch
     return samples

@@ -82,7 +82,7 @@ def spark_session() -> Any:
 def drain(url: str, rows: int) -> float:
     """Claim and complete everything (1 % dead-lettered); return the seconds it took."""
     import sqlbroker
-    from sqlbroker.storage.base import DeadRequest, Lease
+    from sqlbroker.storage.base import Lease, Settlement
 
     started = time.perf_counter()
     with sqlbroker.Broker(url) as broker:
@@ -94,14 +94,14 @@ def drain(url: str, rows: int) -> float:
             )
             if not claimed:
                 break
-            dead = [d for d in claimed if d.id % 100 == 0]
-            backend.message_dead_many(
-                deaths=[
-                    DeadRequest(Lease.of(d), ("declined", "timeout")[d.id % 200 == 0], None)
-                    for d in dead
+            backend.message_settle_many(
+                settlements=[
+                    Settlement.complete(Lease.of(d))
+                    if d.id % 100
+                    else Settlement.dead(Lease.of(d), ("declined", "timeout")[d.id % 200 == 0])
+                    for d in claimed
                 ]
             )
-            backend.message_complete_many(leases=[Lease.of(d) for d in claimed if d.id % 100])
             done += len(claimed)
         assert done == rows, f"drained {done} of {rows}"
     return time.perf_counter() - started

@@ -19,7 +19,7 @@ import sqlbroker
 from runtime.support import run_until_idle, wait_until
 from sqlbroker.features import results as results_feature
 from sqlbroker.interfaces.cli.app import cli
-from sqlbroker.storage.base import Lease
+from sqlbroker.storage.base import Lease, Settlement
 
 
 def _result_rows(broker: sqlbroker.Broker) -> int:
@@ -453,16 +453,16 @@ def test_many_waiting_lookups_share_one_watch(broker: sqlbroker.Broker) -> None:
     assert broker._results.fallback_polls == 0
 
 
-def test_the_seam_refuses_values_that_do_not_match_the_leases(broker: sqlbroker.Broker) -> None:
+def test_the_seam_refuses_a_copy_settled_twice_in_one_call(broker: sqlbroker.Broker) -> None:
     broker.send("seam", 1)
     (delivery,) = broker.claim("seam")
     lease = Lease.of(delivery)
-    with pytest.raises(sqlbroker.InvalidOption, match="one per lease"):
-        broker.backend.message_complete_many(leases=[lease], values=[b"1", b"2"])
+    twice = [Settlement.complete(lease, b"1"), Settlement.complete(lease, b"2")]
+    with pytest.raises(sqlbroker.InvalidOption, match="settle each copy once per call"):
+        broker.backend.message_settle_many(settlements=twice)
     assert len(broker.pending("seam")) == 1, "nothing was written"
-    assert broker.backend.message_complete_many(leases=[lease], values=[b'{"a":1}']) == [
-        delivery.id
-    ]
+    valued = Settlement.complete(lease, b'{"a":1}')
+    assert broker.backend.message_settle_many(settlements=[valued]) == [delivery.id]
     found = broker.result(delivery.message_id)
     assert found is not None
     assert found.value == {"a": 1}
@@ -472,7 +472,8 @@ def test_a_mixed_batch_stores_only_its_values(broker: sqlbroker.Broker) -> None:
     first_id, second_id, third_id = broker.send_many("mixed", [1, 2, 3])
     leases = [Lease.of(d) for d in broker.claim("mixed", limit=3)]
     values = [b"[1]", None, b'"three"']
-    assert len(broker.backend.message_complete_many(leases=leases, values=values)) == 3
+    settlements = [Settlement.complete(lease, v) for lease, v in zip(leases, values, strict=True)]
+    assert len(broker.backend.message_settle_many(settlements=settlements)) == 3
     assert _result_rows(broker) == 2
     results = [broker.result(m) for m in (first_id, second_id, third_id)]
     assert [(r.outcome, r.value) for r in results if r is not None] == [

@@ -278,7 +278,11 @@ def _drain_runtime(database: Database, sizes: Sizes, prefetch: int | None) -> Sa
 
 def _call_summary(calls: dict[str, dict[str, float]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    names = (("async_ops.message_claim_many", "claim"), ("message_complete_many", "complete"))
+    names = (
+        ("async_ops.message_claim_many", "claim"),
+        ("message_complete_many", "complete"),  # an older tree (bench/compare_trees.py)
+        ("message_settle_many", "complete"),
+    )
     for name, short in names:
         stats = calls.get(name)
         if stats and stats["calls"]:
@@ -627,7 +631,10 @@ def consume(args: argparse.Namespace) -> None:
     marks: dict[str, float] = {}
 
     if args.mode == "drain":
-        calls = count_calls(broker, ["async_ops.message_claim_many", "message_complete_many"])
+        calls = count_calls(
+            broker,
+            ["async_ops.message_claim_many", "message_complete_many", "message_settle_many"],
+        )
 
         @broker.subscriber(queue=QUEUE, concurrency=args.concurrency, prefetch=args.prefetch)
         async def drain(message: Message) -> None:

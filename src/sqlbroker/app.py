@@ -207,12 +207,18 @@ class Broker(_ProducerBroker):
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         schedules: bool = True,
         listen: bool = True,
+        write_batch: int = 500,
+        write_backlog: int = 5000,
     ) -> Worker:
         """A worker for all registered subscribers (or the named ones). It also publishes
         the ticks of durable schedules unless ``schedules=False``. ``listen=False`` opens no
         wake-up listener (PostgreSQL's LISTEN connection, which a transaction-pooling proxy
         such as PgBouncer cannot carry; SQLite's commit watcher): other processes' messages
-        are then found by the poll alone, within ``poll_interval`` seconds."""
+        are then found by the poll alone, within ``poll_interval`` seconds.
+
+        Outcomes are written back ``write_batch`` per database call; at most
+        ``write_backlog`` outcomes and unsettled claims are held at once (a slow database
+        pauses the claims instead of growing memory)."""
         chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
         unknown = [name for name in chosen if name not in self.subscribers]
         if unknown:
@@ -236,6 +242,8 @@ class Broker(_ProducerBroker):
             observers=self._observers,
             schedules=schedules,
             listen=listen,
+            write_batch=write_batch,
+            write_backlog=write_backlog,
         )
 
     async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:

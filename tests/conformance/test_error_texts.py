@@ -9,7 +9,7 @@ import json
 import sqlbroker
 from helpers import claim_one
 from sqlbroker.core.message import ErrorInfo
-from sqlbroker.storage.base import DeadRequest, Lease
+from sqlbroker.storage.base import Lease, Settlement
 
 NASTY = "bad\x00byte \ud800 and \udc80 end"
 STORED = "bad\\x00byte \\ud800 and \\udc80 end"
@@ -69,8 +69,8 @@ def test_a_reason_with_nul_and_lone_surrogates_is_stored_escaped(
     would retry a refused dead-letter batch for ever)."""
     broker.send("q", 1)
     delivery = claim_one(broker, "q")
-    death = DeadRequest(Lease.of(delivery), NASTY, ErrorInfo(type=NASTY, message=NASTY))
-    assert broker.backend.message_dead_many(deaths=[death]) == [delivery.id]
+    death = Settlement.dead(Lease.of(delivery), NASTY, ErrorInfo(type=NASTY, message=NASTY))
+    assert broker.backend.message_settle_many(settlements=[death]) == [delivery.id]
     (dead,) = broker.dead_letters.list()
     assert (dead.reason, dead.error_type, dead.error_message) == (STORED, STORED, STORED)
     assert broker.dead_letters.list(reason_contains="\\x00byte") == [dead]

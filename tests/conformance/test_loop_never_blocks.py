@@ -9,7 +9,7 @@ import threading
 
 import sqlbroker
 from helpers import RefusingExecutor, claim_one
-from sqlbroker.storage.base import Lease
+from sqlbroker.storage.base import Lease, Settlement
 
 
 def test_async_operations_keep_off_the_default_executor(broker: sqlbroker.Broker) -> None:
@@ -25,7 +25,9 @@ def test_async_operations_keep_off_the_default_executor(broker: sqlbroker.Broker
                 subscription="q", limit=1, lease=60, worker="loop"
             )
             async with backend.begin_async() as tx:
-                return await tx.message_complete_many(leases=[Lease.of(claimed)])
+                return await tx.message_settle_many(
+                    settlements=[Settlement.complete(Lease.of(claimed))]
+                )
         finally:
             await backend.close_async()
 
@@ -56,7 +58,9 @@ def test_a_transaction_waiting_for_the_database_leaves_the_loop_running(
 
     async def acknowledge() -> list[int]:
         async with backend.begin_async() as tx:
-            return await tx.message_complete_many(leases=[Lease.of(delivery)])
+            return await tx.message_settle_many(
+                settlements=[Settlement.complete(Lease.of(delivery))]
+            )
 
     async def scenario() -> list[int]:
         try:

@@ -441,7 +441,7 @@ def test_sqlite_upgrade_keeps_every_row(tmp_path: Any) -> None:
     import sqlite3
 
     from sqlbroker.storage.sql import load_migrations
-    from sqlbroker.storage.sqlite.connection import split_script
+    from sqlbroker.storage.sqlite.dialect import statements
 
     path = tmp_path / "old.db"
     migrations = load_migrations("sqlbroker.storage.sqlite.migrations")
@@ -454,7 +454,7 @@ def test_sqlite_upgrade_keeps_every_row(tmp_path: Any) -> None:
     for version, title, script in migrations:
         if version >= mine:
             break
-        for statement in split_script(script):
+        for statement in statements(script):
             conn.execute(statement)
         conn.execute("INSERT INTO sqlbroker_schema_version VALUES (?, ?, 0)", (version, title))
     conn.close()

@@ -11,7 +11,7 @@ import pytest
 import sqlbroker
 from sqlbroker import Saga, SagaConflict, SagaStatus, Step, StepStatus
 from sqlbroker.core.message import Delivery
-from sqlbroker.storage.base import Lease
+from sqlbroker.storage.base import Lease, Settlement
 
 # Driven by hand, with no handlers anywhere: the start's warning says so each time.
 pytestmark = pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")
@@ -38,7 +38,7 @@ def _settle(broker: sqlbroker.Broker, delivery: Delivery, move: str, *args: Any)
         moved: bool = getattr(sagas, move)(
             tx.connection, saga_id, index, delivery.message_id, *args
         )
-        assert tx.message_complete_many(leases=[Lease.of(delivery)])
+        assert tx.message_settle_many(settlements=[Settlement.complete(Lease.of(delivery))])
     return moved
 
 

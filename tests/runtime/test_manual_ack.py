@@ -12,6 +12,7 @@ import pytest
 
 import sqlbroker
 from runtime.support import assert_all_completed_once, run_until_idle, wait_until
+from sqlbroker.core.policies import RetryAfter
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
@@ -222,3 +223,61 @@ def test_the_dead_letter_hook_is_called_for_policy_dead_letters_too(
 
     assert done.is_set()
     assert hooked == [(message_id, "max attempts exhausted (2 of 2): LookupError", 2)]
+
+
+def test_a_nack_on_the_last_attempt_dead_letters_by_the_retry_policy(
+    broker: sqlbroker.Broker,
+) -> None:
+    """The retry policy decides "attempts spent" for a manual nack too: a handler that
+    nacks every time is dead-lettered after the policy's attempts (it came back forever
+    before), and the dead-letter hook is told why."""
+    attempts: list[int] = []
+    hooked: list[tuple[str, int]] = []
+
+    def on_dead_letter(msg: sqlbroker.Message, reason: str) -> None:
+        hooked.append((reason, msg.attempt))
+
+    @broker.subscriber(
+        queue="jobs",
+        ack="manual",
+        retry=sqlbroker.RetryPolicy(max_attempts=3),
+        on_dead_letter=on_dead_letter,
+    )
+    async def handle(msg: sqlbroker.Message) -> None:
+        attempts.append(msg.attempt)
+        msg.nack(error=RuntimeError("not now"))
+
+    message_id = broker.send("jobs", {"n": 1})
+    run_until_idle(broker)
+
+    assert attempts == [1, 2, 3]
+    (dead,) = broker.dead_letters.list(subscription="jobs")
+    assert dead.message_id == message_id
+    assert (dead.reason, dead.attempts, dead.error_type) == (
+        "max attempts exhausted (3 of 3)",
+        3,
+        "RuntimeError",
+    )
+    assert hooked == [("max attempts exhausted (3 of 3)", 3)]
+    assert broker.pending("jobs") == []
+
+
+def test_broker_retry_asks_the_retry_policy_whether_attempts_are_spent(
+    broker: sqlbroker.Broker,
+) -> None:
+    """``Broker.retry`` and a worker's failures follow one rule (``RetryPolicy.spent``):
+    the limit a worker's policy stamped on the copy at its claim holds for a manual
+    consumer's retry as well."""
+    policy = sqlbroker.RetryPolicy(max_attempts=2)
+    assert policy.spent(1, max_attempts=5) is None
+    assert policy.spent(2, max_attempts=5) == "max attempts exhausted (2 of 2)"
+    assert policy.decide_retry(1, after=3.0, max_attempts=5) == RetryAfter(3.0)
+    broker.send("jobs", {"n": 1}, max_attempts=2)
+    (first,) = broker.claim("jobs")
+    broker.retry(first, error="once")
+    (second,) = broker.claim("jobs")
+    assert second.attempt == 2
+    broker.retry(second, error="twice")
+    assert broker.pending("jobs") == []
+    (dead,) = broker.dead_letters.list(subscription="jobs")
+    assert dead.reason == "max attempts exhausted (2 of 2)"

@@ -166,8 +166,8 @@ def test_a_handler_raising_a_base_exception_fails_like_any_error(
 def test_an_outcome_written_late_does_not_drop_the_lease_of_its_copys_next_claim(
     broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Message A snoozes with ``Retry(after=0)``, B is rejected, in one write-back: A's
-    retry commits, and while the dead-letter write is still running the same worker claims
+    """Message A snoozes with ``Retry(after=0)``, B is rejected, in one write-back: both
+    commit, and while the write-back's call has not returned yet the same worker claims
     A again. Reporting the first outcome must not take the new claim out of the lease
     keeper: its lease has to be extended for as long as its handler runs, or it expires
     and A runs twice at once."""
@@ -179,18 +179,19 @@ def test_an_outcome_written_late_does_not_drop_the_lease_of_its_copys_next_claim
     calls: list[str] = []
     running: list[str] = []
     backend = broker.backend
-    real_dead_many = backend.message_dead_many
+    real_settle_many = backend.message_settle_many
 
-    def dead_many(**kwargs: Any) -> Any:
-        if not dead_written.is_set():
-            # Holds the flush after A's retry committed until A was claimed again.
-            reclaimed.wait(LIMIT)
+    def settle_many(**kwargs: Any) -> Any:
         try:
-            return real_dead_many(**kwargs)
+            return real_settle_many(**kwargs)
         finally:
-            dead_written.set()
+            if not dead_written.is_set() and any(s.kind == "dead" for s in kwargs["settlements"]):
+                # Holds the flush's report after A's retry committed until A was claimed
+                # again.
+                reclaimed.wait(LIMIT)
+                dead_written.set()
 
-    monkeypatch.setattr(backend, "message_dead_many", dead_many)
+    monkeypatch.setattr(backend, "message_settle_many", settle_many)
 
     def lease_kept_or_lost(message_id: str) -> None:
         """Return after two extensions of A's lease once the dead-letter write (and so

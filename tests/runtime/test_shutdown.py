@@ -55,7 +55,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
     dead-letter hook it starts must still run before the worker returns."""
     final_beat = _watch_final_beat(broker, monkeypatch)
     hooked: list[str] = []
-    real_dead_many = broker.backend.message_dead_many
+    real_settle_many = broker.backend.message_settle_many
     calls = 0
     in_flight = False
     drain_waits = threading.Event()
@@ -66,7 +66,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             drain_waits.set()
         return await real_flush(self)
 
-    def dead_many(**kwargs: Any) -> Any:
+    def settle_many(**kwargs: Any) -> Any:
         nonlocal calls, in_flight
         calls += 1
         if calls == 1:
@@ -82,9 +82,9 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             )
             if flush == "fails":
                 raise sqlbroker.ConnectionLost("injected", ambiguous=False)
-        return real_dead_many(**kwargs)
+        return real_settle_many(**kwargs)
 
-    monkeypatch.setattr(broker.backend, "message_dead_many", dead_many)
+    monkeypatch.setattr(broker.backend, "message_settle_many", settle_many)
     monkeypatch.setattr(WriteBack, "flush", watched_flush)
 
     async def on_dead_letter(msg: sqlbroker.Message, reason: str) -> None:

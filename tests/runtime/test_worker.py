@@ -162,7 +162,7 @@ def test_messages_are_handled_within_the_poll_interval_when_hints_are_lost(
 CRASHING = {
     "message_extend_leases": "leases jobs",
     "lease_release_expired": "reaper",
-    "message_complete_many": "write-back",
+    "message_settle_many": "write-back",
 }
 
 
@@ -212,7 +212,7 @@ def test_a_side_task_that_dies_stops_the_worker_and_run_raises_worker_crashed(
     unstarted = set(ids) - started
     assert all(pending[m].state == sqlbroker.State.AVAILABLE for m in unstarted), pending
     assert all(pending[m].attempts == 0 for m in unstarted), pending
-    if method != "message_complete_many":
+    if method != "message_settle_many":
         assert set(archived) == started
         assert all(row.outcome == sqlbroker.Outcome.COMPLETED for row in archived.values())
         return

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
-from sqlbroker.runtime.message import Complete
+from sqlbroker.runtime.message import Cancelled, Complete, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, retry_pause
 
 
@@ -122,3 +122,52 @@ def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Bro
     asyncio.run(add_and_watch())
     assert written == {first.id, second.id}
     assert sorted(m.payload for m in broker.archive("jobs")) == [1, 2]
+
+
+def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
+    broker: sqlbroker.Broker,
+) -> None:
+    """One call per ``max_items`` outcomes, kinds mixed; a call that fails keeps its
+    outcomes and those not tried yet, which the next flush writes."""
+    broker.send_many("jobs", list(range(5)))
+    claimed = broker.claim("jobs", limit=5)
+    outcomes = [
+        Complete(claimed[0]),
+        SendToDead(claimed[1], "poison", None),
+        Complete(claimed[2], b"2"),
+        RetryLater(claimed[3], 60.0, None),
+        Cancelled(claimed[4]),
+    ]
+    calls: list[list[str]] = []
+    reports: list[FlushReport] = []
+
+    async def run_blocking(function: Any, chunk: Any) -> Any:
+        calls.append([type(o).__name__ for o in chunk])
+        if len(calls) == 2:
+            raise sqlbroker.ConnectionLost("injected", ambiguous=False)
+        return function(chunk)
+
+    async def flush_twice() -> None:
+        buffer = WriteBack(
+            broker.backend, run_blocking=run_blocking, on_flushed=reports.append, max_items=2
+        )
+        for outcome in outcomes:
+            buffer.add(outcome)
+        assert not await buffer.flush()
+        assert len(buffer) == 3
+        assert await buffer.flush()
+        assert len(buffer) == 0
+
+    asyncio.run(flush_twice())
+    assert calls == [
+        ["Complete", "SendToDead"],
+        ["Complete", "RetryLater"],
+        ["Complete", "RetryLater"],
+        ["Cancelled"],
+    ]
+    assert [len(report.done) for report in reports] == [2, 3]
+    assert not [o for report in reports for o in report.lost]
+    archived = {row.payload: row.outcome.value for row in broker.archive("jobs")}
+    assert archived == {0: "completed", 2: "completed", 4: "cancelled"}
+    assert [d.payload for d in broker.dead_letters.list()] == [1]
+    assert [p.state.value for p in broker.pending("jobs")] == ["scheduled"]

@@ -4,11 +4,11 @@ both dialects (like River's ``riverdrivertest``). The broker-level suites sit on
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from sqlbroker.core.clock import ManualClock
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.factory import open_backend
 
 
@@ -18,10 +18,9 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def backend(backend_url: str, clock: ManualClock) -> Iterator[Any]:
-    """A migrated backend on a test clock (``Any``: the old protocol and the new seam are
-    both on it while the operation groups move)."""
-    opened: Any = open_backend(backend_url, clock=clock)
+def backend(backend_url: str, clock: ManualClock) -> Iterator[Backend]:
+    """A migrated backend on a test clock."""
+    opened = open_backend(backend_url, clock=clock)
     opened.migrate()
     try:
         yield opened

@@ -9,14 +9,14 @@ from typing import Any
 from tests.seam.support import claim, publish
 
 from sqlbroker.core.message import Outcome, State
-from sqlbroker.storage.base import DeadFilter, DeadRequest, Lease
+from sqlbroker.storage.base import DeadFilter, Lease, Settlement
 
 
 def kill(backend: Any, queue: str, count: int, reason: str = "poison") -> list[int]:
     publish(backend, queue, count)
     deliveries = claim(backend, queue, count)
-    deaths = [DeadRequest(lease=Lease.of(d), reason=reason, error=None) for d in deliveries]
-    dead: list[int] = backend.message_dead_many(deaths=deaths)
+    deaths = [Settlement.dead(Lease.of(d), reason) for d in deliveries]
+    dead: list[int] = backend.message_settle_many(settlements=deaths)
     return dead
 
 
@@ -88,7 +88,7 @@ def test_a_replay_inside_a_failed_transaction_leaves_the_dead_letter(backend: An
 def test_stats_archive_and_counts(backend: Any) -> None:
     publish(backend, "orders", 3)
     done = claim(backend, "orders", 1)
-    backend.message_complete_many(leases=[Lease.of(d) for d in done])
+    backend.message_settle_many(settlements=[Settlement.complete(Lease.of(d)) for d in done])
     kill(backend, "audit", 1)
     stats = {s.subscription: s for s in backend.stats_collect()}
     assert (stats["orders"].ready, stats["orders"].running, stats["orders"].dead) == (2, 0, 0)

@@ -10,7 +10,7 @@ from tests.seam.support import claim, new_message, publish
 
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.message import ErrorInfo, State
-from sqlbroker.storage.base import DeadFilter, DeadRequest, Lease, RetryRequest
+from sqlbroker.storage.base import DeadFilter, Lease, Settlement
 
 
 def states(backend: Any, queue: str) -> list[str]:
@@ -30,8 +30,8 @@ def test_a_stale_token_settles_nothing(backend: Any) -> None:
     publish(backend, "jobs")
     (delivery,) = claim(backend, "jobs")
     stale = Lease(id=delivery.id, token="0" * 32)
-    assert backend.message_retry_many(retries=[RetryRequest(stale, 0, None)]) == []
-    assert backend.message_dead_many(deaths=[DeadRequest(stale, "x", None)]) == []
+    assert backend.message_settle_many(settlements=[Settlement.retry(stale, 0)]) == []
+    assert backend.message_settle_many(settlements=[Settlement.dead(stale, "x")]) == []
     assert backend.message_extend_leases(leases=[stale], lease=60) == {}
     assert backend.message_release_many(leases=[stale]) == []
     assert states(backend, "jobs") == ["running"]
@@ -43,10 +43,10 @@ def test_retry_waits_its_delay_and_a_snooze_gives_the_attempt_back(
     publish(backend, "jobs", 2)
     failed, snoozed = claim(backend, "jobs", 2)
     error = ErrorInfo(type="ValueError", message="bad", traceback=None)
-    done = backend.message_retry_many(
-        retries=[
-            RetryRequest(Lease.of(failed), 10, error),
-            RetryRequest(Lease.of(snoozed), 0, None, snooze=True),
+    done = backend.message_settle_many(
+        settlements=[
+            Settlement.retry(Lease.of(failed), 10, error),
+            Settlement.retry(Lease.of(snoozed), 0, snooze=True),
         ]
     )
     assert done == sorted([failed.id, snoozed.id])
@@ -62,9 +62,8 @@ def test_dead_lettering_promotes_the_next_copy_of_its_ordering_key(backend: Any)
     assert states(backend, "jobs") == ["available", "blocked"]
     (head,) = claim(backend, "jobs", 5)
     error = ErrorInfo(type="KeyError", message="k", traceback="tb")
-    assert backend.message_dead_many(deaths=[DeadRequest(Lease.of(head), "poison", error)]) == [
-        head.id
-    ]
+    dead_letter = Settlement.dead(Lease.of(head), "poison", error)
+    assert backend.message_settle_many(settlements=[dead_letter]) == [head.id]
     assert states(backend, "jobs") == ["available"]
     (dead,) = backend.dead_list(where=DeadFilter(), limit=5, after_id=None)
     assert (dead.reason, dead.error_type, dead.traceback) == ("poison", "KeyError", "tb")
@@ -90,8 +89,9 @@ def test_cancel_archives_copies_not_running_and_flags_running_ones(backend: Any)
     assert backend.message_cancel_requested(ids=[running.id, running.id + 1000]) == [running.id]
     # The worker that ran it archives it as cancelled; a stale lease changes nothing.
     stale = Lease(running.id, "not-the-token")
-    assert backend.message_cancel_leased(leases=[stale]) == []
-    assert backend.message_cancel_leased(leases=[Lease.of(running)]) == [running.id]
+    assert backend.message_settle_many(settlements=[Settlement.cancel(stale)]) == []
+    cancel = Settlement.cancel(Lease.of(running))
+    assert backend.message_settle_many(settlements=[cancel]) == [running.id]
     assert states(backend, "jobs") == []
     outcomes = [
         row.outcome.value
@@ -138,14 +138,14 @@ def test_settling_inside_a_transaction_commits_with_it(backend: Any) -> None:
     first, second = claim(backend, "jobs", 2)
     try:
         with backend.begin() as tx:
-            tx.message_dead_many(deaths=[DeadRequest(Lease.of(first), "x", None)])
+            tx.message_settle_many(settlements=[Settlement.dead(Lease.of(first), "x")])
             raise RuntimeError("undone")
     except RuntimeError:
         pass
     assert states(backend, "jobs") == ["running", "running"]
     with backend.begin() as tx:
         tx.message_release_many(leases=[Lease.of(first)])
-        tx.message_retry_many(retries=[RetryRequest(Lease.of(second), 0, None)])
+        tx.message_settle_many(settlements=[Settlement.retry(Lease.of(second), 0)])
     assert states(backend, "jobs") == ["available", "available"]
 
 

@@ -59,13 +59,23 @@ def _dotted(node: ast.expr) -> str:
     return ""
 
 
+def _named_block(node: ast.expr) -> bool:
+    """``sql["block_name"]``: a named block of a ``.sql`` file, looked up by a literal name."""
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    )
+
+
 def _psycopg_sql(node: ast.expr) -> bool:
-    """``sql.SQL("literal")``: psycopg's composable statement template."""
+    """``sql.SQL("literal")`` or ``sql.SQL(blocks["name"])``: psycopg's composable
+    statement template, written in the source or in a ``.sql`` file."""
     return (
         isinstance(node, ast.Call)
         and _dotted(node.func).split(".")[-1] == "SQL"
         and len(node.args) == 1
-        and _literal(node.args[0])
+        and (_literal(node.args[0]) or _named_block(node.args[0]))
     )
 
 

@@ -99,7 +99,6 @@ class RetryPolicy:
     def decide(self, attempt: int, error: BaseException, *, max_attempts: int) -> Decision:
         """Retry or dead-letter after failed attempt ``attempt`` of a message that allows
         ``max_attempts`` (this policy's own limit wins when it is set)."""
-        limit = self.max_attempts or max_attempts
         if isinstance(error, Reject):
             return DeadLetterNow(error.reason)
         if isinstance(error, Retry):
@@ -109,6 +108,25 @@ class RetryPolicy:
             return DeadLetterNow(f"non-retryable error: {kind}")
         if not isinstance(error, self.retry_on):
             return DeadLetterNow(f"error not in retry_on: {kind}")
-        if attempt >= limit:
-            return DeadLetterNow(f"max attempts exhausted ({attempt} of {limit}): {kind}")
+        spent = self.spent(attempt, max_attempts=max_attempts)
+        if spent is not None:
+            return DeadLetterNow(f"{spent}: {kind}")
         return RetryAfter(self.backoff(attempt))
+
+    def decide_retry(self, attempt: int, *, after: float, max_attempts: int) -> Decision:
+        """A retry asked for by name (``Broker.retry``, ``msg.nack``) after attempt
+        ``attempt``: after ``after`` seconds, unless the attempts are spent."""
+        spent = self.spent(attempt, max_attempts=max_attempts)
+        return RetryAfter(after) if spent is None else DeadLetterNow(spent)
+
+    def spent(self, attempt: int, *, max_attempts: int) -> str | None:
+        """Why failed attempt ``attempt`` was the last one (``None``: it was not). The one
+        rule for "attempts spent"; a worker's claims store this policy's limit in each
+        copy's ``max_attempts``, which the reaper applies to a lost worker's copies."""
+        limit = self.max_attempts or max_attempts
+        return f"max attempts exhausted ({attempt} of {limit})" if attempt >= limit else None
+
+
+DEFAULT_RETRY = RetryPolicy()
+"""The policy of a retry outside a worker (``Broker.retry``): the copy's own limit, which a
+worker's claim set from its subscriber's policy."""

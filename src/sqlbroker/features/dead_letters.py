@@ -15,7 +15,8 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend, DeadFilter
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import DeadFilter
 
 
 def default_actor() -> str:

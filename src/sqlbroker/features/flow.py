@@ -9,7 +9,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound
 from sqlbroker.core.flow import Flow, FlowLimits, flow_limits
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 
 def flow_list(backend: Backend, subscription: str | None) -> list[Flow]:

@@ -20,7 +20,7 @@ from sqlbroker.core.observability import (
     merge_buckets,
     quantile,
 )
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 RATE_WINDOW = 300.0
 """Seconds over which ``stats()`` averages rates and estimates handler-time quantiles."""

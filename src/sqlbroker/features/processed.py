@@ -41,7 +41,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidName, InvalidOption, ReservationLost
 from sqlbroker.core.policies import Retry
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 DEFAULT_KEY_LEASE = 60.0
 

@@ -33,7 +33,7 @@ from sqlbroker.core.results import (
     vanished_result,
 )
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 T = TypeVar("T")
 DEFAULT_RESULT_TTL = 24 * 3600.0

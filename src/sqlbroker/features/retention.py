@@ -18,7 +18,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound, StorageError
 from sqlbroker.core.message import Retention
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.retention")
 

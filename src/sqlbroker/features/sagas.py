@@ -54,7 +54,7 @@ from sqlbroker.core.sagas import (
 from sqlbroker.core.serde import encode_value
 from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.seam import Tx
 
 log = logging.getLogger("sqlbroker.sagas")
@@ -69,11 +69,8 @@ class SagaMoved(SqlbrokerError):
 
 @dataclass(frozen=True, slots=True)
 class _Txn:
-    """The transaction a transition runs in: the seam's ``tx`` for the saga tables, and
-    the connection underneath it, through which the next step's message is published
-    (``message_insert_many`` still takes ``conn=``)."""
+    """The transaction a transition runs in: the seam's ``tx``."""
 
-    conn: Any
     tx: Tx
 
 
@@ -180,7 +177,7 @@ class Sagas:
     def _begin(self, conn: Any) -> Iterator[_Txn]:
         """A transition's transaction: the caller's ``conn``, or (``None``) one of our own."""
         with self._backend.begin(conn) as tx:
-            yield _Txn(tx.connection, tx)
+            yield _Txn(tx)
 
     def _start(self, txn: _Txn, saga: Saga, new: NewSaga) -> None:
         if not txn.tx.saga_insert(saga=new):
@@ -525,9 +522,7 @@ class Sagas:
             {"saga_id": saga_id, "saga": saga, "step": index, "undo": undo},
             defaults=self._defaults,
         )
-        result = self._backend.message_insert_many(
-            messages=[message], subscription=queue, conn=txn.conn
-        )
+        result = txn.tx.message_insert_many(messages=[message], subscription=queue)
         return result.message_ids[0]
 
 

@@ -42,7 +42,7 @@ from sqlbroker.core.schedules import (
 from sqlbroker.core.serde import decode_payload, encode_json
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.rows import headers_of, payload_hash
 from sqlbroker.storage.schedules import ScheduleDefinition, ScheduleFire, ScheduleRecord
 

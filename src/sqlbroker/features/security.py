@@ -14,7 +14,8 @@ import re
 
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import ROLE_GROUPS, Backend, TenantRole
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import ROLE_GROUPS, TenantRole
 
 __all__ = [
     "DEFAULT_ROLE_PREFIX",

@@ -39,11 +39,12 @@ from sqlbroker.features.publishing import build_batch, build_message, check_opti
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.producer.broker import DEFAULT_URL, Broker
 from sqlbroker.producer.consuming import (
+    completions,
     delivery_list,
     raise_lost,
 )
 from sqlbroker.storage import caller
-from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.backend import Backend
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -313,14 +314,10 @@ class AsyncBroker:
             return await self._offload.run(self.sync.insert, messages, queue)
         messages = self.sync.with_hook_headers(messages)
         backend = await self._backend()
-        result = await backend.message_insert_many_async(
-            messages=messages,
-            subscription=queue,
-            conn=conn,
-            max_copies=self.sync.limits.max_copies,
-        )
-        if conn is None:
-            self.sync.published(queue)
+        async with backend.begin_async(conn) as tx:
+            result = await tx.message_insert_many(
+                messages=messages, subscription=queue, max_copies=self.sync.limits.max_copies
+            )
         return result.message_ids
 
     def once(
@@ -417,9 +414,7 @@ class AsyncBroker:
             return
         backend = await self._backend()
         async with backend.begin_async(conn) as tx:
-            done = await tx.message_complete_many(
-                leases=[Lease.of(d) for d in items], values=values
-            )
+            done = await tx.message_settle_many(settlements=completions(items, values))
         raise_lost((d.id for d in items), done)
 
     async def retry(

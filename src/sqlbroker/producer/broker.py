@@ -56,7 +56,8 @@ from sqlbroker.features.schedules import Schedules
 from sqlbroker.producer.consuming import BrokerConsumer
 from sqlbroker.producer.inspection import BrokerInspection
 from sqlbroker.producer.scheduling import BrokerSchedules
-from sqlbroker.storage.base import Backend, ReapResult
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import ReapResult
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.url import parse_url
 
@@ -173,11 +174,18 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
 
     def _insert(self, messages: list[NewMessage], queue: str | None, conn: Any) -> list[str]:
         messages = self.with_hook_headers(messages)
-        result = self._checked().message_insert_many(
-            messages=messages, subscription=queue, conn=conn, max_copies=self._limits.max_copies
+        backend = self._checked()
+        max_copies = self._limits.max_copies
+        if conn is not None:
+            with backend.begin(conn) as tx:
+                joined = tx.message_insert_many(
+                    messages=messages, subscription=queue, max_copies=max_copies
+                )
+            return joined.message_ids
+        result = backend.message_insert_many(
+            messages=messages, subscription=queue, max_copies=max_copies
         )
-        if conn is None:
-            self.published(queue)
+        self.published(queue)
         return result.message_ids
 
     def published(self, queue: str | None) -> None:

@@ -14,9 +14,11 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, LeaseLost
 from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.policies import DEFAULT_RETRY, DeadLetterNow
 from sqlbroker.core.serde import encode_value
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import Lease, Settlement
 
 
 def delivery_list(
@@ -58,17 +60,24 @@ def raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
         raise LeaseLost(lost)
 
 
-def retry_request(
+def retry_settlement(
     item: Delivery, *, after: float | timedelta, error: BaseException | str | None
-) -> RetryRequest | DeadRequest:
+) -> Settlement:
     """What :meth:`BrokerConsumer.retry` writes: the retry, or the dead letter when the
-    delivery's attempts are spent."""
+    retry policy says the delivery's attempts are spent."""
     delay = validate.seconds(after, "after")
     info = ErrorInfo.coerce(error)
-    if item.attempt >= item.max_attempts:
-        reason = f"max attempts exhausted ({item.attempt} of {item.max_attempts})"
-        return DeadRequest(Lease.of(item), reason, info)
-    return RetryRequest(Lease.of(item), delay, info)
+    decision = DEFAULT_RETRY.decide_retry(item.attempt, after=delay, max_attempts=item.max_attempts)
+    if isinstance(decision, DeadLetterNow):
+        return Settlement.dead(Lease.of(item), decision.reason, info)
+    return Settlement.retry(Lease.of(item), decision.delay, info)
+
+
+def completions(items: list[Delivery], values: list[bytes | None] | None) -> list[Settlement]:
+    """The complete settlements of ``items``, with their encoded results (``None``: none)."""
+    if values is None:
+        return [Settlement.complete(Lease.of(d)) for d in items]
+    return [Settlement.complete(Lease.of(d), v) for d, v in zip(items, values, strict=True)]
 
 
 def one_delivery(value: Delivery | Iterable[Delivery]) -> Delivery:
@@ -175,13 +184,13 @@ class BrokerConsumer:
         values = self.result_values(items, result)
         if not items:
             return
-        leases = [Lease.of(d) for d in items]
+        settlements = completions(items, values)
         backend = self._checked()
         if conn is None:
-            done = backend.message_complete_many(leases=leases, values=values)
+            done = backend.message_settle_many(settlements=settlements)
         else:
             with backend.begin(conn) as tx:
-                done = tx.message_complete_many(leases=leases, values=values)
+                done = tx.message_settle_many(settlements=settlements)
         raise_lost((d.id for d in items), done)
 
     def result_values(self, items: list[Delivery], result: Any) -> list[bytes | None] | None:
@@ -203,23 +212,21 @@ class BrokerConsumer:
         error: BaseException | str | None = None,
     ) -> None:
         """Give a delivery back to be tried again after ``after`` seconds. When its attempts
-        are spent it is dead-lettered instead (reason ``max attempts exhausted``)."""
+        are spent (the retry policy's rule, :meth:`~sqlbroker.RetryPolicy.spent`) it is
+        dead-lettered instead (reason ``max attempts exhausted``)."""
         item = _one(delivery)
-        request = retry_request(item, after=after, error=error)
-        backend = self._checked()
-        if isinstance(request, DeadRequest):
-            done = backend.message_dead_many(deaths=[request])
-        else:
-            done = backend.message_retry_many(retries=[request])
-        raise_lost([item.id], done)
+        settlement = retry_settlement(item, after=after, error=error)
+        raise_lost([item.id], self._checked().message_settle_many(settlements=[settlement]))
 
     def dead_letter(
         self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
     ) -> None:
         """Move a delivery to the dead letters now, keeping the whole message and why."""
         item = _one(delivery)
-        request = DeadRequest(Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error))
-        raise_lost([item.id], self._checked().message_dead_many(deaths=[request]))
+        settlement = Settlement.dead(
+            Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error)
+        )
+        raise_lost([item.id], self._checked().message_settle_many(settlements=[settlement]))
 
     def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
         """Push the delivery's lease to now + ``lease``; return the new expiry."""

@@ -18,7 +18,7 @@ from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import metrics
 from sqlbroker.features.retention import RetentionDefaults, retention_list
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 
 class BrokerInspection:

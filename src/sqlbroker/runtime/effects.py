@@ -21,7 +21,8 @@ from typing import Any
 
 from sqlbroker.core.errors import LeaseLost, SqlbrokerError
 from sqlbroker.core.message import Delivery
-from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import Lease, Settlement
 from sqlbroker.storage.seam import AsyncTx, Tx
 
 
@@ -73,7 +74,7 @@ class EffectsTransaction:
             self._unclaim()
             return bool(self._sync.__exit__(kind, error, trace))
         try:
-            done = self._tx.message_complete_many(leases=[Lease.of(self._delivery)])
+            done = self._tx.message_settle_many(settlements=[self._settlement()])
             if not done:
                 raise LeaseLost([self._delivery.id])
         except BaseException as failure:
@@ -87,6 +88,9 @@ class EffectsTransaction:
             raise
         self._committed()
         return False
+
+    def _settlement(self) -> Settlement:
+        return Settlement.complete(Lease.of(self._delivery))
 
     # --- async ---------------------------------------------------------------------------
 
@@ -112,7 +116,7 @@ class EffectsTransaction:
             self._unclaim()
             return bool(await self._async.__aexit__(kind, error, trace))
         try:
-            done = await self._async_tx.message_complete_many(leases=[Lease.of(self._delivery)])
+            done = await self._async_tx.message_settle_many(settlements=[self._settlement()])
             if not done:
                 raise LeaseLost([self._delivery.id])
         except BaseException as failure:

@@ -26,7 +26,7 @@ from sqlbroker.core.observability import MinuteCounts, WorkerBeat, bucket_index
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.message import Complete, Outcome, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import wait_any
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
 

@@ -1,4 +1,8 @@
-"""The message a handler receives, and the outcomes the pump writes back."""
+"""The message a handler receives, and the outcomes the pump writes back.
+
+An outcome is the pump's record of how a delivery ended (it keeps the delivery, for the
+hooks and the lease bookkeeping); what reaches storage is its :class:`Settlement`
+(:func:`settlement_of`), the one type every settling path writes."""
 
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.policies import DEFAULT_RETRY, DeadLetterNow
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, encode_value
+from sqlbroker.storage.base import Lease, Settlement
 
 if TYPE_CHECKING:
     from sqlbroker.runtime.effects import EffectsTransaction
@@ -54,6 +60,19 @@ class Cancelled:
 
 
 Outcome = Complete | RetryLater | SendToDead | Cancelled
+
+
+def settlement_of(outcome: Outcome) -> Settlement:
+    """What storage writes for ``outcome``."""
+    lease = Lease.of(outcome.delivery)
+    if isinstance(outcome, Complete):
+        return Settlement.complete(lease, outcome.value)
+    if isinstance(outcome, RetryLater):
+        return Settlement.retry(lease, outcome.after, outcome.error, snooze=outcome.snooze)
+    if isinstance(outcome, SendToDead):
+        return Settlement.dead(lease, outcome.reason, outcome.error)
+    return Settlement.cancel(lease)
+
 
 T = TypeVar("T")
 
@@ -298,10 +317,20 @@ class Message:
     def nack(
         self, *, after: float | timedelta = 0.0, error: BaseException | str | None = None
     ) -> None:
-        """Try the message again after ``after`` seconds (the attempt counts)."""
-        self._finish(
-            RetryLater(self._delivery, validate.seconds(after, "after"), ErrorInfo.coerce(error))
+        """Try the message again after ``after`` seconds (the attempt counts). When its
+        attempts are spent (the retry policy's rule) it is dead-lettered instead, with
+        reason ``max attempts exhausted``, as a handler's exception would be."""
+        delay = validate.seconds(after, "after")
+        info = ErrorInfo.coerce(error)
+        delivery = self._delivery
+        # The claim stored the subscriber's limit in the copy: the default policy applies it.
+        decision = DEFAULT_RETRY.decide_retry(
+            delivery.attempt, after=delay, max_attempts=delivery.max_attempts
         )
+        if isinstance(decision, DeadLetterNow):
+            self._finish(SendToDead(delivery, decision.reason, info))
+        else:
+            self._finish(RetryLater(delivery, decision.delay, info))
 
     def reject(self, reason: str, *, error: BaseException | str | None = None) -> None:
         """Dead-letter the message now."""

@@ -57,7 +57,8 @@ from sqlbroker.runtime.message import (
     SendToDead,
 )
 from sqlbroker.runtime.writeback import WriteBack, retry_pause, wait_any
-from sqlbroker.storage.base import Backend, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import Lease
 
 log = logging.getLogger("sqlbroker.runtime")
 T = TypeVar("T")
@@ -165,6 +166,13 @@ class Pump:
             if capacity <= 0 or (capacity < room // 2 and not self._queue.empty()):
                 self._capacity.clear()
                 await wait_any(self._capacity, stop)
+                continue
+            # The write-back's backlog is full (a slow database): claim when a write frees it.
+            capacity = min(capacity, self._writeback.room())
+            if capacity <= 0:
+                self._capacity.clear()
+                self._writeback.roomy.clear()
+                await wait_any(self._capacity, self._writeback.roomy, stop)
                 continue
             self._hinted = False
             try:
@@ -392,6 +400,9 @@ class Pump:
     def _free_slot(self, delivery: Delivery) -> None:
         self._open.discard(_key(delivery))
         self._capacity.set()
+        # A copy settled in its own transaction frees the backlog's room without a write:
+        # another subscription's pump may be waiting for it.
+        self._writeback.roomy.set()
 
     def _forget(self, delivery: Delivery) -> None:
         """Stop extending ``delivery``'s lease — unless its copy was claimed again since."""

@@ -37,7 +37,7 @@ from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRec
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.scheduler import Scheduler
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
 CANCEL_POLL = 0.5
@@ -113,6 +113,8 @@ class Worker:
         observers: Sequence[WorkerObserver] = (),
         schedules: bool = True,
         listen: bool = True,
+        write_batch: int = 500,
+        write_backlog: int = 5000,
     ) -> None:
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
@@ -127,6 +129,10 @@ class Worker:
         self._install_signals = install_signal_handlers
         self._schedules = bool(schedules)
         self._listen = bool(listen)
+        self._write_batch = validate.integer(write_batch, "write_batch", minimum=1, maximum=100_000)
+        self._write_backlog = validate.integer(
+            write_backlog, "write_backlog", minimum=1, maximum=10_000_000
+        )
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat_interval = validate.seconds(
             heartbeat_interval, "heartbeat_interval", allow_zero=False, maximum=3600.0
@@ -207,7 +213,14 @@ class Worker:
         stop_timer: asyncio.TimerHandle | None = None
         try:
             await run_blocking(self._ensure_subscriptions)
-            writeback = WriteBack(backend, run_blocking=run_blocking, on_flushed=self._flushed)
+            writeback = WriteBack(
+                backend,
+                run_blocking=run_blocking,
+                on_flushed=self._flushed,
+                max_items=self._write_batch,
+                backlog=self._write_backlog,
+                outstanding=lambda: sum(pump.open for pump in self._pumps.values()),
+            )
             poll_min = min(0.05, self._poll_max)
             self._pumps = {
                 spec.name: Pump(

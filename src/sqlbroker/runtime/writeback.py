@@ -1,13 +1,19 @@
 """Batched write-back of outcomes: completes, retries, dead-letters and cancels.
 
-Outcomes accumulate and are written in one database call per kind when ``max_items`` are
-waiting or ``max_delay`` seconds have passed since the first one. An outcome that follows
+Outcomes accumulate and are written as settlements, mixed, by one ``message_settle_many``
+per ``max_items`` (one statement on PostgreSQL) when ``max_items`` are waiting or
+``max_delay`` seconds have passed since the first one. An outcome that follows
 ``quiet`` seconds without any is written at once: at a low rate the window would gather
 nothing but delay, and its write (a durable commit) would then overlap the next message's
 publish and claim on the same disk and cores. A failed write keeps its items and is tried
 again with backoff; :meth:`WriteBack.drain` empties the buffer on shutdown, after which the
 buffer takes nothing more. A delivery whose lease was lost meanwhile is reported, not
 retried: another consumer owns it now.
+
+The buffer is bounded: outcomes buffered or being written, plus the copies the pumps have
+claimed and not settled yet (each ends as at most one outcome), stay within ``backlog``.
+A pump claims only into :meth:`WriteBack.room`, so a slow database stops the claims
+instead of growing the buffer; each flush frees room as its sub-batches are written.
 
 Outcomes may be added from any thread (a manual ``ack`` from wherever the handler handed
 its message); flushes run on the event loop one at a time, so the final drain also waits
@@ -27,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
-from sqlbroker.runtime.message import Cancelled, Complete, Outcome, RetryLater, SendToDead
-from sqlbroker.storage.base import Backend, DeadRequest, Lease, RetryRequest
+from sqlbroker.runtime.message import Outcome, settlement_of
+from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
 MAX_DOUBLINGS = 30
@@ -62,13 +68,21 @@ class WriteBack:
         run_blocking: Callable[..., Awaitable[Any]],
         on_flushed: Callable[[FlushReport], None],
         max_items: int = 500,
+        backlog: int = 5000,
+        outstanding: Callable[[], int] = lambda: 0,
         max_delay: float = 0.01,
         quiet: float = 0.002,
     ) -> None:
+        """``outstanding`` counts the copies claimed and not settled yet (the pumps')."""
         self._backend = backend
         self._run_blocking = run_blocking
         self._on_flushed = on_flushed
         self._max_items = max_items
+        self._backlog = backlog
+        self._outstanding = outstanding
+        self._writing = 0  # outcomes taken by the flush in progress, not written yet
+        self.roomy = asyncio.Event()
+        """Set when a write frees room (:meth:`room`)."""
         self._max_delay = max_delay
         self._quiet = quiet
         self._last_added = -math.inf
@@ -82,7 +96,13 @@ class WriteBack:
         self._due = asyncio.Event()  # write without waiting for the window
 
     def __len__(self) -> int:
-        return len(self._items)
+        """Outcomes held: buffered, or taken by the flush in progress."""
+        return len(self._items) + self._writing
+
+    def room(self) -> int:
+        """How many more copies may be claimed without the held outcomes and the
+        unsettled claims passing ``backlog``."""
+        return self._backlog - len(self) - self._outstanding()
 
     def add(self, outcome: Outcome) -> None:
         """Buffer ``outcome``; safe from any thread. Raises :class:`WriteBackClosed` once
@@ -159,8 +179,7 @@ class WriteBack:
     async def flush(self) -> bool:
         """One write of everything buffered; ``False`` when the database failed.
 
-        Completes, retries, dead-letters and cancels are written by one call each, in that
-        order;
+        The outcomes are written as settlements, mixed, ``max_items`` per database call;
         a call that fails keeps its outcomes (and those not yet tried) for the next flush.
         A second outcome for one copy (a stale delivery's and its re-claim's) waits for the
         next flush: a write reports valid leases by copy, so one call must hold each copy once.
@@ -172,66 +191,51 @@ class WriteBack:
     async def _flush(self) -> bool:
         with self._mutex:
             batch, self._items = self._items, []
+            self._writing = len(batch)
         self._has_items.clear()
         self._due.clear()
         report = FlushReport()
-        kept: list[Outcome] = []
         seen: set[int] = set()
         now: list[Outcome] = []
         later: list[Outcome] = []
         for outcome in batch:
             (later if outcome.delivery.id in seen else now).append(outcome)
             seen.add(outcome.delivery.id)
-        batch = now
-        for kind in (Complete, RetryLater, SendToDead, Cancelled):
-            group = [o for o in batch if isinstance(o, kind)]
-            if not group:
-                continue
-            if kept:
-                kept.extend(group)
-                continue
-            try:
-                ids = await self._run_blocking(self._write, group)
-            except SqlbrokerError as error:
-                log.warning("write-back of %d outcomes failed, will retry: %s", len(group), error)
-                kept.extend(group)
-                continue
-            assert isinstance(ids, set)
-            for outcome in group:
-                (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
-        if kept or later:
+        written = 0  # now[:written] are written; the rest go back (a failure, a cancel)
+        try:
+            while written < len(now):
+                chunk = now[written : written + self._max_items]
+                try:
+                    ids = await self._run_blocking(self._write, chunk)
+                except SqlbrokerError as error:
+                    log.warning(
+                        "write-back of %d outcomes failed, will retry: %s",
+                        len(now) - written,
+                        error,
+                    )
+                    break
+                assert isinstance(ids, set)
+                for outcome in chunk:
+                    (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
+                written += len(chunk)
+                with self._mutex:
+                    self._writing -= len(chunk)
+                self.roomy.set()
+        finally:
+            kept = now[written:]
             with self._mutex:
                 self._items[:0] = kept + later
+                self._writing = 0
+        if kept or later:
             self._has_items.set()
         if report.done or report.lost:
             self._on_flushed(report)
         return not kept
 
-    def _write(self, group: Sequence[Outcome]) -> set[int]:
-        """Write one kind of outcome; return the ids whose lease was still valid."""
-        first = group[0]
-        if isinstance(first, Complete):
-            leases = [Lease.of(o.delivery) for o in group]
-            values = [o.value for o in group if isinstance(o, Complete)]
-            # A batch without values passes none: the complete statement is then the plain one.
-            stored = values if any(value is not None for value in values) else None
-            return set(self._backend.message_complete_many(leases=leases, values=stored))
-        if isinstance(first, RetryLater):
-            retries = [
-                RetryRequest(Lease.of(o.delivery), o.after, o.error, o.snooze)
-                for o in group
-                if isinstance(o, RetryLater)
-            ]
-            return set(self._backend.message_retry_many(retries=retries))
-        if isinstance(first, Cancelled):
-            cancels = [Lease.of(o.delivery) for o in group]
-            return set(self._backend.message_cancel_leased(leases=cancels))
-        deaths = [
-            DeadRequest(Lease.of(o.delivery), o.reason, o.error)
-            for o in group
-            if isinstance(o, SendToDead)
-        ]
-        return set(self._backend.message_dead_many(deaths=deaths))
+    def _write(self, chunk: Sequence[Outcome]) -> set[int]:
+        """Write one sub-batch; return the ids whose lease was still valid."""
+        settlements = [settlement_of(outcome) for outcome in chunk]
+        return set(self._backend.message_settle_many(settlements=settlements))
 
 
 async def wait_any(

@@ -1,17 +1,17 @@
-"""Layer 1: one Backend protocol of batch-first queue operations, one implementation per
-database. Each backend owns its SQL (``.sql`` files of named blocks) and its numbered
-migrations; above this package nothing speaks SQL.
+"""Layer 1: the storage seam — one Backend of batch-first queue operations, each written
+once over a thin dialect per database. Each dialect owns its SQL (``.sql`` files of named
+blocks) and its numbered migrations; above this package nothing speaks SQL.
 """
 
-from sqlbroker.storage.base import Backend, DeadFilter, DeadRequest, Lease, ReapResult, RetryRequest
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import DeadFilter, Lease, ReapResult, Settlement
 from sqlbroker.storage.factory import open_backend
 
 __all__ = [
     "Backend",
     "DeadFilter",
-    "DeadRequest",
     "Lease",
     "ReapResult",
-    "RetryRequest",
+    "Settlement",
     "open_backend",
 ]

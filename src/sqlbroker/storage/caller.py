@@ -19,25 +19,25 @@ from __future__ import annotations
 from typing import Any
 
 
-def _module(conn: Any) -> str:
+def _module(conn: object) -> str:
     return type(conn).__module__ or ""
 
 
-def _is_sqlalchemy_session(conn: Any) -> bool:
+def _is_sqlalchemy_session(conn: object) -> bool:
     return _module(conn).startswith("sqlalchemy.orm") and callable(
         getattr(conn, "connection", None)
     )
 
 
-def _is_sqlalchemy_connection(conn: Any) -> bool:
+def _is_sqlalchemy_connection(conn: object) -> bool:
     return _module(conn).startswith("sqlalchemy.engine") and hasattr(conn, "in_transaction")
 
 
-def _is_django(conn: Any) -> bool:
+def _is_django(conn: object) -> bool:
     return _module(conn).startswith("django.") and hasattr(conn, "ensure_connection")
 
 
-def is_async(conn: Any) -> bool:
+def is_async(conn: object) -> bool:
     """Whether ``conn`` needs awaiting: psycopg's ``AsyncConnection`` or SQLAlchemy's
     asyncio ``AsyncConnection`` / ``AsyncSession``."""
     module = _module(conn)
@@ -73,6 +73,6 @@ async def unwrap_async(conn: Any) -> Any:
     return conn
 
 
-def describe(conn: Any) -> str:
+def describe(conn: object) -> str:
     kind = type(conn)
     return f"{kind.__module__}.{kind.__qualname__}"

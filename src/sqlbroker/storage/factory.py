@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlbroker.core.clock import Clock, DatabaseClock
 from sqlbroker.core.errors import ConfigurationError, InvalidOption
-from sqlbroker.storage.base import Backend
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.url import parse_url
 
 

@@ -14,7 +14,7 @@ overrides the database's own).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,11 +25,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass(frozen=True, slots=True)
 class Query:
     """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
-    its rows are addressable by column name (``row["id"]``), else by position."""
+    its rows are addressable by column name (``row["id"]``), else by position. With
+    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread."""
 
     block: str
     params: Mapping[str, Any]
     named: bool = False
+    each: Sequence[Mapping[str, Any]] = ()
 
 
 class Rows(list[Any]):
@@ -45,9 +47,35 @@ class Rows(list[Any]):
 Plan = Generator[Query, Rows, T]
 
 
+def drive(plan: Plan[T], step: Callable[[Query], Rows]) -> T:
+    """Run ``plan`` to its result, each of its statements by ``step`` (a dialect's)."""
+    try:
+        statement = next(plan)
+        while True:
+            statement = plan.send(step(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def drive_async(plan: Plan[T], step: Callable[[Query], Awaitable[Rows]]) -> T:
+    """:func:`drive` with a coroutine ``step``."""
+    try:
+        statement = next(plan)
+        while True:
+            statement = plan.send(await step(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
 def query(block: str, /, **params: Any) -> Query:
     """A statement whose rows are read by position."""
     return Query(block, params)
+
+
+def each(block: str, rows: Sequence[Mapping[str, Any]], /, **params: Any) -> Query:
+    """A one-statement block run once per row of ``rows`` (the driver's ``executemany``),
+    returning no rows, only the total ``rowcount``."""
+    return Query(block, params, each=rows)
 
 
 def named(block: str, /, **params: Any) -> Query:
@@ -71,12 +99,22 @@ class Access:
     read_only: bool = False
     atomic: bool = False
     relaxed: bool = False
+    atomic_when: Callable[..., bool] | None = None
+    """Instead of ``atomic``: whether one call's writes must apply all or nothing, from
+    its settings and keyword arguments (an operation that is often one statement)."""
+
+    def of_call(self, settings: Any, kwargs: Mapping[str, Any]) -> Access:
+        """The access of one call with ``kwargs``."""
+        if self.atomic_when is None:
+            return self
+        return ATOMIC if self.atomic_when(settings, **kwargs) else WRITE
 
 
 WRITE = Access()
+ATOMIC = Access(atomic=True)
 
 
-def _mark(plan: F, **flags: bool) -> F:
+def _mark(plan: F, **flags: Any) -> F:
     plan.access = Access(**flags)  # type: ignore[attr-defined]
     return plan
 
@@ -89,6 +127,16 @@ def reads(plan: F) -> F:
 def atomic(plan: F) -> F:
     """Mark an operation whose writes apply all or nothing (see :class:`Access`)."""
     return _mark(plan, atomic=True)
+
+
+def atomic_when(test: Callable[..., bool]) -> Callable[[F], F]:
+    """Mark an operation atomic for the calls where ``test(settings, **kwargs)`` holds;
+    the others are one statement, which PostgreSQL commits alone (no BEGIN, no COMMIT)."""
+
+    def mark(plan: F) -> F:
+        return _mark(plan, atomic_when=test)
+
+    return mark
 
 
 def relaxed(plan: F) -> F:

@@ -1,7 +1,7 @@
 """What the schedule operations of the storage seam take and return.
 
 The operations are in :mod:`sqlbroker.storage.operations.schedules`; see the
-"schedules" section of :class:`sqlbroker.storage.base.Backend` for the contracts.
+"schedules" section of :class:`sqlbroker.storage.seam.Executor`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sqlbroker.core.message import NewMessage
 from sqlbroker.core.schedules import Missed
 
 if TYPE_CHECKING:
-    from sqlbroker.storage.base import Backend
+    from sqlbroker.storage.backend import Backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,18 +109,14 @@ def fire_many(backend: Backend, *, fires: Sequence[ScheduleFire]) -> dict[str, l
     """``backend.schedule_fire_many``: in one transaction, advance each schedule by
     compare-and-set and publish the messages of the fires that won (as
     ``message_insert_many`` would); return the published ids of each, leaving out the
-    fires that lost the race.
-
-    Not yet one plan: publishing still takes a connection, the transaction's own."""
+    fires that lost the race."""
     if not fires:
         return {}
     with backend.begin() as tx:
         won = tx.schedule_advance_many(fires=fires)
         messages = [message for fire in won for message in fire.messages]
         ids = (
-            backend.message_insert_many(
-                messages=messages, subscription=None, conn=tx.connection
-            ).message_ids
+            tx.message_insert_many(messages=messages, subscription=None).message_ids
             if messages
             else []
         )

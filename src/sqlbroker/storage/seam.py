@@ -30,13 +30,16 @@ from sqlbroker.storage.operations import (
     messages,
     observability,
     processed,
+    publishing,
     results,
     retention,
     sagas,
     schedules,
+    schema,
     security,
     subscriptions,
 )
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan, access_of
 from sqlbroker.storage.promotion import PromotionThrottle
 
@@ -76,6 +79,11 @@ class Settings:
     SQLite's writers are serialized by ``BEGIN IMMEDIATE`` already."""
     schema: str | None = None
     """PostgreSQL: the schema of the tables (``None``: the search path's)."""
+    array_params: bool = False
+    """Whether the driver binds whole arrays (PostgreSQL): a batch is then one statement;
+    else (SQLite, in-process) one statement per row (operations/publishing.py)."""
+    known_queues: KnownQueues | None = None
+    """PostgreSQL: the queues this process saw exist (a send to one is one statement)."""
     flow_limited: flow.FlowLimited = field(default_factory=flow.FlowLimited)
     """The subscriptions last found flow-limited (their claims skip the plain claim)."""
 
@@ -97,7 +105,10 @@ class Operation(Generic[P, T]):
         plan, access = self.plan, self.access
 
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return executor.execute(plan(executor.settings, *args, **kwargs), access)
+            settings = executor.settings
+            return executor.execute(
+                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
+            )
 
         return call
 
@@ -121,7 +132,10 @@ class AsyncOperation(Generic[P, T]):
         plan, access = self.plan, self.access
 
         async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            return await executor.execute(plan(executor.settings, *args, **kwargs), access)
+            settings = executor.settings
+            return await executor.execute(
+                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
+            )
 
         return call
 
@@ -137,9 +151,7 @@ class Executor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = Operation(messages.message_claim_many)
-    message_complete_many = Operation(messages.message_complete_many)
-    message_retry_many = Operation(messages.message_retry_many)
-    message_dead_many = Operation(messages.message_dead_many)
+    message_settle_many = Operation(messages.message_settle_many)
     message_extend_leases = Operation(messages.message_extend_leases)
     message_release_many = Operation(messages.message_release_many)
     message_cancel_many = Operation(messages.message_cancel_many)
@@ -151,7 +163,6 @@ class Executor(ABC):
     # --- flow control by an operator: pause, cancel running copies ---------------------
     subscription_pause = Operation(control.subscription_pause)
     message_cancel_requested = Operation(control.message_cancel_requested)
-    message_cancel_leased = Operation(control.message_cancel_leased)
 
     # --- flow limits: caps, rate limits, fairness (the claim obeys them) -------------------
     flow_set = Operation(flow.flow_set)
@@ -234,6 +245,16 @@ class Executor(ABC):
     audit_list = Operation(observability.audit_list)
     # --- end observability -------------------------------------------------------------------
 
+    # --- schema (the migrations: each backend's migrate; storage/schema.py) --------------
+    schema_version = Operation(schema.schema_version)
+    # --- end schema --------------------------------------------------------------------------
+
+    # --- publishing (operations/publishing.py; queues: operations/subscriptions.py) ---------
+    message_insert_many = Operation(publishing.message_insert_many)
+    subscription_ensure = Operation(subscriptions.subscription_ensure)
+    subscription_delete = Operation(subscriptions.subscription_delete)
+    # --- end publishing ----------------------------------------------------------------------
+
 
 class AsyncExecutor(ABC):
     """The queue operations as coroutines. Subclasses say how a plan runs."""
@@ -246,9 +267,7 @@ class AsyncExecutor(ABC):
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = AsyncOperation(messages.message_claim_many)
-    message_complete_many = AsyncOperation(messages.message_complete_many)
-    message_retry_many = AsyncOperation(messages.message_retry_many)
-    message_dead_many = AsyncOperation(messages.message_dead_many)
+    message_settle_many = AsyncOperation(messages.message_settle_many)
     message_extend_leases = AsyncOperation(messages.message_extend_leases)
     message_release_many = AsyncOperation(messages.message_release_many)
     message_cancel_many = AsyncOperation(messages.message_cancel_many)
@@ -260,7 +279,6 @@ class AsyncExecutor(ABC):
     # --- flow control by an operator: pause, cancel running copies ---------------------
     subscription_pause = AsyncOperation(control.subscription_pause)
     message_cancel_requested = AsyncOperation(control.message_cancel_requested)
-    message_cancel_leased = AsyncOperation(control.message_cancel_leased)
 
     # --- flow limits -------------------------------------------------------------------------
     flow_set = AsyncOperation(flow.flow_set)
@@ -342,6 +360,16 @@ class AsyncExecutor(ABC):
     metric_trim = AsyncOperation(observability.metric_trim)
     audit_list = AsyncOperation(observability.audit_list)
     # --- end observability -------------------------------------------------------------------
+
+    # --- schema ------------------------------------------------------------------------------
+    schema_version = AsyncOperation(schema.schema_version)
+    # --- end schema --------------------------------------------------------------------------
+
+    # --- publishing ------------------------------------------------------------------------
+    message_insert_many = AsyncOperation(publishing.message_insert_many)
+    subscription_ensure = AsyncOperation(subscriptions.subscription_ensure)
+    subscription_delete = AsyncOperation(subscriptions.subscription_delete)
+    # --- end publishing ----------------------------------------------------------------------
 
 
 class Tx(Executor):

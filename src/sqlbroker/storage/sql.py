@@ -40,11 +40,13 @@ def load_blocks(package: str, filename: str, *, schema: str = "") -> dict[str, s
     return {name: body.replace("{schema}", schema) for name, body in parse_blocks(text).items()}
 
 
-def load_sql(package: str, filenames: Sequence[str], *, schema: str = "") -> dict[str, str]:
-    """The blocks of several files of one backend (its queries, then one per feature);
-    a block name may appear in only one of them."""
+def load_sql(package: str, *, schema: str = "") -> dict[str, str]:
+    """The blocks of every ``.sql`` file of a dialect's package (its queries, then one file
+    per operation group; migrations live in a subpackage and are not blocks); a block name
+    may appear in only one of them."""
     blocks: dict[str, str] = {}
-    for filename in filenames:
+    files = sorted(entry.name for entry in resources.files(package).iterdir())
+    for filename in (name for name in files if name.endswith(".sql")):
         for name, body in load_blocks(package, filename, schema=schema).items():
             if name in blocks:
                 raise ValueError(f"SQL block {name!r} of {filename} is defined twice")

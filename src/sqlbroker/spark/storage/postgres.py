@@ -45,7 +45,8 @@ from sqlbroker.spark.storage.columns import (
     publish_staged,
     stage_params,
 )
-from sqlbroker.storage.base import Backend, InsertResult, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import InsertResult, Lease, Settlement
 from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -189,11 +190,9 @@ class PostgresSparkStore:
         def publish_page(
             messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
         ) -> InsertResult:
-            with self._tx() as conn:
-                result = self._backend.message_insert_many(
-                    messages=messages, subscription=None, conn=conn
-                )
-                conn.execute(
+            with self._backend.begin(timed=False) as tx:
+                result = tx.message_insert_many(messages=messages, subscription=None)
+                tx.connection.execute(
                     self._sql["stage_delete_page"],
                     {
                         "job_id": job,
@@ -301,7 +300,8 @@ class PostgresSparkStore:
 
     def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
         leases = self._stream_leases(stream, upto_seq)
-        done = self._backend.message_complete_many(leases=leases) if leases else []
+        settlements = [Settlement.complete(lease) for lease in leases]
+        done = self._backend.message_settle_many(settlements=settlements)
         # Forgetting the claims after the completion: a crash in between leaves claims
         # whose leases are gone, which the next ack forgets.
         with self._tx() as conn:

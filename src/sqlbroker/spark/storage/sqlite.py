@@ -39,7 +39,8 @@ from sqlbroker.spark.storage.columns import (
     publish_staged,
     stage_params,
 )
-from sqlbroker.storage.base import Backend, InsertResult, Lease
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.base import InsertResult, Lease, Settlement
 from sqlbroker.storage.sql import load_blocks
 
 _NO_ID = -(2**63)
@@ -190,11 +191,9 @@ class SqliteSparkStore:
             def publish_page(
                 messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
             ) -> InsertResult:
-                with self._write() as conn:
-                    result = self._backend.message_insert_many(
-                        messages=messages, subscription=None, conn=conn
-                    )
-                    conn.execute(
+                with self._backend.begin(timed=False) as tx, _translated():
+                    result = tx.message_insert_many(messages=messages, subscription=None)
+                    tx.connection.execute(
                         self._sql["stage_delete_page"],
                         {
                             "job_id": job,
@@ -296,7 +295,8 @@ class SqliteSparkStore:
 
     def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
         leases = self._stream_leases(stream, upto_seq)
-        done = self._backend.message_complete_many(leases=leases) if leases else []
+        settlements = [Settlement.complete(lease) for lease in leases]
+        done = self._backend.message_settle_many(settlements=settlements)
         # Forgetting the claims after the completion: a crash in between leaves claims
         # whose leases are gone, which the next ack forgets.
         with self._write() as conn:

@@ -5,7 +5,7 @@ every worker, survives restarts, and running handlers finish). Cancelling a mess
 archives its copies that are not running and flags the running ones
 (:func:`messages.message_cancel_many`); a worker finds the flag on the copies it runs
 (PostgreSQL wakes it with a NOTIFY on the cancel channel), stops the handler and archives
-the copy as cancelled with :func:`message_cancel_leased`.
+the copy as cancelled (:func:`messages.message_settle_many`, kind ``cancel``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 from sqlbroker.core.errors import NotFound
 from sqlbroker.core.serde import encode_json
-from sqlbroker.storage.base import Lease
-from sqlbroker.storage.operations.messages import _leases, _promote_heads
 from sqlbroker.storage.plan import Plan, atomic, query, reads
 
 if TYPE_CHECKING:
@@ -46,12 +44,3 @@ def message_cancel_requested(settings: Settings, *, ids: Sequence[int]) -> Plan[
         return []
     rows = yield query("message_cancel_requested", ids=list(ids))
     return [row[0] for row in rows]
-
-
-def message_cancel_leased(settings: Settings, *, leases: Sequence[Lease]) -> Plan[list[int]]:
-    """Archive leased copies as cancelled; return the ids whose lease was still valid."""
-    if not leases:
-        return []
-    rows = yield query("message_cancel_leased", **_leases(leases))
-    yield from _promote_heads(rows)
-    return sorted(row[0] for row in rows)

@@ -1,5 +1,6 @@
-"""The life of a leased copy: claim, retry, dead-letter, extend, release, cancel, and the
-reaper's side (expired leases, TTLs, headless keys, idempotency keys past their window).
+"""The life of a leased copy: claim, settle (complete, retry, dead-letter, cancel), extend,
+release, cancel by message id, and the reaper's side (expired leases, TTLs, headless keys,
+idempotency keys past their window).
 
 Every removal from the hot table (dead letter, cancel, expiry, lost worker) returns the
 removed rows as ``(id, subscription, ordering_key, state)``, and :func:`_promote_heads`
@@ -12,19 +13,20 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.serde import encode_json
 from sqlbroker.storage.base import (
-    DeadRequest,
+    SETTLE_KINDS,
     Lease,
     ReapResult,
-    RetryRequest,
-    check_values,
+    Settlement,
+    storable_reason,
     undecodable_deaths,
 )
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.flow import claim_copies
-from sqlbroker.storage.plan import Plan, query, relaxed
+from sqlbroker.storage.plan import Plan, Query, query, relaxed
 from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
@@ -42,7 +44,8 @@ WORKER_LOST_ERROR = encode_json(
 """The last error of a copy whose lease expired and that goes back to the queue."""
 
 
-def _leases(leases: Sequence[Lease]) -> dict[str, Any]:
+def _leases(items: Sequence[Lease] | Sequence[Settlement]) -> dict[str, Any]:
+    leases = [item.lease if isinstance(item, Settlement) else item for item in items]
     return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
 
 
@@ -90,67 +93,112 @@ def message_claim_many(
     }
     deliveries, damaged = yield from claim_copies(settings, subscription, params)
     if damaged:
-        yield from message_dead_many(settings, deaths=undecodable_deaths(damaged))
+        yield from message_settle_many(settings, settlements=undecodable_deaths(damaged))
     return deliveries
 
 
-def message_complete_many(
-    settings: Settings, *, leases: Sequence[Lease], values: Sequence[bytes | None] | None = None
+def message_settle_many(
+    settings: Settings, *, settlements: Sequence[Settlement]
 ) -> Plan[list[int]]:
-    """Archive the copies as completed (or only delete them, without ``archive_completed``);
-    return the ids whose lease was still valid. ``values`` (aligned with ``leases``) are the
-    handlers' encoded return values, stored as results in the same statement; with none
-    the statement is the one without results, which costs nothing more."""
-    check_values(leases, values)
-    if not leases:
+    """Settle leased copies — completes, retries, dead letters and cancels, mixed — and
+    return the ids whose lease was still valid.
+
+    PostgreSQL writes the whole batch in one statement (``message_settle``), except a batch
+    of completes without results, which runs the plain complete statement: the drain's
+    case, and its cheapest. SQLite has no data-changing ``WITH``: it runs one block per
+    kind present, inside the one ``BEGIN IMMEDIATE`` every write operation runs in. A
+    copy may appear once per call (a write reports valid leases by copy)."""
+    if not settlements:
         return []
-    if values is not None and any(value is not None for value in values):
+    ids = [s.lease.id for s in settlements]
+    unknown = {s.kind for s in settlements} - set(SETTLE_KINDS)
+    if unknown:
+        named = ", ".join(sorted(map(repr, unknown)))
+        raise InvalidOption("kind", f"must be one of {', '.join(SETTLE_KINDS)}, not {named}")
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise InvalidOption(
+            "settlements", f"holds copy {twice[0]} twice: settle each copy once per call"
+        )
+    removed: list[Any] = []  # rows of the copies that left the hot table
+    done: list[int] = []
+    if all(s.kind == "complete" and s.value is None for s in settlements):
+        block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
+        removed = yield query(block, **_leases(settlements))
+        done = [row[0] for row in removed]
+    elif settings.dialect == "postgresql":
         rows = yield query(
-            "message_complete_valued",
-            **_leases(leases),
-            # JSON text (validated before): SQLite carries arrays as JSON, which has no bytes.
-            values=[None if value is None else value.decode() for value in values],
+            "message_settle",
+            **_leases(settlements),
+            kinds=[s.kind for s in settlements],
+            **_settle_params(settlements),
             archive=settings.archive_completed,
+            channel=settings.notify_channel,
+            dead_channel=settings.dead_channel,
             result_channel=settings.result_channel,
         )
+        removed = [row for row in rows if row[4]]
+        done = [row[0] for row in rows]
     else:
+        for kind in SETTLE_KINDS:
+            group = [s for s in settlements if s.kind == kind]
+            if group:
+                rows = yield _settle_kind(settings, kind, group)
+                done.extend(row[0] for row in rows)
+                if kind != "retry":
+                    removed.extend(rows)
+    yield from _promote_heads(removed)
+    return sorted(done)
+
+
+def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
+    """The per-copy columns of a settlement, one array each (unused ones are NULL)."""
+    errors = [s.error for s in settlements]
+    return {
+        # JSON text (validated before): SQLite carries arrays as JSON, which has no bytes.
+        "values": [None if s.value is None else s.value.decode() for s in settlements],
+        "afters": [float(s.after) for s in settlements],
+        "snoozes": [s.snooze for s in settlements],
+        "errors": [error_json(s.error) if s.kind == "retry" else None for s in settlements],
+        "reasons": [storable_reason(s.reason) if s.kind == "dead" else None for s in settlements],
+        "error_types": [e.type if e else None for e in errors],
+        "error_messages": [e.message if e else None for e in errors],
+        "tracebacks": [e.traceback if e else None for e in errors],
+    }
+
+
+def _settle_kind(settings: Settings, kind: str, group: Sequence[Settlement]) -> Query:
+    """SQLite's statement for one kind of settlement."""
+    if kind == "complete":
+        if any(s.value is not None for s in group):
+            return query(
+                "message_complete_valued",
+                **_leases(group),
+                values=_settle_params(group)["values"],
+                archive=settings.archive_completed,
+            )
         block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
-        rows = yield query(block, **_leases(leases))
-    yield from _promote_heads(rows)
-    return sorted(row[0] for row in rows)
-
-
-def message_retry_many(settings: Settings, *, retries: Sequence[RetryRequest]) -> Plan[list[int]]:
-    """Return leased copies to the queue after their delay (a snooze gives the attempt
-    back); return the ids whose lease was still valid."""
-    if not retries:
-        return []
-    rows = yield query(
-        "message_retry",
-        **_leases([r.lease for r in retries]),
-        afters=[float(r.after) for r in retries],
-        errors=[error_json(r.error) for r in retries],
-        snoozes=[r.snooze for r in retries],
-        channel=settings.notify_channel,
-    )
-    return sorted(row[0] for row in rows)
-
-
-def message_dead_many(settings: Settings, *, deaths: Sequence[DeadRequest]) -> Plan[list[int]]:
-    """Move leased copies to the dead letters; return the ids whose lease was valid."""
-    if not deaths:
-        return []
-    rows = yield query(
-        "message_dead",
-        **_leases([d.lease for d in deaths]),
-        reasons=[d.reason for d in deaths],
-        error_types=[d.error.type if d.error else None for d in deaths],
-        error_messages=[d.error.message if d.error else None for d in deaths],
-        tracebacks=[d.error.traceback if d.error else None for d in deaths],
-        dead_channel=settings.dead_channel,
-    )
-    yield from _promote_heads(rows)
-    return sorted(row[0] for row in rows)
+        return query(block, **_leases(group))
+    if kind == "retry":
+        params = _settle_params(group)
+        return query(
+            "message_retry",
+            **_leases(group),
+            afters=params["afters"],
+            errors=params["errors"],
+            snoozes=params["snoozes"],
+        )
+    if kind == "dead":
+        params = _settle_params(group)
+        return query(
+            "message_dead",
+            **_leases(group),
+            reasons=params["reasons"],
+            error_types=params["error_types"],
+            error_messages=params["error_messages"],
+            tracebacks=params["tracebacks"],
+        )
+    return query("message_cancel_leased", **_leases(group))
 
 
 def message_extend_leases(

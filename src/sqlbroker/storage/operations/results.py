@@ -1,5 +1,5 @@
 """Stored results: every trace of a message's copies, and the retention trim (see
-:mod:`sqlbroker.features.results`). Values are written by ``message_complete_many``."""
+:mod:`sqlbroker.features.results`). Values are written by ``message_settle_many``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Subscriptions: create or extend one with patterns, and list them. (Creating a queue on
-its first publish, and deleting, still live with publishing in each backend.)"""
+"""Subscriptions: create or extend one with patterns, create a queue on first use, list
+and delete them."""
 
 from __future__ import annotations
 
@@ -44,3 +44,62 @@ def subscription_list(settings: Settings) -> Plan[list[Subscription]]:
     """Every subscription with its patterns, by name."""
     rows = yield named("subscription_list")
     return subscriptions_of(rows)
+
+
+class KnownQueues:
+    """The queues this process saw exist (PostgreSQL): a send to one of them is a single
+    statement, which creates the queue again if it was deleted meanwhile, without the
+    check of the limits that a queue's first send makes."""
+
+    LIMIT = 10_000
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def add(self, name: str) -> None:
+        if len(self._names) >= self.LIMIT:
+            self._names.clear()
+        self._names.add(name)
+
+    def discard(self, name: str) -> None:
+        self._names.discard(name)
+
+
+def queue_create(settings: Settings, *, name: str) -> Plan[bool]:
+    """Create the queue ``name`` when it does not exist (a subscription whose only pattern
+    is its name) and check the limits on subscriptions and patterns (the error rolls the
+    creation back). Returns whether it was created."""
+    created = yield query("queue_create", name=name)
+    if created:
+        yield query(
+            "subscription_patterns_insert",
+            name=name,
+            patterns=[name],
+            regexes=[pattern_regex(name)],
+        )
+        ((own, subscriptions, patterns),) = yield query("subscription_room", name=name)
+        settings.limits.check_room(
+            subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
+        )
+    return bool(created)
+
+
+@atomic
+def subscription_ensure(settings: Settings, *, name: str) -> Plan[bool]:
+    """Create the queue ``name`` on first use: a subscription whose only pattern is its
+    name. An existing subscription is left as it is. Returns whether it was created."""
+    created = yield from queue_create(settings, name=name)
+    if settings.known_queues is not None:
+        settings.known_queues.add(name)
+    return created
+
+
+def subscription_delete(settings: Settings, *, name: str) -> Plan[bool]:
+    """Delete the subscription ``name`` and its copies; False if there was none."""
+    if settings.known_queues is not None:
+        settings.known_queues.discard(name)
+    deleted = yield query("subscription_delete", name=name)
+    return deleted.rowcount > 0

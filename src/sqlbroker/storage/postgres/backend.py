@@ -7,11 +7,10 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -21,57 +20,33 @@ from psycopg import sql
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
-from sqlbroker.core.errors import ConnectionLost, InvalidOption
+from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.serde import encode_json
+from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
-from sqlbroker.storage.postgres import dialect
+from sqlbroker.storage.postgres import dialect, listening
 from sqlbroker.storage.postgres.connection import (
     Conn,
     PostgresPool,
-    run_plan,
 )
-from sqlbroker.storage.postgres.liveness import Watchdog
-from sqlbroker.storage.postgres.publishing import PostgresPublishing
-from sqlbroker.storage.postgres.results import PostgresResults
-from sqlbroker.storage.postgres.schema import PostgresSchema, qualifier
+from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.schedules import ScheduleFire, fire_many
-from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
+from sqlbroker.storage.schema import pending
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
 
 log = logging.getLogger("sqlbroker.storage")
-_PROMOTE_BATCH = 1000
-_WORKER_LOST = encode_json(
-    {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
-)
-_SQL_FILES = (
-    "queries.sql",
-    "admin.sql",
-    "processed.sql",
-    "sagas.sql",
-    "schedules.sql",
-    "observability.sql",
-    "security.sql",
-    "results.sql",
-    "retention.sql",
-    "control.sql",
-    "flow.sql",
-)
 T = TypeVar("T")
 
 
-class PostgresBackend(
-    PostgresPublishing,
-    PostgresResults,
-    PostgresSchema,
-    Executor,
-):
+class PostgresBackend(Backend):
     name = "postgresql"
     supports_notify = True
+    schema_files = dialect.SCHEMA
 
     def __init__(
         self,
@@ -97,31 +72,38 @@ class PostgresBackend(
         self._url = url
         self._clock = clock
         self.limits = limits or Limits()
-        self._known_queues = set()
         self._schema = schema
-        self._qualifier = qualifier(schema)
-        self._sql = load_sql("sqlbroker.storage.postgres", _SQL_FILES, schema=self._qualifier)
-        self._db = PostgresPool(
+        self._qualifier = dialect.qualifier(schema)
+        self._sql = load_sql("sqlbroker.storage.postgres", schema=self._qualifier)
+        self._options = SessionOptions(
             url,
             pool_size=pool_size,
             synchronous_commit=synchronous_commit,
             connect_timeout=connect_timeout,
             application_name=application_name,
-            sql=self._sql,
             network_timeout=network_timeout,
             lock_timeout=lock_timeout,
             statement_timeout=statement_timeout,
             pooler=pooler,
             listen_url=None if listen_url is None else _listen_url(listen_url),
         )
+        self._db = PostgresPool(self._options, sql=self._sql)
         self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
         self._promotion = PromotionThrottle()
         # A claim's own commit: see message_claim in queries.sql.
-        self._claim_commit = self._db.synchronous_commit if durable_claims else "off"
+        self._claim_commit = self._options.synchronous_commit if durable_claims else "off"
         self.dead_channel = f"{self.notify_channel}_dead"
         self.result_channel = f"{self.notify_channel}_result"
         self.cancel_channel = f"{self.notify_channel}_cancel"
-        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
+        self.result_hub = ResultHub(
+            listening.result_source(
+                self._options,
+                self._sql,
+                result_channel=self.result_channel,
+                dead_channel=self.dead_channel,
+            ),
+            name="sqlbroker-result",
+        )
         self._archive_completed = archive
         self.settings = Settings(
             dialect="postgresql",
@@ -138,19 +120,18 @@ class PostgresBackend(
             schema=self._schema,
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
+            array_params=True,
+            known_queues=KnownQueues(),
         )
-        self.async_ops: AsyncExecutor = _PostgresAsyncOps(self)
-
-    def __repr__(self) -> str:
-        return f"PostgresBackend({self._url!s})"
+        self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Settings of the pools' connections (a LISTEN session's: ``listen_target``)."""
-        return self._db.connection_kwargs()
+        return self._options.connection_kwargs()
 
     @property
     def conninfo(self) -> str:
-        return self._db.conninfo
+        return self._options.conninfo
 
     def _now_param(self) -> datetime | None:
         return self._clock.now()
@@ -165,6 +146,14 @@ class PostgresBackend(
                 return dialect.run(conn, self._sql, plan, self._clock.now())
         with self._db.connection(write=not access.read_only) as conn:
             return dialect.run(conn, self._sql, plan, self._clock.now())
+
+    async def _execute_async(self, plan: Plan[T], access: Access) -> T:
+        """:meth:`execute` on the running loop's async pool."""
+        if access.atomic:
+            async with self._db.transaction_async() as conn:
+                return await dialect.run_async(conn, self._sql, plan, self._clock.now())
+        async with self._db.connection_async(write=not access.read_only) as conn:
+            return await dialect.run_async(conn, self._sql, plan, self._clock.now())
 
     @contextlib.contextmanager
     def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
@@ -195,7 +184,7 @@ class PostgresBackend(
         return utc(row[0])
 
     def close(self) -> None:
-        self._result_hub.close()
+        self.result_hub.close()
         self._db.close()
 
     async def listen_async(
@@ -204,76 +193,66 @@ class PostgresBackend(
         on_hint: Callable[[str | None], None],
         on_cancel: Callable[[str], None] | None = None,
     ) -> None:
-        # On the caller's loop, not in a thread of its own: a notification reaches the
-        # claim without a hop between threads.
-        channels = [self.notify_channel] + ([self.cancel_channel] if on_cancel else [])
-        statements = [sql.SQL("LISTEN {}").format(sql.Identifier(name)) for name in channels]
-        pause = 0.1
-        health_every = self._db.network_timeout / 2
-        target = self._db.listen_target()
-        if target is None:
-            # Behind a transaction pooler without listen_url: the poll alone, for good.
-            log.info("no LISTEN behind a transaction pooler (no listen_url): polling only")
-            on_hint(None)
-            await asyncio.Event().wait()
-            return
-        conninfo, kwargs = target
-        while True:
+        await listening.listen(
+            self._options,
+            self._sql,
+            channel=self.notify_channel,
+            cancel_channel=self.cancel_channel,
+            on_hint=on_hint,
+            on_cancel=on_cancel,
+        )
+
+    # --- schema ------------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        migrations = self.schema_files.migrations(self._qualifier)
+        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
+        # current schema it must stay a read, so look before taking the lock.
+        if self.schema_version() >= len(migrations):
+            return []
+        applied: list[int] = []
+        with self._db.connection(write=True, watched=False) as conn:
             try:
-                async with await psycopg.AsyncConnection.connect(conninfo, **kwargs) as conn:
-                    for statement in statements:
-                        await conn.execute(statement)
-                    pause = 0.1
-                    # Notifications sent while we were not listening are gone: poll now.
-                    on_hint(None)
-                    while True:
-                        async for notice in conn.notifies(timeout=health_every):
-                            if on_cancel is not None and notice.channel == self.cancel_channel:
-                                on_cancel(notice.payload)
-                            else:
-                                on_hint(notice.payload or None)
-                        # A session that went silent (a peer gone, its TCP session kept
-                        # alive by a proxy) would wait for notifications for ever: ask.
-                        watchdog = Watchdog(conn, health_every)
-                        try:
-                            await conn.execute(self._sql["health_check"])
-                        except psycopg.Error as error:
-                            if watchdog.fired:
-                                raise watchdog.lost(write=False) from error
-                            raise
-                        finally:
-                            watchdog.cancel()
-            except (psycopg.Error, ConnectionLost) as error:
-                log.warning(
-                    "LISTEN connection lost (%s); reconnecting in %.1f s",
-                    redact(str(error)).strip(),
-                    pause,
-                )
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 5.0)
+                with conn.transaction():
+                    conn.execute(self._sql["untimed"])  # DDL may wait and run long
+                    # Serialize concurrent migrators: the second waits, then finds nothing.
+                    conn.execute(self._sql["migrate_lock"])
+                    if self._schema is not None and not self._schema_exists(conn):
+                        conn.execute(
+                            sql.SQL(self._sql["schema_create"]).format(
+                                name=sql.Identifier(self._schema)
+                            )
+                        )
+                    conn.execute(self._sql["schema_version_table"])
+                    row = conn.execute(self._sql["schema_version"]).fetchone()
+                    for version, name, script in pending(migrations, int(row[0]) if row else 0):
+                        conn.execute(script.encode())
+                        conn.execute(
+                            self._sql["schema_version_insert"], {"version": version, "name": name}
+                        )
+                        applied.append(version)
+            except psycopg.errors.InsufficientPrivilege as error:
+                raise SchemaError(
+                    f"the schema needs migrating (to version {len(migrations)}) but this role"
+                    f" may not change it ({redact(str(error)).strip().splitlines()[0]}): run"
+                    " `sqlbroker migrate` as the migrator role (see docs/security.md)"
+                ) from None
+        return applied
 
-    # --- subscriptions -----------------------------------------------------------------------
+    def _schema_exists(self, conn: Conn) -> bool:
+        row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()
+        return bool(row and row[0])
 
-    def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.transaction() as conn:
-            created = run_plan(conn, self._queue_create_plan(name, self._now_param()))
-        self._remember_queue(name)
-        return created
-
-    def subscription_delete(self, *, name: str) -> bool:
-        self._known_queues.discard(name)
-        with self._db.connection(write=True) as conn:
-            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
+    @staticmethod
+    def schema_sql(schema: str | None = None) -> str:
+        """The complete schema script, version rows included (``sqlbroker schema --print``),
+        its tables in ``schema`` when given."""
+        return dialect.schema_sql(schema)
 
     # --- consuming ---------------------------------------------------------------------------
 
-    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
-        return fire_many(self, fires=fires)
-
     async def close_async(self) -> None:
         await self._db.close_async()
-
-    # --- maintenance -------------------------------------------------------------------------
 
 
 def _listen_url(url: str) -> DatabaseURL:
@@ -281,19 +260,3 @@ def _listen_url(url: str) -> DatabaseURL:
     if parsed.scheme != "postgresql":
         raise InvalidOption("listen_url", f"must be a postgresql:// URL, not {parsed}")
     return parsed
-
-
-class _PostgresAsyncOps(AsyncExecutor):
-    """The operations for coroutines, on the running loop's async pool."""
-
-    def __init__(self, backend: PostgresBackend) -> None:
-        self.settings = backend.settings
-        self._backend = backend
-
-    async def execute(self, plan: Plan[T], access: Access) -> T:
-        backend = self._backend
-        if access.atomic:
-            async with backend._db.transaction_async() as conn:
-                return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())
-        async with backend._db.connection_async(write=not access.read_only) as conn:
-            return await dialect.run_async(conn, backend._sql, plan, backend._clock.now())

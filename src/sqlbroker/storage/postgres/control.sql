@@ -15,30 +15,6 @@ SELECT id FROM {schema}sqlbroker_message
 WHERE id = ANY (%(ids)b::bigint[]) AND cancel_requested
 ORDER BY id
 
--- name: message_cancel_leased
--- Running copies whose cancel reached their worker, archived as cancelled; the token
--- alone proves the lease, as in message_complete.
-WITH l AS (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)),
-gone AS (
-    DELETE FROM {schema}sqlbroker_message m USING l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.*
-),
-archived AS (
-    INSERT INTO {schema}sqlbroker_archive (
-        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-        enqueued_at, first_started_at, finished_at, tenant
-    )
-    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
-    FROM gone
-    ORDER BY id
-)
-SELECT id, subscription, ordering_key, state FROM gone ORDER BY id
-
 -- name: lease_expired_cancelled
 -- Cancelled copies whose worker was lost (their lease expired) end cancelled instead of
 -- going back to the queue.

@@ -7,6 +7,7 @@ database's own clock. Rows come back as tuples, or as dictionaries for a ``named
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
@@ -15,32 +16,68 @@ import psycopg
 from psycopg.pq import ExecStatus
 from psycopg.rows import TupleRow, dict_row
 
-from sqlbroker.storage.plan import Plan, Query, Rows
+from sqlbroker.core.errors import InvalidOption
+from sqlbroker.storage.plan import Plan, Query, Rows, drive, drive_async
+from sqlbroker.storage.schema import SchemaFiles
+from sqlbroker.storage.sql import load_blocks
 
 T = TypeVar("T")
+SCHEMA = SchemaFiles(
+    package="sqlbroker.storage.postgres",
+    label="PostgreSQL",
+    migrate_hint="run `sqlbroker migrate` as the migrator role (the schema's owner)",
+)
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def qualifier(schema: str | None) -> str:
+    """The prefix naming ``schema`` in SQL (``"name".``; empty for the search path)."""
+    if schema is None:
+        return ""
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+        raise InvalidOption(
+            "schema", "must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63)"
+        )
+    return f'"{schema}".'
+
+
+def schema_sql(schema: str | None = None) -> str:
+    """The complete schema script (``sqlbroker schema --print``), its tables in ``schema``
+    when given."""
+    prefix = qualifier(schema)
+    create = load_blocks(SCHEMA.package, "queries.sql")["schema_create"]
+    preamble = [create.replace("{name}", prefix[:-1]) + ";"] if schema else []
+    return SCHEMA.script(prefix, preamble)
 
 
 def _params(query: Query, now: datetime | None) -> dict[str, Any]:
     return {**query.params, "now": now}
 
 
+def _rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement just run returned rows (``cursor.description`` tells too, but
+    builds a column list to do it)."""
+    result = cursor.pgresult
+    return result is not None and result.status == ExecStatus.TUPLES_OK
+
+
 def run(
     conn: psycopg.Connection[TupleRow], sql: Mapping[str, str], plan: Plan[T], now: datetime | None
 ) -> T:
     """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
-    try:
-        query = next(plan)
-        while True:
-            cursor: psycopg.Cursor[Any] = (
-                conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
-            )
-            cursor.execute(sql[query.block], _params(query, now))
-            result = cursor.pgresult
-            returned = result is not None and result.status == ExecStatus.TUPLES_OK
-            rows = Rows(cursor.fetchall() if returned else [], cursor.rowcount)
-            query = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    def step(query: Query) -> Rows:
+        cursor: psycopg.Cursor[Any] = (
+            conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
+        )
+        params = _params(query, now)
+        if query.each:
+            cursor.executemany(sql[query.block], [{**params, **row} for row in query.each])
+            return Rows([], cursor.rowcount)
+        cursor.execute(sql[query.block], params)
+        return Rows(cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
+
+    return drive(plan, step)
 
 
 async def run_async(
@@ -50,16 +87,16 @@ async def run_async(
     now: datetime | None,
 ) -> T:
     """:func:`run` on an async connection."""
-    try:
-        query = next(plan)
-        while True:
-            cursor: psycopg.AsyncCursor[Any] = (
-                conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
-            )
-            await cursor.execute(sql[query.block], _params(query, now))
-            result = cursor.pgresult
-            returned = result is not None and result.status == ExecStatus.TUPLES_OK
-            rows = Rows(await cursor.fetchall() if returned else [], cursor.rowcount)
-            query = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    async def step(query: Query) -> Rows:
+        cursor: psycopg.AsyncCursor[Any] = (
+            conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
+        )
+        params = _params(query, now)
+        if query.each:
+            await cursor.executemany(sql[query.block], [{**params, **row} for row in query.each])
+            return Rows([], cursor.rowcount)
+        await cursor.execute(sql[query.block], params)
+        return Rows(await cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
+
+    return await drive_async(plan, step)

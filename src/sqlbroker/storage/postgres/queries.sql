@@ -15,7 +15,7 @@ SELECT pg_advisory_xact_lock(7262706672350731337)
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s)
 
 -- name: schema_version_exists
-SELECT to_regclass(%(table)s) IS NOT NULL
+SELECT to_regclass('{schema}sqlbroker_schema_version') IS NOT NULL
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM {schema}sqlbroker_schema_version
@@ -50,6 +50,17 @@ SELECT coalesce(%(now)s::timestamptz, statement_timestamp())
 
 -- name: health_check
 SELECT 1
+
+-- The next two blocks take a quoted identifier, composed by psycopg into {channel} and
+-- {name} (neither statement takes a parameter). schema_create runs only when the schema
+-- is missing: IF NOT EXISTS still needs CREATE on the database, which a migrator owning
+-- just its schema lacks.
+
+-- name: listen
+LISTEN {channel}
+
+-- name: schema_create
+CREATE SCHEMA IF NOT EXISTS {name}
 
 -- name: subscription_insert
 INSERT INTO {schema}sqlbroker_subscription (name, created_at)
@@ -89,34 +100,6 @@ SELECT (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern WHERE subscr
        (SELECT count(*) FROM {schema}sqlbroker_subscription),
        (SELECT count(*) FROM {schema}sqlbroker_subscription_pattern)
 
--- name: queue_create
--- queue_ensure, saying whether it created the queue (a row) or found it (none). The row
--- comes from the subscription's insert: under tenant isolation the new pattern row is not
--- yet visible to this statement's SELECT policy, which a RETURNING there would apply.
-WITH created AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(regex)s FROM created
-)
-SELECT name FROM created
-
--- name: queue_ensure
--- A queue is created on first use as a subscription whose only pattern is its own name;
--- an existing subscription of that name is left exactly as it is.
-WITH created AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-)
-INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-SELECT name, name, %(regex)s FROM created
-
 -- name: dedupe_reserve
 WITH b AS (
     SELECT * FROM unnest(%(topic)b::text[], %(idempotency_key)b::text[], %(message_id)b::uuid[],
@@ -153,21 +136,38 @@ WHERE ctid = ANY (ARRAY(
 ))
 
 -- name: message_insert
--- One statement for a whole batch (arrays read with unnest); see message_insert_routing.
-WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
-b AS (
-    SELECT b.*, t.now,
-           coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
-           coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
-    FROM t, unnest(%(message_id)b::uuid[], %(topic)b::text[], %(priority)b::smallint[],
-                   %(ordering_key)b::text[], %(idempotency_key)b::text[], %(payload)b::bytea[],
-                   %(content_type)b::text[], %(headers)b::text[], %(max_attempts)b::integer[],
-                   %(at)b::timestamptz[], %(delay)b::float8[], %(expires)b::timestamptz[],
-                   %(ttl)b::float8[])
-        WITH ORDINALITY AS b(message_id, topic, priority, ordering_key, idempotency_key, payload,
-                             content_type, headers, max_attempts, at, delay, expires, ttl, seq)
-),
+-- One statement for a whole batch (arrays: see message_batch); see message_insert_routing.
+-- include: message_batch
 -- include: message_insert_routing
+
+-- name: message_batch
+-- (A fragment, included above and below.) The rows of a batch: message_id and payload are
+-- arrays of one element per row, read with unnest; every other column is such an array or
+-- one element that stands for every row (operations/publishing.py sends a column whose
+-- values are all equal so: the driver encodes one value instead of hundreds).
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+u AS (
+    SELECT u.message_id, u.payload, u.seq,
+           (%(topic)b::text[])[least(u.seq, cardinality(%(topic)b::text[]))] AS topic,
+           (%(priority)b::smallint[])[least(u.seq, cardinality(%(priority)b::smallint[]))] AS priority,
+           (%(ordering_key)b::text[])[least(u.seq, cardinality(%(ordering_key)b::text[]))] AS ordering_key,
+           (%(idempotency_key)b::text[])[least(u.seq, cardinality(%(idempotency_key)b::text[]))] AS idempotency_key,
+           (%(content_type)b::text[])[least(u.seq, cardinality(%(content_type)b::text[]))] AS content_type,
+           (%(headers)b::text[])[least(u.seq, cardinality(%(headers)b::text[]))] AS headers,
+           (%(max_attempts)b::integer[])[least(u.seq, cardinality(%(max_attempts)b::integer[]))] AS max_attempts,
+           (%(at)b::timestamptz[])[least(u.seq, cardinality(%(at)b::timestamptz[]))] AS at,
+           (%(delay)b::float8[])[least(u.seq, cardinality(%(delay)b::float8[]))] AS delay,
+           (%(expires)b::timestamptz[])[least(u.seq, cardinality(%(expires)b::timestamptz[]))] AS expires,
+           (%(ttl)b::float8[])[least(u.seq, cardinality(%(ttl)b::float8[]))] AS ttl
+    FROM unnest(%(message_id)b::uuid[], %(payload)b::bytea[])
+        WITH ORDINALITY AS u(message_id, payload, seq)
+),
+b AS (
+    SELECT u.*, t.now,
+           coalesce(u.at, t.now + make_interval(secs => coalesce(u.delay, 0))) AS ready_at,
+           coalesce(u.expires, t.now + make_interval(secs => u.ttl)) AS expire_at
+    FROM t, u
+),
 
 -- name: message_insert_one
 -- The same for one message, with scalar parameters: unlike unnest over an array, whose
@@ -281,18 +281,7 @@ SELECT (SELECT count(*) FROM unrouted) AS unrouted,
 -- message_insert for a queue publish without ordering keys (the common case): every copy
 -- goes to %(subscription)s, none is blocked or unrouted, so the routing join, the window
 -- over keys and the unrouted anti-join of message_insert_routing are left out.
-WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
-b AS (
-    SELECT b.*, t.now,
-           coalesce(b.at, t.now + make_interval(secs => coalesce(b.delay, 0))) AS ready_at,
-           coalesce(b.expires, t.now + make_interval(secs => b.ttl)) AS expire_at
-    FROM t, unnest(%(message_id)b::uuid[], %(topic)b::text[], %(priority)b::smallint[],
-                   %(idempotency_key)b::text[], %(payload)b::bytea[], %(content_type)b::text[],
-                   %(headers)b::text[], %(max_attempts)b::integer[], %(at)b::timestamptz[],
-                   %(delay)b::float8[], %(expires)b::timestamptz[], %(ttl)b::float8[])
-        WITH ORDINALITY AS b(message_id, topic, priority, idempotency_key, payload,
-                             content_type, headers, max_attempts, at, delay, expires, ttl, seq)
-),
+-- include: message_batch
 -- include: message_insert_direct
 
 -- name: message_insert_queue_one
@@ -429,20 +418,25 @@ USING unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
 WHERE m.id = l.id AND m.lease_token::text = l.token
 RETURNING m.id, m.subscription, m.ordering_key, m.state
 
--- name: message_complete_valued
--- message_complete for a batch in which some handler returned a value (only then: a batch
--- of None results runs the statement above, unchanged). The values ride along as one more
--- array (NULL: none) and land in sqlbroker_result in the same statement; each stored one
--- is announced on the result channel with its message id, in the same commit. ``archive``
--- is the backend's archive_completed (false: the copies are only deleted).
+-- name: message_settle
+-- A mixed batch of settlements in one statement: kind 'complete' (archived when :archive,
+-- its value stored as a result and announced on the result channel), 'dead' (to the dead
+-- letters, announced on the dead channel), 'cancel' (archived as cancelled) leave the hot
+-- table; 'retry' goes back to the queue (announced when available at once). Each copy at
+-- most once. Rows: id, subscription, ordering_key, state, and whether the copy left the
+-- table (its ordering key then promotes its next copy). Unused columns are NULL.
 WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(values)b::text[])
-        AS l(id, token, value)
+    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(kinds)b::text[],
+                         %(values)b::text[], %(afters)b::float8[], %(snoozes)b::boolean[],
+                         %(errors)b::text[], %(reasons)b::text[], %(error_types)b::text[],
+                         %(error_messages)b::text[], %(tracebacks)b::text[])
+        AS l(id, token, kind, result_value, after_seconds, snooze, last_error, reason,
+             error_type, error_message, traceback)
 ),
-done AS (
+gone AS (
     DELETE FROM {schema}sqlbroker_message m USING l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.*, l.value AS result_value
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND l.kind <> 'retry'
+    RETURNING m.*, l.kind, l.result_value, l.reason, l.error_type, l.error_message, l.traceback
 ),
 archived AS (
     INSERT INTO {schema}sqlbroker_archive (
@@ -450,12 +444,14 @@ archived AS (
         idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
         enqueued_at, first_started_at, finished_at, tenant
     )
-    SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
-    FROM done
-    WHERE %(archive)s
+    SELECT id, message_id, subscription, topic,
+           CASE WHEN kind = 'cancel' THEN 'cancelled' ELSE 'completed' END, priority,
+           ordering_key, idempotency_key, payload, content_type, headers, attempts,
+           max_attempts, replay_count, enqueued_at, first_started_at,
+           coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    WHERE kind = 'cancel' OR (kind = 'complete' AND %(archive)s)
     ORDER BY id
 ),
 stored AS (
@@ -464,54 +460,11 @@ stored AS (
     )
     SELECT id, message_id, subscription, convert_to(result_value, 'UTF8'),
            coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = done.subscription)
-    FROM done
-    WHERE result_value IS NOT NULL
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    WHERE kind = 'complete' AND result_value IS NOT NULL
     ORDER BY id
     RETURNING message_id
-),
-notified AS (
-    SELECT count((SELECT pg_notify(%(result_channel)s, message_id::text))::text) AS n FROM stored
-)
-SELECT id, subscription, ordering_key, state, (SELECT n FROM notified) FROM done ORDER BY id
-
--- name: message_retry
-WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(afters)b::float8[],
-                         %(errors)b::text[], %(snoozes)b::boolean[])
-        AS l(id, token, after_seconds, last_error, snooze)
-),
-retried AS (
-    UPDATE {schema}sqlbroker_message m
-    SET state = CASE WHEN l.after_seconds > 0 THEN 'scheduled' ELSE 'available' END,
-        available_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => l.after_seconds),
-        lease_token = NULL,
-        lease_expires_at = NULL,
-        worker = NULL,
-        attempts = m.attempts - CASE WHEN l.snooze THEN 1 ELSE 0 END,
-        last_error = coalesce(l.last_error, m.last_error),
-        first_failed_at = CASE WHEN l.snooze THEN m.first_failed_at
-            ELSE coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())) END,
-        last_failed_at = CASE WHEN l.snooze THEN m.last_failed_at
-            ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END
-    FROM l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.id, m.subscription, m.state
-)
-SELECT id,
-       CASE WHEN state = 'available' THEN (SELECT pg_notify(%(channel)s, subscription))::text END
-FROM retried ORDER BY id
-
--- name: message_dead
-WITH l AS (
-    SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::text[], %(reasons)b::text[],
-                         %(error_types)b::text[], %(error_messages)b::text[], %(tracebacks)b::text[])
-        AS l(id, token, reason, error_type, error_message, traceback)
-),
-gone AS (
-    DELETE FROM {schema}sqlbroker_message m USING l
-    WHERE m.id = l.id AND m.lease_token::text = l.token
-    RETURNING m.*, l.reason, l.error_type, l.error_message, l.traceback
 ),
 dead AS (
     INSERT INTO {schema}sqlbroker_dead (
@@ -528,13 +481,37 @@ dead AS (
            coalesce(%(now)s::timestamptz, statement_timestamp()),
            (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
     FROM gone
+    WHERE kind = 'dead'
     ORDER BY id
-    RETURNING delivery_id, subscription
+    RETURNING subscription
+),
+retried AS (
+    UPDATE {schema}sqlbroker_message m
+    SET state = CASE WHEN l.after_seconds > 0 THEN 'scheduled' ELSE 'available' END,
+        available_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => l.after_seconds),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        worker = NULL,
+        attempts = m.attempts - CASE WHEN l.snooze THEN 1 ELSE 0 END,
+        last_error = coalesce(l.last_error, m.last_error),
+        first_failed_at = CASE WHEN l.snooze THEN m.first_failed_at
+            ELSE coalesce(m.first_failed_at, coalesce(%(now)s::timestamptz, statement_timestamp())) END,
+        last_failed_at = CASE WHEN l.snooze THEN m.last_failed_at
+            ELSE coalesce(%(now)s::timestamptz, statement_timestamp()) END
+    FROM l
+    WHERE m.id = l.id AND m.lease_token::text = l.token AND l.kind = 'retry'
+    RETURNING m.id, m.subscription, m.state
+),
+notified AS (
+    SELECT (SELECT count((SELECT pg_notify(%(result_channel)s, message_id::text))::text) FROM stored)
+         + (SELECT count((SELECT pg_notify(%(dead_channel)s, subscription))::text) FROM dead)
+         + (SELECT count((SELECT pg_notify(%(channel)s, subscription))::text)
+            FROM retried WHERE state = 'available') AS n
 )
-SELECT d.delivery_id, g.subscription, g.ordering_key, g.state,
-       (SELECT pg_notify(%(dead_channel)s, d.subscription))::text
-FROM dead d JOIN gone g ON g.id = d.delivery_id
-ORDER BY d.delivery_id
+SELECT id, subscription, ordering_key, state, true, (SELECT n FROM notified) FROM gone
+UNION ALL
+SELECT id, subscription, NULL, state, false, (SELECT n FROM notified) FROM retried
+ORDER BY 1
 
 -- name: message_extend
 UPDATE {schema}sqlbroker_message m
@@ -723,3 +700,29 @@ WHERE m.id = nxt.id AND m.state = 'blocked'
 -- statements, do not apply to it. Transaction-local, so right behind a transaction pooler
 -- too, where the timeouts come from the role's settings.
 SELECT set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true)
+
+-- name: dedupe_reserve_one
+-- dedupe_reserve for one key, with scalar parameters (publishing: one row, one statement).
+INSERT INTO {schema}sqlbroker_dedupe AS d (topic, idempotency_key, message_id, payload_hash, created_at, expires_at)
+SELECT %(topic)s, %(idempotency_key)s, %(message_id)s::uuid, %(payload_hash)s, t.now,
+       t.now + make_interval(secs => %(window)s::float8)
+FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now) t
+ON CONFLICT (topic, idempotency_key, tenant) DO UPDATE
+    SET message_id = excluded.message_id,
+        payload_hash = excluded.payload_hash,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE d.expires_at <= excluded.created_at
+RETURNING topic, idempotency_key
+
+-- name: dedupe_get_one
+SELECT topic, idempotency_key, message_id::text, payload_hash
+FROM {schema}sqlbroker_dedupe
+WHERE topic = %(topic)s AND idempotency_key = %(idempotency_key)s
+
+-- name: queue_create
+-- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
+INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
+ON CONFLICT (name) DO NOTHING
+RETURNING name

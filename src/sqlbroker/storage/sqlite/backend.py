@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -24,42 +24,31 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
-from sqlbroker.core.serde import encode_json
-from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage import caller
+from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
-from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.schedules import ScheduleFire, fire_many
-from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
+from sqlbroker.storage.result_hub import Hint, ResultHub
+from sqlbroker.storage.schema import pending
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
-from sqlbroker.storage.sqlite.connection import SqlitePool
-from sqlbroker.storage.sqlite.publishing import SqlitePublishing
-from sqlbroker.storage.sqlite.results import SqliteResults
-from sqlbroker.storage.sqlite.schema import SqliteSchema
+from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
 from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
-_WORKER_LOST = encode_json(
-    {"type": "sqlbroker.WorkerLost", "message": "the lease expired without an ack"}
-)
-_PROMOTE_BATCH = 1000
 T = TypeVar("T")
 _WATCH_MIN = 0.002
 _WATCH_MAX = 0.05
 
 
-class SqliteBackend(
-    SqlitePublishing,
-    SqliteResults,
-    SqliteSchema,
-    Executor,
-):
+class SqliteBackend(Backend):
     name = "sqlite"
     supports_notify = False
     notify_channel = ""
+    schema_files = dialect.SCHEMA
 
     def __init__(
         self,
@@ -84,21 +73,7 @@ class SqliteBackend(
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
-        self._sql = load_sql(
-            "sqlbroker.storage.sqlite",
-            (
-                "queries.sql",
-                "admin.sql",
-                "processed.sql",
-                "sagas.sql",
-                "schedules.sql",
-                "observability.sql",
-                "results.sql",
-                "retention.sql",
-                "control.sql",
-                "flow.sql",
-            ),
-        )
+        self._sql = load_sql("sqlbroker.storage.sqlite")
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
@@ -112,11 +87,8 @@ class SqliteBackend(
             promotion=self._promotion,
             archive_completed=self._archive_completed,
         )
-        self.async_ops: AsyncExecutor = _SqliteAsyncOps(self)
-        self._result_hub = ResultHub(self._result_source, name="sqlbroker-result")
-
-    def __repr__(self) -> str:
-        return f"SqliteBackend({self._url!s})"
+        self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
+        self.result_hub = ResultHub(self._result_source, name="sqlbroker-result")
 
     # --- the seam ----------------------------------------------------------------------------
 
@@ -128,6 +100,10 @@ class SqliteBackend(
         flush = self._flush_claims or not access.relaxed
         with self._db.write(flush=flush) as conn:
             return dialect.run(conn, self._sql, plan, self._now())
+
+    async def _execute_async(self, plan: Plan[T], access: Access) -> T:
+        """:meth:`execute` on one of the backend's threads."""
+        return await self._threads.run(functools.partial(self.execute, plan, access))
 
     @contextlib.contextmanager
     def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
@@ -148,7 +124,9 @@ class SqliteBackend(
         no async driver, so a caller's ``conn`` is refused."""
         if conn is not None:
             raise InvalidOption(
-                "conn", "SQLite has no async connection; publish with Broker and conn="
+                "conn",
+                "SQLite has no async connections: pass the sqlite3.Connection itself, to"
+                f" Broker (not {caller.describe(conn)})",
             )
         async with self.transaction_async() as raw:
             held = self._held[id(raw)]
@@ -166,7 +144,7 @@ class SqliteBackend(
         return utc(self._now())
 
     def close(self) -> None:
-        self._result_hub.close()
+        self.result_hub.close()
         self._threads.shutdown()
         self._db.close()
 
@@ -209,7 +187,7 @@ class SqliteBackend(
                     # 2 ms after a change, doubling to 50 ms. A look costs microseconds.
                     pause = _WATCH_MIN
                     while not stop.is_set():
-                        version = conn.execute("PRAGMA data_version").fetchone()[0]
+                        version = conn.execute(SESSION["session_data_version"]).fetchone()[0]
                         if version != last:
                             last = version
                             pause = _WATCH_MIN
@@ -221,42 +199,35 @@ class SqliteBackend(
                 log.warning("watching the SQLite database for changes failed: %s", error)
                 stop.wait(1.0)
 
-    # --- subscriptions -----------------------------------------------------------------------
+    def _result_source(self, hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
+        """The result hub's source: the ``PRAGMA data_version`` watcher; every commit of
+        any connection or process may have finished a waited-for copy."""
+        ready.set()  # its first look hints anyway: nothing committed before it is missed
+        self._watch(lambda _subscription: hint(None), stop)
 
-    def subscription_ensure(self, *, name: str) -> bool:
-        with self._db.write() as c:
-            return self._ensure_queue(c, name, self._now())
+    # --- schema ------------------------------------------------------------------------------
 
-    def _ensure_queue(self, c: sqlite3.Connection, name: str, now: float) -> bool:
-        params = {"name": name, "now": now}
-        created = c.execute(self._sql["subscription_insert"], params).rowcount == 1
-        if created:
-            c.execute(
-                self._sql["subscription_pattern_insert"],
-                {"name": name, "pattern": name, "regex": pattern_regex(name)},
-            )
-            self._check_room(c, name)
-        return created
-
-    def _check_room(self, c: sqlite3.Connection, name: str) -> None:
-        """The limits on subscriptions and patterns, after ``name`` was written (raising
-        rolls that back)."""
-        own, subscriptions, patterns = c.execute(
-            self._sql["subscription_room"], {"name": name}
-        ).fetchone()
-        self.limits.check_room(
-            subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
-        )
-
-    def subscription_delete(self, *, name: str) -> bool:
+    def migrate(self) -> list[int]:
+        applied: list[int] = []
         with self._db.write() as conn:
-            conn.execute(self._sql["subscription_delete_messages"], {"name": name})
-            return conn.execute(self._sql["subscription_delete"], {"name": name}).rowcount > 0
+            conn.execute(self._sql["schema_version_table"])
+            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
+            for version, name, script in pending(self.schema_files.migrations(), current):
+                for statement in dialect.statements(script):
+                    conn.execute(statement)
+                conn.execute(
+                    self._sql["schema_version_insert"],
+                    {"version": version, "name": name, "now": self._now()},
+                )
+                applied.append(version)
+        return applied
+
+    @staticmethod
+    def schema_sql() -> str:
+        """The complete schema script, version rows included (``sqlbroker schema --print``)."""
+        return dialect.SCHEMA.script()
 
     # --- consuming ---------------------------------------------------------------------------
-
-    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
-        return fire_many(self, fires=fires)
 
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
@@ -281,17 +252,3 @@ class SqliteBackend(
                 await held.leave(commit=True)
             finally:
                 del self._held[id(conn)]
-
-    # --- maintenance -------------------------------------------------------------------------
-
-
-class _SqliteAsyncOps(AsyncExecutor):
-    """The operations for coroutines, each on one of the backend's threads."""
-
-    def __init__(self, backend: SqliteBackend) -> None:
-        self.settings = backend.settings
-        self._backend = backend
-
-    async def execute(self, plan: Plan[T], access: Access) -> T:
-        run = functools.partial(self._backend.execute, plan, access)
-        return await self._backend._threads.run(run)

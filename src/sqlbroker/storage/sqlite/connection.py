@@ -20,6 +20,7 @@ from sqlbroker.core.errors import (
 )
 from sqlbroker.core.topics import regex_matches, stored_pattern_matches
 from sqlbroker.storage import caller
+from sqlbroker.storage.sql import load_blocks
 
 _NETWORK_FILESYSTEMS = frozenset(
     [
@@ -80,25 +81,14 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def split_script(script: str) -> list[str]:
-    statements, buffer = [], ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            if buffer.strip():
-                statements.append(buffer.strip())
-            buffer = ""
-    if buffer.strip() and not all(
-        part.strip().startswith("--") or not part.strip() for part in buffer.splitlines()
-    ):
-        raise RuntimeError(f"incomplete SQL statement at the end of a migration: {buffer[:80]!r}")
-    return statements
-
-
-# PRAGMA takes no bound parameters: one literal statement per allowed level, and the
-# number PRAGMA synchronous reads back for it.
-_SYNCHRONOUS = {"full": "PRAGMA synchronous = FULL", "normal": "PRAGMA synchronous = NORMAL"}
+SESSION = load_blocks("sqlbroker.storage.sqlite", "session.sql")
+"""The statements of a session (session.sql): pragmas, write transactions, savepoints."""
+_SYNCHRONOUS = {
+    "full": SESSION["session_synchronous_full"],
+    "normal": SESSION["session_synchronous_normal"],
+}
 _SYNCHRONOUS_LEVEL = {"full": 2, "normal": 1}
+"""The number ``PRAGMA synchronous`` reads back for each level."""
 
 _WRITERS: dict[str, threading.RLock] = {}
 _WRITERS_LOCK = threading.Lock()
@@ -180,10 +170,9 @@ class SqlitePool:
                 mode = self._wal_mode(conn)
                 if str(mode).lower() != "wal":
                     raise ConfigurationError(f"SQLite refused WAL mode (got {mode!r})")
-                # Keep the WAL bounded: truncate it back to 64 MiB after each checkpoint.
-                conn.execute("PRAGMA journal_size_limit = 67108864")
+                conn.execute(SESSION["session_journal_limit"])
             conn.execute(_SYNCHRONOUS[self._synchronous])
-            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute(SESSION["session_foreign_keys"])
             self.register_functions(conn)
         except BaseException:
             conn.close()
@@ -201,7 +190,7 @@ class SqlitePool:
         pause = 0.001
         while True:
             try:
-                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+                return str(conn.execute(SESSION["session_wal"]).fetchone()[0])
             except sqlite3.OperationalError as error:
                 busy = "locked" in str(error) or "busy" in str(error)
                 if not busy or time.monotonic() + pause > deadline:
@@ -247,7 +236,7 @@ class SqlitePool:
         """Whether ``conn`` still commits at the configured ``synchronous`` level (a claim
         lowers it for its own transaction: see :meth:`write`)."""
         try:
-            row = conn.execute("PRAGMA synchronous").fetchone()
+            row = conn.execute(SESSION["session_synchronous"]).fetchone()
         except sqlite3.Error:
             return False
         return row is not None and row[0] == _SYNCHRONOUS_LEVEL[self._synchronous]
@@ -331,14 +320,14 @@ class SqlitePool:
             try:
                 if relaxed:
                     own.execute(_SYNCHRONOUS["normal"])
-                own.execute("BEGIN IMMEDIATE")
+                own.execute(SESSION["write_begin"])
                 try:
                     yield own
                 except BaseException:
                     if own.in_transaction:
-                        own.execute("ROLLBACK")
+                        own.execute(SESSION["write_rollback"])
                     raise
-                own.execute("COMMIT")
+                own.execute(SESSION["write_commit"])
             finally:
                 try:
                     if relaxed:
@@ -353,7 +342,9 @@ class SqlitePool:
             return
         if self.memory:
             raise InvalidOption("conn", "an in-memory broker cannot share a caller's connection")
-        files = [row[2] for row in raw.execute("PRAGMA database_list") if row[1] == "main"]
+        files = [
+            row[2] for row in raw.execute(SESSION["session_database_list"]) if row[1] == "main"
+        ]
         if not files or os.path.realpath(files[0]) != os.path.realpath(self.path):
             raise InvalidOption(
                 "conn",
@@ -370,26 +361,26 @@ class SqlitePool:
         sqlite3's default (legacy) mode gets the ``BEGIN`` its next INSERT would have
         issued — the caller's ``commit()`` then commits it."""
         if raw.in_transaction:
-            raw.execute("SAVEPOINT sqlbroker")
+            raw.execute(SESSION["savepoint"])
             try:
                 yield
             except BaseException:
                 if raw.in_transaction:
-                    raw.execute("ROLLBACK TO SAVEPOINT sqlbroker")
-                    raw.execute("RELEASE SAVEPOINT sqlbroker")
+                    raw.execute(SESSION["savepoint_rollback"])
+                    raw.execute(SESSION["savepoint_release"])
                 raise
-            raw.execute("RELEASE SAVEPOINT sqlbroker")
+            raw.execute(SESSION["savepoint_release"])
             return
         own = raw.isolation_level is None
-        raw.execute("BEGIN IMMEDIATE")
+        raw.execute(SESSION["write_begin"])
         try:
             yield
         except BaseException:
             if raw.in_transaction:
-                raw.execute("ROLLBACK")
+                raw.execute(SESSION["write_rollback"])
             raise
         if own:
-            raw.execute("COMMIT")
+            raw.execute(SESSION["write_commit"])
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

@@ -16,9 +16,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlbroker.storage.plan import Plan, Rows
+from sqlbroker.storage.plan import Plan, Query, Rows, drive
+from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
+_PLAIN = frozenset({str, int, float, bytes, bool, type(None)})
 
 
 def encode(value: Any) -> Any:
@@ -29,33 +31,49 @@ def encode(value: Any) -> Any:
     return value
 
 
+SCHEMA = SchemaFiles(
+    package="sqlbroker.storage.sqlite", label="SQLite", migrate_hint="run `sqlbroker migrate`"
+)
+
+
 @functools.cache
-def statements(block: str) -> tuple[str, ...]:
-    """The statements of a block, split once per block text."""
+def statements(script: str) -> tuple[str, ...]:
+    """The statements of a block or a migration script, split once per text (a trailing
+    part of comments alone is no statement)."""
     found: list[str] = []
     buffer = ""
-    for line in block.splitlines(keepends=True):
+    for line in script.splitlines(keepends=True):
         buffer += line
         if sqlite3.complete_statement(buffer):
             found.append(buffer.strip())
             buffer = ""
-    if buffer.strip():
+    if any(part.strip() and not part.strip().startswith("--") for part in buffer.splitlines()):
         found.append(buffer.strip())
     return tuple(found)
 
 
 def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: float) -> T:
     """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
-    try:
-        query = next(plan)
-        while True:
-            params = {name: encode(value) for name, value in query.params.items()}
-            params["now"] = now
-            *before, last = statements(sql[query.block])
-            for statement in before:
-                conn.execute(statement, params)
-            cursor = conn.execute(last, params)
-            rows = Rows(cursor.fetchall(), cursor.rowcount)
-            query = plan.send(rows)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+
+    def step(query: Query) -> Rows:
+        params = {name: encode(value) for name, value in query.params.items()}
+        params["now"] = now
+        if query.each:
+            cursor = conn.executemany(
+                sql[query.block],
+                [
+                    {
+                        **params,
+                        **{k: v if type(v) in _PLAIN else encode(v) for k, v in row.items()},
+                    }
+                    for row in query.each
+                ],
+            )
+            return Rows([], cursor.rowcount)
+        *before, last = statements(sql[query.block])
+        for statement in before:
+            conn.execute(statement, params)
+        cursor = conn.execute(last, params)
+        return Rows(cursor.fetchall(), cursor.rowcount)
+
+    return drive(plan, step)

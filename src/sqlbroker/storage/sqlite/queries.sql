@@ -30,11 +30,6 @@ ON CONFLICT (name) DO NOTHING
 -- name: subscription_patterns_clear
 DELETE FROM sqlbroker_subscription_pattern WHERE subscription = :name
 
--- name: subscription_pattern_insert
-INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
-VALUES (:name, :pattern, :regex)
-ON CONFLICT (subscription, pattern) DO NOTHING
-
 -- name: subscription_get
 SELECT s.name, s.created_at, p.pattern
 FROM sqlbroker_subscription s
@@ -47,29 +42,6 @@ SELECT s.name, s.created_at, p.pattern
 FROM sqlbroker_subscription s
 LEFT JOIN sqlbroker_subscription_pattern p ON p.subscription = s.name
 ORDER BY s.name, p.pattern
-
--- name: subscription_delete
-DELETE FROM sqlbroker_subscription WHERE name = :name
-
--- name: subscription_delete_messages
-DELETE FROM sqlbroker_message WHERE subscription = :name
-
--- name: subscription_exists
-SELECT count(*) FROM sqlbroker_subscription WHERE name = :name
-
--- name: dedupe_reserve
-INSERT INTO sqlbroker_dedupe (topic, idempotency_key, message_id, payload_hash, created_at, expires_at)
-VALUES (:topic, :idempotency_key, :message_id, :payload_hash, :now, :now + :window)
-ON CONFLICT (topic, idempotency_key) DO UPDATE
-    SET message_id = excluded.message_id,
-        payload_hash = excluded.payload_hash,
-        created_at = excluded.created_at,
-        expires_at = excluded.expires_at
-    WHERE sqlbroker_dedupe.expires_at <= :now
-
--- name: dedupe_get
-SELECT message_id, payload_hash FROM sqlbroker_dedupe
-WHERE topic = :topic AND idempotency_key = :idempotency_key
 
 -- name: dedupe_trim
 DELETE FROM sqlbroker_dedupe
@@ -90,50 +62,6 @@ ON CONFLICT (subscription, pattern) DO NOTHING
 SELECT (SELECT count(*) FROM sqlbroker_subscription_pattern WHERE subscription = :name),
        (SELECT count(*) FROM sqlbroker_subscription),
        (SELECT count(*) FROM sqlbroker_subscription_pattern)
-
--- name: message_routes
--- Routing matches the stored pattern (validated again in Python: a damaged row matches
--- nothing), never the stored regex. Cheap tests first, so that most patterns never reach
--- the full match: a matching pattern's first segment is '*', '#' or the topic's first
--- word (:head is that word and a dot), and its last segment '*', '#' or the topic's last
--- word (:tail is a dot and that word).
-SELECT DISTINCT subscription FROM sqlbroker_subscription_pattern
-WHERE CASE
-    WHEN pattern = :topic OR pattern = '#' THEN 1
-    WHEN pattern = '*' THEN sqlbroker_pattern_match(pattern, :topic)
-    WHEN NOT (substr(pattern, 1, length(:head)) = :head OR substr(pattern, 1, 2) IN ('*.', '#.'))
-        THEN 0
-    WHEN NOT (substr(pattern, -length(:tail)) = :tail OR substr(pattern, -2) IN ('.*', '.#'))
-        THEN 0
-    ELSE sqlbroker_pattern_match(pattern, :topic)
-END
-ORDER BY subscription
-
--- name: message_insert
--- A copy whose ordering key already has a copy in its subscription waits, blocked, behind
--- it (rows are inserted one by one, so this sees earlier rows of the same batch).
-INSERT INTO sqlbroker_message (
-    message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
-    payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
-)
-SELECT :message_id, :subscription, :topic,
-       CASE WHEN :ordering_key IS NOT NULL AND EXISTS (
-                SELECT 1 FROM sqlbroker_message
-                WHERE subscription = :subscription AND ordering_key = :ordering_key
-            ) THEN 'blocked' ELSE :state END,
-       :priority, :ordering_key, :idempotency_key, :payload, :content_type, :headers,
-       :max_attempts, :now, :available_at, :expires_at
-
--- name: archive_insert_unrouted
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-) VALUES (
-    NULL, :message_id, NULL, :topic, 'unrouted', :priority, :ordering_key,
-    :idempotency_key, :payload, :content_type, :headers, 0, :max_attempts, 0,
-    :now, NULL, :now
-)
 
 -- name: message_promote_scheduled
 UPDATE sqlbroker_message SET state = 'available'
@@ -416,3 +344,122 @@ ORDER BY m.id;
 -- include: leased_archive_completed
   AND :archive;
 -- include: leased_delete
+
+-- name: subscription_delete
+-- Publishing (operations/publishing.py) from here on. A batch is published one row at a
+-- time (in-process, a statement costs no round trip): the ``_one`` blocks of PostgreSQL's,
+-- with the same parameters and result columns.
+DELETE FROM sqlbroker_message WHERE subscription = :name;
+DELETE FROM sqlbroker_subscription WHERE name = :name
+
+-- name: queue_create
+-- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
+INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+
+-- name: dedupe_reserve_one
+-- A row: the key is ours (new, or its holder's window ended).
+INSERT INTO sqlbroker_dedupe (topic, idempotency_key, message_id, payload_hash, created_at, expires_at)
+VALUES (:topic, :idempotency_key, :message_id, :payload_hash, :now, :now + :window)
+ON CONFLICT (topic, idempotency_key) DO UPDATE
+    SET message_id = excluded.message_id,
+        payload_hash = excluded.payload_hash,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE sqlbroker_dedupe.expires_at <= :now
+RETURNING topic, idempotency_key
+
+-- name: dedupe_get_one
+SELECT topic, idempotency_key, message_id, payload_hash FROM sqlbroker_dedupe
+WHERE topic = :topic AND idempotency_key = :idempotency_key
+
+-- name: message_routes
+-- (A fragment, included below.) The routes (seq, subscription) of the messages m(seq,
+-- topic): :subscription, or without it every subscription with a pattern that matches the
+-- topic. Routing matches the stored pattern (sqlbroker_pattern_match validates it again: a
+-- damaged row matches nothing), never the stored regex; cheap tests first, as in
+-- PostgreSQL's message_insert_routing: a matching pattern's first segment is '*', '#' or
+-- the topic's first word and a dot, its last segment '*', '#' or a dot and the last word.
+SELECT m.seq, :subscription AS subscription FROM m WHERE :subscription IS NOT NULL
+UNION ALL
+SELECT DISTINCT m.seq, p.subscription
+FROM m JOIN sqlbroker_subscription_pattern p ON CASE
+    WHEN p.pattern = m.topic OR p.pattern = '#' THEN 1
+    WHEN p.pattern = '*' THEN instr(m.topic, '.') = 0
+    WHEN NOT (substr(p.pattern, 1, instr(m.topic || '.', '.'))
+                = substr(m.topic || '.', 1, instr(m.topic || '.', '.'))
+              OR substr(p.pattern, 1, 2) IN ('*.', '#.'))
+        THEN 0
+    WHEN NOT (substr(p.pattern, -1 - length(m.topic) + length(rtrim(m.topic, replace(m.topic, '.', ''))))
+                = '.' || substr(m.topic, 1 + length(rtrim(m.topic, replace(m.topic, '.', ''))))
+              OR substr(p.pattern, -2) IN ('.*', '.#'))
+        THEN 0
+    ELSE sqlbroker_pattern_match(p.pattern, m.topic)
+END
+WHERE :subscription IS NULL
+
+-- name: message_copies
+-- The copies a batch would make (message_routes), given its distinct :topics and how many
+-- messages have each (:counts): a batch published one row at a time is counted first, so
+-- that a refused fan-out writes nothing at all.
+WITH m(seq, topic) AS (SELECT key, value FROM json_each(:topics)), r AS (
+-- include: message_routes
+)
+SELECT coalesce(sum(c.value), 0) FROM r JOIN json_each(:counts) c ON c.key = r.seq
+
+-- name: message_insert_one
+-- One message: a copy for each of its routes, none past :max_copies copies (the caller
+-- raises LimitExceeded from the count), and none routed: archived as unrouted. A copy
+-- whose ordering key already has a copy in its subscription waits, blocked, behind it.
+-- Returns (unrouted, notified, copies) as PostgreSQL's does.
+WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
+-- include: message_routes
+)
+INSERT INTO sqlbroker_message (
+    message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
+    payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+)
+SELECT :message_id, r.subscription, :topic,
+       CASE WHEN :ordering_key IS NOT NULL AND EXISTS (
+                SELECT 1 FROM sqlbroker_message o
+                WHERE o.subscription = r.subscription AND o.ordering_key = :ordering_key
+            ) THEN 'blocked'
+            WHEN coalesce(:at, :now + coalesce(:delay, 0)) > :now THEN 'scheduled'
+            ELSE 'available' END,
+       :priority, :ordering_key, :idempotency_key, :payload, :content_type, :headers,
+       :max_attempts, :now, coalesce(:at, :now + coalesce(:delay, 0)),
+       coalesce(:expires, :now + :ttl)
+FROM r
+WHERE (SELECT count(*) FROM r) <= :max_copies;
+WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
+-- include: message_routes
+)
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+    enqueued_at, first_started_at, finished_at
+)
+SELECT NULL, :message_id, NULL, :topic, 'unrouted', :priority, :ordering_key,
+       :idempotency_key, :payload, :content_type, :headers, 0, :max_attempts, 0,
+       :now, NULL, :now
+WHERE changes() = 0 AND NOT EXISTS (SELECT 1 FROM r);
+WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
+-- include: message_routes
+)
+SELECT changes() AS unrouted, 0 AS notified, count(*) AS copies FROM r
+
+-- name: message_insert_queue_one
+-- message_insert_one for a queue publish without ordering keys (the common case): one copy,
+-- to :subscription (created before, by queue_create). Its rows are not read, so it returns
+-- none: a batch runs it as one executemany.
+INSERT INTO sqlbroker_message (
+    message_id, subscription, topic, state, priority, idempotency_key, payload,
+    content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+) VALUES (
+    :message_id, :subscription, :topic,
+    CASE WHEN coalesce(:at, :now + coalesce(:delay, 0)) > :now THEN 'scheduled'
+         ELSE 'available' END,
+    :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
+    coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
+)

@@ -1,0 +1,139 @@
+"""What a backend is: the queue operations of :class:`~sqlbroker.storage.seam.Executor`
+(each written once, in :mod:`sqlbroker.storage.operations`), the transactions they join,
+and the lifecycle around them.
+
+Every backend subclasses :class:`Backend` and passes the seam's conformance suite
+(``tests/seam``) on its own dialect. What differs between databases is data in the
+dialect (its SQL blocks, encodings, :class:`~sqlbroker.storage.schema.SchemaFiles`) or a
+capability flag (``supports_notify``), never an ``isinstance`` check above this layer. The
+few rules written here hold for every backend.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlbroker.core.limits import Limits
+from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
+from sqlbroker.storage.plan import Access, Plan
+from sqlbroker.storage.result_hub import ResultHub
+from sqlbroker.storage.schedules import ScheduleFire, fire_many
+from sqlbroker.storage.schema import SchemaFiles
+from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
+from sqlbroker.storage.url import DatabaseURL
+
+T = TypeVar("T")
+
+
+class Backend(Executor):
+    """Queue operations over one database. Thread-safe; blocking (every operation as a
+    coroutine: :attr:`async_ops`)."""
+
+    name: str
+    supports_notify: bool
+    notify_channel: str
+    limits: Limits
+    async_ops: AsyncExecutor
+    """Every operation as a coroutine (PostgreSQL: on the running loop's async pool;
+    SQLite: on the backend's own threads)."""
+    schema_files: SchemaFiles
+    """The dialect's schema (its migrations, what to tell an operator)."""
+    result_hub: ResultHub
+    """The one source of result hints every waiting ``broker.result`` shares."""
+    _url: DatabaseURL
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._url!s})"
+
+    @abstractmethod
+    def begin(self, conn: Any = None, *, timed: bool = True) -> AbstractContextManager[Tx]:
+        """One transaction for several operations, each a method of the ``Tx``: the
+        backend's own (committed when the block ends normally, rolled back otherwise), or
+        with ``conn`` the caller's connection, joined as a savepoint, never committed.
+        ``timed=False``: not held to the sessions' lock and statement timeouts
+        (PostgreSQL; a caller's own statements or a bulk write run in it)."""
+
+    @abstractmethod
+    def begin_async(
+        self, conn: Any = None, *, timed: bool = True
+    ) -> AbstractAsyncContextManager[AsyncTx]:
+        """:meth:`begin` for coroutines."""
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @abstractmethod
+    def migrate(self) -> list[int]:
+        """Apply pending migrations (serialized across processes); return those applied."""
+
+    def check_schema(self) -> None:
+        """Raise ``SchemaError`` unless the schema is exactly the version this code needs."""
+        self.schema_files.check(self.schema_version())
+
+    @abstractmethod
+    def now(self) -> datetime:
+        """The storage clock's current time."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    async def close_async(self) -> None:
+        """Let go of what the backend holds for the running event loop."""
+
+    @abstractmethod
+    async def listen_async(
+        self,
+        *,
+        on_hint: Callable[[str | None], None],
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
+        """Run until cancelled, calling ``on_hint(subscription)`` on the running loop when
+        new work may be claimable there (``None``: anywhere), and (where the backend can
+        announce them: PostgreSQL) ``on_cancel(subscription)`` when a running copy there
+        was cancelled. Hints can be lost; callers poll as well.
+
+        PostgreSQL: LISTEN/NOTIFY on a dedicated async connection, re-established with
+        backoff, with ``on_hint(None)`` after every (re)connect. SQLite: ``PRAGMA
+        data_version`` watched every 2 to 50 ms from a thread (more often while commits
+        keep coming), which sees commits from every connection and process.
+        """
+
+    # --- rules every backend shares ---------------------------------------------------------
+    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
+        """In one transaction: for each fire, advance its schedule by compare-and-set on
+        (next run, definition, not paused) and, only when that succeeded, publish its
+        messages as ``message_insert_many`` would. Returns the published message ids
+        of each schedule that advanced; a fire that lost the race is left out."""
+        return fire_many(self, fires=fires)
+
+    def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
+        """Hints that copies of ``message_id`` may have finished, from one source per
+        backend shared by every waiter (:attr:`result_hub`). PostgreSQL: LISTEN on the
+        result channel (a value stored for this message) and the dead-letter channel;
+        SQLite: the ``PRAGMA data_version`` watcher (any commit). When the block is entered
+        the source listens (or gave up for now: the caller's fallback look covers it)."""
+        return self.result_hub.watch(message_id)
+
+    def result_watch_async(
+        self, *, message_id: str
+    ) -> AbstractAsyncContextManager[AsyncResultWatch]:
+        """:meth:`result_watch` on the running event loop."""
+        return self.result_hub.watch_async(message_id)
+
+
+class AsyncOps(AsyncExecutor):
+    """A backend's operations as coroutines, each run by ``execute`` (the backend's: on
+    the running loop's pool, or on one of its threads)."""
+
+    def __init__(
+        self, settings: Settings, execute: Callable[[Plan[Any], Access], Awaitable[Any]]
+    ) -> None:
+        self.settings = settings
+        self._execute = execute
+
+    async def execute(self, plan: Plan[T], access: Access) -> T:
+        result: T = await self._execute(plan, access)
+        return result

@@ -1,0 +1,238 @@
+"""Publishing: idempotency keys, ordering keys, routing and the insert of every copy.
+
+One plan for both dialects. A dialect that binds whole arrays (PostgreSQL) sends a batch
+as one statement over arrays; the other (SQLite, in-process: a statement costs no round
+trip) runs the ``_one`` form of the same block once per row, with scalar parameters, and
+the rows of the runs are concatenated. PostgreSQL takes the ``_one`` form for one row too:
+scalar parameters get a cached generic plan, an array's unnest is planned on every send.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlbroker.core.errors import IdempotencyConflict
+from sqlbroker.core.limits import check_copies
+from sqlbroker.core.message import NewMessage
+from sqlbroker.core.topics import pattern_regex
+from sqlbroker.storage.base import InsertResult
+from sqlbroker.storage.operations.subscriptions import queue_create
+from sqlbroker.storage.plan import Plan, Rows, atomic_when, each, query
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.seam import Settings
+
+_SHARED_COLUMNS = frozenset(
+    {"topic", "priority", "ordering_key", "idempotency_key", "content_type", "headers"}
+    | {"max_attempts", "at", "delay", "expires", "ttl"}
+)
+"""The columns of a batch that are often the same for every message (see message_batch in
+the PostgreSQL SQL)."""
+
+UNLIMITED = 2**62
+"""``max_copies`` when the caller sets none (the broker's own bulk paths)."""
+
+
+def _float_or_none(value: float | None) -> float | None:
+    # PostgreSQL binds arrays in binary (``%(name)b``), and a binary array must not mix
+    # int and float.
+    return None if value is None else float(value)
+
+
+def _rows(
+    settings: Settings,
+    block: str,
+    columns: Mapping[str, list[Any]],
+    *,
+    read: bool = True,
+    squeeze: frozenset[str] = frozenset(),
+    **shared: Any,
+) -> Plan[Rows]:
+    """``block`` over the arrays ``columns`` in one statement, or ``block_one`` once per
+    row (see the module's docstring), its rows concatenated; ``shared`` goes to each.
+    Unless they are ``read``, the runs of one row are one ``executemany``. A column named
+    in ``squeeze`` whose values are all equal goes to the array statement as one value
+    (the block reads it as standing for every row)."""
+    count = len(next(iter(columns.values())))
+    if settings.array_params and count > 1:
+        arrays = {
+            name: values[:1] if name in squeeze and values.count(values[0]) == count else values
+            for name, values in columns.items()
+        }
+        return (yield query(block, **arrays, **shared))
+    rows = [
+        dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
+    ]
+    if not read and count > 1:
+        return (yield each(f"{block}_one", rows, **shared))
+    found = Rows([], 0)
+    for row in rows:
+        found.extend((yield query(f"{block}_one", **row, **shared)))
+    return found
+
+
+def _needs_transaction(
+    settings: Settings,
+    *,
+    messages: Sequence[NewMessage],
+    subscription: str | None,
+    max_copies: int | None = None,
+) -> bool:
+    """Whether a publish takes more than one statement: keys to reserve or lock, or a
+    queue this process has not seen exist (a single statement is its own transaction)."""
+    known = settings.known_queues
+    return (subscription is not None and (known is None or subscription not in known)) or any(
+        m.idempotency_key is not None or m.ordering_key is not None for m in messages
+    )
+
+
+@atomic_when(_needs_transaction)
+def message_insert_many(
+    settings: Settings,
+    *,
+    messages: Sequence[NewMessage],
+    subscription: str | None,
+    max_copies: int | None = None,
+) -> Plan[InsertResult]:
+    """Insert messages, all or nothing.
+
+    With ``subscription`` the copies go to that subscription only (point-to-point), which
+    is created first when it does not exist yet; without it each message fans out to every
+    subscription with a matching pattern, and one that matches none is archived as
+    ``unrouted``. Idempotency keys are reserved per topic for each message's
+    ``dedupe_window`` seconds: a duplicate returns the original's id and writes nothing, a
+    conflicting one raises ``IdempotencyConflict`` and writes nothing. More than
+    ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing. A copy whose
+    ordering key already has a copy in its subscription starts ``blocked`` behind it."""
+    ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
+    if ordering_keys and settings.key_locks:
+        yield query("key_lock", keys=ordering_keys)
+    keyed = [m for m in messages if m.idempotency_key is not None]
+    originals = (yield from _dedupe(settings, keyed)) if keyed else {}
+    fresh = [m for m in messages if m.message_id not in originals]
+    unrouted = 0
+    if fresh:
+        known = settings.known_queues
+        if subscription is not None:
+            check_copies(len(fresh), len(messages), max_copies)
+            if known is None or subscription not in known:
+                yield from queue_create(settings, name=subscription)
+        # A queue publish without ordering keys needs no routing.
+        block = (
+            "message_insert_queue"
+            if subscription is not None and not ordering_keys
+            else "message_insert"
+        )
+        routed = block == "message_insert"
+        if routed and subscription is None and max_copies is not None and not settings.array_params:
+            # Run row by row, the statements cannot see the batch: count its copies first,
+            # so that a refused fan-out writes nothing at all (nor holds the write lock).
+            topics = Counter(m.topic for m in fresh)
+            ((copies,),) = yield query(
+                "message_copies",
+                topics=list(topics),
+                counts=list(topics.values()),
+                subscription=None,
+            )
+            check_copies(copies, len(messages), max_copies)
+        rows = yield from _rows(
+            settings,
+            block,
+            _columns(fresh),
+            read=routed,
+            squeeze=_SHARED_COLUMNS,
+            subscription=subscription,
+            queue_regex=None if subscription is None else pattern_regex(subscription),
+            channel=settings.notify_channel,
+            max_copies=UNLIMITED if max_copies is None else max_copies,
+        )
+        if routed:
+            unrouted = sum(int(row[0]) for row in rows)
+            # Past the limit a statement writes nothing; raising rolls back the others.
+            check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
+        if subscription is not None and known is not None:
+            known.add(subscription)
+    return InsertResult(
+        message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
+        duplicates=len(originals),
+        unrouted=unrouted,
+    )
+
+
+def _columns(messages: Sequence[NewMessage]) -> dict[str, list[Any]]:
+    return {
+        "message_id": [m.message_id for m in messages],
+        "topic": [m.topic for m in messages],
+        "priority": [m.priority for m in messages],
+        "ordering_key": [m.ordering_key for m in messages],
+        "idempotency_key": [m.idempotency_key for m in messages],
+        "payload": [m.payload for m in messages],
+        "content_type": [m.content_type for m in messages],
+        "headers": [m.headers for m in messages],
+        "max_attempts": [m.max_attempts for m in messages],
+        "at": [m.available_at for m in messages],
+        "delay": [_float_or_none(m.delay) for m in messages],
+        "expires": [m.expires_at for m in messages],
+        "ttl": [_float_or_none(m.ttl) for m in messages],
+    }
+
+
+def _dedupe(settings: Settings, keyed: Sequence[NewMessage]) -> Plan[dict[str, str]]:
+    """Reserve idempotency keys; map each duplicate's message id to the original's id.
+
+    Raises ``IdempotencyConflict`` (rolling the transaction back) when a live key was used
+    for a different payload. Repeats inside the batch are settled here first, because one
+    INSERT … ON CONFLICT cannot touch the same row twice."""
+    originals: dict[str, str] = {}
+    first: dict[tuple[str, str], NewMessage] = {}
+    for message in keyed:
+        assert message.idempotency_key is not None
+        slot = (message.topic, message.idempotency_key)
+        if slot not in first:
+            first[slot] = message
+            continue
+        if first[slot].payload_hash != message.payload_hash:
+            raise IdempotencyConflict(
+                message.topic, message.idempotency_key, first[slot].message_id
+            )
+        originals[message.message_id] = first[slot].message_id
+    unique = list(first.values())
+    reserved = yield from _rows(
+        settings,
+        "dedupe_reserve",
+        {
+            "topic": [m.topic for m in unique],
+            "idempotency_key": [m.idempotency_key for m in unique],
+            "message_id": [m.message_id for m in unique],
+            "payload_hash": [m.payload_hash for m in unique],
+            "window": [float(m.dedupe_window) for m in unique],
+        },
+    )
+    won = {(topic, key) for topic, key in reserved}
+    taken = [m for m in unique if (m.topic, m.idempotency_key) not in won]
+    if taken:
+        rows = yield from _rows(
+            settings,
+            "dedupe_get",
+            {
+                "topic": [m.topic for m in taken],
+                "idempotency_key": [m.idempotency_key for m in taken],
+            },
+        )
+        existing = {
+            (topic, key): (str(message_id), digest) for topic, key, message_id, digest in rows
+        }
+        for message in taken:
+            assert message.idempotency_key is not None
+            message_id, digest = existing[(message.topic, message.idempotency_key)]
+            if digest != message.payload_hash:
+                raise IdempotencyConflict(message.topic, message.idempotency_key, message_id)
+            originals[message.message_id] = message_id
+    for message in keyed:
+        assert message.idempotency_key is not None
+        original = originals.get(first[(message.topic, message.idempotency_key)].message_id)
+        if original is not None:
+            originals[message.message_id] = original
+    return originals

@@ -1,0 +1,184 @@
+"""A caller's own connection (``conn=``) joined into sqlbroker's statements.
+
+The caller's transaction is never committed or rolled back here: our statements run in a
+savepoint, which undoes just our part when we fail (an ``IdempotencyConflict`` after other
+keys were reserved), leaving the caller's transaction usable. In autocommit with no
+transaction open, each statement would commit on its own, so ours are wrapped in a
+transaction of our own — what autocommit means for one publish. A connection to another
+database (or server, or whose search_path finds other sqlbroker tables) is refused: the
+message would land there.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
+
+from sqlbroker.core.errors import ConnectionLost, InvalidOption
+from sqlbroker.storage import caller
+from sqlbroker.storage.postgres.errors import translate
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.postgres.connection import PostgresPool
+
+Conn = psycopg.Connection[TupleRow]
+AsyncConn = psycopg.AsyncConnection[TupleRow]
+
+
+class CallerConnections:
+    """Joins callers' connections for one pool, remembering each one's database."""
+
+    def __init__(self, pool: PostgresPool) -> None:
+        self._pool = pool
+        self._sql = pool.sql
+        self._identity: tuple[Any, ...] | None = None
+        """Our database's identity (``connection_identity``), read on the first ``conn=``."""
+        self._identities: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """Each caller's connection's identity: a session cannot change database, so one
+        read per connection object (the cost of a ``conn=`` stays a dictionary lookup)."""
+
+    def _translated(
+        self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
+    ) -> Exception:
+        return translate(error, self._pool.options, write=write, conn=conn)
+
+    @contextmanager
+    def joined(self, conn: Any) -> Iterator[Conn]:
+        """The driver connection behind ``conn``, inside the caller's transaction."""
+        try:
+            raw = caller.unwrap(conn)
+        except psycopg.Error as error:
+            raise self._translated(error, write=True, conn=None) from None
+        if not isinstance(raw, psycopg.Connection):
+            raise InvalidOption(
+                "conn",
+                "a PostgreSQL broker needs a psycopg 3 connection (or SQLAlchemy / Django"
+                f" over psycopg 3), not {caller.describe(raw)}",
+            )
+        # Only a transaction of our own commits here; a connection lost inside the
+        # caller's transaction takes that transaction with it, so nothing was applied.
+        ours = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+        try:
+            self._check_same_database(raw)
+            status = _status(raw)
+            if raw.autocommit and status == TransactionStatus.IDLE:
+                with raw.transaction():
+                    yield raw
+                return
+            raw.execute(self._sql["savepoint"])
+            try:
+                yield raw
+            except BaseException:
+                if not raw.broken and raw.info.transaction_status != TransactionStatus.UNKNOWN:
+                    raw.execute(self._sql["savepoint_rollback"])
+                raise
+            raw.execute(self._sql["savepoint_release"])
+        except psycopg.Error as error:
+            raise self._translated(error, write=ours, conn=raw) from None
+
+    @asynccontextmanager
+    async def joined_async(self, conn: Any) -> AsyncIterator[AsyncConn]:
+        """:meth:`joined` for an async caller's connection."""
+        try:
+            raw = await caller.unwrap_async(conn)
+        except psycopg.Error as error:
+            raise self._translated(error, write=True, conn=None) from None
+        if not isinstance(raw, psycopg.AsyncConnection):
+            raise InvalidOption(
+                "conn",
+                "an async publish on PostgreSQL needs a psycopg.AsyncConnection (or"
+                f" SQLAlchemy's asyncio over psycopg 3), not {caller.describe(raw)}",
+            )
+        ours = False
+        try:
+            await self._check_same_database_async(raw)
+            status = _status(raw)
+            if raw.autocommit and status == TransactionStatus.IDLE:
+                ours = True
+                async with raw.transaction():
+                    yield raw
+                return
+            await raw.execute(self._sql["savepoint"])
+            try:
+                yield raw
+            except BaseException:
+                if not raw.broken and raw.info.transaction_status != TransactionStatus.UNKNOWN:
+                    await raw.execute(self._sql["savepoint_rollback"])
+                raise
+            await raw.execute(self._sql["savepoint_release"])
+        except psycopg.Error as error:
+            raise self._translated(error, write=ours, conn=raw) from None
+
+    def _check_same_database(self, raw: Conn) -> None:
+        theirs = self._identities.get(raw)
+        if theirs is None:
+            _status(raw)  # a failed transaction would refuse the read
+            theirs = tuple(raw.execute(self._sql["connection_identity"]).fetchone() or ())
+            self._identities[raw] = theirs
+        if theirs == self._identity:
+            return
+        # Ours is read again before refusing: a restart or a failover changes it.
+        with self._pool.connection(write=False) as own:
+            self._identity = tuple(own.execute(self._sql["connection_identity"]).fetchone() or ())
+        self._refuse_other_database(theirs)
+
+    async def _check_same_database_async(self, raw: AsyncConn) -> None:
+        theirs = self._identities.get(raw)
+        if theirs is None:
+            _status(raw)
+            cursor = await raw.execute(self._sql["connection_identity"])
+            theirs = tuple(await cursor.fetchone() or ())
+            self._identities[raw] = theirs
+        if theirs == self._identity:
+            return
+        # A connection of its own, not the loop's pool: a caller's loop (AsyncBroker's
+        # publish) has none, and one opened here would outlive the loop.
+        options = self._pool.options
+        try:
+            own = await psycopg.AsyncConnection.connect(
+                options.url.raw, **options.connection_kwargs()
+            )
+        except psycopg.OperationalError as error:
+            raise self._pool.not_connected(error, write=False) from None
+        async with own:
+            cursor = await own.execute(self._sql["connection_identity"])
+            self._identity = tuple(await cursor.fetchone() or ())
+        self._refuse_other_database(theirs)
+
+    def _refuse_other_database(self, theirs: tuple[Any, ...]) -> None:
+        ours = self._identity
+        if theirs == ours:
+            return
+        assert ours is not None
+        if theirs[0] != ours[0]:
+            where = f"database {theirs[0]!r}, not to this broker's {ours[0]!r}"
+        elif theirs[1] != ours[1]:
+            where = f"database {theirs[0]!r} of another server than this broker's"
+        else:
+            where = (
+                f"database {theirs[0]!r}, but its search_path finds other sqlbroker tables"
+                " than this broker's (or none): set the same search_path or schema"
+            )
+        raise InvalidOption("conn", f"is connected to {where} ({self._pool.options.url})")
+
+
+def _status(raw: Conn | AsyncConn) -> TransactionStatus:
+    """The caller's connection's transaction status, refusing one we cannot join."""
+    if raw.closed:
+        raise InvalidOption("conn", "is closed")
+    status = raw.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise InvalidOption("conn", "is in a failed transaction; roll it back first")
+    if status == TransactionStatus.ACTIVE:
+        raise InvalidOption("conn", "is running another statement")
+    if status == TransactionStatus.UNKNOWN:
+        raise ConnectionLost("the caller's PostgreSQL connection is broken", ambiguous=False)
+    return status

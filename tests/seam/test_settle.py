@@ -1,0 +1,198 @@
+"""Settling leased copies through the seam: one ``message_settle_many`` takes completes
+(with and without results), retries, snoozes, dead letters and cancels mixed, on both
+dialects, alone or inside one transaction."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from tests.seam.support import claim, publish
+
+from sqlbroker.core.clock import ManualClock
+from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.message import ErrorInfo
+from sqlbroker.storage.base import DeadFilter, Lease, Settlement
+
+ERROR = ErrorInfo(type="KeyError", message="k", traceback="tb")
+
+
+def states(backend: Any, queue: str) -> dict[str, str]:
+    """Message id -> state of the copies in the hot table."""
+    rows = backend.message_list(subscription=queue, state=None, limit=50)
+    return {m.message_id: m.state.value for m in rows}
+
+
+def outcomes(backend: Any, queue: str) -> dict[str, str]:
+    """Message id -> outcome of the archived copies."""
+    rows = backend.archive_list(subscription=queue, outcome=None, message_id=None, limit=50)
+    return {row.message_id: row.outcome.value for row in rows}
+
+
+def dead_letters(backend: Any) -> list[Any]:
+    return list(backend.dead_list(where=DeadFilter(), limit=50, after_id=None))
+
+
+def mixed(deliveries: list[Any]) -> list[Settlement]:
+    done, valued, failed, snoozed, poisoned, cancelled = (Lease.of(d) for d in deliveries)
+    return [
+        Settlement.complete(done),
+        Settlement.complete(valued, b'{"total": 3}'),
+        Settlement.retry(failed, 10, ERROR),
+        Settlement.retry(snoozed, 0, snooze=True),
+        Settlement.dead(poisoned, "poison", ERROR),
+        Settlement.cancel(cancelled),
+    ]
+
+
+def test_one_call_settles_every_kind_and_returns_the_valid_leases(
+    backend: Any, clock: ManualClock
+) -> None:
+    ids = publish(backend, "jobs", 7)
+    deliveries = claim(backend, "jobs", 7)
+    assert [d.message_id for d in deliveries] == ids
+    stale = Settlement.complete(Lease(deliveries[6].id, "not-the-token"))
+
+    done = backend.message_settle_many(settlements=[*mixed(deliveries[:6]), stale])
+
+    assert done == sorted(d.id for d in deliveries[:6])
+    completed, valued, failed, snoozed, poisoned, cancelled, untouched = deliveries
+    assert outcomes(backend, "jobs") == {
+        completed.message_id: "completed",
+        valued.message_id: "completed",
+        cancelled.message_id: "cancelled",
+    }
+    assert states(backend, "jobs") == {
+        failed.message_id: "scheduled",
+        snoozed.message_id: "available",
+        untouched.message_id: "running",
+    }
+    (dead,) = dead_letters(backend)
+    assert (dead.message_id, dead.reason, dead.error_type, dead.traceback) == (
+        poisoned.message_id,
+        "poison",
+        "KeyError",
+        "tb",
+    )
+    (stored,) = [r for r in backend.result_lookup(message_id=ids[1]) if r.value is not None]
+    assert stored.value == b'{"total": 3}'
+    assert not [r for r in backend.result_lookup(message_id=ids[0]) if r.value is not None]
+    rows = backend.message_list(subscription="jobs", state=None, limit=9)
+    (retried,) = [m for m in rows if m.message_id == failed.message_id]
+    assert "KeyError" in (retried.last_error or "")
+    # The snooze gave its attempt back; the failure kept it and waits its delay.
+    (again,) = claim(backend, "jobs")
+    assert (again.id, again.attempt) == (snoozed.id, 1)
+    clock.advance(11)
+    (later,) = claim(backend, "jobs")
+    assert (later.id, later.attempt) == (failed.id, 2)
+
+
+def test_a_settlement_that_removes_a_head_promotes_the_next_copy_of_its_key(
+    backend: Any,
+) -> None:
+    for key in ("a", "b", "c", "d"):
+        publish(backend, "jobs", 2, key=key)
+    heads = claim(backend, "jobs", 10)
+    assert len(heads) == 4
+    by_key = {d.key: Lease.of(d) for d in heads}
+    done = backend.message_settle_many(
+        settlements=[
+            Settlement.complete(by_key["a"], b"1"),
+            Settlement.dead(by_key["b"], "poison"),
+            Settlement.cancel(by_key["c"]),
+            Settlement.retry(by_key["d"], 0),
+        ]
+    )
+    assert len(done) == 4
+    # a, b and c left the table and their next copies are available; d's head is back.
+    assert sorted(states(backend, "jobs").values()) == ["available"] * 4 + ["blocked"]
+
+
+def test_a_copy_twice_in_one_call_is_refused_and_nothing_is_written(backend: Any) -> None:
+    publish(backend, "jobs", 2)
+    first, second = claim(backend, "jobs", 2)
+    twice = [
+        Settlement.complete(Lease.of(second)),
+        Settlement.complete(Lease.of(first)),
+        Settlement.dead(Lease.of(first), "x"),
+    ]
+    with pytest.raises(InvalidOption, match=f"copy {first.id} twice"):
+        backend.message_settle_many(settlements=twice)
+    assert set(states(backend, "jobs").values()) == {"running"}
+    unknown = Settlement("archive", Lease.of(first))  # type: ignore[arg-type]
+    with pytest.raises(InvalidOption, match="'archive'"):
+        backend.message_settle_many(settlements=[Settlement.complete(Lease.of(second)), unknown])
+    assert set(states(backend, "jobs").values()) == {"running"}
+    assert backend.message_settle_many(settlements=[]) == []
+
+
+def test_a_dead_letter_reason_is_made_storable(backend: Any) -> None:
+    publish(backend, "jobs")
+    (delivery,) = claim(backend, "jobs")
+    dead_letter = Settlement.dead(Lease.of(delivery), "bad\x00" + "x" * 5000)
+    assert backend.message_settle_many(settlements=[dead_letter]) == [delivery.id]
+    (dead,) = dead_letters(backend)
+    assert "\x00" not in dead.reason
+    assert len(dead.reason) <= 1000
+
+
+def test_a_mixed_batch_inside_a_transaction_commits_or_rolls_back_whole(backend: Any) -> None:
+    publish(backend, "jobs", 6)
+    deliveries = claim(backend, "jobs", 6)
+    written: list[int] = []
+    try:
+        with backend.begin() as tx:
+            written = tx.message_settle_many(settlements=mixed(deliveries))
+            raise RuntimeError("undone")
+    except RuntimeError:
+        pass
+    assert len(written) == 6
+    assert set(states(backend, "jobs").values()) == {"running"}
+    assert outcomes(backend, "jobs") == {}
+    assert dead_letters(backend) == []
+    with backend.begin() as tx:
+        assert len(tx.message_settle_many(settlements=mixed(deliveries))) == 6
+    assert sorted(outcomes(backend, "jobs").values()) == ["cancelled", "completed", "completed"]
+    assert len(dead_letters(backend)) == 1
+
+
+def test_the_async_executor_runs_the_same_plan(backend: Any) -> None:
+    publish(backend, "jobs", 6)
+    deliveries = claim(backend, "jobs", 6)
+
+    async def main() -> list[int]:
+        try:
+            done: list[int] = await backend.async_ops.message_settle_many(
+                settlements=mixed(deliveries)
+            )
+            return done
+        finally:
+            if hasattr(backend, "close_async"):
+                await backend.close_async()
+
+    assert asyncio.run(main()) == sorted(d.id for d in deliveries)
+    assert sorted(outcomes(backend, "jobs").values()) == ["cancelled", "completed", "completed"]
+
+
+def test_postgresql_announces_results_dead_letters_and_ready_retries_at_commit(
+    backend: Any, backend_url: str
+) -> None:
+    if not backend_url.startswith("postgresql"):
+        pytest.skip("SQLite has no NOTIFY (its watchers poll data_version)")
+    import psycopg
+
+    settings = backend.settings
+    ids = publish(backend, "jobs", 6)
+    deliveries = claim(backend, "jobs", 6)
+    with psycopg.connect(backend_url, autocommit=True) as listener:
+        for channel in (settings.notify_channel, settings.dead_channel, settings.result_channel):
+            listener.execute(f'LISTEN "{channel}"')
+        backend.message_settle_many(settlements=mixed(deliveries))
+        heard = {(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=3)}
+    assert heard == {
+        (settings.result_channel, ids[1]),  # the complete with a value
+        (settings.dead_channel, "jobs"),  # the dead letter
+        (settings.notify_channel, "jobs"),  # the snooze, available at once
+    }
