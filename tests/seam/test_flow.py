@@ -10,7 +10,7 @@ from tests.seam.support import claim, new_message, publish
 
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.flow import Claimed, FlowLimits, Rate, flow_limits
-from sqlbroker.storage.base import Lease
+from sqlbroker.storage.base import Lease, Settlement
 
 
 def limit(backend: Any, name: str, **options: object) -> None:
@@ -18,7 +18,7 @@ def limit(backend: Any, name: str, **options: object) -> None:
 
 
 def complete(backend: Any, deliveries: list[Any]) -> None:
-    backend.message_complete_many(leases=[Lease.of(d) for d in deliveries])
+    backend.message_settle_many(settlements=[Settlement.complete(Lease.of(d)) for d in deliveries])
 
 
 def test_max_running_caps_the_copies_running_across_claims(backend: Any) -> None:
