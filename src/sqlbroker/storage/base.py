@@ -424,6 +424,26 @@ class Backend(Protocol):
     ) -> AbstractAsyncContextManager[AsyncResultWatch]:
         """:meth:`result_watch` on the running event loop."""
 
+    # --- results by key (Celery's result backend; operations/task_results.py) -------------
+    # A key's waiters watch ``result_watch(message_id=key)``: storing its value hints them.
+    def task_result_get_many(self, *, keys: list[str]) -> dict[str, bytes]:
+        """The stored, unexpired values of ``keys``."""
+
+    def task_result_set(self, *, key: str, value: bytes, ttl: float) -> None:
+        """Store ``value`` under ``key``, kept ``ttl`` seconds."""
+
+    def task_result_incr(self, *, key: str, ttl: float) -> int:
+        """Add one to the counter ``key``; return its new value."""
+
+    def task_result_expire(self, *, key: str, ttl: float) -> bool:
+        """Keep ``key`` ``ttl`` seconds from now."""
+
+    def task_result_delete(self, *, keys: list[str]) -> int:
+        """Delete ``keys``; return how many existed."""
+
+    def task_result_trim(self, *, limit: int) -> int:
+        """Delete up to ``limit`` expired rows."""
+
     # --- dead letters ----------------------------------------------------------------------
     def dead_list(
         self, *, where: DeadFilter, limit: int, after_id: int | None
