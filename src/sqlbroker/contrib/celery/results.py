@@ -113,25 +113,31 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
     # --- Celery's key-value interface --------------------------------------------------------
 
     def get(self, key: bytes | str) -> bytes | None:
+        """The stored value of ``key`` (``None``: absent or expired)."""
         name = _text(key)
         return self.store.task_result_get_many(keys=[name]).get(name)
 
     def mget(self, keys: list[bytes | str]) -> list[bytes | None]:
+        """The values of ``keys``, in their order, in one round trip."""
         names = [_text(key) for key in keys]
         found = self.store.task_result_get_many(keys=names)
         return [found.get(name) for name in names]
 
     def set(self, key: bytes | str, value: bytes | str) -> None:
+        """Store ``value`` for ``result_expires`` and wake the key's waiters."""
         data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
         self.store.task_result_set(key=_text(key), value=data, ttl=self._ttl(self.expires))
 
     def delete(self, key: bytes | str) -> None:
+        """Forget ``key``."""
         self.store.task_result_delete(keys=[_text(key)])
 
     def incr(self, key: bytes | str) -> int:
+        """Count one more finished chord part; return the count."""
         return self.store.task_result_incr(key=_text(key), ttl=self._ttl(self.expires))
 
     def expire(self, key: bytes | str, value: float | None) -> None:
+        """Keep ``key`` ``value`` seconds from now (``None``/0: the broker's ``result_ttl``)."""
         self.store.task_result_expire(key=_text(key), ttl=self._ttl(value))
 
     def cleanup(self) -> None:
