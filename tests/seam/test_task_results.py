@@ -3,6 +3,7 @@ expire, delete, trim, and the hint a stored value gives its key's waiters."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -71,3 +72,20 @@ def test_storing_a_value_wakes_the_waiters_of_its_key(backend: Any) -> None:
             backend.task_result_set(key="celery-task-meta-9", value=b"done", ttl=60)
             waiter.join(60)
     assert woke.is_set()
+
+
+def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
+    async def main() -> list[Any]:
+        ops = backend.async_ops
+        await ops.task_result_set(key="k", value=b"v", ttl=60)
+        seen = [await ops.task_result_get_many(keys=["k"])]
+        async with backend.begin_async() as tx:
+            seen.append(await tx.task_result_incr(key="n", ttl=60))
+            seen.append(await tx.task_result_expire(key="k", ttl=120))
+        seen.append(await ops.task_result_delete(keys=["k", "n"]))
+        seen.append(await ops.task_result_trim(limit=10))
+        if hasattr(backend, "close_async"):
+            await backend.close_async()
+        return seen
+
+    assert asyncio.run(main()) == [{"k": b"v"}, 1, True, 2, 0]
