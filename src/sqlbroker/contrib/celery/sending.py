@@ -64,7 +64,8 @@ class GroupSender:
         self._arrived = threading.Condition(self._lock)
         """Notified when a send is queued while a leader is at work."""
         self._pending: list[_Send] = []
-        self._leading = False
+        self._leader: _Send | None = None
+        """The send whose thread leads (writes the next batch), if any."""
         self._last_batch = 0
         self._write_seconds = 0.0
         """Moving average of a commit's duration."""
@@ -84,20 +85,38 @@ class GroupSender:
         item = _Send(queue, message, priority, at, task)
         with self._lock:
             self._pending.append(item)
-            lead = not self._leading
-            self._leading = True
-            if not lead:
+            if self._leader is None:
+                self._leader = item
+            else:
                 self._arrived.notify()
-        while True:
-            if lead:
-                self._lead()
-            item.wake.wait()
-            if item.finished:
-                break
-            item.wake.clear()  # handed the lead: our task is still queued
-            lead = True
+        try:
+            while True:
+                if self._leader is item:
+                    self._lead()
+                item.wake.wait()
+                if item.finished:
+                    break
+                item.wake.clear()  # handed the lead: our task is still queued
+        except BaseException:
+            self._abandon(item)  # interrupted (a signal, a green thread's timeout)
+            raise
         if item.error is not None:
             raise item.error
+
+    def _abandon(self, item: _Send) -> None:
+        """Take back an unwritten send and pass on the lead if its thread held it, so that
+        an interrupted caller leaves no other thread waiting for a leader."""
+        with self._lock:
+            if item in self._pending:
+                self._pending.remove(item)
+            if self._leader is item:
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Pass the lead to the oldest queued send's thread, or give it up (lock held)."""
+        self._leader = self._pending[0] if self._pending else None
+        if self._leader is not None:
+            self._leader.wake.set()
 
     def _lead(self) -> None:
         """Write one batch, then pass the lead to a queued send's thread (or give it up)."""
@@ -116,16 +135,13 @@ class GroupSender:
             self._write(batch)
         except BaseException as error:  # never leave a waiting thread behind
             with self._lock:
-                self._leading = False
+                self._leader = None
                 rest, self._pending = self._pending, []
             _finish([item for item in [*batch, *rest] if not item.finished], error)
             raise
         self._write_seconds += (time.monotonic() - started - self._write_seconds) * 0.2
         with self._lock:
-            if self._pending:
-                self._pending[0].wake.set()
-            else:
-                self._leading = False
+            self._hand_on()
 
     def _write(self, batch: list[_Send]) -> None:
         for _, grouped in groupby(batch, key=lambda item: item.group):
