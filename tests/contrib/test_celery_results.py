@@ -167,6 +167,34 @@ def test_results_are_kept_for_result_expires_or_the_broker_result_ttl(
         app.close()
 
 
+def test_expired_results_are_deleted_by_the_backend_itself(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """No reaper and no Celery beat: storing results deletes expired ones as it goes."""
+    app = _client(backend_url, 0.05)
+    try:
+        backend = app.backend
+        assert isinstance(backend, ResultBackend)
+        backend.trim_every = 3
+        backend.store_result("old", 1, "SUCCESS")
+        old_key = "celery-task-meta-old"
+        wait_until(lambda: app.AsyncResult("old").status == "PENDING", timeout=30, what="expiry")
+        backend.expires = 3600
+        backend.store_result("new-1", 2, "SUCCESS")
+        backend.store_result("new-2", 3, "SUCCESS")
+        assert broker.backend.task_result_delete(keys=[old_key]) == 0, "trimmed by the 3rd"
+        backend.expires = 0.05
+        backend.store_result("expiring", 4, "SUCCESS")
+        wait_until(
+            lambda: app.AsyncResult("expiring").status == "PENDING", timeout=30, what="expiry"
+        )
+        backend.cleanup()  # what Celery beat's backend_cleanup runs
+        assert broker.backend.task_result_delete(keys=["celery-task-meta-expiring"]) == 0
+        assert app.AsyncResult("new-1").get(timeout=1) == 2
+    finally:
+        app.close()
+
+
 def test_bad_configuration_is_one_clear_error(broker: sqlbroker.Broker, backend_url: str) -> None:
     app = _client(backend_url, 3600)
     app.conf.result_backend_transport_options = {"visibility": 3}

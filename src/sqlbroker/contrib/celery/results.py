@@ -11,8 +11,10 @@ as the queue, so a task's result is committed there like its message was.
   seconds covers a lost hint.
 - ``result_expires`` is each result's retention (``None`` or 0: the broker's
   ``result_ttl``, one day by default: nothing is kept without bound). An expired result
-  reads as ``PENDING`` at once; the reaper (``broker.reap()``, ``sqlbroker worker``) and
-  Celery's ``backend_cleanup`` task delete the rows.
+  reads as ``PENDING`` at once; the rows are deleted by the backend itself (every
+  :attr:`ResultBackend.trim_every` results it stores, it deletes expired ones), by the
+  reaper (``broker.reap()``, ``sqlbroker worker``) and by Celery beat's daily
+  ``celery.backend_cleanup`` task.
 - Chords count their finished parts with an atomic counter (``implements_incr``).
 """
 
@@ -53,10 +55,13 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
     Celery's own ``global_keyprefix``.
     """
 
-    supports_autoexpire = True
+    supports_autoexpire = False  # Celery beat then schedules backend_cleanup (cleanup())
     supports_result_compression = True
     implements_incr = True
     persistent = True
+    trim_every = 100
+    """After this many stored results, delete up to :data:`TRIM_BATCH` expired ones: the
+    table stays bounded with no reaper and no Celery beat running."""
 
     def __init__(self, app: Any = None, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app=app, url=url, **kwargs)
@@ -85,6 +90,7 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._shared: _Shared | None = None
         self._pid = os.getpid()
+        self._stored = 0
         if self.expires is not None:
             validate.seconds(self.expires, "result_expires")
         self._opened()  # bad URLs and options fail here, before any task runs
@@ -127,6 +133,9 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
         """Store ``value`` for ``result_expires`` and wake the key's waiters."""
         data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
         self.store.task_result_set(key=_text(key), value=data, ttl=self._ttl(self.expires))
+        self._stored += 1
+        if self._stored % self.trim_every == 0:
+            self.store.task_result_trim(limit=TRIM_BATCH)
 
     def delete(self, key: bytes | str) -> None:
         """Forget ``key``."""
