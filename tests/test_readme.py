@@ -852,7 +852,7 @@ def _printed(document: str, contains: str) -> str:
     return block.code
 
 
-CELERY_TASKS = _printed("docs/celery.md", "import sqlbroker.contrib.celery  # registers")
+CELERY_TASKS = _printed("docs/celery.md", "import sqlbroker.contrib.celery  # registers the")
 
 
 def _verify_celery_worker(run: Run) -> None:
@@ -863,10 +863,18 @@ def _verify_celery_worker(run: Run) -> None:
         assert broker.pending("celery") == []
 
 
+CELERY_MATHS = _printed("docs/celery.md", 'app = Celery("maths"')
+
+
+def _verify_celery_results(run: Run) -> None:
+    assert "\n5\n" in run.output, run.output
+    assert "FAILURE ZeroDivisionError('division by zero')" in run.output, run.output
+
+
 CASES += [
     Case(
         "docs/celery.md",
-        "import sqlbroker.contrib.celery  # registers",
+        "import sqlbroker.contrib.celery  # registers the",
         epilogue="""
 send_receipt.delay(42)
 from sqlbroker import Broker
@@ -905,6 +913,26 @@ with Broker(os.environ["SQLBROKER_URL"]) as broker:
 with psycopg.connect(os.environ["SQLBROKER_URL"]) as check:
     assert check.execute("SELECT id FROM orders").fetchall() == [(42,)]
 """,
+    ),
+    Case(
+        "docs/celery.md",
+        'app = Celery("maths"',
+        epilogue="""
+from sqlbroker.contrib.celery.results import ResultBackend
+assert isinstance(app.backend, ResultBackend)
+app.backend.store_result("a-task-id", 5, "SUCCESS")
+assert app.AsyncResult("a-task-id").get(timeout=5) == 5
+""",
+    ),
+    Case(
+        "docs/celery.md",
+        "celery -A maths worker --loglevel=INFO",
+        files={"maths.py": CELERY_MATHS},
+        background={
+            "celery -A maths worker": Background(lambda run: " ready." in run.output, codes=(0, 1))
+        },
+        verify=_verify_celery_results,
+        marks=(pytest.mark.slow,),
     ),
 ]
 

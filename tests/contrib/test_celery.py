@@ -283,3 +283,30 @@ def test_concurrent_sends_each_commit_once_and_a_bad_one_fails_alone(
     sent = broker.pending("celery", limit=1000)
     assert len(sent) == 8 * 25 - 1
     assert len({m.message_id for m in sent}) == len(sent)
+
+
+def test_concurrent_sends_gather_into_commits_of_them_all(
+    app: Celery, broker: sqlbroker.Broker
+) -> None:
+    """Eight threads publishing in a loop share commits of (nearly) all eight: a leader
+    waits for the threads the previous commit released, instead of the threads splitting
+    into two groups taking turns (commits of four)."""
+    add = app.tasks["shop.add"]
+    add.delay(0, 0)  # connect first
+    with app.connection_for_write() as connection:
+        sender = connection.transport.sender
+    before = sender.batches
+    start = threading.Barrier(8)
+
+    def publish(thread: int) -> None:
+        start.wait()
+        for n in range(40):
+            add.delay(thread, n)
+
+    threads = [threading.Thread(target=publish, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(broker.pending("celery", limit=1000)) == 1 + 8 * 40
+    assert 8 * 40 / (sender.batches - before) >= 5.5, "the mean commit carries most threads"

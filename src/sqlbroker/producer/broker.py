@@ -509,9 +509,9 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
     def reap(self, *, limit: int = 1000) -> dict[str, int]:
         """One maintenance pass (the worker runs this periodically): release expired leases,
         dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys and
-        processed keys past their window and stored results older than ``result_ttl``, and
-        remove archive rows and dead letters past their retention (at most ``limit`` of
-        each kind per pass)."""
+        processed keys past their window, stored results older than ``result_ttl`` and
+        expired Celery results, and remove archive rows and dead letters past their
+        retention (at most ``limit`` of each kind per pass)."""
         count = validate.integer(limit, "limit", minimum=1, maximum=100_000)
         backend = self._checked()
         leases: ReapResult = backend.lease_release_expired(limit=count)
@@ -522,7 +522,8 @@ class Broker(BrokerConsumer, BrokerInspection, BrokerSchedules):
             "unblocked": backend.key_repair(limit=count),
             "dedupe_trimmed": backend.dedupe_trim(limit=count),
             "processed_trimmed": backend.processed_trim(limit=count),
-            "results_trimmed": backend.result_trim(ttl=self._result_ttl, limit=count),
+            "results_trimmed": backend.result_trim(ttl=self._result_ttl, limit=count)
+            + backend.task_result_trim(limit=count),
             "sagas_swept": self.sagas.sweep(limit=count),
             **retain(backend, self._retention, limit=count),
         }

@@ -38,6 +38,7 @@ from sqlbroker.storage.operations import (
     schema,
     security,
     subscriptions,
+    task_results,
 )
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan, access_of
@@ -184,6 +185,14 @@ class Executor(ABC):
     result_lookup = Operation(results.result_lookup)
     result_trim = Operation(results.result_trim)
 
+    # --- results by key (Celery's result backend; contrib/celery/results.py) ------------
+    task_result_get_many = Operation(task_results.task_result_get_many)
+    task_result_set = Operation(task_results.task_result_set)
+    task_result_incr = Operation(task_results.task_result_incr)
+    task_result_expire = Operation(task_results.task_result_expire)
+    task_result_delete = Operation(task_results.task_result_delete)
+    task_result_trim = Operation(task_results.task_result_trim)
+
     # --- retention (features/retention.py) ----------------------------------------------
     retention_set = Operation(retention.retention_set)
     retention_list = Operation(retention.retention_list)
@@ -299,6 +308,14 @@ class AsyncExecutor(ABC):
     # --- stored results ----------------------------------------------------------------
     result_lookup = AsyncOperation(results.result_lookup)
     result_trim = AsyncOperation(results.result_trim)
+
+    # --- results by key ---------------------------------------------------------------
+    task_result_get_many = AsyncOperation(task_results.task_result_get_many)
+    task_result_set = AsyncOperation(task_results.task_result_set)
+    task_result_incr = AsyncOperation(task_results.task_result_incr)
+    task_result_expire = AsyncOperation(task_results.task_result_expire)
+    task_result_delete = AsyncOperation(task_results.task_result_delete)
+    task_result_trim = AsyncOperation(task_results.task_result_trim)
 
     # --- retention --------------------------------------------------------------------
     retention_set = AsyncOperation(retention.retention_set)

@@ -5,10 +5,15 @@
     import sqlbroker.contrib.celery  # registers the sqlbroker+… broker URLs with Kombu
     from celery import Celery
 
-    app = Celery("shop", broker="sqlbroker+postgresql://app@db/app")
+    app = Celery(
+        "shop",
+        broker="sqlbroker+postgresql://app@db/app",
+        backend="sqlbroker+postgresql://app@db/app",  # results too (optional)
+    )
 
-Importing this package registers the transport alias ``sqlbroker`` with Kombu, so
-``sqlbroker+postgresql://…`` and ``sqlbroker+sqlite:///path.db`` work as ``broker_url``.
+Importing this package registers the transport alias ``sqlbroker`` with Kombu and the result
+backend alias ``sqlbroker`` with Celery, so ``sqlbroker+postgresql://…`` and
+``sqlbroker+sqlite:///path.db`` work as ``broker_url`` and as ``result_backend``.
 Needs the ``celery`` extra (``pip install 'sqlbroker[celery]'``). See docs/celery.md for what
 is kept of sqlbroker's guarantees and what is not.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 from sqlbroker.core.errors import ConfigurationError
 
 try:
+    from celery.app.backends import BACKEND_ALIASES
     from kombu.transport import TRANSPORT_ALIASES
 except ImportError as error:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
@@ -31,5 +37,6 @@ SCHEME = "sqlbroker"
 """The Kombu transport alias: broker URLs read ``sqlbroker+<database URL>``."""
 
 TRANSPORT_ALIASES.setdefault(SCHEME, "sqlbroker.contrib.celery.transport:Transport")
+BACKEND_ALIASES.setdefault(SCHEME, "sqlbroker.contrib.celery.results:ResultBackend")
 
 __all__ = ["SCHEME", "Transport", "publishing_in", "queue_name"]

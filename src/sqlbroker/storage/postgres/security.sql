@@ -83,6 +83,8 @@ BEGIN
             ('producer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
             ('producer', 'sqlbroker_spark_stage',          'SELECT, INSERT, DELETE'),
             ('producer', 'sqlbroker_tenant',               'SELECT'),
+            -- (Celery's results: a client reads them and saves groups and chords)
+            ('producer', 'sqlbroker_task_result',          'SELECT, INSERT, UPDATE, DELETE'),
             -- consumer: claim, ack, retry, dead-letter, extend, reap, subscribe, schedules
             -- (register, tick), saga moves, processed keys, heartbeats and metrics, the
             -- Spark stream. Schedules and sagas publish, so it also holds the producer's
@@ -96,6 +98,7 @@ BEGIN
             ('consumer', 'sqlbroker_result',               'SELECT, INSERT, DELETE'),
             ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
+            ('consumer', 'sqlbroker_task_result',          'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_worker',               'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_metric_minute',        'SELECT, INSERT, UPDATE, DELETE'),
             ('consumer', 'sqlbroker_metric_total',         'SELECT, INSERT, UPDATE'),
@@ -114,6 +117,7 @@ BEGIN
             ('operator', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
             ('operator', 'sqlbroker_dead',                 'SELECT, UPDATE, DELETE'),
             ('operator', 'sqlbroker_result',               'SELECT, DELETE'),
+            ('operator', 'sqlbroker_task_result',          'SELECT, DELETE'),
             ('operator', 'sqlbroker_audit',                'SELECT, INSERT'),
             ('operator', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE, DELETE'),
             ('operator', 'sqlbroker_spark_export',         'SELECT, INSERT'),
@@ -129,6 +133,7 @@ BEGIN
             ('reader',   'sqlbroker_archive',              'SELECT'),
             ('reader',   'sqlbroker_dead',                 'SELECT'),
             ('reader',   'sqlbroker_result',               'SELECT'),
+            ('reader',   'sqlbroker_task_result',          'SELECT'),
             ('reader',   'sqlbroker_dedupe',               'SELECT'),
             ('reader',   'sqlbroker_audit',                'SELECT'),
             ('reader',   'sqlbroker_processed',            'SELECT'),
@@ -231,6 +236,7 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
     ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
     ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
+    ALTER TABLE {schema}sqlbroker_task_result ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
     ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
     ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
     ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
@@ -247,6 +253,7 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_task_result ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
@@ -274,6 +281,7 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
     ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
     ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT '';
+    ALTER TABLE {schema}sqlbroker_task_result ALTER COLUMN tenant SET DEFAULT '';
     ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT '';
     ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT '';
     ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT '';
@@ -290,6 +298,7 @@ BEGIN
     ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_schedule DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_processed DISABLE ROW LEVEL SECURITY;
+    ALTER TABLE {schema}sqlbroker_task_result DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_worker DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_saga DISABLE ROW LEVEL SECURITY;
     ALTER TABLE {schema}sqlbroker_saga_step DISABLE ROW LEVEL SECURITY;
