@@ -157,3 +157,49 @@ def test_export_commit_deletes_exactly_or_nothing(
     store.export_commit(run=right)
     assert broker.archive(limit=100) == []
     assert store.export_done(run_id="r2")
+
+
+def test_a_staged_publish_keeps_the_brokers_rules(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """Issue 28 item 5: on PostgreSQL the staged rows are published by SQL alone (no payload
+    through the driver); the messages must be the broker's own: its payload hash (a later
+    publish with the same key is a duplicate, with another payload a conflict), its message
+    ids, ordering keys and routing (an unrouted row archived), a key repeated in one page
+    with another payload refused."""
+    broker.subscribe("orders", "orders.#")
+    store = _spark(broker, backend_url)
+    keyed = [
+        build_message("orders.created", {"n": n}, defaults=DEFAULTS, idempotency_key=f"o-{n}")
+        for n in range(3)
+    ]
+    ordered = [
+        build_message("orders.paid", {"n": n}, defaults=DEFAULTS, key="customer-1")
+        for n in range(3)
+    ]
+    repeat = build_message("orders.created", {"n": 0}, defaults=DEFAULTS, idempotency_key="o-0")
+    stray = build_message("audit.created", {"n": 9}, defaults=DEFAULTS)
+    store.stage_insert(
+        job="j", partition=0, attempt=1, first_seq=0, rows=[*keyed, repeat, *ordered, stray]
+    )
+    result = store.stage_publish(job="j", winners=[(0, 1)], key_prefix="t:", chunk=100)
+    assert (result.published, result.duplicates, result.unrouted) == (7, 1, 1)
+    pending = broker.pending("orders", limit=100)
+    assert len(pending) == 6
+    assert {str(m.message_id)[14] for m in pending} == {"7"}  # UUID version 7
+    assert sorted(m.state for m in pending if m.topic == "orders.paid") == [
+        "available",
+        "blocked",
+        "blocked",
+    ]
+    again = broker.publish("orders.created", {"n": 1}, idempotency_key="o-1")
+    assert again in {m.message_id for m in pending}
+    with pytest.raises(IdempotencyConflict):
+        broker.publish("orders.created", {"n": 5}, idempotency_key="o-2")
+
+    clash = build_message("orders.created", {"n": 1}, defaults=DEFAULTS, idempotency_key="new")
+    other = build_message("orders.created", {"n": 2}, defaults=DEFAULTS, idempotency_key="new")
+    store.stage_insert(job="k", partition=0, attempt=1, first_seq=0, rows=[clash, other])
+    with pytest.raises(IdempotencyConflict):
+        store.stage_publish(job="k", winners=[(0, 1)], key_prefix="t:", chunk=100)
+    assert len(broker.pending("orders", limit=100)) == 6

@@ -16,10 +16,10 @@ from functools import cache
 from typing import Any
 
 import pyarrow as pa
-from psycopg.rows import dict_row
 
 from sqlbroker.core.errors import (
     ConnectionLost,
+    IdempotencyConflict,
     InvalidOption,
     SchemaError,
     SqlbrokerError,
@@ -41,11 +41,10 @@ from sqlbroker.spark.storage.columns import (
     StagedKeys,
     check_table,
     columns_of,
+    content_hash,
     fill_columns,
-    publish_staged,
-    stage_params,
 )
-from sqlbroker.storage.base import Backend, InsertResult, Lease
+from sqlbroker.storage.base import Backend, Lease
 from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -53,6 +52,25 @@ _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 _NO_ID = -(2**63)
 _ANY_ID = 2**63 - 1
+_UNLIMITED = 2**62  # no copy limit on a staged publish (the broker's max_copies unset)
+_STAGE_TYPES = (
+    "text",
+    "integer",
+    "bigint",
+    "integer",
+    "text",
+    "bytea",
+    "text",
+    "text",
+    "smallint",
+    "text",
+    "text",
+    "text",
+    "integer",
+    "float8",
+    "timestamptz",
+)
+_CORE_BLOCKS = ("message_insert_routing", "key_lock", "dedupe_get")
 
 
 @cache
@@ -61,6 +79,14 @@ def _queries(schema: str | None) -> dict[str, str]:
         raise InvalidOption("schema", "must be a lowercase SQL identifier")
     qualifier = "" if schema is None else f'"{schema}".'
     return fill_columns(load_blocks("sqlbroker.spark.storage", "postgres.sql", schema=qualifier))
+
+
+@cache
+def _core_queries(schema: str | None) -> dict[str, str]:
+    """The broker's own statements that the staged publish completes its own with."""
+    qualifier = "" if schema is None else f'"{schema}".'
+    blocks = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=qualifier)
+    return {name: blocks[name] for name in _CORE_BLOCKS}
 
 
 def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
@@ -87,6 +113,8 @@ class PostgresSparkStore:
         self._backend = backend
         self._url = url
         self._sql = _queries(schema)
+        self._core = _core_queries(schema)
+        self._channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
 
     @contextmanager
     def _arrow(self) -> Iterator[Any]:
@@ -148,12 +176,34 @@ class PostgresSparkStore:
     def stage_insert(
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
     ) -> int:
-        params = stage_params(
-            job=job, partition=partition, attempt=attempt, first_seq=first_seq, rows=rows, now=None
-        )
-        with self._tx() as conn, conn.cursor() as cursor:
-            cursor.executemany(self._sql["stage_insert"], params)
-        return len(params)
+        staged_at = self._backend.now()
+        with (
+            self._tx() as conn,
+            conn.cursor() as cursor,
+            cursor.copy(self._sql["stage_copy"]) as copy,
+        ):
+            copy.set_types(_STAGE_TYPES)
+            for index, message in enumerate(rows):
+                copy.write_row(
+                    (
+                        job,
+                        partition,
+                        attempt,
+                        first_seq + index,
+                        message.topic,
+                        message.payload,
+                        message.content_type,
+                        message.headers,
+                        message.priority,
+                        message.ordering_key,
+                        message.idempotency_key,
+                        content_hash(message),
+                        message.max_attempts,
+                        message.dedupe_window,
+                        staged_at,
+                    )
+                )
+        return len(rows)
 
     def stage_publish(
         self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
@@ -167,53 +217,85 @@ class PostgresSparkStore:
                     "attempts": [w[1] for w in winners],
                 },
             ).fetchall()
-
-        def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
-            with self._tx() as conn:
-                rows: list[Any] = (
-                    conn.cursor(row_factory=dict_row)
-                    .execute(
-                        self._sql["stage_page"],
-                        {
-                            "job_id": job,
-                            "partition_id": partition,
-                            "attempt": attempt,
-                            "after_seq": after,
-                            "limit": limit,
-                        },
-                    )
-                    .fetchall()
-                )
-            return rows
-
-        def publish_page(
-            messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
-        ) -> InsertResult:
-            with self._tx() as conn:
-                result = self._backend.message_insert_many(
-                    messages=messages, subscription=None, conn=conn
-                )
-                conn.execute(
-                    self._sql["stage_delete_page"],
-                    {
-                        "job_id": job,
-                        "partition_id": partition,
-                        "attempt": attempt,
-                        "upto_seq": upto,
-                    },
-                )
-            return result
-
-        published = publish_staged(
-            winners=winners,
-            keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
-            chunk=chunk,
-            read_page=read_page,
-            publish_page=publish_page,
-        )
+        keys = StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated])
+        published = duplicates = unrouted = 0
+        for partition, attempt in sorted(winners):
+            after = -1
+            while True:
+                page = {
+                    "job_id": job,
+                    "partition_id": partition,
+                    "attempt": attempt,
+                    "after_seq": after,
+                    "upto_seq": after + chunk,
+                    "key_prefix": key_prefix,
+                    "now": None,
+                }
+                size, fresh, routed = self._publish_page(page, keys, repeated=bool(repeated))
+                published += fresh
+                duplicates += size - fresh
+                unrouted += routed
+                if size < chunk:
+                    break
+                after += chunk
         with self._tx() as conn:  # what the losing attempts staged
             conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return published
+        return Published(published=published, duplicates=duplicates, unrouted=unrouted)
+
+    def _publish_page(
+        self, page: dict[str, Any], keys: StagedKeys, *, repeated: bool
+    ) -> tuple[int, int, int]:
+        """Publish one page of staged rows (``after_seq < seq <= upto_seq``) and delete
+        them, in one transaction: ``(rows in the page, published, unrouted)``."""
+        with self._tx() as conn:
+            conn.execute(self._sql["publish_settings"])
+            counted: list[tuple[int, str]] = []
+            if repeated:
+                rows = conn.execute(
+                    self._sql["stage_page_repeated"],
+                    {**page, "topics": keys.topics, "hashes": keys.hashes},
+                ).fetchall()
+                counted = [(int(seq), keys.key(topic, digest)) for seq, topic, digest in rows]
+            page = {**page, "key_seqs": [c[0] for c in counted], "keys": [c[1] for c in counted]}
+            row = conn.execute(self._sql["stage_page_reserve"], page).fetchone()
+            assert row is not None
+            size, seqs, ids, ordering_keys, topics, taken_keys, hashes = row[:7]
+            repeat_topic, repeat_key, repeat_id = row[7:]
+            if taken_keys:
+                conn.execute(self._sql["publish_settings_reset"])
+                existing = {
+                    (topic, key): (str(message_id), digest)
+                    for topic, key, message_id, digest in conn.execute(
+                        self._core["dedupe_get"], {"topic": topics, "idempotency_key": taken_keys}
+                    )
+                }
+                for topic, key, digest in zip(topics, taken_keys, hashes, strict=True):
+                    found = existing.get((topic, key))
+                    if found is not None and found[1] != digest:
+                        raise IdempotencyConflict(topic, key, found[0])
+                    if (topic, key) == (repeat_topic, repeat_key) and found is not None:
+                        repeat_id = found[0]
+            if repeat_topic is not None:
+                raise IdempotencyConflict(repeat_topic, repeat_key, repeat_id)
+            routed = 0
+            if seqs:
+                if ordering_keys:
+                    conn.execute(self._core["key_lock"], {"keys": ordering_keys})
+                result = conn.execute(
+                    self._sql["stage_page_insert"] + self._core["message_insert_routing"],
+                    {
+                        **page,
+                        "seqs": seqs,
+                        "ids": ids,
+                        "subscription": None,
+                        "queue_regex": None,
+                        "channel": self._channel,
+                        "max_copies": _UNLIMITED,
+                    },
+                ).fetchone()
+                routed = int(result[0]) if result else 0
+            conn.execute(self._sql["stage_delete_page"], {**page, "upto_seq": page["upto_seq"]})
+        return int(size), len(seqs), routed
 
     def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         deleted = 0
