@@ -396,7 +396,8 @@ class PostgresSparkStore:
 
     def export_commit(self, *, run: ExportRun) -> None:
         with self._tx() as conn:
-            archived = conn.execute(
+            archived = self._export_drop_days(conn, run)
+            archived += conn.execute(
                 self._sql["export_delete_archive"],
                 {"cutoff": run.cutoff, "max_id": run.archive_max_id},
             ).rowcount
@@ -421,6 +422,41 @@ class PostgresSparkStore:
                     "now": None,
                 },
             )
+
+    def _export_drop_days(self, conn: Any, run: ExportRun) -> int:
+        """Drop the archive's daily partitions that lie wholly before the cutoff and hold
+        no row past the run's id watermark (a row that arrived after the export read);
+        return how many exported rows went with them. The rest of the range (the default
+        partition, the day of the cutoff, a day that could not be dropped now) is left to
+        the row delete that follows."""
+        conn.execute(self._sql["export_lock"])
+        parts = conn.execute(self._sql["export_partitions"], {"cutoff": run.cutoff}).fetchall()
+        whole = sorted(
+            ((upper, name, int(rows), int(max_id)) for name, rows, max_id, upper in parts),
+            key=lambda part: (part[0] is None, part[0] or _LATEST),
+        )
+        # Every day before the cutoff, up to the first that holds a row past the watermark
+        # (a day without rows there holds no row at all: it goes too).
+        drop_before: datetime | None = run.cutoff
+        previous = None
+        for upper, _name, _rows, max_id in whole:
+            if upper is None:
+                continue
+            if max_id > run.archive_max_id:
+                drop_before = previous
+                break
+            previous = upper
+        if drop_before is None:
+            return 0
+        conn.execute(self._sql["export_drop_days"], {"drop_before": drop_before})
+        dropped = 0
+        for upper, name, rows, _max_id in whole:
+            if upper is None or upper > drop_before:
+                break
+            row = conn.execute(self._sql["export_partition_exists"], {"name": name}).fetchone()
+            if row is not None and not row[0]:
+                dropped += rows
+        return dropped
 
     def export_done(self, *, run_id: str) -> bool:
         with self._tx() as conn:

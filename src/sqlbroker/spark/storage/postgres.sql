@@ -302,3 +302,39 @@ b AS (
     FROM t, page p
     JOIN unnest(%(seqs)s::integer[], %(ids)s::uuid[]) AS n(seq, message_id) ON n.seq = p.seq
 ),
+
+-- ---------------------------------------------------------------------------------------
+-- The export's delete by partition (issue 25 item 5): whole days of the time-partitioned
+-- archive (migration 0013) are dropped, not deleted row by row.
+
+-- name: export_lock
+-- No archive row may enter (a completion) between counting the exported range and
+-- removing it; readers go on. Held until the export's transaction ends (well under a
+-- second: counting, dropping whole days, deleting what is left).
+LOCK TABLE {schema}sqlbroker_archive IN SHARE ROW EXCLUSIVE MODE
+
+-- name: export_partitions
+-- Per partition holding rows of the exported range: its rows there, its largest id, and
+-- its upper bound (NULL for the default partition and for one that reaches the cutoff,
+-- which therefore also holds rows that are not exported).
+SELECT p.name, p.rows, p.max_id,
+       CASE WHEN p.upper <= %(cutoff)s THEN p.upper END
+FROM (
+    SELECT a.tableoid::regclass::text AS name, count(*) AS rows, max(a.id) AS max_id,
+           substring(pg_catalog.pg_get_expr(c.relpartbound, c.oid)
+                     FROM 'TO \(''([^'']*)''\)')::timestamptz AS upper
+    FROM {schema}sqlbroker_archive a
+    JOIN pg_catalog.pg_class c ON c.oid = a.tableoid
+    WHERE a.finished_at < %(cutoff)s
+    GROUP BY a.tableoid, c.oid, c.relpartbound
+) p
+
+-- name: export_drop_days
+-- Drop the daily partitions that end at or before drop_before (the migration's
+-- maintenance function: it runs as the owner, skips a day it cannot lock at once, and a
+-- tenant-bound caller's days that hold rows); returns how many it dropped.
+SELECT ({schema}sqlbroker_archive_maintain(NULL, 0, %(drop_before)s))[2]
+
+-- name: export_partition_exists
+SELECT to_regclass(%(name)s) IS NOT NULL
+
