@@ -84,6 +84,7 @@ def stream(url: str, rows: int, max_batch: int, work: str) -> dict[str, Any]:
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -111,11 +112,16 @@ def stream(url: str, rows: int, max_batch: int, work: str) -> dict[str, Any]:
                 raise RuntimeError(str(query.exception()))
             time.sleep(0.2)
     seconds = time.perf_counter() - started
+    progress = [
+        {"batch": p["batchId"], "rows": p["numInputRows"], "ms": p["durationMs"]}
+        for p in query.recentProgress
+        if p["numInputRows"]
+    ]
     batches = len(query.recentProgress)
     query.stop()
     written = spark.read.parquet(f"{work}/out").count()
     spark.stop()
-    return {"seconds": seconds, "handled": written, "micro_batches": batches}
+    return {"seconds": seconds, "handled": written, "micro_batches": batches, "batches": progress}
 
 
 def main() -> None:
@@ -206,6 +212,17 @@ def main() -> None:
             f" {run['msg_per_s']:,} | {run['handled']:,} | {run.get('micro_batches', '')} |"
             f" {run['load_average']:.1f} |"
         )
+    lines += [
+        "",
+        "Spark's own time per micro-batch with rows (ms, from `query.recentProgress`):",
+        "",
+    ]
+    for run in results["runs"]:
+        for batch in run.get("batches", []):
+            phases = ", ".join(f"{k} {v:,}" for k, v in sorted(batch["ms"].items()))
+            lines.append(
+                f"- {run['backend']} batch {batch['batch']} ({batch['rows']:,} rows): {phases}"
+            )
     out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
