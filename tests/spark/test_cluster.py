@@ -284,7 +284,7 @@ def test_a_stream_whose_executor_then_driver_are_killed_loses_nothing(
         _kill_an_executor(cluster, job)
         _wait_until(acked(3000), job)
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        job.communicate()
         assert broker.backend.table_counts().get("sqlbroker_message", 0) > 0, "drained already"
 
         done = _submit(
