@@ -179,6 +179,10 @@ class StandaloneCluster:
             "spark.sql.shuffle.partitions=2",
             "--conf",
             "spark.sql.session.timeZone=UTC",
+            # A Python worker must connect back within this (default 15 s): on a loaded
+            # test machine its start alone has taken longer.
+            "--conf",
+            "spark.python.authenticate.socketTimeout=120s",
             "--conf",
             f"spark.pyspark.python={sys.executable}",
             "--conf",

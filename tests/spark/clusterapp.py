@@ -1,7 +1,8 @@
 """Jobs that the cluster tests submit with ``spark-submit --master spark://…``.
 
     clusterapp.py write URL COUNT TOPIC          publish COUNT rows as messages
-    clusterapp.py stream URL SUBSCRIPTION SINK   stream the subscription into Parquet until
+    clusterapp.py stream URL SUBSCRIPTION SINK [CHECKPOINT [MAX_BATCH]]
+                                                 stream the subscription into Parquet until
                                                  it is drained, then stop
 
 Prints ``done`` on success, else ``error: …`` (exit status 1).
@@ -22,16 +23,23 @@ def write(spark: SparkSession, url: str, count: int, topic: str) -> None:
     frame.write.format("sqlbroker").option("url", url).option("topic", topic).mode("append").save()
 
 
-def stream(spark: SparkSession, url: str, subscription: str, sink: str) -> None:
+def stream(
+    spark: SparkSession,
+    url: str,
+    subscription: str,
+    sink: str,
+    checkpoint: str | None = None,
+    max_batch: str = "2000",
+) -> None:
     query = (
         spark.readStream.format("sqlbroker")
         .option("url", url)
         .option("subscription", subscription)
-        .option("max_batch", "2000")
+        .option("max_batch", max_batch)
         .load()
         .writeStream.format("parquet")
         .option("path", sink)
-        .option("checkpointLocation", tempfile.mkdtemp(prefix="checkpoint-"))
+        .option("checkpointLocation", checkpoint or tempfile.mkdtemp(prefix="checkpoint-"))
         .trigger(processingTime="200 milliseconds")
         .start()
     )
@@ -50,7 +58,7 @@ def main() -> int:
         if command == "write":
             write(spark, url, int(rest[0]), rest[1])
         else:
-            stream(spark, url, rest[0], rest[1])
+            stream(spark, url, *rest)
     except Exception as error:
         print(f"error: {type(error).__name__}: {error}")
         return 1

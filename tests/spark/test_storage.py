@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -157,3 +157,103 @@ def test_export_commit_deletes_exactly_or_nothing(
     store.export_commit(run=right)
     assert broker.archive(limit=100) == []
     assert store.export_done(run_id="r2")
+
+
+def test_a_staged_publish_keeps_the_brokers_rules(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """Issue 28 item 5: on PostgreSQL the staged rows are published by SQL alone (no payload
+    through the driver); the messages must be the broker's own: its payload hash (a later
+    publish with the same key is a duplicate, with another payload a conflict), its message
+    ids, ordering keys and routing (an unrouted row archived), a key repeated in one page
+    with another payload refused."""
+    broker.subscribe("orders", "orders.#")
+    store = _spark(broker, backend_url)
+    keyed = [
+        build_message("orders.created", {"n": n}, defaults=DEFAULTS, idempotency_key=f"o-{n}")
+        for n in range(3)
+    ]
+    ordered = [
+        build_message("orders.paid", {"n": n}, defaults=DEFAULTS, key="customer-1")
+        for n in range(3)
+    ]
+    repeat = build_message("orders.created", {"n": 0}, defaults=DEFAULTS, idempotency_key="o-0")
+    stray = build_message("audit.created", {"n": 9}, defaults=DEFAULTS)
+    store.stage_insert(
+        job="j", partition=0, attempt=1, first_seq=0, rows=[*keyed, repeat, *ordered, stray]
+    )
+    result = store.stage_publish(job="j", winners=[(0, 1)], key_prefix="t:", chunk=100)
+    assert (result.published, result.duplicates, result.unrouted) == (7, 1, 1)
+    pending = broker.pending("orders", limit=100)
+    assert len(pending) == 6
+    assert {str(m.message_id)[14] for m in pending} == {"7"}  # UUID version 7
+    assert sorted(m.state for m in pending if m.topic == "orders.paid") == [
+        "available",
+        "blocked",
+        "blocked",
+    ]
+    again = broker.publish("orders.created", {"n": 1}, idempotency_key="o-1")
+    assert again in {m.message_id for m in pending}
+    with pytest.raises(IdempotencyConflict):
+        broker.publish("orders.created", {"n": 5}, idempotency_key="o-2")
+
+    clash = build_message("orders.created", {"n": 1}, defaults=DEFAULTS, idempotency_key="new")
+    other = build_message("orders.created", {"n": 2}, defaults=DEFAULTS, idempotency_key="new")
+    store.stage_insert(job="k", partition=0, attempt=1, first_seq=0, rows=[clash, other])
+    with pytest.raises(IdempotencyConflict):
+        store.stage_publish(job="k", winners=[(0, 1)], key_prefix="t:", chunk=100)
+    assert len(broker.pending("orders", limit=100)) == 6
+
+
+def _partition_exists(url: str, day: datetime) -> bool:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f"sqlbroker_archive_p{day:%Y%m%d}",)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_the_export_removes_whole_days_of_the_partitioned_archive(pg_url: str) -> None:
+    """Issue 25 item 5: on PostgreSQL the export drops the archive's daily partitions that it
+    exported whole instead of deleting their rows; a day holding a row that arrived after
+    the export read it (past the id watermark) keeps that row, and goes with the next run."""
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    days = [today - timedelta(days=n) for n in (3, 2, 1)]
+
+    def archive_at(at: datetime, count: int, *, maintain: bool = False) -> None:
+        with sqlbroker.Broker(pg_url, clock=sqlbroker.ManualClock(at)) as broker:
+            if maintain:
+                broker.subscribe("q", "q.#")
+                broker.backend.archive_partitions_maintain(ahead=4, keep=366 * 86400.0)
+            broker.publish_many([{"topic": "q.x", "payload": n} for n in range(count)])
+            broker.complete(broker.claim("q", limit=count))
+
+    archive_at(days[0] + timedelta(hours=1), 3, maintain=True)
+    archive_at(days[1] + timedelta(hours=1), 3)
+    archive_at(days[2] + timedelta(hours=1), 3)
+    with sqlbroker.Broker(pg_url) as broker:
+        broker.subscribe("q", "q.#")
+        broker.publish_many([{"topic": "q.x", "payload": n} for n in range(2)])
+        broker.complete(broker.claim("q", limit=2))
+        store = _spark(broker, pg_url)
+        found = store.id_range(where=SparkRowFilter(table="archive", until=today))
+        assert found is not None
+        assert found.count == 9
+        archive_at(days[1] + timedelta(hours=2), 1)  # late: past the watermark
+        store.export_commit(run=ExportRun("r1", today, found.high, 0, 9, 0))
+        assert [_partition_exists(pg_url, day) for day in days] == [False, True, True]
+        assert len(broker.archive(limit=100)) == 1 + 2
+
+        found = store.id_range(where=SparkRowFilter(table="archive", until=today))
+        assert found is not None
+        assert found.count == 1
+        store.export_commit(run=ExportRun("r2", today, found.high, 0, 1, 0))
+        assert [_partition_exists(pg_url, day) for day in [*days, today]] == [
+            False,
+            False,
+            False,
+            True,
+        ]
+        assert len(broker.archive(limit=100)) == 2

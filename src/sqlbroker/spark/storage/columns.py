@@ -215,16 +215,30 @@ class StagedKeys:
         self._prefix = key_prefix
         self._seen = dict.fromkeys(repeated, 0)
 
+    @property
+    def topics(self) -> list[str]:
+        """The topics of the repeated contents (with :attr:`hashes`, one pair each)."""
+        return [slot[0] for slot in self._seen]
+
+    @property
+    def hashes(self) -> list[str]:
+        return [slot[1] for slot in self._seen]
+
+    def key(self, topic: str, digest: str) -> str:
+        """The key of the next row (in partition and row order) without a key of its own
+        with this topic and content hash."""
+        slot = (topic, digest)
+        occurrence = self._seen.get(slot, 0)
+        if slot in self._seen:
+            self._seen[slot] = occurrence + 1
+        return f"{self._prefix}{digest}.{occurrence}"
+
     def messages(self, rows: Iterable[Mapping[str, Any]]) -> list[NewMessage]:
         messages = []
         for row in rows:
             key = row["idempotency_key"]
             if key is None:
-                slot = (row["topic"], row["content_hash"])
-                occurrence = self._seen.get(slot, 0)
-                if slot in self._seen:
-                    self._seen[slot] = occurrence + 1
-                key = f"{self._prefix}{row['content_hash']}.{occurrence}"
+                key = self.key(row["topic"], row["content_hash"])
             payload = bytes(row["payload"])
             messages.append(
                 NewMessage(

@@ -16,10 +16,10 @@ from functools import cache
 from typing import Any
 
 import pyarrow as pa
-from psycopg.rows import dict_row
 
 from sqlbroker.core.errors import (
     ConnectionLost,
+    IdempotencyConflict,
     InvalidOption,
     SchemaError,
     SqlbrokerError,
@@ -41,12 +41,11 @@ from sqlbroker.spark.storage.columns import (
     StagedKeys,
     check_table,
     columns_of,
+    content_hash,
     fill_columns,
-    publish_staged,
-    stage_params,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult, Lease, Settlement
+from sqlbroker.storage.base import Lease, Settlement
 from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -54,6 +53,25 @@ _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 _NO_ID = -(2**63)
 _ANY_ID = 2**63 - 1
+_UNLIMITED = 2**62  # no copy limit on a staged publish (the broker's max_copies unset)
+_STAGE_TYPES = (
+    "text",
+    "integer",
+    "bigint",
+    "integer",
+    "text",
+    "bytea",
+    "text",
+    "text",
+    "smallint",
+    "text",
+    "text",
+    "text",
+    "integer",
+    "float8",
+    "timestamptz",
+)
+_CORE_BLOCKS = ("message_insert_routing", "key_lock", "dedupe_get")
 
 
 @cache
@@ -62,6 +80,14 @@ def _queries(schema: str | None) -> dict[str, str]:
         raise InvalidOption("schema", "must be a lowercase SQL identifier")
     qualifier = "" if schema is None else f'"{schema}".'
     return fill_columns(load_blocks("sqlbroker.spark.storage", "postgres.sql", schema=qualifier))
+
+
+@cache
+def _core_queries(schema: str | None) -> dict[str, str]:
+    """The broker's own statements that the staged publish completes its own with."""
+    qualifier = "" if schema is None else f'"{schema}".'
+    blocks = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=qualifier)
+    return {name: blocks[name] for name in _CORE_BLOCKS}
 
 
 def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
@@ -88,6 +114,8 @@ class PostgresSparkStore:
         self._backend = backend
         self._url = url
         self._sql = _queries(schema)
+        self._core = _core_queries(schema)
+        self._channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
 
     @contextmanager
     def _arrow(self) -> Iterator[Any]:
@@ -149,12 +177,34 @@ class PostgresSparkStore:
     def stage_insert(
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
     ) -> int:
-        params = stage_params(
-            job=job, partition=partition, attempt=attempt, first_seq=first_seq, rows=rows, now=None
-        )
-        with self._tx() as conn, conn.cursor() as cursor:
-            cursor.executemany(self._sql["stage_insert"], params)
-        return len(params)
+        staged_at = self._backend.now()
+        with (
+            self._tx() as conn,
+            conn.cursor() as cursor,
+            cursor.copy(self._sql["stage_copy"]) as copy,
+        ):
+            copy.set_types(_STAGE_TYPES)
+            for index, message in enumerate(rows):
+                copy.write_row(
+                    (
+                        job,
+                        partition,
+                        attempt,
+                        first_seq + index,
+                        message.topic,
+                        message.payload,
+                        message.content_type,
+                        message.headers,
+                        message.priority,
+                        message.ordering_key,
+                        message.idempotency_key,
+                        content_hash(message),
+                        message.max_attempts,
+                        message.dedupe_window,
+                        staged_at,
+                    )
+                )
+        return len(rows)
 
     def stage_publish(
         self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
@@ -168,51 +218,85 @@ class PostgresSparkStore:
                     "attempts": [w[1] for w in winners],
                 },
             ).fetchall()
-
-        def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
-            with self._tx() as conn:
-                rows: list[Any] = (
-                    conn.cursor(row_factory=dict_row)
-                    .execute(
-                        self._sql["stage_page"],
-                        {
-                            "job_id": job,
-                            "partition_id": partition,
-                            "attempt": attempt,
-                            "after_seq": after,
-                            "limit": limit,
-                        },
-                    )
-                    .fetchall()
-                )
-            return rows
-
-        def publish_page(
-            messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
-        ) -> InsertResult:
-            with self._backend.begin(timed=False) as tx:
-                result = tx.message_insert_many(messages=messages, subscription=None)
-                tx.connection.execute(
-                    self._sql["stage_delete_page"],
-                    {
-                        "job_id": job,
-                        "partition_id": partition,
-                        "attempt": attempt,
-                        "upto_seq": upto,
-                    },
-                )
-            return result
-
-        published = publish_staged(
-            winners=winners,
-            keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
-            chunk=chunk,
-            read_page=read_page,
-            publish_page=publish_page,
-        )
+        keys = StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated])
+        published = duplicates = unrouted = 0
+        for partition, attempt in sorted(winners):
+            after = -1
+            while True:
+                page = {
+                    "job_id": job,
+                    "partition_id": partition,
+                    "attempt": attempt,
+                    "after_seq": after,
+                    "upto_seq": after + chunk,
+                    "key_prefix": key_prefix,
+                    "now": None,
+                }
+                size, fresh, routed = self._publish_page(page, keys, repeated=bool(repeated))
+                published += fresh
+                duplicates += size - fresh
+                unrouted += routed
+                if size < chunk:
+                    break
+                after += chunk
         with self._tx() as conn:  # what the losing attempts staged
             conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return published
+        return Published(published=published, duplicates=duplicates, unrouted=unrouted)
+
+    def _publish_page(
+        self, page: dict[str, Any], keys: StagedKeys, *, repeated: bool
+    ) -> tuple[int, int, int]:
+        """Publish one page of staged rows (``after_seq < seq <= upto_seq``) and delete
+        them, in one transaction: ``(rows in the page, published, unrouted)``."""
+        with self._tx() as conn:
+            conn.execute(self._sql["publish_settings"])
+            counted: list[tuple[int, str]] = []
+            if repeated:
+                rows = conn.execute(
+                    self._sql["stage_page_repeated"],
+                    {**page, "topics": keys.topics, "hashes": keys.hashes},
+                ).fetchall()
+                counted = [(int(seq), keys.key(topic, digest)) for seq, topic, digest in rows]
+            page = {**page, "key_seqs": [c[0] for c in counted], "keys": [c[1] for c in counted]}
+            row = conn.execute(self._sql["stage_page_reserve"], page).fetchone()
+            assert row is not None
+            size, seqs, ids, ordering_keys, topics, taken_keys, hashes = row[:7]
+            repeat_topic, repeat_key, repeat_id = row[7:]
+            if taken_keys:
+                conn.execute(self._sql["publish_settings_reset"])
+                existing = {
+                    (topic, key): (str(message_id), digest)
+                    for topic, key, message_id, digest in conn.execute(
+                        self._core["dedupe_get"], {"topic": topics, "idempotency_key": taken_keys}
+                    )
+                }
+                for topic, key, digest in zip(topics, taken_keys, hashes, strict=True):
+                    found = existing.get((topic, key))
+                    if found is not None and found[1] != digest:
+                        raise IdempotencyConflict(topic, key, found[0])
+                    if (topic, key) == (repeat_topic, repeat_key) and found is not None:
+                        repeat_id = found[0]
+            if repeat_topic is not None:
+                raise IdempotencyConflict(repeat_topic, repeat_key, repeat_id)
+            routed = 0
+            if seqs:
+                if ordering_keys:
+                    conn.execute(self._core["key_lock"], {"keys": ordering_keys})
+                result = conn.execute(
+                    self._sql["stage_page_insert"] + self._core["message_insert_routing"],
+                    {
+                        **page,
+                        "seqs": seqs,
+                        "ids": ids,
+                        "subscription": None,
+                        "queue_regex": None,
+                        "channel": self._channel,
+                        "max_copies": _UNLIMITED,
+                    },
+                ).fetchone()
+                routed = int(result[0]) if result else 0
+            conn.execute(self._sql["stage_delete_page"], {**page, "upto_seq": page["upto_seq"]})
+        return int(size), len(seqs), routed
 
     def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         deleted = 0
@@ -314,7 +398,8 @@ class PostgresSparkStore:
 
     def export_commit(self, *, run: ExportRun) -> None:
         with self._tx() as conn:
-            archived = conn.execute(
+            archived = self._export_drop_days(conn, run)
+            archived += conn.execute(
                 self._sql["export_delete_archive"],
                 {"cutoff": run.cutoff, "max_id": run.archive_max_id},
             ).rowcount
@@ -339,6 +424,41 @@ class PostgresSparkStore:
                     "now": None,
                 },
             )
+
+    def _export_drop_days(self, conn: Any, run: ExportRun) -> int:
+        """Drop the archive's daily partitions that lie wholly before the cutoff and hold
+        no row past the run's id watermark (a row that arrived after the export read);
+        return how many exported rows went with them. The rest of the range (the default
+        partition, the day of the cutoff, a day that could not be dropped now) is left to
+        the row delete that follows."""
+        conn.execute(self._sql["export_lock"])
+        parts = conn.execute(self._sql["export_partitions"], {"cutoff": run.cutoff}).fetchall()
+        whole = sorted(
+            ((upper, name, int(rows), int(max_id)) for name, rows, max_id, upper in parts),
+            key=lambda part: (part[0] is None, part[0] or _LATEST),
+        )
+        # Every day before the cutoff, up to the first that holds a row past the watermark
+        # (a day without rows there holds no row at all: it goes too).
+        drop_before: datetime | None = run.cutoff
+        previous = None
+        for upper, _name, _rows, max_id in whole:
+            if upper is None:
+                continue
+            if max_id > run.archive_max_id:
+                drop_before = previous
+                break
+            previous = upper
+        if drop_before is None:
+            return 0
+        conn.execute(self._sql["export_drop_days"], {"drop_before": drop_before})
+        dropped = 0
+        for upper, name, rows, _max_id in whole:
+            if upper is None or upper > drop_before:
+                break
+            row = conn.execute(self._sql["export_partition_exists"], {"name": name}).fetchone()
+            if row is not None and not row[0]:
+                dropped += rows
+        return dropped
 
     def export_done(self, *, run_id: str) -> bool:
         with self._tx() as conn:

@@ -87,6 +87,18 @@ WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s AND attempt = %(at
 ORDER BY seq
 LIMIT %(limit)s
 
+-- name: publish_settings
+-- For the transaction of one published page. A page of thousands of messages makes the
+-- planner's estimates of the publish statement (unnest, a window, fan-out) large enough
+-- to JIT-compile it: 0.8 s of compiling for a statement that runs in 0.05 s. And the
+-- staging table's statistics lag its rows (a write fills it in seconds): estimated at one
+-- row, the page's CTEs were joined by nested loops, 5,000 x 5,000 comparisons.
+SELECT set_config('jit', 'off', true), set_config('enable_nestloop', 'off', true)
+
+-- name: publish_settings_reset
+-- Before the lookup of keys already taken: an index lookup in the dedupe table.
+SELECT set_config('enable_nestloop', 'on', true)
+
 -- name: stage_delete_page
 DELETE FROM {schema}sqlbroker_spark_stage
 WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s AND attempt = %(attempt)s
@@ -168,3 +180,161 @@ SELECT i.database_id || ':' || c.system_identifier::text || ':' || d.oid::text
 FROM {schema}sqlbroker_identity i
 CROSS JOIN pg_control_system() c
 JOIN pg_database d ON d.datname = current_database()
+
+-- ---------------------------------------------------------------------------------------
+-- The write's fast path (issue 28 item 5): tasks COPY their rows into the staging table;
+-- the driver publishes a page of a task attempt with two statements that never bring a
+-- payload back to Python (reserve the keys, then insert with the broker's own routing).
+
+-- name: stage_copy
+COPY {schema}sqlbroker_spark_stage (
+    job_id, partition_id, attempt, seq, topic, payload, content_type, headers, priority,
+    ordering_key, idempotency_key, content_hash, max_attempts, dedupe_window, staged_at
+) FROM STDIN (FORMAT BINARY)
+
+-- name: stage_page_rows
+-- (A fragment.) One page of a task attempt's staged rows with their idempotency keys: the
+-- row's own, else the one the driver counted for a content staged more than once (k),
+-- else the job's prefix, the content hash and occurrence 0 (see StagedKeys).
+SELECT s.seq, s.topic, s.priority, s.ordering_key, s.payload, s.content_type, s.headers,
+       s.max_attempts, s.dedupe_window,
+       coalesce(s.idempotency_key, k.key, %(key_prefix)s || s.content_hash || '.0')
+           AS idempotency_key
+FROM {schema}sqlbroker_spark_stage s
+LEFT JOIN unnest(%(key_seqs)s::integer[], %(keys)s::text[]) AS k(seq, key) ON k.seq = s.seq
+WHERE s.job_id = %(job_id)s AND s.partition_id = %(partition_id)s AND s.attempt = %(attempt)s
+  AND s.seq > %(after_seq)s AND s.seq <= %(upto_seq)s
+
+-- name: stage_page_repeated
+-- The rows of a page without a key whose content the job staged more than once.
+SELECT s.seq, s.topic, s.content_hash
+FROM {schema}sqlbroker_spark_stage s
+JOIN unnest(%(topics)s::text[], %(hashes)s::text[]) AS r(topic, content_hash)
+  ON r.topic = s.topic AND r.content_hash = s.content_hash
+WHERE s.job_id = %(job_id)s AND s.partition_id = %(partition_id)s AND s.attempt = %(attempt)s
+  AND s.seq > %(after_seq)s AND s.seq <= %(upto_seq)s AND s.idempotency_key IS NULL
+ORDER BY s.seq
+
+-- name: stage_page_reserve
+-- Reserve the idempotency keys of a page, as dedupe_reserve does (a key is free once it
+-- has expired; the payload hash is storage/rows.py's payload_hash), with new message ids
+-- in core/message.py's layout (a UUID version 7: milliseconds, then random bits).
+-- Returns the page's size; the reserved rows (seq, message id) and their ordering keys;
+-- the rows whose key was taken (topic, key, payload hash: the caller checks them with
+-- dedupe_get); the first key the page repeats with another payload, and its first id.
+-- Every join here is between the page's own CTEs (publish_settings: hash joins).
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+page AS MATERIALIZED (
+-- include: stage_page_rows
+),
+hashed AS (
+    SELECT h.*, first_value(h.payload_hash) OVER w AS first_hash, row_number() OVER w AS nth
+    FROM (
+        SELECT p.seq, p.topic, p.idempotency_key, p.ordering_key, p.dedupe_window,
+               encode(sha256(convert_to(p.content_type, 'UTF8') || '\x00'::bytea
+                             || p.payload), 'hex') AS payload_hash
+        FROM page p
+    ) h
+    WINDOW w AS (PARTITION BY h.topic, h.idempotency_key ORDER BY h.seq)
+),
+first AS MATERIALIZED (
+    SELECT seq, topic, idempotency_key, ordering_key, dedupe_window, payload_hash,
+           encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+               PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                                 FROM 3)
+               FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS message_id
+    FROM hashed
+    WHERE nth = 1
+),
+reserved AS (
+    INSERT INTO {schema}sqlbroker_dedupe AS d (
+        topic, idempotency_key, message_id, payload_hash, created_at, expires_at
+    )
+    SELECT f.topic, f.idempotency_key, f.message_id, f.payload_hash, t.now,
+           t.now + make_interval(secs => f.dedupe_window)
+    FROM first f, t
+    ORDER BY f.topic, f.idempotency_key
+    ON CONFLICT (topic, idempotency_key, tenant) DO UPDATE
+        SET message_id = excluded.message_id,
+            payload_hash = excluded.payload_hash,
+            created_at = excluded.created_at,
+            expires_at = excluded.expires_at
+        WHERE d.expires_at <= excluded.created_at
+    RETURNING message_id
+),
+fresh AS MATERIALIZED (
+    SELECT f.seq, f.ordering_key, f.message_id
+    FROM first f JOIN reserved r ON r.message_id = f.message_id
+),
+taken AS MATERIALIZED (
+    SELECT f.seq, f.topic, f.idempotency_key, f.payload_hash
+    FROM first f
+    WHERE NOT EXISTS (SELECT 1 FROM reserved r WHERE r.message_id = f.message_id)
+),
+repeat AS MATERIALIZED (
+    SELECT topic, idempotency_key FROM hashed WHERE payload_hash <> first_hash
+    ORDER BY seq LIMIT 1
+)
+SELECT (SELECT count(*) FROM page),
+       ARRAY(SELECT seq FROM fresh ORDER BY seq),
+       ARRAY(SELECT message_id::text FROM fresh ORDER BY seq),
+       ARRAY(SELECT DISTINCT ordering_key FROM fresh WHERE ordering_key IS NOT NULL ORDER BY 1),
+       ARRAY(SELECT topic FROM taken ORDER BY seq),
+       ARRAY(SELECT idempotency_key FROM taken ORDER BY seq),
+       ARRAY(SELECT payload_hash FROM taken ORDER BY seq),
+       (SELECT topic FROM repeat),
+       (SELECT idempotency_key FROM repeat),
+       (SELECT f.message_id::text FROM first f, repeat r
+        WHERE f.topic = r.topic AND f.idempotency_key = r.idempotency_key)
+
+-- name: stage_page_insert
+-- The reserved rows of a page as the batch (b) of the broker's publish statement, which
+-- stage_publish completes with the broker's own message_insert_routing (one home for the
+-- routing rules): copies to every matching subscription, unrouted rows archived.
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+page AS MATERIALIZED (
+-- include: stage_page_rows
+),
+b AS (
+    SELECT p.seq::bigint AS seq, n.message_id, p.topic, p.priority, p.ordering_key,
+           p.idempotency_key, p.payload, p.content_type, p.headers, p.max_attempts, t.now,
+           t.now AS ready_at, NULL::timestamptz AS expire_at
+    FROM t, page p
+    JOIN unnest(%(seqs)s::integer[], %(ids)s::uuid[]) AS n(seq, message_id) ON n.seq = p.seq
+),
+
+-- ---------------------------------------------------------------------------------------
+-- The export's delete by partition (issue 25 item 5): whole days of the time-partitioned
+-- archive (migration 0013) are dropped, not deleted row by row.
+
+-- name: export_lock
+-- No archive row may enter (a completion) between counting the exported range and
+-- removing it; readers go on. Held until the export's transaction ends (well under a
+-- second: counting, dropping whole days, deleting what is left).
+LOCK TABLE {schema}sqlbroker_archive IN SHARE ROW EXCLUSIVE MODE
+
+-- name: export_partitions
+-- Per partition holding rows of the exported range: its rows there, its largest id, and
+-- its upper bound (NULL for the default partition and for one that reaches the cutoff,
+-- which therefore also holds rows that are not exported).
+SELECT p.name, p.rows, p.max_id,
+       CASE WHEN p.upper <= %(cutoff)s THEN p.upper END
+FROM (
+    SELECT a.tableoid::regclass::text AS name, count(*) AS rows, max(a.id) AS max_id,
+           substring(pg_catalog.pg_get_expr(c.relpartbound, c.oid)
+                     FROM 'TO \(''([^'']*)''\)')::timestamptz AS upper
+    FROM {schema}sqlbroker_archive a
+    JOIN pg_catalog.pg_class c ON c.oid = a.tableoid
+    WHERE a.finished_at < %(cutoff)s
+    GROUP BY a.tableoid, c.oid, c.relpartbound
+) p
+
+-- name: export_drop_days
+-- Drop the daily partitions that end at or before drop_before (the migration's
+-- maintenance function: it runs as the owner, skips a day it cannot lock at once, and a
+-- tenant-bound caller's days that hold rows); returns how many it dropped.
+SELECT ({schema}sqlbroker_archive_maintain(NULL, 0, %(drop_before)s))[2]
+
+-- name: export_partition_exists
+SELECT to_regclass(%(name)s) IS NOT NULL
+
