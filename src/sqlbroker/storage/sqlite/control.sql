@@ -27,12 +27,12 @@ SELECT m.id, m.message_id, m.subscription, m.topic, 'cancelled', m.priority, m.o
        m.replay_count, m.enqueued_at, m.first_started_at, :now
 FROM sqlbroker_message m
 JOIN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key) l ON l.id = m.id AND l.token = m.lease_token
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key) l ON l.id = m.id AND l.token = m.lease_token
 WHERE m.state = 'running'
 ORDER BY m.id;
 DELETE FROM sqlbroker_message
 WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key)
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state
 
 -- name: lease_expired_cancelled

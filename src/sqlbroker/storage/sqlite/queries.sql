@@ -52,7 +52,7 @@ WHERE (topic, idempotency_key) IN (
 -- name: subscription_patterns_insert
 INSERT INTO sqlbroker_subscription_pattern (subscription, pattern, regex)
 SELECT :name, p.value, r.value
-FROM json_each(:patterns) p JOIN json_each(:regexes) r ON r.key = p.key
+FROM json_each(:patterns) p CROSS JOIN (SELECT key, value FROM json_each(:regexes) LIMIT -1) r ON r.key = p.key
 WHERE true
 ON CONFLICT (subscription, pattern) DO NOTHING
 
@@ -114,7 +114,7 @@ WHERE id IN (
             ORDER BY b.id
             LIMIT 1)
     FROM (SELECT DISTINCT js.value AS subscription, jk.value AS ordering_key
-          FROM json_each(:subscriptions) js JOIN json_each(:keys) jk ON jk.key = js.key) k
+          FROM json_each(:subscriptions) js CROSS JOIN (SELECT key, value FROM json_each(:keys) LIMIT -1) jk ON jk.key = js.key) k
     WHERE NOT EXISTS (
         SELECT 1 FROM sqlbroker_message o
         WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
@@ -155,10 +155,10 @@ SET state = CASE WHEN b.after > 0 THEN 'scheduled' ELSE 'available' END,
 FROM (SELECT i.value AS id, t.value AS token, a.value AS after, e.value AS last_error,
              s.value AS snooze
       FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key
-      JOIN json_each(:afters) a ON a.key = i.key
-      JOIN json_each(:errors) e ON e.key = i.key
-      JOIN json_each(:snoozes) s ON s.key = i.key) b
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:afters) LIMIT -1) a ON a.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:errors) LIMIT -1) e ON e.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:snoozes) LIMIT -1) s ON s.key = i.key) b
 WHERE b.id = sqlbroker_message.id AND b.token = sqlbroker_message.lease_token
   AND sqlbroker_message.state = 'running'
 RETURNING sqlbroker_message.id
@@ -167,7 +167,7 @@ RETURNING sqlbroker_message.id
 UPDATE sqlbroker_message
 SET lease_expires_at = :now + :lease
 FROM (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key) l
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key) l
 WHERE sqlbroker_message.id = l.id AND sqlbroker_message.lease_token = l.token
   AND sqlbroker_message.state = 'running'
 RETURNING sqlbroker_message.id, sqlbroker_message.lease_expires_at
@@ -180,7 +180,7 @@ SET state = 'available',
     lease_expires_at = NULL,
     worker = NULL
 FROM (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key) l
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key) l
 WHERE sqlbroker_message.id = l.id AND sqlbroker_message.lease_token = l.token
   AND sqlbroker_message.state = 'running'
 RETURNING sqlbroker_message.id
@@ -219,16 +219,16 @@ FROM sqlbroker_message m
 JOIN (SELECT i.value AS id, t.value AS token, r.value AS reason, et.value AS error_type,
              em.value AS error_message, tb.value AS traceback
       FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key
-      JOIN json_each(:reasons) r ON r.key = i.key
-      JOIN json_each(:error_types) et ON et.key = i.key
-      JOIN json_each(:error_messages) em ON em.key = i.key
-      JOIN json_each(:tracebacks) tb ON tb.key = i.key) b ON b.id = m.id AND b.token = m.lease_token
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:reasons) LIMIT -1) r ON r.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:error_types) LIMIT -1) et ON et.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:error_messages) LIMIT -1) em ON em.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:tracebacks) LIMIT -1) tb ON tb.key = i.key) b ON b.id = m.id AND b.token = m.lease_token
 WHERE m.state = 'running'
 ORDER BY m.id;
 DELETE FROM sqlbroker_message
 WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key)
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state
 
 -- name: message_cancel
@@ -301,7 +301,7 @@ RETURNING id, subscription, ordering_key, state
 -- the hot table, returning what promote_heads needs.
 DELETE FROM sqlbroker_message
 WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            JOIN json_each(:tokens) t ON t.key = i.key)
+                            CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state
 
 -- name: leased_archive_completed
@@ -316,7 +316,7 @@ SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
        enqueued_at, first_started_at, :now
 FROM sqlbroker_message
 WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            JOIN json_each(:tokens) t ON t.key = i.key)
+                            CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 
 -- name: message_complete
 -- Two statements, as in message_dead: the copies of valid leases are archived, then deleted.
@@ -337,8 +337,8 @@ SELECT m.id, m.message_id, m.subscription, CAST(v.value AS BLOB), :now
 FROM sqlbroker_message m
 JOIN (SELECT i.value AS id, t.value AS token, jv.value AS value
       FROM json_each(:ids) i
-      JOIN json_each(:tokens) t ON t.key = i.key
-      JOIN json_each(:values) jv ON jv.key = i.key) v ON v.id = m.id AND v.token = m.lease_token
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+      CROSS JOIN (SELECT key, value FROM json_each(:values) LIMIT -1) jv ON jv.key = i.key) v ON v.id = m.id AND v.token = m.lease_token
 WHERE m.state = 'running' AND v.value IS NOT NULL
 ORDER BY m.id;
 -- include: leased_archive_completed

@@ -13,7 +13,7 @@ RETURNING id
 -- :names and :compensate are JSON arrays of the same length, in step order.
 INSERT INTO sqlbroker_saga_step (saga_id, idx, name, compensate, status)
 SELECT :saga_id, n.key, n.value, c.value, 'pending'
-FROM json_each(:names) n JOIN json_each(:compensate) c ON c.key = n.key
+FROM json_each(:names) n CROSS JOIN (SELECT key, value FROM json_each(:compensate) LIMIT -1) c ON c.key = n.key
 ORDER BY n.key
 
 -- name: saga_get
