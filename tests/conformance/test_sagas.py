@@ -35,9 +35,7 @@ def _settle(broker: sqlbroker.Broker, delivery: Delivery, move: str, *args: Any)
     backend = broker.backend
     saga_id, index = delivery.payload["saga_id"], delivery.payload["step"]
     with backend.begin() as tx:
-        moved: bool = getattr(sagas, move)(
-            tx.connection, saga_id, index, delivery.message_id, *args
-        )
+        moved: bool = getattr(sagas, move)(tx, saga_id, index, delivery.message_id, *args)
         assert tx.message_settle_many(settlements=[Settlement.complete(Lease.of(delivery))])
     return moved
 
@@ -164,13 +162,11 @@ def test_transitions_happen_once_however_often_a_message_comes(
     saga_id = clocked_broker.sagas.start(CHECKOUT, {})
     delivery = _claim(clocked_broker, "reserve")
     sagas = clocked_broker.sagas
-    with clocked_broker.backend.begin() as conn_tx:
-        conn = conn_tx.connection
-        assert sagas.action_done(conn, saga_id, 0, delivery.message_id, "1", 1)
-    with clocked_broker.backend.begin() as conn_tx:
-        conn = conn_tx.connection
-        assert not sagas.action_done(conn, saga_id, 0, delivery.message_id, "2", 1)
-        assert not sagas.action_failed(conn, saga_id, 0, delivery.message_id, "late", 1)
+    with clocked_broker.backend.begin() as tx:
+        assert sagas.action_done(tx, saga_id, 0, delivery.message_id, "1", 1)
+    with clocked_broker.backend.begin() as tx:
+        assert not sagas.action_done(tx, saga_id, 0, delivery.message_id, "2", 1)
+        assert not sagas.action_failed(tx, saga_id, 0, delivery.message_id, "late", 1)
     saga = sagas.get(saga_id)
     assert saga.status is SagaStatus.RUNNING
     assert saga.step == 1

@@ -32,9 +32,7 @@ import json
 import logging
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -65,13 +63,6 @@ _DONE_LIKE = (StepStatus.DONE,)
 
 class SagaMoved(SqlbrokerError):
     """A saga changed under a transition that held its lock (a bug, or a lock not held)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Txn:
-    """The transaction a transition runs in: the seam's ``tx``."""
-
-    tx: Tx
 
 
 WORKER_AGE = 60.0
@@ -165,23 +156,19 @@ class Sagas:
             self._checked.add(saga.name)
             handled = self._handled() if self._handled is not None else ()
             warn_unhandled(self._backend, saga, handled, when="started")
-        if conn is not None:
-            with self._begin(conn) as txn:
-                self._start(txn, saga, new)
-        else:
-            with self._begin(None) as txn:
-                self._start(txn, saga, new)
+        with self._backend.begin(conn) as tx:  # the caller's connection, adapted once
+            self._start(tx, saga, new)
         return new.id
 
-    @contextmanager
-    def _begin(self, conn: Any) -> Iterator[_Txn]:
-        """A transition's transaction: the caller's ``conn``, or (``None``) one of our own."""
-        with self._backend.begin(conn) as tx:
-            yield _Txn(tx)
+    @property
+    def backend(self) -> Backend:
+        """The backend whose ``begin(conn)`` adapts a caller's connection into the ``Tx``
+        the transitions below run in."""
+        return self._backend
 
-    def _start(self, txn: _Txn, saga: Saga, new: NewSaga) -> None:
-        if not txn.tx.saga_insert(saga=new):
-            found = txn.tx.saga_get(id=new.id, steps=False)
+    def _start(self, tx: Tx, saga: Saga, new: NewSaga) -> None:
+        if not tx.saga_insert(saga=new):
+            found = tx.saga_get(id=new.id, steps=False)
             if found is None:  # deleted between the two statements: not ours to recreate
                 raise SagaConflict(new.id, "and removed meanwhile")
             if found.name != saga.name:
@@ -190,9 +177,9 @@ class Sagas:
                 raise SagaConflict(new.id, "with different data")
             return
         first = saga.steps[0]
-        message_id = self._send(txn, saga.name, first.name, new.id, 0)
-        txn.tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
-        self._update(txn, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
+        message_id = self._send(tx, saga.name, first.name, new.id, 0)
+        tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
+        self._update(tx, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
@@ -218,14 +205,14 @@ class Sagas:
         """Turn a running saga back: what is done gets compensated (the step in flight
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
-        with self._begin(None) as txn:
-            saga = txn.tx.saga_get(id=_checked_id(saga_id), lock=True)
+        with self._backend.begin() as tx:
+            saga = tx.saga_get(id=_checked_id(saga_id), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
             if saga.status != SagaStatus.RUNNING:
                 return False
             self._update(
-                txn,
+                tx,
                 saga,
                 SagaStatus.COMPENSATING,
                 saga.step,
@@ -247,12 +234,11 @@ class Sagas:
         """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
         separately, by the runtime's write-back)."""
         with self._backend.begin() as tx:
-            return self.undo_failed(tx.connection, saga_id, index, message_id, reason, attempt)
+            return self.undo_failed(tx, saga_id, index, message_id, reason, attempt)
 
-    def lock(self, conn: Any, saga_id: str) -> SagaInstance | None:
-        """The saga read under its lock inside ``conn``'s transaction (which holds it)."""
-        with self._backend.begin(conn) as tx:
-            return tx.saga_get(id=saga_id, lock=True)
+    def lock(self, tx: Tx, saga_id: str) -> SagaInstance | None:
+        """The saga read under its lock inside ``tx`` (which holds it)."""
+        return tx.saga_get(id=saga_id, lock=True)
 
     @staticmethod
     def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
@@ -289,81 +275,76 @@ class Sagas:
         return "stale"
 
     def action_done(
-        self, conn: Any, saga_id: str, index: int, message_id: str, output: str, attempt: int
+        self, tx: Tx, saga_id: str, index: int, message_id: str, output: str, attempt: int
     ) -> bool:
         """Record step ``index`` done with ``output`` (JSON text) and move on; False if the
         message was stale and nothing changed."""
-        with self._begin(conn) as txn:
-            saga = txn.tx.saga_get(id=saga_id, lock=True)
-            if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
-                return False
-            assert saga is not None
-            txn.tx.saga_step_update(
-                saga_id=saga_id,
-                index=index,
-                status=StepStatus.DONE,
-                attempts=attempt,
-                output=output,
-            )
-            if saga.status == SagaStatus.COMPENSATING:
-                self._turn_back(txn, self._relock(txn, saga_id), index, saga.error)
-                return True
-            if index + 1 < len(saga.steps):
-                step = saga.steps[index + 1]
-                next_id = self._send(txn, saga.name, step.name, saga_id, index + 1)
-                txn.tx.saga_step_update(saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING)
-                self._update(txn, saga, SagaStatus.RUNNING, index + 1, None, next_id)
-            else:
-                self._update(txn, saga, SagaStatus.COMPLETED, index, None, None)
+        saga = tx.saga_get(id=saga_id, lock=True)
+        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+            return False
+        assert saga is not None
+        tx.saga_step_update(
+            saga_id=saga_id,
+            index=index,
+            status=StepStatus.DONE,
+            attempts=attempt,
+            output=output,
+        )
+        if saga.status == SagaStatus.COMPENSATING:
+            self._turn_back(tx, self._relock(tx, saga_id), index, saga.error)
             return True
+        if index + 1 < len(saga.steps):
+            step = saga.steps[index + 1]
+            next_id = self._send(tx, saga.name, step.name, saga_id, index + 1)
+            tx.saga_step_update(saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING)
+            self._update(tx, saga, SagaStatus.RUNNING, index + 1, None, next_id)
+        else:
+            self._update(tx, saga, SagaStatus.COMPLETED, index, None, None)
+        return True
 
     def action_failed(
-        self, conn: Any, saga_id: str, index: int, message_id: str, reason: str, attempt: int
+        self, tx: Tx, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
         """Record step ``index`` failed for good and turn the saga back."""
-        with self._begin(conn) as txn:
-            saga = txn.tx.saga_get(id=saga_id, lock=True)
-            if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
-                return False
-            assert saga is not None
-            self._fail_step(txn, saga, reason, attempt)
-            return True
+        saga = tx.saga_get(id=saga_id, lock=True)
+        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+            return False
+        assert saga is not None
+        self._fail_step(tx, saga, reason, attempt)
+        return True
 
-    def action_skipped(self, conn: Any, saga_id: str, index: int, message_id: str) -> bool:
+    def action_skipped(self, tx: Tx, saga_id: str, index: int, message_id: str) -> bool:
         """The saga turned back before step ``index``'s action ran: it never will."""
-        with self._begin(conn) as txn:
-            saga = txn.tx.saga_get(id=saga_id, lock=True)
-            if self.action_verdict(saga, index, message_id) != "skip":
-                return False
-            assert saga is not None
-            txn.tx.saga_step_update(saga_id=saga_id, index=index, status=StepStatus.CANCELLED)
-            self._turn_back(txn, self._relock(txn, saga_id), index - 1, saga.error)
-            return True
+        saga = tx.saga_get(id=saga_id, lock=True)
+        if self.action_verdict(saga, index, message_id) != "skip":
+            return False
+        assert saga is not None
+        tx.saga_step_update(saga_id=saga_id, index=index, status=StepStatus.CANCELLED)
+        self._turn_back(tx, self._relock(tx, saga_id), index - 1, saga.error)
+        return True
 
-    def undo_done(self, conn: Any, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
+    def undo_done(self, tx: Tx, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
         """Record step ``index`` compensated and turn back to the step below."""
-        with self._begin(conn) as txn:
-            saga = txn.tx.saga_get(id=saga_id, lock=True)
-            if self.undo_verdict(saga, index, message_id) != "run":
-                return False
-            assert saga is not None
-            txn.tx.saga_step_update(
-                saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
-            )
-            self._turn_back(txn, self._relock(txn, saga_id), index - 1, saga.error)
-            return True
+        saga = tx.saga_get(id=saga_id, lock=True)
+        if self.undo_verdict(saga, index, message_id) != "run":
+            return False
+        assert saga is not None
+        tx.saga_step_update(
+            saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
+        )
+        self._turn_back(tx, self._relock(tx, saga_id), index - 1, saga.error)
+        return True
 
     def undo_failed(
-        self, conn: Any, saga_id: str, index: int, message_id: str, reason: str, attempt: int
+        self, tx: Tx, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
         """Record the compensation of step ``index`` failed for good: the saga ``failed``."""
-        with self._begin(conn) as txn:
-            saga = txn.tx.saga_get(id=saga_id, lock=True)
-            if self.undo_verdict(saga, index, message_id) != "run":
-                return False
-            assert saga is not None
-            self._fail_undo(txn, saga, reason, attempt)
-            return True
+        saga = tx.saga_get(id=saga_id, lock=True)
+        if self.undo_verdict(saga, index, message_id) != "run":
+            return False
+        assert saga is not None
+        self._fail_undo(tx, saga, reason, attempt)
+        return True
 
     # --- the sweeper ---------------------------------------------------------------------------
 
@@ -374,32 +355,32 @@ class Sagas:
         moved = 0
         for due in self._backend.saga_due(limit=limit):
             try:
-                with self._begin(None) as txn:
-                    saga = txn.tx.saga_get(id=due.id, lock=True)
+                with self._backend.begin() as tx:
+                    saga = tx.saga_get(id=due.id, lock=True)
                     if saga is None or saga.version != due.version or saga.status.terminal:
                         continue
-                    self._sweep_one(txn, saga, due.dead_reason, due.expired)
+                    self._sweep_one(tx, saga, due.dead_reason, due.expired)
                     moved += 1
             except SqlbrokerError as error:
                 log.warning("sweeping saga %s failed: %s", due.id, error)
         return moved
 
     def _sweep_one(
-        self, txn: _Txn, saga: SagaInstance, dead_reason: str | None, expired: bool
+        self, tx: Tx, saga: SagaInstance, dead_reason: str | None, expired: bool
     ) -> None:
         step = saga.steps[saga.step]
         if dead_reason is not None:
             why = f"its message was dead-lettered: {dead_reason}"
             if step.status == StepStatus.RUNNING:
-                self._fail_step(txn, saga, why, step.attempts)
+                self._fail_step(tx, saga, why, step.attempts)
                 return
             if step.status == StepStatus.COMPENSATING:
-                self._fail_undo(txn, saga, why, step.attempts)
+                self._fail_undo(tx, saga, why, step.attempts)
                 return
         if expired and saga.status == SagaStatus.RUNNING:
             log.warning("saga %s (%s) timed out at step %s", saga.id, saga.name, step.name)
             self._update(
-                txn,
+                tx,
                 saga,
                 SagaStatus.COMPENSATING,
                 saga.step,
@@ -410,7 +391,7 @@ class Sagas:
         elif expired:
             log.error("saga %s (%s): compensations timed out", saga.id, saga.name)
             self._update(
-                txn,
+                tx,
                 saga,
                 SagaStatus.FAILED,
                 saga.step,
@@ -420,9 +401,9 @@ class Sagas:
 
     # --- shared moves ------------------------------------------------------------------------
 
-    def _fail_step(self, txn: _Txn, saga: SagaInstance, reason: str, attempt: int) -> None:
+    def _fail_step(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
         step = saga.steps[saga.step]
-        txn.tx.saga_step_update(
+        tx.saga_step_update(
             saga_id=saga.id,
             index=step.index,
             status=StepStatus.FAILED,
@@ -430,11 +411,11 @@ class Sagas:
             error=reason,
         )
         error = saga.error or f"step {step.name} failed: {reason}"
-        self._turn_back(txn, self._relock(txn, saga.id), step.index - 1, error)
+        self._turn_back(tx, self._relock(tx, saga.id), step.index - 1, error)
 
-    def _fail_undo(self, txn: _Txn, saga: SagaInstance, reason: str, attempt: int) -> None:
+    def _fail_undo(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
         step = saga.steps[saga.step]
-        txn.tx.saga_step_update(
+        tx.saga_step_update(
             saga_id=saga.id,
             index=step.index,
             status=StepStatus.COMPENSATION_FAILED,
@@ -449,7 +430,7 @@ class Sagas:
             reason,
         )
         self._update(
-            txn,
+            tx,
             saga,
             SagaStatus.FAILED,
             step.index,
@@ -457,17 +438,17 @@ class Sagas:
             saga.message_id,
         )
 
-    def _turn_back(self, txn: _Txn, saga: SagaInstance, below: int, error: str | None) -> None:
+    def _turn_back(self, tx: Tx, saga: SagaInstance, below: int, error: str | None) -> None:
         """Send the compensation of the highest compensating ``done`` step at or below
         ``below``; with none left, the saga is ``compensated``."""
         for step in reversed(saga.steps[: below + 1]):
             if step.status in _DONE_LIKE and step.compensate:
-                undo_id = self._send(txn, saga.name, step.name, saga.id, step.index, undo=True)
-                txn.tx.saga_step_update(
+                undo_id = self._send(tx, saga.name, step.name, saga.id, step.index, undo=True)
+                tx.saga_step_update(
                     saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING
                 )
                 self._update(
-                    txn,
+                    tx,
                     saga,
                     SagaStatus.COMPENSATING,
                     step.index,
@@ -476,17 +457,17 @@ class Sagas:
                     restart=saga.status != SagaStatus.COMPENSATING,
                 )
                 return
-        self._update(txn, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
+        self._update(tx, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
 
-    def _relock(self, txn: _Txn, saga_id: str) -> SagaInstance:
-        saga = txn.tx.saga_get(id=saga_id, lock=True)
+    def _relock(self, tx: Tx, saga_id: str) -> SagaInstance:
+        saga = tx.saga_get(id=saga_id, lock=True)
         if saga is None:
             raise SagaMoved(f"saga {saga_id} vanished inside its own transaction")
         return saga
 
     def _update(
         self,
-        txn: _Txn,
+        tx: Tx,
         saga: SagaInstance,
         status: SagaStatus,
         step: int,
@@ -495,7 +476,7 @@ class Sagas:
         *,
         restart: bool = False,
     ) -> None:
-        if not txn.tx.saga_update(
+        if not tx.saga_update(
             id=saga.id,
             version=saga.version,
             status=status,
@@ -508,7 +489,7 @@ class Sagas:
 
     def _send(
         self,
-        txn: _Txn,
+        tx: Tx,
         saga: str,
         step: str,
         saga_id: str,
@@ -522,7 +503,7 @@ class Sagas:
             {"saga_id": saga_id, "saga": saga, "step": index, "undo": undo},
             defaults=self._defaults,
         )
-        result = txn.tx.message_insert_many(messages=[message], subscription=queue)
+        result = tx.message_insert_many(messages=[message], subscription=queue)
         return result.message_ids[0]
 
 

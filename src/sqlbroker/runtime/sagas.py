@@ -37,6 +37,7 @@ from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
 from sqlbroker.core.sagas import Saga, SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.runtime.message import Message
+from sqlbroker.storage.seam import Tx
 
 log = logging.getLogger("sqlbroker.sagas")
 
@@ -137,7 +138,7 @@ class _StepRunner:
             return Sagas.undo_verdict(state, index, msg.id)
         return Sagas.action_verdict(state, index, msg.id)
 
-    def _context(self, state: SagaInstance, msg: Message, conn: Any = None) -> StepContext:
+    def _context(self, state: SagaInstance, msg: Message, conn: object = None) -> StepContext:
         if state.damaged is not None:
             raise DamagedSaga(f"saga {state.id} does not decode: {state.damaged}")
         return StepContext(
@@ -223,27 +224,31 @@ class _StepRunner:
     def _run_in_transaction(self, msg: Message, saga_id: str, index: int) -> None:
         sagas = self._sagas()
         with msg.transaction() as conn:
-            state = sagas.lock(conn, saga_id)
-            verdict = self._verdict(state, index, msg)
-            if verdict == "skip":  # turned back since it was read: the action never runs
-                self._transition(sagas, conn, msg, "skip", saga_id, index, None)
+            # The caller's connection adapted into the seam's Tx for our statements; the
+            # step function runs outside those savepoints, on ``conn`` itself.
+            with sagas.backend.begin(conn) as tx:
+                state = sagas.lock(tx, saga_id)
+                verdict = self._verdict(state, index, msg)
+                if verdict == "skip":  # turned back since it was read: the action never runs
+                    self._transition(sagas, tx, msg, "skip", saga_id, index, None)
             if verdict != "run":
                 return
             assert state is not None
             output = self._output(self._function(self._context(state, msg, conn)))
-            self._transition(sagas, conn, msg, "done", saga_id, index, output)
+            with sagas.backend.begin(conn) as tx:
+                self._transition(sagas, tx, msg, "done", saga_id, index, output)
 
     def _record(
         self, msg: Message, outcome: str, saga_id: str, index: int, detail: str | None
     ) -> None:
         sagas = self._sagas()
-        with msg.transaction() as conn:
-            self._transition(sagas, conn, msg, outcome, saga_id, index, detail)
+        with msg.transaction() as conn, sagas.backend.begin(conn) as tx:
+            self._transition(sagas, tx, msg, outcome, saga_id, index, detail)
 
     def _transition(
         self,
         sagas: Sagas,
-        conn: Any,
+        tx: Tx,
         msg: Message,
         outcome: str,
         saga_id: str,
@@ -251,13 +256,13 @@ class _StepRunner:
         detail: str | None,
     ) -> None:
         if outcome == "skip":
-            sagas.action_skipped(conn, saga_id, index, msg.id)
+            sagas.action_skipped(tx, saga_id, index, msg.id)
         elif outcome == "done" and self._undo:
-            sagas.undo_done(conn, saga_id, index, msg.id, msg.attempt)
+            sagas.undo_done(tx, saga_id, index, msg.id, msg.attempt)
         elif outcome == "done":
-            sagas.action_done(conn, saga_id, index, msg.id, detail or "null", msg.attempt)
+            sagas.action_done(tx, saga_id, index, msg.id, detail or "null", msg.attempt)
         else:
-            sagas.action_failed(conn, saga_id, index, msg.id, detail or "failed", msg.attempt)
+            sagas.action_failed(tx, saga_id, index, msg.id, detail or "failed", msg.attempt)
 
     def _failed(self, msg: Message, saga_id: str, index: int, error: Exception) -> None:
         """After the attempt that failed with ``error``: raise it for the retry policy's
