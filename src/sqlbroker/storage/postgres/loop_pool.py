@@ -53,10 +53,13 @@ class LoopPool:
     async def getconn(self) -> AsyncConn:
         """An idle connection that still looks usable, or a new one; ``PoolTimeout`` when
         ``size`` are in use for ``timeout`` seconds."""
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self._timeout)
-        except TimeoutError:
-            raise PoolTimeout(f"no connection within {self._timeout:g} s") from None
+        if self._slots.locked():  # all in use: wait, at most timeout seconds
+            try:
+                await asyncio.wait_for(self._slots.acquire(), self._timeout)
+            except TimeoutError:
+                raise PoolTimeout(f"no connection within {self._timeout:g} s") from None
+        else:
+            await self._slots.acquire()
         try:
             while self._idle:
                 conn = self._idle.pop()
