@@ -14,8 +14,8 @@ import time
 
 sys.path.insert(0, sys.argv[1])
 
-from sqlbroker import Broker  # noqa: E402
-from sqlbroker.storage.base import Lease, Settlement  # noqa: E402
+from sqlbroker import Broker
+from sqlbroker.storage.base import Lease, Settlement
 
 ROUNDS, BATCH = 7, 500
 broker = Broker(f"sqlite:///{tempfile.mkdtemp()}/pairing.db")
@@ -28,4 +28,6 @@ for _ in range(ROUNDS):
     started = time.perf_counter()
     backend.message_settle_many(settlements=[Settlement.complete(Lease.of(d)) for d in leased])
     times.append(time.perf_counter() - started)
-print(f"{sys.argv[1]}: settle {len(leased)} completes, median {statistics.median(times) * 1000:.1f} ms")
+print(
+    f"{sys.argv[1]}: settle {len(leased)} completes, median {statistics.median(times) * 1000:.1f} ms"
+)

@@ -354,7 +354,6 @@ OPTION_CASES = [
     ),
     Case("ordering-key-empty", send(1, key=""), "key", sqlbroker.InvalidName),
     Case("ordering-key-nul", send(1, key=NUL), "key", sqlbroker.InvalidName),
-    Case("unknown-send-many-option", lambda b, _: b.send_many("q", [1], colour="red"), "options"),
 ]
 
 BATCH_CASES = [

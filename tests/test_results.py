@@ -316,7 +316,7 @@ def test_the_async_face_matches_and_wakes(
             release.set()
             await asyncio.to_thread(run_until_idle, broker)
             found = await waiting
-            assert face.sync._results.fallback_polls == 0
+            assert face._results.fallback_polls == 0
             return found
 
     found = asyncio.run(main())

@@ -1,6 +1,6 @@
 """sqlbroker: a message broker that lives in the relational database you already run."""
 
-from sqlbroker.app import Broker
+from sqlbroker.app import AsyncBroker, Broker
 from sqlbroker.core.clock import Clock, DatabaseClock, ManualClock
 from sqlbroker.core.errors import (
     AuthenticationError,
@@ -59,7 +59,6 @@ from sqlbroker.core.sagas import (
 )
 from sqlbroker.core.schedules import Missed, Schedule
 from sqlbroker.features.processed import KeyInProgress, Once
-from sqlbroker.producer import AsyncBroker
 from sqlbroker.runtime import Message, Worker, WorkerCrashed
 from sqlbroker.runtime.sagas import StepContext
 

@@ -1,130 +1,53 @@
-"""The public ``Broker``: publishing and administration (L2) plus subscribers and the
-worker runtime (L3), composed here so that neither layer imports the one above it."""
+"""The public faces, :class:`Broker` (blocking) and :class:`AsyncBroker` (coroutines): one
+private base (:class:`~sqlbroker.producer.base.BrokerBase`: configuration, subscribers and
+every operation, written once) plus the worker runtime, composed here so that neither layer
+imports the one above it. The faces have the same members with the same signatures; they
+differ only in how an operation runs (a test compares them)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
-from sqlbroker.core.flow import Rate
+from sqlbroker.core.message import SubscriptionStats
 from sqlbroker.core.policies import RetryPolicy
+from sqlbroker.core.results import Result
 from sqlbroker.core.sagas import Saga
+from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
+from sqlbroker.features.faces import Awaiting, Blocking, Call, Part, Plan, operation
+from sqlbroker.features.processed import AsyncOnce, Once
 from sqlbroker.features.sagas import warn_unhandled
-from sqlbroker.features.subscribers import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_TIMEOUT,
-    AckMode,
-    DeadLetterHook,
-    SubscriberSpec,
-    make_spec,
-)
-from sqlbroker.producer.broker import Broker as _ProducerBroker
+from sqlbroker.features.schedules import ScheduleRun
+from sqlbroker.features.subscribers import DEFAULT_CONCURRENCY
+from sqlbroker.producer import inspection, publishing, scheduling
+from sqlbroker.producer.base import BrokerBase
+from sqlbroker.producer.consuming import worker_name
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT
 from sqlbroker.runtime.sagas import saga_handler
 from sqlbroker.runtime.worker import Worker
+from sqlbroker.storage.backend import Backend
 
 H = TypeVar("H", bound=Callable[..., Any])
 
 
-class Broker(_ProducerBroker):
-    """A message broker in your database: publish, consume, administer.
+class _Base(BrokerBase):
+    """What both faces add to the base: sagas' handlers and the worker."""
 
-    Declare consumers with :meth:`subscriber` and run them with :meth:`run` (blocking),
-    :meth:`run_async`, :meth:`run_until_idle` (scripts and tests) or the ``sqlbroker
-    worker module:broker`` command. Several worker processes on one database share the work.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.subscribers: dict[str, SubscriberSpec] = {}
-        self._saga_definitions: dict[str, Saga] = {}
-        self._worker: Worker | None = None
-        self._observers: list[WorkerObserver] = []
-
-    def _handled_queues(self) -> Collection[str]:
-        return self.subscribers.keys()
+    worker_name = staticmethod(worker_name)
+    _worker: Worker | None = None
+    """The worker :meth:`run` runs, while it does."""
 
     def add_observer(self, observer: WorkerObserver) -> None:
         """Subscribe ``observer`` to the lifecycle events of every worker this broker starts
         from now on (metrics, tracing and logging integrations use this)."""
         self._observers.append(observer)
-
-    def subscriber(
-        self,
-        name: str | None = None,
-        *,
-        topics: Sequence[str] | str | None = None,
-        queue: str | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        prefetch: int | None = None,
-        lease: float | timedelta | None = None,
-        timeout: float | timedelta | None = DEFAULT_TIMEOUT,
-        retry: RetryPolicy | None = None,
-        ack: AckMode = "auto",
-        on_dead_letter: DeadLetterHook | None = None,
-        max_running: int | None = None,
-        key_concurrency: int | None = None,
-        rate_limit: str | Rate | None = None,
-        key_rate_limit: str | Rate | None = None,
-        fair: bool | None = None,
-    ) -> Callable[[H], H]:
-        """Register the decorated function (``async def`` or plain ``def``) as the handler
-        of a subscription: ``topics=[patterns]`` for pub/sub (named ``name``, default the
-        function's name) or ``queue=name`` for point-to-point.
-
-        - ``concurrency``: handlers running at once in each worker process (plain functions
-          run in a thread pool, never on the event loop);
-        - ``prefetch``: extra messages claimed ahead of free slots, so that the next batch
-          is at hand when handlers finish. By default the worker sizes it from the handler's
-          recent run time: as many as finish within about 50 ms on the free slots, at least
-          the concurrency and at most 100, so fast handlers get one claim per batch and slow
-          ones hold no more leases than they can start soon;
-        - ``lease``: seconds a claim is held before redelivery (kept alive while running);
-        - ``timeout``: a handler running longer is cancelled and counts as failed
-          (default 300 s; ``None`` for no limit);
-        - ``retry``: a :class:`RetryPolicy` (default: the message's max attempts, 1 s
-          exponential backoff with full jitter, capped at 300 s);
-        - ``ack``: ``"auto"`` settles from the handler's result; ``"manual"`` leaves it to
-          ``msg.ack()``, ``msg.nack(after=…)`` or ``msg.reject(reason)``;
-        - ``on_dead_letter(msg, reason)``: called after a message was dead-lettered;
-        - flow limits, for the subscription as a whole across every worker and host
-          (docs/flow-control.md): ``max_running`` copies running at once,
-          ``key_concurrency`` per ordering key, ``rate_limit`` / ``key_rate_limit`` claims
-          per period (``"100/min"``), ``fair`` round-robin across ordering keys. When any
-          is given the worker sets exactly these at start (the others off); with none it
-          leaves the subscription's own (``Broker.set_flow``, ``sqlbroker flow``).
-        """
-
-        def register(handler: H) -> H:
-            spec = make_spec(
-                handler,
-                name=name,
-                topics=topics,
-                queue=queue,
-                concurrency=concurrency,
-                prefetch=prefetch,
-                lease=lease,
-                timeout=timeout,
-                retry=retry,
-                ack=ack,
-                on_dead_letter=on_dead_letter,
-                max_running=max_running,
-                key_concurrency=key_concurrency,
-                rate_limit=rate_limit,
-                key_rate_limit=key_rate_limit,
-                fair=fair,
-            )
-            if spec.name in self.subscribers:
-                raise SqlbrokerError(f"a subscriber for {spec.name!r} is already registered")
-            self.subscribers[spec.name] = spec
-            return handler
-
-        return register
 
     def saga_step(
         self,
@@ -225,14 +148,11 @@ class Broker(_ProducerBroker):
             known = ", ".join(self.subscribers) or "none"
             raise SqlbrokerError(f"no subscriber named {', '.join(unknown)} (registered: {known})")
         specs = [self.subscribers[name] for name in chosen]
-        for saga in self._saga_definitions.values():
-            if any(queue in chosen for queue in saga.queues()):
-                warn_unhandled(self.backend, saga, self.subscribers, when="this worker runs")
         if concurrency is not None:
             slots = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
             specs = [dataclasses.replace(spec, concurrency=slots) for spec in specs]
-        return Worker(
-            self,
+        worker = Worker(
+            _WorkerView(self),
             specs,
             grace=grace,
             reap_interval=reap_interval,
@@ -245,41 +165,241 @@ class Broker(_ProducerBroker):
             write_batch=write_batch,
             write_backlog=write_backlog,
         )
+        sagas = [s for s in self._saga_definitions.values() if set(s.queues()) & set(chosen)]
+        if sagas:
+            backend = self._ready()
+            for saga in sagas:
+                warn_unhandled(backend, saga, self.subscribers, when="this worker runs")
+        return worker
 
-    async def run_async(self, *, timeout: float | None = None, **options: Any) -> None:
-        """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT)."""
-        worker = self._worker = self.worker(**options)
-        self.add_publish_listener(worker.hint)
-        try:
-            await worker.run_async(timeout=timeout)
-        finally:
-            self.remove_publish_listener(worker.hint)
-            self._worker = None
+    @operation
+    def run(
+        self,
+        *,
+        timeout: float | None = None,
+        subscriptions: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        grace: float = 30.0,
+        reap_interval: float = 5.0,
+        poll_interval: float = 1.0,
+        install_signal_handlers: bool = True,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT,
+        schedules: bool = True,
+        listen: bool = True,
+        write_batch: int = 500,
+        write_backlog: int = 5000,
+    ) -> Plan[None]:
+        """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT, or
+        ``timeout`` seconds): blocking on ``Broker``, on the caller's loop on
+        ``AsyncBroker``. The options are :meth:`worker`'s."""
+        worker = self.worker(**_worker_options(locals()))
+        yield self._running(worker, until_idle=False, timeout=timeout)
 
-    def run(self, *, timeout: float | None = None, **options: Any) -> None:
-        """Blocking :meth:`run_async`."""
-        self._run_blocking(until_idle=False, timeout=timeout, options=options)
-
-    def run_until_idle(self, *, timeout: float | None = None, **options: Any) -> None:
+    @operation
+    def run_until_idle(
+        self,
+        *,
+        timeout: float | None = None,
+        subscriptions: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        grace: float = 30.0,
+        reap_interval: float = 5.0,
+        poll_interval: float = 1.0,
+        install_signal_handlers: bool = False,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT,
+        schedules: bool = True,
+        listen: bool = True,
+        write_batch: int = 500,
+        write_backlog: int = 5000,
+    ) -> Plan[None]:
         """Run until the subscriptions have no ready, scheduled or running messages left
         (or ``timeout`` seconds pass). For scripts and tests."""
-        options.setdefault("install_signal_handlers", False)
-        self._run_blocking(until_idle=True, timeout=timeout, options=options)
+        worker = self.worker(**_worker_options(locals()))
+        yield self._running(worker, until_idle=True, timeout=timeout)
 
-    def _run_blocking(
-        self, *, until_idle: bool, timeout: float | None, options: dict[str, Any]
-    ) -> None:
-        # The worker exists before its event loop does, so that a stop() called from
-        # another thread right after starting is remembered rather than lost.
-        worker = self._worker = self.worker(**options)
+    def _running(self, worker: Worker, *, until_idle: bool, timeout: float | None) -> Call:
+        """Run ``worker``: its own loop for the blocking face, the caller's for the other.
+        It exists before its loop does, so that a stop() from another thread right after
+        starting is remembered rather than lost."""
+        self._worker = worker
         self.add_publish_listener(worker.hint)
-        try:
-            worker.run(until_idle=until_idle, timeout=timeout)
-        finally:
+
+        def stopped() -> None:
             self.remove_publish_listener(worker.hint)
             self._worker = None
+
+        def run() -> None:
+            try:
+                worker.run(until_idle=until_idle, timeout=timeout)
+            finally:
+                stopped()
+
+        async def run_async() -> None:
+            try:
+                await worker.run_async(until_idle=until_idle, timeout=timeout)
+            finally:
+                stopped()
+
+        return Call("run", blocking=run, awaiting=run_async)
 
     def stop(self, *, now: bool = False) -> None:
         """Stop a running worker gracefully (or at once); safe from any thread or handler."""
         if self._worker is not None:
             self._worker.stop(now=now)
+
+
+class _WorkerView(Part, Blocking):
+    """What the worker needs of either face, blocking (it runs these on its threads)."""
+
+    def __init__(self, broker: BrokerBase) -> None:
+        super().__init__(broker)
+        self._base = broker
+        self.lease = broker.lease
+        self.publish_defaults = broker.publish_defaults
+
+    @property
+    def backend(self) -> Backend:
+        return self._ready()
+
+    def reap(self, *, limit: int = 1000) -> dict[str, int]:
+        return self._drive(inspection.reap(self._base, limit=limit))
+
+    def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any:
+        return self._drive(publishing.subscribe(self._base, name, patterns, replace=replace))
+
+    def stats(self) -> list[SubscriptionStats]:
+        return self._drive(inspection.stats(self._base))
+
+    def run_due_schedules(self) -> ScheduleRun:
+        return self._drive(scheduling.run_due_schedules(self._base))
+
+
+class Broker(_Base, Blocking):
+    """A message broker in your database: publish, consume, administer; each call returns
+    its result. :class:`AsyncBroker` has the same members as coroutines.
+
+    Declare consumers with :meth:`subscriber` and run them with :meth:`run`,
+    :meth:`run_until_idle` (scripts and tests) or the ``sqlbroker worker module:broker``
+    command. Several worker processes on one database share the work.
+    """
+
+    _dead_letters = DeadLetters
+    dead_letters: DeadLetters
+
+    def once(
+        self,
+        scope: str,
+        key: str | int,
+        *,
+        lease: float | timedelta | None = None,
+        window: float | timedelta | None = None,
+    ) -> Once:
+        """Run an effect outside the database once per ``key`` within ``window``:
+        ``with broker.once("charge", order_id) as first: if first: charge(…)``.
+
+        ``scope`` names the effect (a topic-like name), ``key`` the business key. The key
+        is reserved for ``lease`` seconds (default 60) while the block runs, and kept as
+        done for ``window`` (default: the broker's ``dedupe_window``) when it ends
+        normally; an exception releases it for the retry. A key another consumer holds
+        raises ``KeyInProgress``, which the runtime treats as a snooze. See
+        :mod:`sqlbroker.features.processed` for what it guarantees and what it cannot.
+        """
+        default = self._defaults.dedupe_window
+        return Once(self, scope, key, lease=lease, window=default if window is None else window)
+
+    def result(
+        self,
+        message_id: str,
+        *,
+        wait: float | timedelta = 0.0,
+        subscription: str | None = None,
+    ) -> Result | None:
+        """The result of the message's copy: what its handler returned (``value``), or the
+        error of a dead-lettered copy, or how it otherwise finished (docs/results.md).
+
+        Returns ``None`` while the copy is not finished — after waiting up to ``wait``
+        seconds for it, woken by a notification (PostgreSQL) or the change watcher
+        (SQLite). A message fanned out to several subscriptions has one result per copy:
+        name one with ``subscription`` (``InvalidOption`` lists them otherwise). An unknown
+        message, or one whose records are gone, raises ``NotFound``. Values are kept for
+        the broker's ``result_ttl``."""
+        return self._results.get(message_id, wait=wait, subscription=subscription)
+
+    def close(self) -> None:
+        """Close the broker's connections; ``with Broker(...) as broker:`` calls it."""
+        self._backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncBroker(_Base, Awaiting):
+    """The awaitable face: the same members as :class:`Broker`, each operation a coroutine
+    on the caller's event loop. On PostgreSQL it runs on psycopg's ``AsyncConnection``
+    (a pool per event loop), with no thread per call; SQLite has no async driver, so its
+    operations run on the backend's own thread.
+
+    ``async with AsyncBroker(url) as broker:`` closes the loop's connections when the
+    block ends (or ``await broker.close()``). Used from one ``asyncio.run()`` after another
+    without closing, a loop's connections are closed when the next loop first uses the
+    broker (and by ``close()``): they never pile up.
+    """
+
+    _dead_letters = AsyncDeadLetters
+    dead_letters: AsyncDeadLetters
+
+    def once(
+        self,
+        scope: str,
+        key: str | int,
+        *,
+        lease: float | timedelta | None = None,
+        window: float | timedelta | None = None,
+    ) -> AsyncOnce:
+        """``async with broker.once(scope, key) as first:``; see :meth:`Broker.once`."""
+        default = self._defaults.dedupe_window
+        return AsyncOnce(
+            self, scope, key, lease=lease, window=default if window is None else window
+        )
+
+    async def result(
+        self,
+        message_id: str,
+        *,
+        wait: float | timedelta = 0.0,
+        subscription: str | None = None,
+    ) -> Result | None:
+        """See :meth:`Broker.result`: the wait sleeps on the event loop, and is cancelled
+        with the calling task."""
+        return await self._results.get_async(
+            message_id, wait=wait, subscription=subscription, run=asyncio.to_thread
+        )
+
+    async def close(self) -> None:
+        """Close the broker's connections; ``async with AsyncBroker(...)`` calls it."""
+        await self._backend.close_async()
+        await asyncio.to_thread(self._backend.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _worker_options(arguments: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`_Base.worker`'s options among ``run``'s arguments (its ``locals()``)."""
+    return {name: value for name, value in arguments.items() if name not in ("self", "timeout")}

@@ -85,7 +85,7 @@ def test_header_hooks_apply_to_async_publishes(backend_url: str) -> None:
 
     async def scenario() -> list[dict[str, str]]:
         async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
-            broker.sync.add_header_hook(lambda: {"traceparent": "00-hook"})
+            broker.add_header_hook(lambda: {"traceparent": "00-hook"})
             await broker.send("q", 1)
             await broker.send("q", 2, headers={"traceparent": "00-own"})
             if backend_url.startswith("postgresql"):
@@ -108,7 +108,7 @@ def test_header_hooks_apply_to_async_publishes(backend_url: str) -> None:
 def test_headers_from_a_hook_are_validated(backend_url: str) -> None:
     async def scenario() -> None:
         async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
-            broker.sync.add_header_hook(lambda: {"a": 1})  # type: ignore[dict-item]
+            broker.add_header_hook(lambda: {"a": 1})  # type: ignore[dict-item]
             await broker.send("q", 1)
 
     with pytest.raises(sqlbroker.InvalidHeaders, match="header hook") as caught:

@@ -105,7 +105,7 @@ def test_async_publish_keeps_the_callers_context(
 ) -> None:
     async def main() -> str:
         async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
-            otel.instrument(broker.sync, tracer_provider=provider)
+            otel.instrument(broker, tracer_provider=provider)
             with provider.get_tracer("test").start_as_current_span("request") as request:
                 await broker.send("q", 1)
             (delivery,) = await broker.claim("q")

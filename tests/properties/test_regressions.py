@@ -131,7 +131,7 @@ def test_the_async_broker_refuses_batches_like_the_sync_one(backend_url: str) ->
 
     async def scenario() -> None:
         async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
-            before = broker.sync.backend.table_counts()
+            before = broker.backend.table_counts()
             for batch in (None, 5, "abc", {"topic": "t", "payload": 1}):
                 with pytest.raises(sqlbroker.InvalidOption) as caught:
                     await broker.publish_many(batch)  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def test_the_async_broker_refuses_batches_like_the_sync_one(backend_url: str) ->
                 with pytest.raises(sqlbroker.InvalidOption) as caught:
                     await broker.complete(junk)  # type: ignore[arg-type]
                 assert caught.value.field == "deliveries"
-            assert broker.sync.backend.table_counts() == before
+            assert broker.backend.table_counts() == before
             assert await broker.send_many("q", (p for p in [1, 2])) != []
 
     asyncio.run(scenario())

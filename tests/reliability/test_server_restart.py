@@ -240,7 +240,7 @@ def test_calls_after_a_server_restart_do_not_fail(own_server: OwnServer, mode: s
         async with sqlbroker.AsyncBroker(url) as broker:
             async with contextlib.AsyncExitStack() as stack:
                 for _ in range(idle):
-                    await stack.enter_async_context(broker.sync.backend.begin_async())
+                    await stack.enter_async_context(broker.backend.begin_async())
             own_server.server.restart(mode)
             for index in range(2 * idle):
                 try:

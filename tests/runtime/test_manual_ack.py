@@ -176,8 +176,9 @@ def test_settling_from_another_thread_is_thread_safe(
 
     ids = broker.send_many("jobs", [{"n": n} for n in range(1, 6)])
     options = {"install_signal_handlers": False, "poll_interval": 30.0, "reap_interval": 30.0}
+    worker = broker.worker(**options)
     runner = threading.Thread(
-        target=lambda: asyncio.run(broker.run_async(**options), debug=True), daemon=True
+        target=lambda: asyncio.run(worker.run_async(), debug=True), daemon=True
     )
     runner.start()
     try:
@@ -191,7 +192,7 @@ def test_settling_from_another_thread_is_thread_safe(
         )
         assert time.monotonic() - max(settled_at) < 3
     finally:
-        broker.stop()
+        worker.stop()
         runner.join(timeout=30)
         for timer in timers:
             timer.cancel()

@@ -122,7 +122,7 @@ def test_cancelling_run_async_shuts_down_gracefully(broker: sqlbroker.Broker) ->
     async def main() -> None:
         nonlocal started
         started = asyncio.Event()
-        task = asyncio.create_task(broker.run_async(install_signal_handlers=False))
+        task = asyncio.create_task(broker.worker(install_signal_handlers=False).run_async())
         await asyncio.wait_for(started.wait(), LIMIT)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -347,7 +347,7 @@ def test_a_cancelled_worker_does_not_block_the_loop_on_a_database_call_in_flight
         fallback.start()
 
         async def main() -> None:
-            task = asyncio.create_task(broker.run_async(install_signal_handlers=False))
+            task = asyncio.create_task(broker.worker(install_signal_handlers=False).run_async())
             await asyncio.to_thread(
                 wait_until, waiting_on_lock, timeout=LIMIT, what="the lock wait"
             )

@@ -30,7 +30,7 @@ from typing import Any
 
 from fastapi import Depends
 
-from sqlbroker.producer.async_broker import AsyncBroker
+from sqlbroker.app import AsyncBroker
 
 
 class Outbox:

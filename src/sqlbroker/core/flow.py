@@ -8,6 +8,7 @@ enforces them.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from collections.abc import Mapping
@@ -18,6 +19,16 @@ from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import Delivery
 
 MAX_CAP = 1_000_000
+
+
+class Keep(enum.Enum):
+    """The default of ``set_flow``'s limits: the limit not named stays as it is (``None``
+    removes it)."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
 """The largest ``max_running`` or ``key_concurrency``."""
 MAX_RATE_COUNT = 1_000_000_000
 MIN_RATE_PERIOD = 0.001

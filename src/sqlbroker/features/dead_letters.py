@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import builtins
 import getpass
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Awaiting, Blocking, Part, Plan, call, operation
 from sqlbroker.storage.base import DeadFilter
 
 
@@ -59,12 +59,10 @@ def make_filter(
     )
 
 
-class DeadLetters:
+class DeadLettersBase(Part):
     """``broker.dead_letters``: inspect and act on messages that failed for good."""
 
-    def __init__(self, backend: Callable[[], Backend]) -> None:
-        self._backend = backend
-
+    @operation
     def list(
         self,
         *,
@@ -76,7 +74,7 @@ class DeadLetters:
         dead_after: datetime | None = None,
         limit: int = 100,
         after_id: int | None = None,
-    ) -> list[DeadLetter]:
+    ) -> Plan[builtins.list[DeadLetter]]:
         """Dead letters matching every given filter, oldest first; page with ``after_id``.
 
         ``error_type`` matches the exception's stored name (``sqlbroker.Reject``,
@@ -93,16 +91,21 @@ class DeadLetters:
         limit = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
         if after_id is not None:
             after_id = validate.integer(after_id, "after_id", minimum=0, maximum=2**63 - 1)
-        return self._backend().dead_list(where=where, limit=limit, after_id=after_id)
+        found: builtins.list[DeadLetter] = yield call(
+            "dead_list", where=where, limit=limit, after_id=after_id
+        )
+        return found
 
-    def get(self, id: int) -> DeadLetter:
+    @operation
+    def get(self, id: int) -> Plan[DeadLetter]:
         """One dead letter by id; raises ``NotFound``."""
         validate.integer(id, "id", minimum=1, maximum=2**63 - 1)
-        found = self._backend().dead_get(id=id)
+        found: DeadLetter | None = yield call("dead_get", id=id)
         if found is None:
             raise NotFound(f"no dead letter with id {id}")
         return found
 
+    @operation
     def replay(
         self,
         ids: Iterable[int] | None = None,
@@ -116,17 +119,19 @@ class DeadLetters:
         all: bool = False,
         actor: str | None = None,
         note: str | None = None,
-    ) -> builtins.list[int]:
+    ) -> Plan[builtins.list[int]]:
         """Send dead letters back to their subscription with attempts reset and the replay
         counted. Returns the new delivery ids. With no ids and no filter, ``all=True`` is
         required, so that an empty call never replays everything by accident."""
         where = self._where(
             ids, subscription, topic, error_type, reason_contains, dead_before, dead_after, all
         )
-        return self._backend().dead_replay(
-            where=where, actor=self._actor(actor), note=self._note(note)
+        replayed: builtins.list[int] = yield call(
+            "dead_replay", where=where, actor=self._actor(actor), note=self._note(note)
         )
+        return replayed
 
+    @operation
     def purge(
         self,
         ids: Iterable[int] | None = None,
@@ -140,14 +145,15 @@ class DeadLetters:
         all: bool = False,
         actor: str | None = None,
         note: str | None = None,
-    ) -> int:
+    ) -> Plan[int]:
         """Delete dead letters for good; returns how many. Same selection rules as replay."""
         where = self._where(
             ids, subscription, topic, error_type, reason_contains, dead_before, dead_after, all
         )
-        return self._backend().dead_purge(
-            where=where, actor=self._actor(actor), note=self._note(note)
+        purged: int = yield call(
+            "dead_purge", where=where, actor=self._actor(actor), note=self._note(note)
         )
+        return purged
 
     @staticmethod
     def _where(
@@ -184,3 +190,11 @@ class DeadLetters:
     @staticmethod
     def _note(note: str | None) -> str | None:
         return None if note is None else validate.reason(note, "note")
+
+
+class DeadLetters(DeadLettersBase, Blocking):
+    """``Broker.dead_letters``: each call returns its result."""
+
+
+class AsyncDeadLetters(DeadLettersBase, Awaiting):
+    """``AsyncBroker.dead_letters``: each call is a coroutine."""

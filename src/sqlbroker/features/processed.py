@@ -41,7 +41,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidName, InvalidOption, ReservationLost
 from sqlbroker.core.policies import Retry
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Awaiting, Blocking, Face, Part, Plan, call, operation
 
 DEFAULT_KEY_LEASE = 60.0
 
@@ -55,31 +55,38 @@ class KeyInProgress(Retry):
         super().__init__(after, f"processed key {scope}/{key} is held by another consumer")
 
 
-class Once:
-    """The context manager :meth:`Broker.once` returns; entering it yields whether this is
-    the first time (``True``: run the effect) or the key is done (``False``: skip it)."""
+class OnceBase(Part):
+    """A processed key's reservation (:meth:`Broker.once` makes it); the faces enter it."""
 
     def __init__(
-        self, backend: Backend, scope: str, key: str, *, lease: float, window: float
+        self, broker: Face, scope: str, key: str | int, *, lease: object, window: object
     ) -> None:
-        self._backend = backend
+        """Validate everything before any SQL runs (``window=None``: the broker's
+        ``dedupe_window``)."""
+        super().__init__(broker)
+        validate_topic(scope, "scope")
         self.scope = scope
-        self.key = key
-        self._lease = lease
-        self._window = window
+        self.key = processed_key(key)
+        self._lease = DEFAULT_KEY_LEASE if lease is None else validate.lease_seconds(lease)
+        self._window = validate.seconds(window, "window", allow_zero=False)
         self._token: str | None = None
         self._entered = False
 
     def __repr__(self) -> str:
-        return f"Once({self.scope!r}, {self.key!r})"
+        return f"{type(self).__name__}({self.scope!r}, {self.key!r})"
 
-    def __enter__(self) -> bool:
+    def _enter_plan(self) -> Plan[bool]:
         if self._entered:
             raise InvalidOption("once", "enter each once() a single time")
         self._entered = True
         token = str(uuid.uuid4())
-        status = self._backend.processed_reserve(
-            scope=self.scope, key=self.key, token=token, lease=self._lease, window=self._window
+        status = yield call(
+            "processed_reserve",
+            scope=self.scope,
+            key=self.key,
+            token=token,
+            lease=self._lease,
+            window=self._window,
         )
         if status == "busy":
             raise KeyInProgress(self.scope, self.key, after=min(self._lease, 5.0))
@@ -88,32 +95,64 @@ class Once:
         self._token = token
         return True
 
+    def _exit_plan(self, failed: bool) -> Plan[None]:
+        token, self._token = self._token, None
+        if token is None:
+            return
+        if failed:
+            yield call("processed_release", scope=self.scope, key=self.key, token=token)
+            return
+        confirmed = yield call(
+            "processed_confirm", scope=self.scope, key=self.key, token=token, window=self._window
+        )
+        if not confirmed:
+            raise ReservationLost(self.scope, self.key)
+
+    _enter = operation(_enter_plan)
+    _exit = operation(_exit_plan)
+
+    @operation
+    def extend(self, lease: float | timedelta | None = None) -> Plan[None]:
+        """Keep the reservation for another ``lease`` seconds (default: the original)."""
+        if self._token is None:
+            raise InvalidOption("once", "extend() works only inside a block that reserved")
+        seconds = self._lease if lease is None else validate.lease_seconds(lease)
+        extended = yield call(
+            "processed_extend", scope=self.scope, key=self.key, token=self._token, lease=seconds
+        )
+        if not extended:
+            raise ReservationLost(self.scope, self.key)
+
+
+class Once(OnceBase, Blocking):
+    """The context manager :meth:`Broker.once` returns; entering it yields whether this is
+    the first time (``True``: run the effect) or the key is done (``False``: skip it)."""
+
+    def __enter__(self) -> bool:
+        return self._enter()
+
     def __exit__(
         self,
         kind: type[BaseException] | None,
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        token, self._token = self._token, None
-        if token is None:
-            return
-        if kind is not None:
-            self._backend.processed_release(scope=self.scope, key=self.key, token=token)
-            return
-        if not self._backend.processed_confirm(
-            scope=self.scope, key=self.key, token=token, window=self._window
-        ):
-            raise ReservationLost(self.scope, self.key)
+        self._exit(kind is not None)
 
-    def extend(self, lease: float | timedelta | None = None) -> None:
-        """Keep the reservation for another ``lease`` seconds (default: the original)."""
-        if self._token is None:
-            raise InvalidOption("once", "extend() works only inside a block that reserved")
-        seconds = self._lease if lease is None else validate.lease_seconds(lease)
-        if not self._backend.processed_extend(
-            scope=self.scope, key=self.key, token=self._token, lease=seconds
-        ):
-            raise ReservationLost(self.scope, self.key)
+
+class AsyncOnce(OnceBase, Awaiting):
+    """``async with broker.once(scope, key) as first:`` — :class:`Once` for coroutines."""
+
+    async def __aenter__(self) -> bool:
+        return await self._enter()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        await self._exit(kind is not None)
 
 
 def processed_key(key: object) -> str:
@@ -128,26 +167,3 @@ def processed_key(key: object) -> str:
     if checked is None:
         raise InvalidOption("key", "is required")
     return checked
-
-
-def make_once(
-    backend: Backend,
-    scope: str,
-    key: str | int,
-    *,
-    lease: float | timedelta | None,
-    window: float | timedelta | None,
-    default_window: float,
-) -> Once:
-    """Validate everything before any SQL runs."""
-    validate_topic(scope, "scope")
-    checked = processed_key(key)
-    return Once(
-        backend,
-        scope,
-        checked,
-        lease=DEFAULT_KEY_LEASE if lease is None else validate.lease_seconds(lease),
-        window=default_window
-        if window is None
-        else validate.seconds(window, "window", allow_zero=False),
-    )

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
+from sqlbroker.app import AsyncBroker, Broker
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery
-from sqlbroker.producer.broker import Broker
 from sqlbroker.runtime.events import WorkerObserver
 
 INSTRUMENTATION_NAME = "sqlbroker"
@@ -78,11 +78,9 @@ def _carrier(headers: Mapping[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
 
 
-def instrument(broker: Broker, *, tracer_provider: Any = None) -> None:
+def instrument(broker: Broker | AsyncBroker, *, tracer_provider: Any = None) -> None:
     """Carry trace context in the headers of what ``broker`` publishes and, when it runs
-    subscribers (a :class:`sqlbroker.Broker`), open a consumer span around each handler."""
+    subscribers, open a consumer span around each handler."""
     _api()
     broker.add_header_hook(inject_headers)
-    add_observer = getattr(broker, "add_observer", None)
-    if add_observer is not None:
-        add_observer(TracingObserver(tracer_provider))
+    broker.add_observer(TracingObserver(tracer_provider))

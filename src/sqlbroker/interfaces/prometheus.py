@@ -17,11 +17,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from sqlbroker.app import Broker
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.observability import HANDLER_BUCKETS
 from sqlbroker.features import metrics
-from sqlbroker.producer.broker import Broker
 from sqlbroker.runtime.events import WorkerObserver
 
 if TYPE_CHECKING:

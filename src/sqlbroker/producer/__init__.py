@@ -1,6 +1,2 @@
-"""Layer 2: the faces users publish and administer through."""
-
-from sqlbroker.producer.async_broker import AsyncBroker
-from sqlbroker.producer.broker import Broker
-
-__all__ = ["AsyncBroker", "Broker"]
+"""Layer 3: the private base of the two faces (``sqlbroker.Broker`` and
+``sqlbroker.AsyncBroker``, composed with the runtime in :mod:`sqlbroker.app`)."""

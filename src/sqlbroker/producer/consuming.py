@@ -1,24 +1,27 @@
-"""The low-level consumer API of :class:`~sqlbroker.Broker`: claim a batch, then complete,
-retry, dead-letter, extend or release each delivery by its lease."""
+"""The low-level consumer API of both faces: claim a batch, then complete, retry,
+dead-letter, extend or release each delivery by its lease (plans: see
+:mod:`sqlbroker.features.faces`)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core import validate
-from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, LeaseLost
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.policies import DEFAULT_RETRY, DeadLetterNow
 from sqlbroker.core.serde import encode_value
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Plan, call
 from sqlbroker.storage.base import Lease, Settlement
+
+if TYPE_CHECKING:
+    from sqlbroker.producer.base import BrokerBase
 
 
 def delivery_list(
@@ -63,8 +66,8 @@ def raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
 def retry_settlement(
     item: Delivery, *, after: float | timedelta, error: BaseException | str | None
 ) -> Settlement:
-    """What :meth:`BrokerConsumer.retry` writes: the retry, or the dead letter when the
-    retry policy says the delivery's attempts are spent."""
+    """What :func:`retry` writes: the retry, or the dead letter when the retry policy says
+    the delivery's attempts are spent."""
     delay = validate.seconds(after, "after")
     info = ErrorInfo.coerce(error)
     decision = DEFAULT_RETRY.decide_retry(item.attempt, after=delay, max_attempts=item.max_attempts)
@@ -73,180 +76,153 @@ def retry_settlement(
     return Settlement.retry(Lease.of(item), decision.delay, info)
 
 
-def completions(items: list[Delivery], values: list[bytes | None] | None) -> list[Settlement]:
+def completions(items: list[Delivery], values: Sequence[bytes | None] | None) -> list[Settlement]:
     """The complete settlements of ``items``, with their encoded results (``None``: none)."""
     if values is None:
         return [Settlement.complete(Lease.of(d)) for d in items]
     return [Settlement.complete(Lease.of(d), v) for d, v in zip(items, values, strict=True)]
 
 
-def one_delivery(value: Delivery | Iterable[Delivery]) -> Delivery:
-    """The one delivery that retry, dead_letter and extend act on."""
-    return _one(value)
-
-
 TAKE_BACK_EVERY = 1.0
-"""Seconds between two sweeps of expired leases by :meth:`BrokerConsumer.claim`."""
+"""Seconds between two sweeps of expired leases by :func:`claim`."""
 TAKE_BACK_BATCH = 1000
 
 
-class BrokerConsumer:
-    """Claims and lease settlements of :class:`~sqlbroker.Broker` (mixed into it)."""
+def worker_name() -> str:
+    """How this process names itself in leases: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
-    _lease: float
-    _clock: Clock | None
-    _taken_back_at: float | None = None
-    """When :meth:`claim` last swept expired leases (the clock's time, or monotonic)."""
 
-    def _checked(self) -> Backend:
-        raise NotImplementedError
+def claim(
+    broker: BrokerBase,
+    subscription: str,
+    *,
+    limit: int = 1,
+    lease: float | timedelta | None = None,
+    worker: str | None = None,
+) -> Plan[list[Delivery]]:
+    """Lease up to ``limit`` messages, most urgent first. Each delivery carries a lease
+    token; complete, retry or dead-letter it before ``lease`` seconds pass, or it is
+    delivered again.
 
-    @staticmethod
-    def worker_name() -> str:
-        """How this process names itself in leases: ``host:pid``."""
-        return f"{socket.gethostname()}:{os.getpid()}"
+    A claim also takes back expired leases (about once a second per broker): the
+    messages of a consumer that died come back to the next claim once their lease
+    has run out — or are dead-lettered as ``worker lost`` when that was their last
+    attempt — without any worker running."""
+    validate_topic(subscription, "subscription")
+    count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM)
+    seconds = broker.lease if lease is None else validate.lease_seconds(lease)
+    name = (
+        worker_name()
+        if worker is None
+        else validate.text(worker, "worker", maximum=200, printable=True)
+    )
+    if _take_back_due(broker):
+        yield call("lease_release_expired", limit=TAKE_BACK_BATCH)
+    claimed: list[Delivery] = yield call(
+        "message_claim_many", subscription=subscription, limit=count, lease=seconds, worker=name
+    )
+    return claimed
 
-    def claim(
-        self,
-        subscription: str,
-        *,
-        limit: int = 1,
-        lease: float | timedelta | None = None,
-        worker: str | None = None,
-    ) -> list[Delivery]:
-        """Lease up to ``limit`` messages, most urgent first. Each delivery carries a lease
-        token; complete, retry or dead-letter it before ``lease`` seconds pass, or it is
-        delivered again.
 
-        A claim also takes back expired leases (about once a second per broker): the
-        messages of a consumer that died come back to the next claim once their lease
-        has run out — or are dead-lettered as ``worker lost`` when that was their last
-        attempt — without any worker running."""
-        arguments = self.claim_arguments(subscription, limit=limit, lease=lease, worker=worker)
-        backend = self._checked()
-        if self.take_back_due():
-            backend.lease_release_expired(limit=TAKE_BACK_BATCH)
-        return backend.message_claim_many(**arguments)
+def _take_back_due(broker: BrokerBase) -> bool:
+    """Whether a claim should first return expired leases to their queues
+    (dead-lettering those whose attempts are spent), as a worker's reaper does: at most
+    once every ``TAKE_BACK_EVERY`` seconds, so that a consumer loop of one's own sees
+    the messages of a consumer that died, with no worker running anywhere (as SQS's
+    visibility timeout does)."""
+    now = broker._clock.now() if broker._clock is not None else None
+    at = now.timestamp() if now is not None else time.monotonic()
+    last = broker._taken_back_at
+    if last is not None and 0 <= at - last < TAKE_BACK_EVERY:
+        return False
+    broker._taken_back_at = at
+    return True
 
-    def claim_arguments(
-        self,
-        subscription: str,
-        *,
-        limit: int,
-        lease: float | timedelta | None,
-        worker: str | None,
-    ) -> dict[str, Any]:
-        """The checked arguments of a claim (both faces validate them here)."""
-        validate_topic(subscription, "subscription")
-        return {
-            "subscription": subscription,
-            "limit": validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_CLAIM),
-            "lease": self._lease if lease is None else validate.lease_seconds(lease),
-            "worker": (
-                self.worker_name()
-                if worker is None
-                else validate.text(worker, "worker", maximum=200, printable=True)
-            ),
-        }
 
-    def take_back_due(self) -> bool:
-        """Whether a claim should first return expired leases to their queues
-        (dead-lettering those whose attempts are spent), as a worker's reaper does: at most
-        once every ``TAKE_BACK_EVERY`` seconds, so that a consumer loop of one's own sees
-        the messages of a consumer that died, with no worker running anywhere (as SQS's
-        visibility timeout does)."""
-        now = self._clock.now() if self._clock is not None else None
-        at = now.timestamp() if now is not None else time.monotonic()
-        last = self._taken_back_at
-        if last is not None and 0 <= at - last < TAKE_BACK_EVERY:
-            return False
-        self._taken_back_at = at
-        return True
+def complete(
+    broker: BrokerBase,
+    deliveries: Delivery | Iterable[Delivery],
+    *,
+    conn: Any = None,
+    result: Any = None,
+) -> Plan[None]:
+    """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
+    are left alone and reported by one ``LeaseLost`` after the others are completed.
 
-    @staticmethod
-    def _raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
-        raise_lost(wanted, done)
+    With ``conn`` the acknowledgement joins the caller's open transaction (as a publish
+    with ``conn`` does), so the caller's writes and the ack commit together; on
+    ``LeaseLost`` the caller should roll back, as another consumer has the message.
 
-    def complete(
-        self, deliveries: Delivery | Iterable[Delivery], *, conn: Any = None, result: Any = None
-    ) -> None:
-        """Acknowledge deliveries: they are archived as completed. Those whose lease was lost
-        are left alone and reported by one ``LeaseLost`` after the others are completed.
-
-        With ``conn`` the acknowledgement joins the caller's open transaction (as a publish
-        with ``conn`` does), so the caller's writes and the ack commit together; on
-        ``LeaseLost`` the caller should roll back, as another consumer has the message.
-
-        ``result`` is stored as the delivery's result (docs/results.md), as a handler's
-        return value is: a JSON value under the payload limit (``InvalidPayload`` otherwise,
-        nothing written), for one delivery at a time; ``None`` stores nothing."""
-        items = delivery_list(deliveries)
-        values = self.result_values(items, result)
-        if not items:
-            return
-        settlements = completions(items, values)
-        backend = self._checked()
-        if conn is None:
-            done = backend.message_settle_many(settlements=settlements)
-        else:
-            with backend.begin(conn) as tx:
-                done = tx.message_settle_many(settlements=settlements)
-        raise_lost((d.id for d in items), done)
-
-    def result_values(self, items: list[Delivery], result: Any) -> list[bytes | None] | None:
-        """The encoded ``result`` for the one delivery in ``items`` (``None``: no value)."""
-        if result is None:
-            return None
+    ``result`` is stored as the delivery's result (docs/results.md), as a handler's
+    return value is: a JSON value under the payload limit (``InvalidPayload`` otherwise,
+    nothing written), for one delivery at a time; ``None`` stores nothing."""
+    items = delivery_list(deliveries)
+    values = None
+    if result is not None:
         if len(items) != 1:
             raise InvalidOption("result", f"is for one delivery at a time, not {len(items)}")
-        return [encode_value(result, limit=self._result_limit(), field="result")]
+        limit = broker.publish_defaults.payload_limit
+        values = [encode_value(result, limit=limit, field="result")]
+    if not items:
+        return
+    done = yield call("message_settle_many", conn=conn, settlements=completions(items, values))
+    raise_lost((d.id for d in items), done)
 
-    def _result_limit(self) -> int:
-        raise NotImplementedError
 
-    def retry(
-        self,
-        delivery: Delivery,
-        *,
-        after: float | timedelta = 0.0,
-        error: BaseException | str | None = None,
-    ) -> None:
-        """Give a delivery back to be tried again after ``after`` seconds. When its attempts
-        are spent (the retry policy's rule, :meth:`~sqlbroker.RetryPolicy.spent`) it is
-        dead-lettered instead (reason ``max attempts exhausted``)."""
-        item = _one(delivery)
-        settlement = retry_settlement(item, after=after, error=error)
-        raise_lost([item.id], self._checked().message_settle_many(settlements=[settlement]))
+def retry(
+    broker: BrokerBase,
+    delivery: Delivery,
+    *,
+    after: float | timedelta = 0.0,
+    error: BaseException | str | None = None,
+) -> Plan[None]:
+    """Give a delivery back to be tried again after ``after`` seconds. When its attempts
+    are spent (the retry policy's rule, :meth:`~sqlbroker.RetryPolicy.spent`) it is
+    dead-lettered instead (reason ``max attempts exhausted``)."""
+    item = _one(delivery)
+    settlement = retry_settlement(item, after=after, error=error)
+    raise_lost([item.id], (yield call("message_settle_many", settlements=[settlement])))
 
-    def dead_letter(
-        self, delivery: Delivery, *, reason: str, error: BaseException | str | None = None
-    ) -> None:
-        """Move a delivery to the dead letters now, keeping the whole message and why."""
-        item = _one(delivery)
-        settlement = Settlement.dead(
-            Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error)
-        )
-        raise_lost([item.id], self._checked().message_settle_many(settlements=[settlement]))
 
-    def extend(self, delivery: Delivery, *, lease: float | timedelta | None = None) -> datetime:
-        """Push the delivery's lease to now + ``lease``; return the new expiry."""
-        item = _one(delivery)
-        seconds = self._lease if lease is None else validate.lease_seconds(lease)
-        extended = self._checked().message_extend_leases(leases=[Lease.of(item)], lease=seconds)
-        self._raise_lost([item.id], extended)
-        return extended[item.id]
+def dead_letter(
+    broker: BrokerBase,
+    delivery: Delivery,
+    *,
+    reason: str,
+    error: BaseException | str | None = None,
+) -> Plan[None]:
+    """Move a delivery to the dead letters now, keeping the whole message and why."""
+    item = _one(delivery)
+    settlement = Settlement.dead(Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error))
+    raise_lost([item.id], (yield call("message_settle_many", settlements=[settlement])))
 
-    def release(self, deliveries: Delivery | Iterable[Delivery]) -> None:
-        """Give back deliveries that were never started; the attempt is not counted."""
-        items = delivery_list(deliveries)
-        if items:
-            done = self._checked().message_release_many(leases=[Lease.of(d) for d in items])
-            self._raise_lost((d.id for d in items), done)
 
-    def cancel(self, message_id: str) -> int:
-        """Cancel every copy of a message: copies not running are archived as cancelled
-        now; a running copy's worker is told to stop its handler (within about a second;
-        docs/flow-control.md) and archives it as cancelled. Return how many copies were
-        cancelled or told to stop."""
-        canonical = validate.message_id(message_id)
-        return self._checked().message_cancel_many(message_ids=[canonical])
+def extend(
+    broker: BrokerBase, delivery: Delivery, *, lease: float | timedelta | None = None
+) -> Plan[datetime]:
+    """Push the delivery's lease to now + ``lease``; return the new expiry."""
+    item = _one(delivery)
+    seconds = broker.lease if lease is None else validate.lease_seconds(lease)
+    extended = yield call("message_extend_leases", leases=[Lease.of(item)], lease=seconds)
+    raise_lost([item.id], extended)
+    expiry: datetime = extended[item.id]
+    return expiry
+
+
+def release(broker: BrokerBase, deliveries: Delivery | Iterable[Delivery]) -> Plan[None]:
+    """Give back deliveries that were never started; the attempt is not counted."""
+    items = delivery_list(deliveries)
+    if items:
+        done = yield call("message_release_many", leases=[Lease.of(d) for d in items])
+        raise_lost((d.id for d in items), done)
+
+
+def cancel(broker: BrokerBase, message_id: str) -> Plan[int]:
+    """Cancel every copy of a message: copies not running are archived as cancelled
+    now; a running copy's worker is told to stop its handler (within about a second;
+    docs/flow-control.md) and archives it as cancelled. Return how many copies were
+    cancelled or told to stop."""
+    canonical = validate.message_id(message_id)
+    cancelled: int = yield call("message_cancel_many", message_ids=[canonical])
+    return cancelled

@@ -1,102 +1,234 @@
-"""What :class:`~sqlbroker.Broker` shows of the queues and the workers: pending copies, the
-archive, stats, heartbeats, per-minute series, unrouted publishes and the audit trail."""
+"""What both faces show of the queues and the workers (pending copies, the archive, stats,
+heartbeats, per-minute series, unrouted publishes, the audit trail), retention, the reaper's
+pass and the schema (plans: see :mod:`sqlbroker.features.faces`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sqlbroker.core import validate
+from sqlbroker.core.flow import KEEP, Flow, Keep, Rate
 from sqlbroker.core.message import (
     ArchivedMessage,
     Outcome,
     PendingMessage,
+    Retention,
     State,
     SubscriptionStats,
 )
 from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import metrics
-from sqlbroker.features.retention import RetentionDefaults, retention_list
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Plan, blocking, call
+from sqlbroker.features.flow import flow_change, flow_list
+from sqlbroker.features.retention import retain, retention_list, retention_set
+
+if TYPE_CHECKING:
+    from sqlbroker.producer.base import BrokerBase
 
 
-class BrokerInspection:
-    """Read-only listings and stats of :class:`~sqlbroker.Broker` (mixed into it)."""
+def migrate(broker: BrokerBase) -> Plan[list[int]]:
+    """Apply pending schema migrations; safe when several processes migrate at once."""
+    applied: list[int] = yield blocking(broker.backend.migrate)
+    return broker._migrated(applied)
 
-    _retention: RetentionDefaults
 
-    def _checked(self) -> Backend:
-        raise NotImplementedError
+def schema_version(broker: BrokerBase) -> Plan[int]:
+    """The database's applied schema version (0 for an empty database)."""
+    version: int = yield blocking(broker.backend.schema_version)
+    return version
 
-    def pending(
-        self, subscription: str | None = None, *, state: State | str | None = None, limit: int = 100
-    ) -> list[PendingMessage]:
-        """Copies still in the queue (available, scheduled, blocked or running), oldest first."""
-        if subscription is not None:
-            validate_topic(subscription, "subscription")
-        chosen = None if state is None else validate.member(state, State, "state")
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
-        return self._checked().message_list(subscription=subscription, state=chosen, limit=count)
 
-    def archive(
-        self,
-        subscription: str | None = None,
-        *,
-        outcome: Outcome | str | None = None,
-        message_id: str | None = None,
-        limit: int = 100,
-    ) -> list[ArchivedMessage]:
-        """Finished copies, newest first."""
-        if subscription is not None:
-            validate_topic(subscription, "subscription")
-        chosen = None if outcome is None else validate.member(outcome, Outcome, "outcome")
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
-        canonical = None if message_id is None else validate.message_id(message_id)
-        return self._checked().archive_list(
-            subscription=subscription, outcome=chosen, message_id=canonical, limit=count
-        )
+def pending(
+    broker: BrokerBase,
+    subscription: str | None = None,
+    *,
+    state: State | str | None = None,
+    limit: int = 100,
+) -> Plan[list[PendingMessage]]:
+    """Copies still in the queue (available, scheduled, blocked or running), oldest first."""
+    if subscription is not None:
+        validate_topic(subscription, "subscription")
+    chosen = None if state is None else validate.member(state, State, "state")
+    count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+    found: list[PendingMessage] = yield call(
+        "message_list", subscription=subscription, state=chosen, limit=count
+    )
+    return found
 
-    def stats(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> list[SubscriptionStats]:
-        """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
-        expired copies, whether flow limits hold claims back now (``throttled``), and — from
-        what workers recorded over the last ``window`` seconds —
-        completed, retried and dead-lettered per minute and handler time p50/p95."""
-        backend = self._checked()
-        stats = metrics.subscription_stats(backend, window=window)
-        kept = {r.subscription: r for r in retention_list(backend, self._retention)}
-        flows = {f.subscription: f for f in backend.flow_list(name=None) if f.limits.limited}
-        stats = [
-            replace(row, throttled=flow.throttled, throttled_for=flow.throttled_for)
-            if (flow := flows.get(row.subscription)) is not None
-            else row
-            for row in stats
-        ]
-        return [
-            replace(row, archive_retention=kept[name].archive, dead_retention=kept[name].dead)
-            if (name := row.subscription) in kept
-            else row
-            for row in stats
-        ]
 
-    # --- observability -----------------------------------------------------------------------
+def archive(
+    broker: BrokerBase,
+    subscription: str | None = None,
+    *,
+    outcome: Outcome | str | None = None,
+    message_id: str | None = None,
+    limit: int = 100,
+) -> Plan[list[ArchivedMessage]]:
+    """Finished copies, newest first."""
+    if subscription is not None:
+        validate_topic(subscription, "subscription")
+    chosen = None if outcome is None else validate.member(outcome, Outcome, "outcome")
+    count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+    canonical = None if message_id is None else validate.message_id(message_id)
+    found: list[ArchivedMessage] = yield call(
+        "archive_list", subscription=subscription, outcome=chosen, message_id=canonical, limit=count
+    )
+    return found
 
-    def workers(self) -> list[WorkerInfo]:
-        """Worker processes as their heartbeats last reported them, most recent first."""
-        return metrics.workers(self._checked())
 
-    def metrics_series(self, *, minutes: int = 60) -> dict[str, list[SeriesPoint]]:
-        """Per subscription, completed / retried / dead and handler p50/p95 for each of the
-        last ``minutes`` minutes (the current one last)."""
-        return metrics.series(self._checked(), minutes=minutes)
+def stats(
+    broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
+) -> Plan[list[SubscriptionStats]]:
+    """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
+    expired copies, and — from what workers recorded over the last ``window`` seconds —
+    completed, retried and dead-lettered per minute and handler time p50/p95, and whether
+    flow limits hold claims back now (``throttled``)."""
+    backend = broker.backend
+    found: list[SubscriptionStats] = yield blocking(
+        metrics.subscription_stats, backend, window=window
+    )
+    kept = yield blocking(retention_list, backend, broker._retention)
+    limited: list[Flow] = yield call("flow_list", name=None)
+    flows = {f.subscription: f for f in limited if f.limits.limited}
+    found = [
+        replace(row, throttled=flow.throttled, throttled_for=flow.throttled_for)
+        if (flow := flows.get(row.subscription)) is not None
+        else row
+        for row in found
+    ]
+    by_name = {r.subscription: r for r in kept}
+    return [
+        replace(row, archive_retention=by_name[name].archive, dead_retention=by_name[name].dead)
+        if (name := row.subscription) in by_name
+        else row
+        for row in found
+    ]
 
-    def unrouted(self, *, window: float | timedelta = metrics.RATE_WINDOW) -> metrics.Unrouted:
-        """Publishes that matched no subscription: in the archive, and within ``window``."""
-        return metrics.unrouted(self._checked(), window=window)
 
-    def audit(self, *, limit: int = 100, before_id: int | None = None) -> list[AuditEntry]:
-        """Replays and purges of dead letters (who, when, which, why), newest first."""
-        count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
-        if before_id is not None:
-            before_id = validate.integer(before_id, "before_id", minimum=1, maximum=2**63 - 1)
-        return self._checked().audit_list(limit=count, before_id=before_id)
+def workers(broker: BrokerBase) -> Plan[list[WorkerInfo]]:
+    """Worker processes as their heartbeats last reported them, most recent first."""
+    found: list[WorkerInfo] = yield blocking(metrics.workers, broker.backend)
+    return found
+
+
+def metrics_series(broker: BrokerBase, *, minutes: int = 60) -> Plan[dict[str, list[SeriesPoint]]]:
+    """Per subscription, completed / retried / dead and handler p50/p95 for each of the
+    last ``minutes`` minutes (the current one last)."""
+    found: dict[str, list[SeriesPoint]] = yield blocking(
+        metrics.series, broker.backend, minutes=minutes
+    )
+    return found
+
+
+def unrouted(
+    broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
+) -> Plan[metrics.Unrouted]:
+    """Publishes that matched no subscription: in the archive, and within ``window``."""
+    found: metrics.Unrouted = yield blocking(metrics.unrouted, broker.backend, window=window)
+    return found
+
+
+def audit(
+    broker: BrokerBase, *, limit: int = 100, before_id: int | None = None
+) -> Plan[list[AuditEntry]]:
+    """Replays and purges of dead letters (who, when, which, why), newest first."""
+    count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
+    if before_id is not None:
+        before_id = validate.integer(before_id, "before_id", minimum=1, maximum=2**63 - 1)
+    found: list[AuditEntry] = yield call("audit_list", limit=count, before_id=before_id)
+    return found
+
+
+def retention(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Retention]]:
+    """How long each subscription (or one) keeps its archive rows and dead letters: its
+    own times or the broker's defaults."""
+    found: list[Retention] = yield blocking(
+        retention_list, broker.backend, broker._retention, subscription
+    )
+    return found
+
+
+def set_retention(
+    broker: BrokerBase,
+    subscription: str,
+    *,
+    archive: float | timedelta | None = None,
+    dead: float | timedelta | None = None,
+    reset: bool = False,
+) -> Plan[Retention]:
+    """Give a subscription its own archive and/or dead-letter retention (``None``: leave
+    it as it is; ``reset=True`` first returns both to the broker's defaults). Raises
+    ``NotFound`` when there is no such subscription."""
+    kept: Retention = yield blocking(
+        retention_set,
+        broker.backend,
+        broker._retention,
+        subscription,
+        archive=archive,
+        dead=dead,
+        reset=reset,
+    )
+    return kept
+
+
+def reap(broker: BrokerBase, *, limit: int = 1000) -> Plan[dict[str, int]]:
+    """One maintenance pass (the worker runs this periodically): release expired leases,
+    dead-letter copies whose attempts are spent, expire TTLs, trim idempotency keys and
+    processed keys past their window, stored results older than ``result_ttl`` and
+    expired Celery results, and remove archive rows and dead letters past their
+    retention (at most ``limit`` of each kind per pass)."""
+    count = validate.integer(limit, "limit", minimum=1, maximum=100_000)
+    leases = yield call("lease_release_expired", limit=count)
+    counts: dict[str, int] = {"released": leases.released, "dead": leases.dead}
+    for name, operation in (
+        ("expired", "message_expire"),
+        ("unblocked", "key_repair"),
+        ("dedupe_trimmed", "dedupe_trim"),
+        ("processed_trimmed", "processed_trim"),
+    ):
+        counts[name] = yield call(operation, limit=count)
+    counts["results_trimmed"] = yield call("result_trim", ttl=broker.result_ttl, limit=count)
+    counts["results_trimmed"] += yield call("task_result_trim", limit=count)
+    counts["sagas_swept"] = yield blocking(broker.sagas.sweep, limit=count)
+    counts.update((yield blocking(retain, broker.backend, broker._retention, limit=count)))
+    return counts
+
+
+def flow(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Flow]]:
+    """Each subscription's (or one's) flow limits — concurrency caps, rate limits,
+    fairness — with its running copies and whether claims wait now (``throttled``).
+    See docs/flow-control.md."""
+    found: list[Flow] = yield blocking(flow_list, broker.backend, subscription)
+    return found
+
+
+def set_flow(
+    broker: BrokerBase,
+    subscription: str,
+    *,
+    reset: bool = False,
+    max_running: int | Keep | None = KEEP,
+    key_concurrency: int | Keep | None = KEEP,
+    rate_limit: str | Rate | Keep | None = KEEP,
+    key_rate_limit: str | Rate | Keep | None = KEEP,
+    fair: bool | Keep = KEEP,
+) -> Plan[Flow]:
+    """Change a subscription's flow limits for every worker and host: ``max_running``,
+    ``key_concurrency`` (integers from 1), ``rate_limit``, ``key_rate_limit``
+    (``"100/min"``, ``"5/s"`` or a :class:`Rate`), ``fair`` (bool). A limit given as
+    ``None`` is removed; those not named stay (``reset=True``: are removed). Bad values
+    raise ``ValidationError`` before anything is written; ``NotFound`` for an unknown
+    subscription."""
+    named = {
+        "max_running": max_running,
+        "key_concurrency": key_concurrency,
+        "rate_limit": rate_limit,
+        "key_rate_limit": key_rate_limit,
+        "fair": fair,
+    }
+    limits = {name: value for name, value in named.items() if value is not KEEP}
+    changed: Flow = yield blocking(flow_change, broker.backend, subscription, limits, reset=reset)
+    return changed

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError, InvalidOption, SchemaError
 from sqlbroker.core.topics import pattern_regex, validate_pattern, validate_topic
-from sqlbroker.producer.broker import Broker
 from sqlbroker.spark.storage import SPARK_TABLES, SparkRowFilter, SparkStore, open_store
 from sqlbroker.storage.url import DatabaseURL, parse_url
 

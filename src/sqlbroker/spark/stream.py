@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
+from sqlbroker.app import Broker
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.producer.broker import Broker
 from sqlbroker.spark import options as opt
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage import SparkStore

@@ -30,7 +30,7 @@ from sqlbroker.contrib.django_tasks.framework import (
 )
 from sqlbroker.core.errors import ConfigurationError
 from sqlbroker.core.policies import Reject
-from sqlbroker.producer.consuming import BrokerConsumer
+from sqlbroker.producer.consuming import worker_name
 from sqlbroker.runtime.message import Message
 
 TRIM_INTERVAL = 3600.0
@@ -66,7 +66,7 @@ def task_handler(backend: SqlbrokerBackend) -> Callable[[Message], None]:
     """The sqlbroker handler (of a subscriber with ``ack="manual"``) that runs one task
     message, stores its return value with the acknowledgement and sends Django's
     ``task_started`` and ``task_finished`` signals around it."""
-    worker_id = BrokerConsumer.worker_name()
+    worker_id = worker_name()
 
     def failed(result: TaskResult, error: BaseException) -> None:
         set_field(result, "status", TaskResultStatus.FAILED)

@@ -96,7 +96,7 @@ class SqlConnection:
             self.consumer = Broker(url, **options)
         except BaseException:
             with contextlib.suppress(Exception):
-                self.publisher.sync.close()
+                self.publisher.backend.close()
             raise
         self.runs: list[WorkerRun] = []
 

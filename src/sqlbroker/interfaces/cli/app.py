@@ -19,7 +19,7 @@ from sqlbroker.interfaces.cli.security import roles, tenants
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
 from sqlbroker.interfaces.cli.worker import worker
-from sqlbroker.producer.broker import DEFAULT_URL
+from sqlbroker.producer.base import DEFAULT_URL
 
 URL_ENV = "SQLBROKER_URL"
 

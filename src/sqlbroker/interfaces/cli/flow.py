@@ -3,6 +3,8 @@ fairness (docs/flow-control.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from sqlbroker.core.errors import NotFound
@@ -56,7 +58,7 @@ def flow(
     whether claims wait now. With options, change NAME's for every worker at once: 'none'
     removes a limit, the limits not named stay (--reset: are removed).
     """
-    limits: dict[str, object] = {}
+    limits: dict[str, Any] = {}
     if max_running is not None:
         limits["max_running"] = _cap(max_running, "--max-running")
     if key_concurrency is not None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError
-from sqlbroker.producer.broker import Broker
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
     Columns,

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sqlbroker.core.errors import (
     ConnectionLost,
@@ -28,11 +28,10 @@ from sqlbroker.storage.postgres.liveness import (
     Watchdog,
     Watcher,
     check_idle,
-    check_idle_async,
     drain,
-    drain_async,
     sound,
 )
+from sqlbroker.storage.postgres.loop_pool import LoopPool
 from sqlbroker.storage.postgres.options import SessionOptions
 
 Conn = psycopg.Connection[TupleRow]
@@ -53,9 +52,9 @@ class PostgresPool:
         self.sql = sql
         self.network_timeout = options.network_timeout
         self._pool: ConnectionPool[Conn] | None = None
-        self._async_pools: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, AsyncConnectionPool[AsyncConn]
-        ] = weakref.WeakKeyDictionary()
+        self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool] = (
+            weakref.WeakKeyDictionary()
+        )
         self._pool_lock = threading.Lock()
         self._closed = False
         self._watcher = Watcher(self.network_timeout)
@@ -160,19 +159,12 @@ class PostgresPool:
         self, *, write: bool, watched: bool = True
     ) -> AsyncIterator[AsyncConn]:
         """:meth:`connection` from the running loop's async pool, opened on first use."""
-        pool = await self._open_async_pool()
+        pool = self._loop_pool()
         try:
-            conn = await pool.getconn()
-            for _ in range(self.options.pool_size):
-                if sound(conn):
-                    break
-                await conn.close()
-                await pool.putconn(conn)
-                await check_idle_async(pool)
-                conn = await pool.getconn()
+            conn = await pool.getconn()  # a sound one: see LoopPool
         except psycopg.OperationalError as error:  # PoolTimeout among them
             if not isinstance(error, PoolTimeout):
-                await check_idle_async(pool)
+                await pool.check()
             raise self.not_connected(error, write=write) from None
         # The worker's claims and acks run here: a connection that gives no answer within
         # network_timeout (a peer gone silent with its TCP session kept alive in between,
@@ -194,9 +186,9 @@ class PostgresPool:
             if watchdog is not None and watchdog.fired:
                 # Its idle siblings most likely went silent with it, and testing them
                 # would wait on the same silence: replace them all.
-                await drain_async(pool)
+                await pool.drain()
             else:
-                await check_idle_async(pool)
+                await pool.check()
             raise
 
     @asynccontextmanager
@@ -217,30 +209,28 @@ class PostgresPool:
         async with self._callers.joined_async(conn) as raw:
             yield raw
 
-    async def _open_async_pool(self) -> AsyncConnectionPool[AsyncConn]:
-        """One async pool per event loop (an asyncio pool belongs to the loop that made it)."""
+    def _loop_pool(self) -> LoopPool:
+        """The running loop's connections (:class:`LoopPool`), made on first use. Pools of
+        loops that have closed are finished here: ``asyncio.run(broker.send(…))`` one call
+        after another leaves at most one loop's connections open."""
         loop = asyncio.get_running_loop()
         with self._pool_lock:
             if self._closed:
                 raise StorageError("the broker is closed")
             pool = self._async_pools.get(loop)
             if pool is None:
-                pool = AsyncConnectionPool(
-                    self.options.url.raw,
-                    min_size=1,
-                    max_size=self.options.pool_size,
+                for other, stale in list(self._async_pools.items()):
+                    if other.is_closed():
+                        del self._async_pools[other]
+                        stale.finish()
+                pool = self._async_pools[loop] = LoopPool(
+                    loop,
+                    conninfo=self.options.url.raw,
                     kwargs=self.options.connection_kwargs(),
+                    size=self.options.pool_size,
                     timeout=self.options.connect_timeout,
-                    name="sqlbroker-async",
-                    open=False,
                 )
-                self._async_pools[loop] = pool
-                opening = True
-            else:
-                opening = False
-        if opening:
-            await pool.open()
-        return pool
+            return pool
 
     async def close_async(self) -> None:
         """Close the calling loop's async pool (the worker calls this before its loop ends)."""
@@ -250,9 +240,15 @@ class PostgresPool:
             await pool.close()
 
     def close(self) -> None:
+        """Close the blocking pool and the connections of every loop's pool left open (a
+        loop's own ``close_async`` closes its pool properly)."""
         with self._pool_lock:
             self._closed = True
             pool, self._pool = self._pool, None
+            stale = list(self._async_pools.values())
+            self._async_pools.clear()
+        for entry in stale:
+            entry.finish()
         self._watcher.close()
         if pool is not None:
             pool.close()

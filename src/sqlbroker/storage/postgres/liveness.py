@@ -14,7 +14,7 @@ import time
 
 import psycopg
 from psycopg.rows import TupleRow
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
 from sqlbroker.core.errors import ConnectionLost
 
@@ -152,14 +152,3 @@ def drain(pool: ConnectionPool[Conn]) -> None:
     """Replace every connection of the pool (idle ones now, busy ones when returned)."""
     with contextlib.suppress(Exception):
         pool.drain()
-
-
-async def drain_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
-    with contextlib.suppress(Exception):
-        await pool.drain()
-
-
-async def check_idle_async(pool: AsyncConnectionPool[AsyncConn]) -> None:
-    """:func:`check_idle` for the async pool."""
-    with contextlib.suppress(Exception):
-        await pool.check()

@@ -1,0 +1,379 @@
+"""The private base of :class:`~sqlbroker.Broker` and :class:`~sqlbroker.AsyncBroker`:
+configuration, the subscriber registry and every operation, each written once as a plan
+(:mod:`sqlbroker.features.faces`) in :mod:`.publishing`, :mod:`.consuming`,
+:mod:`.inspection` and :mod:`.scheduling`. The faces add only how a plan runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from sqlbroker.core import validate
+from sqlbroker.core.clock import Clock
+from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError
+from sqlbroker.core.flow import Rate
+from sqlbroker.core.limits import (
+    DEFAULT_MAX_COPIES,
+    DEFAULT_MAX_PATTERNS,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    Limits,
+)
+from sqlbroker.core.policies import RetryPolicy
+from sqlbroker.core.sagas import Saga
+from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
+from sqlbroker.features.dead_letters import DeadLettersBase
+from sqlbroker.features.faces import Face, operation
+from sqlbroker.features.publishing import PublishDefaults
+from sqlbroker.features.results import DEFAULT_RESULT_TTL, Results, check_result_ttl
+from sqlbroker.features.retention import (
+    DEFAULT_ARCHIVE_RETENTION,
+    DEFAULT_DEAD_RETENTION,
+    RetentionDefaults,
+)
+from sqlbroker.features.sagas import Sagas
+from sqlbroker.features.schedules import Schedules
+from sqlbroker.features.subscribers import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_TIMEOUT,
+    AckMode,
+    DeadLetterHook,
+    SubscriberSpec,
+    make_spec,
+)
+from sqlbroker.producer import consuming, inspection, publishing, scheduling
+from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.factory import open_backend
+from sqlbroker.storage.url import parse_url
+
+DEFAULT_URL = "sqlite:///sqlbroker.db"
+DEFAULT_LEASE = 30.0
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_DEDUPE_WINDOW = 24 * 3600.0
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+class BrokerBase(Face):
+    """A message broker in your database (the two faces' shared base).
+
+    ``Broker("sqlite:///app.db")`` or ``Broker("postgresql://…")``. On SQLite the schema is
+    created (or upgraded) here, so that the first publish may join the caller's open
+    transaction; on PostgreSQL run :meth:`migrate` (or ``sqlbroker migrate``) once,
+    with a role allowed to create tables, or pass ``migrate=True`` (the first operation
+    then migrates).
+
+    Every duration takes seconds or a :class:`datetime.timedelta`. Bad arguments raise a
+    ``ValidationError`` subclass before anything is written.
+
+    ``result_ttl`` (default one day) is how long a handler's stored return value is kept
+    (:meth:`result`; the reaper trims older ones).
+
+    Limits (docs/guarantees.md, "Limits"; passing one raises ``LimitExceeded`` naming it and
+    writes nothing): ``max_copies`` (10,000), the copies one publish call may write —
+    messages times the subscriptions each fans out to; ``max_subscriptions`` (10,000) and
+    ``max_patterns`` (10,000) per database. A subscription has at most 100 patterns.
+
+    Retention (docs/reliability.md, "Retention"): finished copies are kept in the archive
+    for ``archive_retention`` (7 days) and dead letters for ``dead_retention`` (30 days),
+    unless a subscription has times of its own (:meth:`set_retention`); the reaper removes
+    what is older.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        migrate: bool | None = None,
+        lease: float | timedelta = DEFAULT_LEASE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        dedupe_window: float | timedelta = DEFAULT_DEDUPE_WINDOW,
+        payload_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        max_copies: int = DEFAULT_MAX_COPIES,
+        max_subscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS,
+        max_patterns: int = DEFAULT_MAX_PATTERNS,
+        result_ttl: float | timedelta = DEFAULT_RESULT_TTL,
+        archive_retention: float | timedelta = DEFAULT_ARCHIVE_RETENTION,
+        dead_retention: float | timedelta = DEFAULT_DEAD_RETENTION,
+        clock: Clock | None = None,
+        **backend_options: Any,
+    ) -> None:
+        parsed = parse_url(url)
+        self._retention = RetentionDefaults.checked(archive=archive_retention, dead=dead_retention)
+        self._url = parsed
+        self._lease = validate.lease_seconds(lease)
+        self._result_ttl = check_result_ttl(result_ttl)
+        self._defaults = PublishDefaults(
+            max_attempts=validate.integer(
+                max_attempts, "max_attempts", minimum=1, maximum=validate.MAX_ATTEMPTS
+            ),
+            dedupe_window=validate.seconds(dedupe_window, "dedupe_window", allow_zero=False),
+            payload_limit=check_payload_limit(payload_limit),
+        )
+        self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
+        if "limits" in backend_options:
+            raise InvalidOption("limits", "pass max_copies, max_subscriptions, max_patterns")
+        self._limits = limits = Limits.checked(
+            max_copies=max_copies, max_subscriptions=max_subscriptions, max_patterns=max_patterns
+        )
+        self._clock = clock
+        self._backend: Backend = open_backend(url, clock=clock, limits=limits, **backend_options)
+        self._is_ready = False
+        self._ready_lock = threading.Lock()
+        if self._migrate and parsed.scheme == "sqlite":
+            # Now, not on first use: that may be a publish inside the caller's open
+            # transaction (the outbox), whose write lock a migration would wait for.
+            try:
+                self._ready()
+            except BaseException:
+                self._backend.close()
+                raise
+        self._results = Results(self._ready, ttl=self._result_ttl)
+        self._schedules = Schedules(self._ready, self._defaults)
+        self._sagas_checked: set[str] = set()
+        """Sagas whose handlers the first start checked (see ``Sagas``)."""
+        self._publish_listeners: list[Callable[[str | None], None]] = []
+        self._header_hooks: list[Callable[[], Mapping[str, str]]] = []
+        self._taken_back_at: float | None = None
+        """When a claim last swept expired leases (the clock's time, or monotonic)."""
+        self.subscribers: dict[str, SubscriberSpec] = {}
+        """The handlers :meth:`subscriber` registered, by subscription name."""
+        self._saga_definitions: dict[str, Saga] = {}
+        self._observers: list[Any] = []
+        """The worker observers (``add_observer``), for every worker started from now on."""
+        self.dead_letters = self._dead_letters(self)
+        """List, show, replay and purge dead letters."""
+
+    _dead_letters: Callable[[BrokerBase], DeadLettersBase]
+    """The face's kind of :class:`DeadLettersBase`."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self._url)!r})"
+
+    # --- the schema, checked before the first operation -----------------------------------
+
+    def _ready(self) -> Backend:
+        if not self._is_ready:
+            with self._ready_lock:
+                if not self._is_ready:
+                    # Read the version first: a migration takes the write lock, which a
+                    # caller's open transaction (conn=) may hold on SQLite.
+                    if self._migrate:
+                        try:
+                            self._backend.check_schema()
+                        except SchemaError:
+                            self._backend.migrate()
+                    self._backend.check_schema()
+                    self._is_ready = True
+        return self._backend
+
+    async def _ready_async(self) -> Backend:
+        if self._is_ready:
+            return self._backend
+        # Once per broker: the schema is read (and migrated) by the blocking backend.
+        return await asyncio.to_thread(self._ready)
+
+    def _migrated(self, applied: list[int]) -> list[int]:
+        self._backend.check_schema()
+        self._is_ready = True
+        return applied
+
+    # --- configuration (plain reads: no property runs anything) ---------------------------
+
+    @property
+    def url(self) -> str:
+        """The database URL with any password replaced by ``***``."""
+        return str(self._url)
+
+    @property
+    def backend(self) -> Backend:
+        """The storage backend (for the runtime and advanced use); its schema is checked
+        (or migrated, with ``migrate=True``) by the first operation, not here."""
+        return self._backend
+
+    @property
+    def limits(self) -> Limits:
+        """The limits every publish and subscribe is checked against (``max_copies``, …)."""
+        return self._limits
+
+    @property
+    def publish_defaults(self) -> PublishDefaults:
+        """The defaults every publish starts from (``max_attempts``, ``dedupe_window``, …)."""
+        return self._defaults
+
+    @property
+    def lease(self) -> float:
+        """The default lease, in seconds."""
+        return self._lease
+
+    @property
+    def backend_name(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._url.scheme
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the database is SQLite's ``:memory:`` one (gone when the broker closes)."""
+        return self._url.path == ":memory:"
+
+    @property
+    def result_ttl(self) -> float:
+        """How long stored results are kept, in seconds."""
+        return self._result_ttl
+
+    @property
+    def sagas(self) -> Sagas:
+        """Start, cancel and read sagas (``broker.sagas.start(saga, data)``; blocking on
+        both faces); see :mod:`sqlbroker.features.sagas`. Steps are handled by the
+        :meth:`saga_step` and :meth:`saga_compensation` subscribers."""
+        return Sagas(
+            self._backend,
+            self._defaults,
+            handled=self.subscribers.keys,
+            checked=self._sagas_checked,
+        )
+
+    # --- hooks ---------------------------------------------------------------------------
+
+    def add_header_hook(self, hook: Callable[[], Mapping[str, str]]) -> None:
+        """Call ``hook()`` once per publish call and add the headers it returns to each
+        message that does not set them itself (tracing injects ``traceparent`` this way)."""
+        self._header_hooks.append(hook)
+
+    def add_publish_listener(self, listener: Callable[[str | None], None]) -> None:
+        """Call ``listener(subscription)`` after each publish this broker commits
+        (``None``: any subscription may have new work). In-process wake-ups use it."""
+        self._publish_listeners.append(listener)
+
+    def remove_publish_listener(self, listener: Callable[[str | None], None]) -> None:
+        """Stop calling a listener added by :meth:`add_publish_listener` (unknown: no-op)."""
+        with contextlib.suppress(ValueError):
+            self._publish_listeners.remove(listener)
+
+    # --- subscribers ---------------------------------------------------------------------
+
+    def subscriber(
+        self,
+        name: str | None = None,
+        *,
+        topics: Sequence[str] | str | None = None,
+        queue: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        prefetch: int | None = None,
+        lease: float | timedelta | None = None,
+        timeout: float | timedelta | None = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        ack: AckMode = "auto",
+        on_dead_letter: DeadLetterHook | None = None,
+        max_running: int | None = None,
+        key_concurrency: int | None = None,
+        rate_limit: str | Rate | None = None,
+        key_rate_limit: str | Rate | None = None,
+        fair: bool | None = None,
+    ) -> Callable[[H], H]:
+        """Register the decorated function (``async def`` or plain ``def``) as the handler
+        of a subscription: ``topics=[patterns]`` for pub/sub (named ``name``, default the
+        function's name) or ``queue=name`` for point-to-point.
+
+        - ``concurrency``: handlers running at once in each worker process (plain functions
+          run in a thread pool, never on the event loop);
+        - ``prefetch``: extra messages claimed ahead of free slots, so that the next batch
+          is at hand when handlers finish. By default the worker sizes it from the handler's
+          recent run time: as many as finish within about 50 ms on the free slots, at least
+          the concurrency and at most 100, so fast handlers get one claim per batch and slow
+          ones hold no more leases than they can start soon;
+        - ``lease``: seconds a claim is held before redelivery (kept alive while running);
+        - ``timeout``: a handler running longer is cancelled and counts as failed
+          (default 300 s; ``None`` for no limit);
+        - ``retry``: a :class:`RetryPolicy` (default: the message's max attempts, 1 s
+          exponential backoff with full jitter, capped at 300 s);
+        - ``ack``: ``"auto"`` settles from the handler's result; ``"manual"`` leaves it to
+          ``msg.ack()``, ``msg.nack(after=…)`` or ``msg.reject(reason)``;
+        - ``on_dead_letter(msg, reason)``: called after a message was dead-lettered;
+        - flow limits, for the subscription as a whole across every worker and host
+          (docs/flow-control.md): ``max_running`` copies running at once,
+          ``key_concurrency`` per ordering key, ``rate_limit`` / ``key_rate_limit`` claims
+          per period (``"100/min"``), ``fair`` round-robin across ordering keys. When any
+          is given the worker sets exactly these at start (the others off); with none it
+          leaves the subscription's own (``Broker.set_flow``, ``sqlbroker flow``).
+        """
+
+        def register(handler: H) -> H:
+            spec = make_spec(
+                handler,
+                name=name,
+                topics=topics,
+                queue=queue,
+                concurrency=concurrency,
+                prefetch=prefetch,
+                lease=lease,
+                timeout=timeout,
+                retry=retry,
+                ack=ack,
+                on_dead_letter=on_dead_letter,
+                max_running=max_running,
+                key_concurrency=key_concurrency,
+                rate_limit=rate_limit,
+                key_rate_limit=key_rate_limit,
+                fair=fair,
+            )
+            if spec.name in self.subscribers:
+                raise SqlbrokerError(f"a subscriber for {spec.name!r} is already registered")
+            self.subscribers[spec.name] = spec
+            return handler
+
+        return register
+
+    # --- the operations, each written once (see the modules for their contracts) ---------
+
+    migrate = operation(inspection.migrate, checked=False)
+    schema_version = operation(inspection.schema_version, checked=False)
+
+    publish = operation(publishing.publish)
+    publish_many = operation(publishing.publish_many)
+    send = operation(publishing.send)
+    send_many = operation(publishing.send_many)
+    subscribe = operation(publishing.subscribe)
+    unsubscribe = operation(publishing.unsubscribe)
+    subscriptions = operation(publishing.subscriptions)
+    pause = operation(publishing.pause)
+    resume = operation(publishing.resume)
+    forget = operation(publishing.forget)
+
+    claim = operation(consuming.claim)
+    complete = operation(consuming.complete)
+    retry = operation(consuming.retry)
+    dead_letter = operation(consuming.dead_letter)
+    extend = operation(consuming.extend)
+    release = operation(consuming.release)
+    cancel = operation(consuming.cancel)
+
+    pending = operation(inspection.pending)
+    archive = operation(inspection.archive)
+    stats = operation(inspection.stats)
+    workers = operation(inspection.workers)
+    metrics_series = operation(inspection.metrics_series)
+    unrouted = operation(inspection.unrouted)
+    audit = operation(inspection.audit)
+    retention = operation(inspection.retention)
+    set_retention = operation(inspection.set_retention)
+    flow = operation(inspection.flow)
+    set_flow = operation(inspection.set_flow)
+    reap = operation(inspection.reap)
+
+    schedule = operation(scheduling.schedule)
+    unschedule = operation(scheduling.unschedule)
+    schedules = operation(scheduling.schedules)
+    pause_schedule = operation(scheduling.pause_schedule)
+    resume_schedule = operation(scheduling.resume_schedule)
+    run_due_schedules = operation(scheduling.run_due_schedules)
+
+    # --- used by the plans -----------------------------------------------------------------
+
+    def _published(self, queue: str | None) -> None:
+        """Tell the publish listeners that a publish committed. With ``conn=`` the caller
+        has not committed yet: NOTIFY or the change watcher tells the workers once it does."""
+        for listener in list(self._publish_listeners):
+            listener(queue)

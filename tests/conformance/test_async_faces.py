@@ -1,0 +1,162 @@
+"""AsyncBroker as a face of its own: native on PostgreSQL (no thread per call), bounded
+connections across event loops, subscribers and a worker on the caller's loop; and no
+property of either face runs anything."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+import pytest
+
+import sqlbroker
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor (what ``asyncio.to_thread`` uses), counting its jobs."""
+
+    submitted = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        type(self).submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.postgres
+def test_async_calls_on_postgresql_run_on_the_loop(pg_url: str) -> None:
+    """After the first call (which reads the schema version once), publishes, claims and
+    settlements hop to no thread: the publish listener, called right after the insert,
+    runs on the loop's thread, and the loop's default executor gets no job."""
+    listened: set[int] = set()
+
+    async def scenario() -> int:
+        asyncio.get_running_loop().set_default_executor(_CountingExecutor())
+        async with sqlbroker.AsyncBroker(pg_url) as broker:
+            broker.add_publish_listener(lambda _: listened.add(threading.get_ident()))
+            await broker.send("warmup", 0)
+            before = _CountingExecutor.submitted
+            await broker.subscribe("sub", "orders.*")
+            for n in range(10):
+                await broker.publish("orders.created", n)
+            await broker.send_many("q", [1, 2, 3])
+            deliveries = await broker.claim("sub", limit=20)
+            await broker.complete(deliveries[:5])
+            await broker.retry(deliveries[5], after=60)
+            await broker.extend(deliveries[6])
+            await broker.release(deliveries[7:])
+            assert await broker.pending("sub")
+            assert await broker.dead_letters.list() == []
+            async with broker.once("charge", 1) as first:
+                assert first
+            return _CountingExecutor.submitted - before
+
+    assert asyncio.run(scenario()) == 0
+    assert listened == {threading.get_ident()}
+
+
+def _connections(url: str, application: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _settled(url: str, application: str, at_most: int) -> int:
+    """The count once the server has seen closed sessions go (their backends exit a
+    moment after the client hangs up)."""
+    for _ in range(100):
+        count = _connections(url, application)
+        if count <= at_most:
+            return count
+        threading.Event().wait(0.05)
+    return count
+
+
+@pytest.mark.postgres
+def test_successive_event_loops_keep_connections_bounded(pg_url: str) -> None:
+    """``asyncio.run(broker.send(…))`` 25 times without closing: each loop's pool is closed
+    when the next loop comes, so the connections stay within the pool size."""
+    application = f"sqlbroker-loops-{uuid.uuid4().hex[:8]}"
+    broker = sqlbroker.AsyncBroker(pg_url, application_name=application, pool_size=4)
+    counts = []
+    for n in range(25):
+        asyncio.run(broker.send("q", n))
+        counts.append(_connections(pg_url, application))
+    assert max(counts) <= 4, counts
+    asyncio.run(broker.close())
+    assert _settled(pg_url, application, 0) == 0
+
+    async def in_a_block() -> None:
+        async with sqlbroker.AsyncBroker(pg_url, application_name=application) as opened:
+            await asyncio.gather(*(opened.send("q", n) for n in range(20)))
+
+    asyncio.run(in_a_block())
+    assert _settled(pg_url, application, 0) == 0
+    with sqlbroker.Broker(pg_url) as check:
+        assert len(check.pending("q")) == 45
+
+
+def test_async_broker_runs_subscribers_on_the_callers_loop(backend_url: str) -> None:
+    handled: list[int] = []
+
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+
+            @broker.subscriber(queue="jobs", concurrency=2)
+            async def job(message: sqlbroker.Message) -> int:
+                handled.append(message.payload)
+                return int(message.payload) * 2
+
+            ids = await broker.send_many("jobs", list(range(6)))
+            await broker.run_until_idle(timeout=30)
+            results = [await broker.result(i) for i in ids]
+            assert [r.value for r in results if r is not None] == [0, 2, 4, 6, 8, 10]
+
+            task = asyncio.ensure_future(broker.run(install_signal_handlers=False))
+            await broker.send("jobs", 6)
+            for _ in range(600):
+                if 6 in handled:
+                    break
+                await asyncio.sleep(0.05)
+            broker.stop()
+            await task
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(7))
+
+
+@pytest.fixture
+def empty_postgres(pg_server: Any) -> Iterator[str]:
+    name = f"sqlbroker_empty_{uuid.uuid4().hex[:12]}"
+    pg_server.create_database(name)
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_server.drop_database(name)
+
+
+@pytest.mark.postgres
+def test_reading_properties_runs_nothing(empty_postgres: str) -> None:
+    """``broker.backend`` (and every other property) only reads: with ``migrate=True`` the
+    first operation migrates, or ``migrate()`` — never a property."""
+    with sqlbroker.Broker(empty_postgres, migrate=True) as broker:
+        for name in ("backend", "url", "limits", "lease", "sagas", "result_ttl"):
+            getattr(broker, name)
+        assert broker.backend.schema_version() == 0
+        assert broker.schema_version() == 0
+        broker.send("q", 1)
+        assert broker.schema_version() > 0
+
+    async def scenario() -> int:
+        async with sqlbroker.AsyncBroker(empty_postgres) as broker:
+            broker.backend  # noqa: B018
+            return await broker.schema_version()
+
+    assert asyncio.run(scenario()) > 0
