@@ -280,3 +280,12 @@ def test_listing_and_bad_input(clocked_broker: sqlbroker.Broker) -> None:
         Saga("dup", ["a", "a"])
     with pytest.raises(sqlbroker.InvalidOption):
         Saga("empty", [])
+
+
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # no handlers in this test
+def test_sagas_are_the_first_operation_of_a_migrating_broker(backend_url: str) -> None:
+    """``broker.sagas`` checks (and migrates) the schema like every other operation: a
+    saga started before anything else on an empty database finds its tables."""
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+        saga_id = broker.sagas.start(Saga("first", [Step("only")], timeout=60), {"n": 1})
+        assert broker.sagas.get(saga_id).status == SagaStatus.RUNNING

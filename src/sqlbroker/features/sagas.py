@@ -104,13 +104,13 @@ class Sagas:
 
     def __init__(
         self,
-        backend: Backend,
+        ready: Callable[[], Backend],
         defaults: PublishDefaults,
         *,
         handled: Callable[[], Collection[str]] | None = None,
         checked: set[str] | None = None,
     ) -> None:
-        self._backend = backend
+        self._ready = ready
         self._defaults = defaults
         self._handled = handled
         self._checked = checked
@@ -164,7 +164,13 @@ class Sagas:
     def backend(self) -> Backend:
         """The backend whose ``begin(conn)`` adapts a caller's connection into the ``Tx``
         the transitions below run in."""
-        return self._backend
+        return self._ready()
+
+    @property
+    def _backend(self) -> Backend:
+        # The broker's backend, its schema checked (and migrated, if the broker was told
+        # to) before the first saga operation, as for every other operation.
+        return self._ready()
 
     def _start(self, tx: Tx, saga: Saga, new: NewSaga) -> None:
         if not tx.saga_insert(saga=new):

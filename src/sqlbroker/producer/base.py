@@ -229,7 +229,7 @@ class BrokerBase(Face):
         both faces); see :mod:`sqlbroker.features.sagas`. Steps are handled by the
         :meth:`saga_step` and :meth:`saga_compensation` subscribers."""
         return Sagas(
-            self._backend,
+            self._ready,
             self._defaults,
             handled=self.subscribers.keys,
             checked=self._sagas_checked,
