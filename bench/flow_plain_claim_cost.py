@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import sqlbroker
-from pgserver import PostgresServer
-from sqlbroker.storage.sql import parse_blocks
+import sqlbroker  # noqa: E402
+from pgserver import PostgresServer  # noqa: E402
+from sqlbroker.storage.sql import parse_blocks  # noqa: E402
 
 FILES = {
     "sqlite": "src/sqlbroker/storage/sqlite/queries.sql",

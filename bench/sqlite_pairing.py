@@ -28,6 +28,5 @@ for _ in range(ROUNDS):
     started = time.perf_counter()
     backend.message_settle_many(settlements=[Settlement.complete(Lease.of(d)) for d in leased])
     times.append(time.perf_counter() - started)
-print(
-    f"{sys.argv[1]}: settle {len(leased)} completes, median {statistics.median(times) * 1000:.1f} ms"
-)
+median = statistics.median(times) * 1000
+print(f"{sys.argv[1]}: settle {len(leased)} completes, median {median:.1f} ms")
