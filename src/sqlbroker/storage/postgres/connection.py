@@ -108,6 +108,7 @@ class PostgresPool:
                 conn = pool.getconn()
         except psycopg.OperationalError as error:  # PoolTimeout among them
             raise self.not_connected(error, write=write) from None
+        self._callers.own(conn)
         watch = self._watcher.watch(conn) if watched else None
         try:
             try:
@@ -166,6 +167,7 @@ class PostgresPool:
             if not isinstance(error, PoolTimeout):
                 await pool.check()
             raise self.not_connected(error, write=write) from None
+        self._callers.own(conn)
         # The worker's claims and acks run here: a connection that gives no answer within
         # network_timeout (a peer gone silent with its TCP session kept alive in between,
         # where keepalives see nothing wrong) is shut down, so the call fails and the pool

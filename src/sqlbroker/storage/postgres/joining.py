@@ -44,6 +44,15 @@ class CallerConnections:
         )
         """Each caller's connection's identity: a session cannot change database, so one
         read per connection object (the cost of a ``conn=`` stays a dictionary lookup)."""
+        self._own: weakref.WeakSet[Any] = weakref.WeakSet()
+        """The pool's own connections, handed back to us as ``conn=`` by ``msg.transaction()``
+        (a saga step's bookkeeping): ours by construction, so never checked. Checking one
+        would take a second connection while holding the first, and handlers holding the
+        whole pool that way would wait for each other until the pool's timeout."""
+
+    def own(self, conn: Conn | AsyncConn) -> None:
+        """Remember ``conn`` as one of the pool's own connections."""
+        self._own.add(conn)
 
     def _translated(
         self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
@@ -118,6 +127,8 @@ class CallerConnections:
             raise self._translated(error, write=ours, conn=raw) from None
 
     def _check_same_database(self, raw: Conn) -> None:
+        if raw in self._own:
+            return
         theirs = self._identities.get(raw)
         if theirs is None:
             _status(raw)  # a failed transaction would refuse the read
@@ -131,6 +142,8 @@ class CallerConnections:
         self._refuse_other_database(theirs)
 
     async def _check_same_database_async(self, raw: AsyncConn) -> None:
+        if raw in self._own:
+            return
         theirs = self._identities.get(raw)
         if theirs is None:
             _status(raw)
