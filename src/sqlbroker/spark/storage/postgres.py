@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 import pyarrow as pa
+from psycopg import sql
 
 from sqlbroker.core.errors import (
     ConnectionLost,
@@ -283,7 +284,12 @@ class PostgresSparkStore:
                 if ordering_keys:
                     conn.execute(self._core["key_lock"], {"keys": ordering_keys})
                 result = conn.execute(
-                    self._sql["stage_page_insert"] + self._core["message_insert_routing"],
+                    sql.Composed(
+                        [
+                            sql.SQL(self._sql["stage_page_insert"]),
+                            sql.SQL(self._core["message_insert_routing"]),
+                        ]
+                    ),
                     {
                         **page,
                         "seqs": seqs,

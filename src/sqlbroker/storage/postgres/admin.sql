@@ -149,3 +149,4 @@ UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM {schema}sqlbroker_spark
 UNION ALL SELECT 'sqlbroker_identity', count(*) FROM {schema}sqlbroker_identity
 UNION ALL SELECT 'sqlbroker_tenant', count(*) FROM {schema}sqlbroker_tenant
 UNION ALL SELECT 'sqlbroker_flow_bucket', count(*) FROM {schema}sqlbroker_flow_bucket
+UNION ALL SELECT 'sqlbroker_task_result', count(*) FROM {schema}sqlbroker_task_result

@@ -146,3 +146,4 @@ UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM sqlbroker_spark_claim
 UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM sqlbroker_spark_export
 UNION ALL SELECT 'sqlbroker_identity', count(*) FROM sqlbroker_identity
 UNION ALL SELECT 'sqlbroker_flow_bucket', count(*) FROM sqlbroker_flow_bucket
+UNION ALL SELECT 'sqlbroker_task_result', count(*) FROM sqlbroker_task_result
