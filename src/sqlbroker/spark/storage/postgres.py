@@ -44,6 +44,7 @@ from sqlbroker.spark.storage.columns import (
     columns_of,
     content_hash,
     fill_columns,
+    stage_params,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import Lease, Settlement
@@ -179,6 +180,22 @@ class PostgresSparkStore:
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
     ) -> int:
         staged_at = self._backend.now()
+        with self._tx() as conn:
+            (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
+            if secured:
+                # Under tenant isolation the staging table has row security, which COPY
+                # refuses: the rows go in one INSERT each (the policy checks every one).
+                params = stage_params(
+                    job=job,
+                    partition=partition,
+                    attempt=attempt,
+                    first_seq=first_seq,
+                    rows=rows,
+                    now=staged_at,
+                )
+                with conn.cursor() as cursor:
+                    cursor.executemany(self._sql["stage_insert"], params)
+                return len(params)
         with (
             self._tx() as conn,
             conn.cursor() as cursor,

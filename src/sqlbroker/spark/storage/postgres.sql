@@ -186,6 +186,11 @@ JOIN pg_database d ON d.datname = current_database()
 -- the driver publishes a page of a task attempt with two statements that never bring a
 -- payload back to Python (reserve the keys, then insert with the broker's own routing).
 
+-- name: stage_row_security
+-- Whether row security applies to this session's writes to the staging table (a tenant's
+-- role under isolation): COPY is refused there.
+SELECT row_security_active('{schema}sqlbroker_spark_stage')
+
 -- name: stage_copy
 COPY {schema}sqlbroker_spark_stage (
     job_id, partition_id, attempt, seq, topic, payload, content_type, headers, priority,
