@@ -32,6 +32,7 @@ from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT
 from sqlbroker.runtime.sagas import saga_handler
 from sqlbroker.runtime.worker import Worker
+from sqlbroker.runtime.writeback import DEFAULT_WRITE_BACKLOG, DEFAULT_WRITE_BATCH
 from sqlbroker.storage.backend import Backend
 
 H = TypeVar("H", bound=Callable[..., Any])
@@ -130,8 +131,8 @@ class _Base(BrokerBase):
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         schedules: bool = True,
         listen: bool = True,
-        write_batch: int = 500,
-        write_backlog: int = 5000,
+        write_batch: int = DEFAULT_WRITE_BATCH,
+        write_backlog: int = DEFAULT_WRITE_BACKLOG,
     ) -> Worker:
         """A worker for all registered subscribers (or the named ones). It also publishes
         the ticks of durable schedules unless ``schedules=False``. ``listen=False`` opens no
@@ -186,8 +187,8 @@ class _Base(BrokerBase):
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         schedules: bool = True,
         listen: bool = True,
-        write_batch: int = 500,
-        write_backlog: int = 5000,
+        write_batch: int = DEFAULT_WRITE_BATCH,
+        write_backlog: int = DEFAULT_WRITE_BACKLOG,
     ) -> Plan[None]:
         """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT, or
         ``timeout`` seconds): blocking on ``Broker``, on the caller's loop on
@@ -209,8 +210,8 @@ class _Base(BrokerBase):
         heartbeat_interval: float = DEFAULT_HEARTBEAT,
         schedules: bool = True,
         listen: bool = True,
-        write_batch: int = 500,
-        write_backlog: int = 5000,
+        write_batch: int = DEFAULT_WRITE_BATCH,
+        write_backlog: int = DEFAULT_WRITE_BACKLOG,
     ) -> Plan[None]:
         """Run until the subscriptions have no ready, scheduled or running messages left
         (or ``timeout`` seconds pass). For scripts and tests."""

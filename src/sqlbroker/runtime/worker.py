@@ -36,7 +36,13 @@ from sqlbroker.runtime.handler_threads import HandlerThreads
 from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRecorder
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.scheduler import Scheduler
-from sqlbroker.runtime.writeback import FlushReport, WriteBack, wait_any
+from sqlbroker.runtime.writeback import (
+    DEFAULT_WRITE_BACKLOG,
+    DEFAULT_WRITE_BATCH,
+    FlushReport,
+    WriteBack,
+    wait_any,
+)
 from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
@@ -113,8 +119,8 @@ class Worker:
         observers: Sequence[WorkerObserver] = (),
         schedules: bool = True,
         listen: bool = True,
-        write_batch: int = 500,
-        write_backlog: int = 5000,
+        write_batch: int = DEFAULT_WRITE_BATCH,
+        write_backlog: int = DEFAULT_WRITE_BACKLOG,
     ) -> None:
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")

@@ -38,6 +38,10 @@ from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
 MAX_DOUBLINGS = 30
+DEFAULT_WRITE_BATCH = 500
+"""Outcomes written per database call."""
+DEFAULT_WRITE_BACKLOG = 5000
+"""Outcomes and unsettled claims a worker holds at most."""
 
 
 def retry_pause(failures: int, *, first: float, cap: float) -> float:
