@@ -13,6 +13,7 @@ and durations: :func:`scaled` and :func:`scaled_seconds`. ``make faults-long`` r
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import sqlite3
@@ -135,6 +136,23 @@ class Fleet:
         process.send(SIGNALS[kind])
         if kind == "kill":
             process.wait(timeout=30)
+
+    def at_work(self, process: ModuleProcess) -> bool:
+        """Whether ``process`` runs a handler now, read from its history: a delivery
+        started and not yet handled (a kill then leaves something to deliver again)."""
+        running: set[tuple[object, object]] = set()
+        for path in self.directory.glob(f"*-{process.pid}.jsonl"):
+            for line in path.read_text().splitlines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                handler = (event.get("delivery"), event.get("token"))
+                if event["op"] == "deliver":
+                    running.add(handler)
+                elif event["op"] == "handled":
+                    running.discard(handler)
+        return bool(running)
 
     def alive(self, name: str | None = None) -> list[ModuleProcess]:
         return [
