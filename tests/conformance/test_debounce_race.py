@@ -76,9 +76,7 @@ def test_replacing_publishers_racing_a_worker_lose_nothing(pg_url: str) -> None:
             with sqlbroker.Broker(pg_url) as worker:
                 while True:
                     finished = done.is_set()
-                    waiting = [
-                        m for m in worker.pending("sync") if m.state is not State.RUNNING
-                    ]
+                    waiting = [m for m in worker.pending("sync") if m.state is not State.RUNNING]
                     most_waiting = max(most_waiting, len(waiting))
                     claimed = worker.claim("sync", limit=10)
                     for delivery in claimed:

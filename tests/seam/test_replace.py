@@ -56,7 +56,7 @@ def test_replace_folds_a_batch_and_later_sends_into_one_pending_copy(backend: An
 def test_a_running_copy_is_never_replaced(backend: Any) -> None:
     first = _replacing("jobs", 1)
     backend.message_insert_many(messages=[first], subscription="jobs")
-    (running,) = claim(backend, "jobs")
+    assert len(claim(backend, "jobs")) == 1
     second = _replacing("jobs", 2)
     assert backend.message_insert_many(messages=[second], subscription="jobs").replaced == 0
     assert _states(backend, "jobs") == [
@@ -81,9 +81,7 @@ def test_debounce_moves_the_pending_copy_within_its_maximum_wait(
     clock.advance(7.5)
     third = _replacing("jobs", 3, debounce=10.0, debounce_max=15.0)
     backend.message_insert_many(messages=[third], subscription="jobs")
-    assert [(d.message_id, d.payload) for d in claim(backend, "jobs")] == [
-        (third.message_id, 3)
-    ]
+    assert [(d.message_id, d.payload) for d in claim(backend, "jobs")] == [(third.message_id, 3)]
 
 
 def test_replace_joins_the_callers_transaction_and_rolls_back_with_it(backend: Any) -> None:
