@@ -383,7 +383,7 @@ class Worker:
             else:
                 self._broker.subscribe(spec.name, list(spec.patterns), replace=True)
             if spec.flow is not None:
-                backend.flow_set(name=spec.name, limits=spec.flow, actor=f"worker:{self.name}")
+                backend.flow_set(name=spec.name, limits=spec.flow)
 
     async def _guard(self, name: str, work: Awaitable[None]) -> None:
         try:

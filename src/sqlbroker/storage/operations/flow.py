@@ -33,10 +33,11 @@ def flow_set(
     note: str | None = None,
 ) -> Plan[bool]:
     """Set the subscription's flow limits (all of them); False if it is unknown. With an
-    ``actor`` (every public caller: ``Broker.set_flow``, the CLI, a worker's subscriber
-    options) a change is recorded in the audit trail (action ``subscription.flow``: the
-    limits before and after, ``actor`` and ``note``); setting the limits it has already
-    writes nothing."""
+    ``actor`` (an operator's change: ``Broker.set_flow``, the CLI) a change is recorded
+    in the audit trail (action ``subscription.flow``: the limits before and after,
+    ``actor`` and ``note``); a worker declaring its subscriber's limits gives none (its
+    role may not write the audit trail). Setting the limits it has already writes
+    nothing."""
     before = yield query("flow_list", name=name)
     if not before:
         return False

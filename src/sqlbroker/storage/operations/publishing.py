@@ -171,12 +171,12 @@ def _replace_pending(settings: Settings, message: NewMessage) -> Plan[int]:
 
     Each new copy went in like any keyed copy, last of its key in its subscription (blocked
     behind any earlier one). Where the copy just before it is of the same topic and still
-    pending (never claimed, not a replayed dead letter), that copy takes the new one's id,
-    payload and options (and, debounced, its new available time) and the new copy is
-    deleted; elsewhere the new copy stays. The key is locked (PostgreSQL) or the database
-    is (SQLite), so no other publisher of the key runs in between; a worker that claims the
-    pending copy first wins: the replace skips a copy that is running by the time it locks
-    it, and the new copy stays queued behind it."""
+    pending (never claimed, not a replayed dead letter), that copy leaves and the new one
+    takes its place: its state, first enqueue time and available time (debounced: the new
+    one's, bounded by the first enqueue + ``debounce_max``). Elsewhere the new copy stays.
+    The key is locked (PostgreSQL) or the database is (SQLite), so no other publisher of
+    the key runs in between; a worker that claims the pending copy first wins: a running
+    copy is never replaced, and the new copy stays queued behind it."""
     rows = yield query(
         "message_replace",
         message_id=message.message_id,
@@ -184,10 +184,7 @@ def _replace_pending(settings: Settings, message: NewMessage) -> Plan[int]:
         debounce_max=message.debounce_max,
         channel=settings.notify_channel,
     )
-    replaced = int(rows[0][0]) if rows else 0
-    if replaced:
-        yield query("message_replace_drop", message_id=message.message_id)
-    return replaced
+    return int(rows[0][0]) if rows else 0
 
 
 def _columns(messages: Sequence[NewMessage]) -> dict[str, list[Any]]:
