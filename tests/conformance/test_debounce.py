@@ -11,9 +11,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import sqlbroker
 from sqlbroker import State
+from sqlbroker.interfaces.cli import cli
 
 
 def _queued(broker: sqlbroker.Broker, subscription: str) -> list[tuple[str, State]]:
@@ -229,3 +231,27 @@ def test_the_async_broker_replaces_and_debounces_the_same_way(backend_url: str) 
             return [d.payload for d in await broker.claim("sync", limit=10)]
 
     assert asyncio.run(main()) == [2]
+
+
+def test_the_cli_sends_with_replace_and_debounce(backend_url: str) -> None:
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str, str]:
+        result = runner.invoke(cli, ["--url", backend_url, *args])
+        return result.exit_code, result.stdout, result.stderr
+
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+        assert run("send", "sync", '{"v": 1}', "--key", "doc", "--replace")[0] == 0
+        code, out, _ = run(
+            "send", "sync", '{"v": 2}', "--key", "doc", "--debounce", "30s", "--debounce-max", "2m"
+        )
+        assert code == 0
+        assert [(m.message_id, m.state) for m in broker.pending("sync")] == [
+            (out.strip(), State.SCHEDULED)
+        ]
+        before = broker.backend.table_counts()
+        for args in (("--debounce", "30"), ("--key", "doc", "--debounce", "0")):
+            code, out, err = run("send", "sync", "3", *args)
+            assert (code, out, err.count("\n")) == (2, "", 1)
+            assert err.startswith("error: debounce: ")
+        assert broker.backend.table_counts() == before

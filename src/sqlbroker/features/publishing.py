@@ -175,7 +175,7 @@ def _replace_options(
     if replacing and not keyed:
         option = "replace" if debounce_s is None else "debounce"
         raise InvalidOption(
-            name(option), "needs key= (the ordering key whose pending copy it replaces)"
+            name(option), "needs an ordering key (key), whose pending copy it replaces"
         )
     return replacing, debounce_s, debounce_max_s
 
