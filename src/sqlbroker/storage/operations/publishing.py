@@ -105,7 +105,9 @@ def message_insert_many(
     ``dedupe_window`` seconds: a duplicate returns the original's id and writes nothing, a
     conflicting one raises ``IdempotencyConflict`` and writes nothing. More than
     ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing. A copy whose
-    ordering key already has a copy in its subscription starts ``blocked`` behind it."""
+    ordering key already has a copy in its subscription starts ``blocked`` behind it. A
+    message marked ``replace`` (or ``debounce``) then takes the place of its key's pending
+    copy of the same topic where there is one (:func:`_replace_pending`)."""
     ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
     if ordering_keys and settings.key_locks:
         yield query("key_lock", keys=ordering_keys)
