@@ -61,15 +61,16 @@ def publish(
     clock is read, and such a message expires undelivered if its expiry comes first.
 
     ``replace=True`` (with ``key``): in each subscription where the key's last copy is
-    of this topic and still pending (never claimed), that copy takes this message's id,
-    payload, headers and options instead of a new copy being enqueued; it keeps its place
-    and its available time. A copy already claimed is not touched: a new one queues
-    behind it. ``debounce`` (seconds, with ``key``; implies ``replace``): the pending copy
-    is replaced and waits until ``debounce`` after the last publish, but no longer than
-    ``debounce_max`` after it was first enqueued; with none pending the message waits
-    ``debounce`` like a delay. A burst of publishes of one key is delivered once, with
-    the last payload (docs/flow-control.md, "Debounce and replace"). The id a replaced
-    publish returned no longer names a pending message.
+    of this topic and still pending (never claimed), this message takes that copy's
+    place instead of queueing behind it: the pending copy leaves, and this one inherits
+    its position in the key's order, first enqueue time and available time. A copy
+    already claimed is not touched: a new one queues behind it. ``debounce`` (seconds,
+    with ``key``; implies ``replace``): the pending copy is replaced and waits until
+    ``debounce`` after the last publish, but no longer than ``debounce_max`` after it
+    was first enqueued; with none pending the message waits ``debounce`` like a delay.
+    A burst of publishes of one key is delivered once, with the last payload
+    (docs/flow-control.md, "Debounce and replace"). The id a replaced publish returned
+    no longer names a pending message.
 
     ``conn`` joins the caller's transaction: a psycopg 3 connection (sync or async),
     sqlite3, SQLAlchemy (sync or asyncio) or Django; a sync one is used on the calling
