@@ -591,6 +591,23 @@ assert result is not None and result.value == {"total": 25.0}
 ]
 
 
+# docs/flow-control.md, "Debounce and replace" (session 16)
+CASES += [
+    Case(
+        "docs/flow-control.md",
+        'key="doc-7", replace=True)',
+        prelude=BROKER_FROM_ENV,
+        epilogue="""
+from sqlbroker import State
+pending = {m.key: m.state for m in broker.pending("search-index")}
+assert pending == {"doc-7": State.AVAILABLE, "doc-8": State.SCHEDULED}
+(rev,) = broker.claim("search-index", limit=10)
+assert rev.payload == {"doc": 7, "rev": 2}
+""",
+    ),
+]
+
+
 CASES += [
     Case(
         "docs/observability.md",

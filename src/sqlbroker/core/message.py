@@ -133,7 +133,11 @@ class NewMessage:
     """A validated, encoded message on its way into storage.
 
     ``delay``/``ttl`` are seconds relative to the storage clock; ``available_at`` and
-    ``expires_at`` are absolute and win when given.
+    ``expires_at`` are absolute and win when given. With ``replace`` the message takes
+    the place of its ordering key's pending copy of the same topic in each subscription
+    (docs/flow-control.md, "Debounce and replace"); ``debounce`` (then also ``delay``)
+    pushes that copy's available time to now + ``debounce``, never past its first enqueue
+    + ``debounce_max``.
     """
 
     message_id: str
@@ -151,6 +155,9 @@ class NewMessage:
     expires_at: datetime | None
     max_attempts: int
     dedupe_window: float
+    replace: bool = False
+    debounce: float | None = None
+    debounce_max: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound
 from sqlbroker.core.flow import Flow, FlowLimits, flow_limits
 from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.storage.backend import Backend
 
 
@@ -23,14 +24,24 @@ def flow_list(backend: Backend, subscription: str | None) -> list[Flow]:
 
 
 def flow_change(
-    backend: Backend, subscription: str, options: Mapping[str, object], *, reset: bool
+    backend: Backend,
+    subscription: str,
+    options: Mapping[str, object],
+    *,
+    reset: bool,
+    actor: str | None = None,
+    note: str | None = None,
 ) -> Flow:
     """Change the limits named in ``options`` (``None``: remove that limit), the others
-    kept (``reset=True``: the others removed). Every value is checked before any SQL."""
+    kept (``reset=True``: the others removed), recorded in the audit trail as done by
+    ``actor`` (default ``api:<user>``). Every value is checked before any SQL."""
     validate_topic(subscription, "subscription")
     validate.flag(reset, "reset")
     flow_limits(options)
+    who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+    why = None if note is None else validate.reason(note, "note")
     base = FlowLimits() if reset else flow_list(backend, subscription)[0].limits
-    if not backend.flow_set(name=subscription, limits=flow_limits(options, base=base)):
+    limits = flow_limits(options, base=base)
+    if not backend.flow_set(name=subscription, limits=limits, actor=who, note=why):
         raise NotFound(f"no subscription named {subscription!r}")
     return flow_list(backend, subscription)[0]

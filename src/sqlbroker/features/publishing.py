@@ -32,6 +32,9 @@ PUBLISH_OPTIONS = frozenset(
         "idempotency_key",
         "dedupe_window",
         "content_type",
+        "replace",
+        "debounce",
+        "debounce_max",
     }
 )
 
@@ -61,6 +64,9 @@ def build_message(
     idempotency_key: object = None,
     dedupe_window: object = None,
     content_type: object = None,
+    replace: object = False,
+    debounce: object = None,
+    debounce_max: object = None,
     field_prefix: str = "",
 ) -> NewMessage:
     """Validate one publish and encode it."""
@@ -79,6 +85,15 @@ def build_message(
     if ttl is not None and expires_at is not None:
         raise InvalidOption(name("expires_at"), "give ttl or expires_at, not both")
     delay_s = validate.optional_seconds(delay, name("delay"))
+    ordering_key = validate.key(key, name("key"))
+    replacing, debounce_s, debounce_max_s = _replace_options(
+        replace, debounce, debounce_max, keyed=ordering_key is not None, name=name
+    )
+    if debounce_s is not None:
+        if delay is not None or at is not None:
+            raise InvalidOption(name("debounce"), "give debounce or delay/at, not both")
+        # A debounced message that replaces nothing waits debounce, as a delay would.
+        delay_s = debounce_s
     ttl_s = validate.optional_seconds(ttl, name("ttl"))
     if ttl_s == 0:
         raise InvalidDuration(name("ttl"), "must be greater than zero")
@@ -118,7 +133,7 @@ def build_message(
         content_type=kind,
         headers=None if header_map is None else encode_json(header_map),
         priority=validate.priority(priority, name("priority")),
-        ordering_key=validate.key(key, name("key")),
+        ordering_key=ordering_key,
         idempotency_key=idem,
         payload_hash=None if idem is None else payload_hash(data, kind),
         delay=delay_s,
@@ -127,8 +142,42 @@ def build_message(
         expires_at=expires_dt,
         max_attempts=attempts,
         dedupe_window=window,
+        replace=replacing,
+        debounce=debounce_s,
+        debounce_max=debounce_max_s,
     )
     return message
+
+
+def _replace_options(
+    replace: object,
+    debounce: object,
+    debounce_max: object,
+    *,
+    keyed: bool,
+    name: Callable[[str], str],
+) -> tuple[bool, float | None, float | None]:
+    """``(replace, debounce, debounce_max)`` checked: a debounce replaces (it implies
+    ``replace``), both need an ordering key, a debounce is positive and its maximum wait
+    at least as long."""
+    replacing = validate.flag(replace, name("replace"))
+    debounce_s = validate.optional_seconds(debounce, name("debounce"))
+    if debounce_s == 0:
+        raise InvalidDuration(name("debounce"), "must be greater than zero")
+    debounce_max_s = validate.optional_seconds(debounce_max, name("debounce_max"))
+    if debounce_max_s is not None:
+        if debounce_s is None:
+            raise InvalidOption(name("debounce_max"), "needs debounce (the wait it bounds)")
+        if debounce_max_s < debounce_s:
+            raise InvalidDuration(name("debounce_max"), "must be at least debounce")
+    if debounce_s is not None:
+        replacing = True
+    if replacing and not keyed:
+        option = "replace" if debounce_s is None else "debounce"
+        raise InvalidOption(
+            name(option), "needs an ordering key (key), whose pending copy it replaces"
+        )
+    return replacing, debounce_s, debounce_max_s
 
 
 def build_batch(
@@ -217,6 +266,9 @@ def _build_queue_batch(
                 expires_at=first.expires_at,
                 max_attempts=first.max_attempts,
                 dedupe_window=first.dedupe_window,
+                replace=first.replace,
+                debounce=first.debounce,
+                debounce_max=first.debounce_max,
             )
         )
     return messages

@@ -134,7 +134,8 @@ def unrouted(
 def audit(
     broker: BrokerBase, *, limit: int = 100, before_id: int | None = None
 ) -> Plan[list[AuditEntry]]:
-    """Replays and purges of dead letters (who, when, which, why), newest first."""
+    """Replays and purges of dead letters, pauses, resumes and flow limit changes (who,
+    when, which, why), newest first."""
     count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
     if before_id is not None:
         before_id = validate.integer(before_id, "before_id", minimum=1, maximum=2**63 - 1)
@@ -215,13 +216,16 @@ def set_flow(
     rate_limit: str | Rate | Keep | None = KEEP,
     key_rate_limit: str | Rate | Keep | None = KEEP,
     fair: bool | Keep = KEEP,
+    actor: str | None = None,
+    note: str | None = None,
 ) -> Plan[Flow]:
     """Change a subscription's flow limits for every worker and host: ``max_running``,
     ``key_concurrency`` (integers from 1), ``rate_limit``, ``key_rate_limit``
     (``"100/min"``, ``"5/s"`` or a :class:`Rate`), ``fair`` (bool). A limit given as
     ``None`` is removed; those not named stay (``reset=True``: are removed). Bad values
     raise ``ValidationError`` before anything is written; ``NotFound`` for an unknown
-    subscription."""
+    subscription. A change is recorded in the audit trail (``subscription.flow``, the
+    limits before and after; ``actor`` defaults to ``api:<user>``)."""
     named = {
         "max_running": max_running,
         "key_concurrency": key_concurrency,
@@ -230,5 +234,7 @@ def set_flow(
         "fair": fair,
     }
     limits = {name: value for name, value in named.items() if value is not KEEP}
-    changed: Flow = yield blocking(flow_change, broker.backend, subscription, limits, reset=reset)
+    changed: Flow = yield blocking(
+        flow_change, broker.backend, subscription, limits, reset=reset, actor=actor, note=note
+    )
     return changed

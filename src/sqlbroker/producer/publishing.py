@@ -32,6 +32,9 @@ def publish(
     payload: Any,
     *,
     key: str | None = None,
+    replace: bool = False,
+    debounce: float | timedelta | None = None,
+    debounce_max: float | timedelta | None = None,
     priority: int = NORMAL,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
@@ -57,6 +60,18 @@ def publish(
     ``ttl``, ``delay`` with ``expires_at``) cannot be compared before the database's
     clock is read, and such a message expires undelivered if its expiry comes first.
 
+    ``replace=True`` (with ``key``): in each subscription where the key's last copy is
+    of this topic and still pending (never claimed), this message takes that copy's
+    place instead of queueing behind it: the pending copy leaves, and this one inherits
+    its position in the key's order, first enqueue time and available time. A copy
+    already claimed is not touched: a new one queues behind it. ``debounce`` (seconds,
+    with ``key``; implies ``replace``): the pending copy is replaced and waits until
+    ``debounce`` after the last publish, but no longer than ``debounce_max`` after it
+    was first enqueued; with none pending the message waits ``debounce`` like a delay.
+    A burst of publishes of one key is delivered once, with the last payload
+    (docs/flow-control.md, "Debounce and replace"). The id a replaced publish returned
+    no longer names a pending message.
+
     ``conn`` joins the caller's transaction: a psycopg 3 connection (sync or async),
     sqlite3, SQLAlchemy (sync or asyncio) or Django; a sync one is used on the calling
     thread by either face.
@@ -81,6 +96,9 @@ def send(
     payload: Any,
     *,
     key: str | None = None,
+    replace: bool = False,
+    debounce: float | timedelta | None = None,
+    debounce_max: float | timedelta | None = None,
     priority: int = NORMAL,
     delay: float | timedelta | None = None,
     at: datetime | None = None,
@@ -107,6 +125,9 @@ def send_many(
     payloads: Iterable[Any],
     *,
     key: str | None = None,
+    replace: bool = False,
+    debounce: float | timedelta | None = None,
+    debounce_max: float | timedelta | None = None,
     priority: int = NORMAL,
     delay: float | timedelta | None = None,
     at: datetime | None = None,

@@ -143,11 +143,14 @@ class RetentionBounds:
 
 @dataclass(frozen=True, slots=True)
 class InsertResult:
-    """The message id for each input, in order: a fresh id, or an earlier duplicate's id."""
+    """The message id for each input, in order: a fresh id, or an earlier duplicate's id;
+    ``replaced``: the pending copies that took a publish's place (``replace``/``debounce``)
+    instead of a new copy being enqueued."""
 
     message_ids: list[str]
     duplicates: int
     unrouted: int
+    replaced: int = 0
 
 
 ROLE_GROUPS = ("migrator", "producer", "consumer", "reader", "operator")

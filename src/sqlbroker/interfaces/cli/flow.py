@@ -11,7 +11,7 @@ from sqlbroker.core.errors import NotFound
 from sqlbroker.core.flow import Flow
 from sqlbroker.interfaces.cli.params import json_option
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
 _OFF = "none"
 
@@ -73,7 +73,7 @@ def flow(
         if limits or reset:
             if name is None:
                 raise InvalidUsage("give the subscription NAME whose flow limits to set")
-            rows = [session.broker().set_flow(name, reset=reset, **limits)]
+            rows = [session.broker().set_flow(name, reset=reset, actor=cli_actor(), **limits)]
         else:
             rows = session.reader().flow(name)
     except NotFound as error:

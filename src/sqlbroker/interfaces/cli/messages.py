@@ -42,6 +42,23 @@ _PUBLISH_OPTIONS: list[Callable[[F], F]] = [
         "--key", default=None, help="Ordering key: one key's messages are handled in order."
     ),
     click.option(
+        "--replace",
+        is_flag=True,
+        help="Take the place of the --key's pending message of this topic, if any.",
+    ),
+    click.option(
+        "--debounce",
+        type=DURATION,
+        default=None,
+        help="Replace (as --replace) and deliver once the --key is quiet this long.",
+    ),
+    click.option(
+        "--debounce-max",
+        type=DURATION,
+        default=None,
+        help="With --debounce: deliver at the latest this long after the first publish.",
+    ),
+    click.option(
         "--idempotency-key", default=None, help="A repeated key returns the first message id."
     ),
     click.option(
@@ -77,6 +94,9 @@ def _message_options(
     delay: float | None,
     ttl: float | None,
     key: str | None,
+    replace: bool,
+    debounce: float | None,
+    debounce_max: float | None,
     idempotency_key: str | None,
     headers: tuple[str, ...],
     max_attempts: int | None,
@@ -85,6 +105,9 @@ def _message_options(
         raise InvalidUsage("--content-type needs --raw (JSON payloads are application/json)")
     options: dict[str, Any] = {
         "key": key,
+        "replace": replace,
+        "debounce": debounce,
+        "debounce_max": debounce_max,
         "delay": delay,
         "ttl": ttl,
         "idempotency_key": idempotency_key,

@@ -9,11 +9,13 @@ flow-limited one's claims to ``message_claim_flow``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.flow import Claimed, Flow, FlowLimits, Rate
 from sqlbroker.core.message import Delivery
-from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.core.serde import encode_json
+from sqlbroker.storage.plan import Plan, atomic, query, reads
 from sqlbroker.storage.rows import deliveries_of
 
 if TYPE_CHECKING:
@@ -21,8 +23,27 @@ if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
 
 
-def flow_set(settings: Settings, *, name: str, limits: FlowLimits) -> Plan[bool]:
-    """Set the subscription's flow limits (all of them); False if it is unknown."""
+@atomic
+def flow_set(
+    settings: Settings,
+    *,
+    name: str,
+    limits: FlowLimits,
+    actor: str | None = None,
+    note: str | None = None,
+) -> Plan[bool]:
+    """Set the subscription's flow limits (all of them); False if it is unknown. With an
+    ``actor`` (an operator's change: ``Broker.set_flow``, the CLI) a change is recorded
+    in the audit trail (action ``subscription.flow``: the limits before and after,
+    ``actor`` and ``note``); a worker declaring its subscriber's limits gives none (its
+    role may not write the audit trail). Setting the limits it has already writes
+    nothing."""
+    before = yield query("flow_list", name=name)
+    if not before:
+        return False
+    previous = _limits_of(before[0])
+    if previous == limits:
+        return True
     rate, key_rate = limits.rate_limit, limits.key_rate_limit
     rows = yield query(
         "flow_set",
@@ -35,7 +56,40 @@ def flow_set(settings: Settings, *, name: str, limits: FlowLimits) -> Plan[bool]
         key_rate_period=None if key_rate is None else key_rate.period,
         fair=limits.fair,
     )
+    if rows and actor is not None:
+        detail = {
+            "subscription": name,
+            "before": _described(previous),
+            "after": _described(limits),
+            "note": note,
+        }
+        yield query(
+            "audit_insert", actor=actor, action="subscription.flow", detail=encode_json(detail)
+        )
     return bool(rows)
+
+
+def _described(limits: FlowLimits) -> dict[str, object]:
+    """Flow limits as the audit trail shows them (rates as ``"100/min"``)."""
+    rate, key_rate = limits.rate_limit, limits.key_rate_limit
+    return {
+        "max_running": limits.max_running,
+        "key_concurrency": limits.key_concurrency,
+        "rate_limit": None if rate is None else str(rate),
+        "key_rate_limit": None if key_rate is None else str(key_rate),
+        "fair": limits.fair,
+    }
+
+
+def _limits_of(row: Sequence[Any]) -> FlowLimits:
+    """The limits of a ``flow_list`` row."""
+    return FlowLimits(
+        max_running=_cap(row[1]),
+        key_concurrency=_cap(row[2]),
+        rate_limit=_rate(row[3], row[4]),
+        key_rate_limit=_rate(row[5], row[6]),
+        fair=bool(row[7]),
+    )
 
 
 def _rate(count: object, period: object) -> Rate | None:
@@ -55,13 +109,7 @@ def flow_list(settings: Settings, *, name: str | None) -> Plan[list[Flow]]:
     return [
         Flow(
             subscription=str(row[0]),
-            limits=FlowLimits(
-                max_running=_cap(row[1]),
-                key_concurrency=_cap(row[2]),
-                rate_limit=_rate(row[3], row[4]),
-                key_rate_limit=_rate(row[5], row[6]),
-                fair=bool(row[7]),
-            ),
+            limits=_limits_of(row),
             running=int(row[8]),
             throttled_for=float(row[9] or 0.0),
         )

@@ -105,14 +105,16 @@ def message_insert_many(
     ``dedupe_window`` seconds: a duplicate returns the original's id and writes nothing, a
     conflicting one raises ``IdempotencyConflict`` and writes nothing. More than
     ``max_copies`` copies in all raise ``LimitExceeded`` and write nothing. A copy whose
-    ordering key already has a copy in its subscription starts ``blocked`` behind it."""
+    ordering key already has a copy in its subscription starts ``blocked`` behind it. A
+    message marked ``replace`` (or ``debounce``) then takes the place of its key's pending
+    copy of the same topic where there is one (:func:`_replace_pending`)."""
     ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
     if ordering_keys and settings.key_locks:
         yield query("key_lock", keys=ordering_keys)
     keyed = [m for m in messages if m.idempotency_key is not None]
     originals = (yield from _dedupe(settings, keyed)) if keyed else {}
     fresh = [m for m in messages if m.message_id not in originals]
-    unrouted = 0
+    unrouted = replaced = 0
     if fresh:
         known = settings.known_queues
         if subscription is not None:
@@ -154,11 +156,37 @@ def message_insert_many(
             check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
         if subscription is not None and known is not None:
             known.add(subscription)
+        for message in fresh:
+            if message.replace:
+                replaced += yield from _replace_pending(settings, message)
     return InsertResult(
         message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
         duplicates=len(originals),
         unrouted=unrouted,
+        replaced=replaced,
     )
+
+
+def _replace_pending(settings: Settings, message: NewMessage) -> Plan[int]:
+    """Fold the copies just inserted for ``message`` (``replace``/``debounce``) into their
+    key's pending copies; return how many copies were replaced.
+
+    Each new copy went in like any keyed copy, last of its key in its subscription (blocked
+    behind any earlier one). Where the copy just before it is of the same topic and still
+    pending (never claimed, not a replayed dead letter), that copy leaves and the new one
+    takes its place: its state, first enqueue time and available time (debounced: the new
+    one's, bounded by the first enqueue + ``debounce_max``). Elsewhere the new copy stays.
+    The key is locked (PostgreSQL) or the database is (SQLite), so no other publisher of
+    the key runs in between; a worker that claims the pending copy first wins: a running
+    copy is never replaced, and the new copy stays queued behind it."""
+    rows = yield query(
+        "message_replace",
+        message_id=message.message_id,
+        debounce=message.debounce,
+        debounce_max=message.debounce_max,
+        channel=settings.notify_channel,
+    )
+    return int(rows[0][0]) if rows else 0
 
 
 def _columns(messages: Sequence[NewMessage]) -> dict[str, list[Any]]:
