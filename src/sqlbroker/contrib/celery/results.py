@@ -32,7 +32,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from sqlbroker.app import Broker
 from sqlbroker.contrib.celery.transport import _acquire, _Shared
 from sqlbroker.core import validate
-from sqlbroker.core.errors import ConnectionLost, DatabaseBusy, InvalidOption
+from sqlbroker.core.errors import ConnectionLost, DatabaseBusy, InvalidOption, StorageFull
 from sqlbroker.features.results import FALLBACK_POLL, MIN_LOOK_GAP
 from sqlbroker.storage.backend import Backend
 
@@ -155,8 +155,8 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
             pass
 
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
-        """With ``result_backend_always_retry``, a lost or busy database is tried again."""
-        return isinstance(exc, ConnectionLost | DatabaseBusy)
+        """With ``result_backend_always_retry``, a lost, busy or full database is tried again."""
+        return isinstance(exc, ConnectionLost | DatabaseBusy | StorageFull)
 
     # --- waiting -----------------------------------------------------------------------------
 
