@@ -88,13 +88,13 @@ class PostgresBackend(Backend):
             listen_url=None if listen_url is None else _listen_url(listen_url),
         )
         self._db = PostgresPool(self._options, sql=self._sql)
-        self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
+        self.notify_channel = dialect.channel_name(schema)
         self._promotion = PromotionThrottle()
         # A claim's own commit: see message_claim in queries.sql.
         self._claim_commit = self._options.synchronous_commit if durable_claims else "off"
-        self.dead_channel = f"{self.notify_channel}_dead"
-        self.result_channel = f"{self.notify_channel}_result"
-        self.cancel_channel = f"{self.notify_channel}_cancel"
+        self.dead_channel = dialect.channel_name(schema, "_dead")
+        self.result_channel = dialect.channel_name(schema, "_result")
+        self.cancel_channel = dialect.channel_name(schema, "_cancel")
         self.result_hub = ResultHub(
             listening.result_source(
                 self._options,
