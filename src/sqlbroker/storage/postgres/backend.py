@@ -8,6 +8,7 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -105,6 +106,7 @@ class PostgresBackend(Backend):
             name="sqlbroker-result",
         )
         self._archive_completed = archive
+        known_queues = KnownQueues()
         self.settings = Settings(
             dialect="postgresql",
             limits=self.limits,
@@ -121,7 +123,12 @@ class PostgresBackend(Backend):
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
             array_params=True,
-            known_queues=KnownQueues(),
+            known_queues=known_queues,
+        )
+        # Transactions of several operations (the caller's, begin()'s) may roll back what
+        # they created: they read the known queues and learn none.
+        self._tx_settings = dataclasses.replace(
+            self.settings, known_queues=known_queues.in_transactions()
         )
         self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
 
@@ -161,7 +168,7 @@ class PostgresBackend(Backend):
         normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
         SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
         with self._db.transaction(conn, watched=timed) as raw:
-            yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
+            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
         return dialect.run(conn, self._sql, plan, self._clock.now())
@@ -175,7 +182,7 @@ class PostgresBackend(Backend):
             async def run(plan: Plan[Any]) -> Any:
                 return await dialect.run_async(raw, self._sql, plan, self._clock.now())
 
-            yield AsyncTx(self.settings, run, raw)
+            yield AsyncTx(self._tx_settings, run, raw)
 
     def now(self) -> datetime:
         with self._db.connection(write=False) as conn:
