@@ -27,7 +27,7 @@ import psycopg
 import sqlbroker
 from pgserver import PostgresServer
 from sqlbroker.producer import consuming
-from sqlbroker.storage.postgres.connection import PostgresPool
+from sqlbroker.storage.postgres.joining import CallerConnections
 
 
 def _pairs(pairs: int, round_of: Callable[[bool], float]) -> tuple[float, float, float]:
@@ -47,12 +47,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=300)
     args = parser.parse_args()
     count = args.messages
-    take_back = consuming.BrokerConsumer._take_back_expired
-    same_database = PostgresPool._check_same_database
+    take_back_due = consuming._take_back_due
+    same_database = CallerConnections._check_same_database
 
     def claims(broker: sqlbroker.Broker, limit: int, on: bool) -> float:
-        off: Any = lambda self, backend: None  # noqa: E731
-        consuming.BrokerConsumer._take_back_expired = take_back if on else off  # type: ignore[method-assign]
+        never: Any = lambda broker: False  # noqa: E731
+        consuming._take_back_due = take_back_due if on else never
         try:
             broker.send_many("jobs", list(range(count)))
             started, done = time.perf_counter(), 0
@@ -62,11 +62,11 @@ def main() -> None:
                 done += len(got)
             return count / (time.perf_counter() - started)
         finally:
-            consuming.BrokerConsumer._take_back_expired = take_back  # type: ignore[method-assign]
+            consuming._take_back_due = take_back_due
 
     def publishes(broker: sqlbroker.Broker, conn: Any, on: bool) -> float:
         off: Any = lambda self, raw: None  # noqa: E731
-        PostgresPool._check_same_database = same_database if on else off  # type: ignore[method-assign]
+        CallerConnections._check_same_database = same_database if on else off  # type: ignore[method-assign]
         try:
             started = time.perf_counter()
             for number in range(count):
@@ -74,7 +74,7 @@ def main() -> None:
                     broker.publish("orders.created", {"order": number}, conn=conn)
             return count / (time.perf_counter() - started)
         finally:
-            PostgresPool._check_same_database = same_database  # type: ignore[method-assign]
+            CallerConnections._check_same_database = same_database  # type: ignore[method-assign]
 
     with PostgresServer() as server:
         server.create_database("bench")

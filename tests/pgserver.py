@@ -270,6 +270,21 @@ class PostgresServer:
         self._port = None
         shutil.rmtree(base_dir, ignore_errors=True)
 
+    def halt(self, mode: ShutdownMode = "fast") -> None:
+        """Stop the server and keep its data directory: the database is gone until
+        :meth:`resume` starts it again on the same port."""
+        self._require_running()
+        self._running = False
+        self._run(
+            [self._pg_ctl, "stop", "-D", str(self._data_dir), "-m", mode, "-w"],
+            as_server=True,
+            check=True,
+        )
+
+    def resume(self) -> None:
+        """Start the server that :meth:`halt` stopped, on the same port and data."""
+        self._pg_ctl_start("start")
+
     def restart(self, mode: ShutdownMode = "fast") -> None:
         """Restart the server on the same port and socket directory.
 

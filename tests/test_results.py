@@ -484,3 +484,35 @@ def test_a_mixed_batch_stores_only_its_values(broker: sqlbroker.Broker) -> None:
         ("completed", None),
         ("completed", "three"),
     ]
+
+
+@pytest.mark.postgres
+@pytest.mark.usefixtures("no_fallback")
+def test_channels_of_a_long_schema_name_fit_and_still_wake(pg_url: str) -> None:
+    """PostgreSQL names a channel with at most 63 bytes: the channels of a schema with a
+    long name are shortened by one rule (a hash keeps two long names apart), and a waiting
+    lookup still wakes on the result's notification."""
+    long_names = ("s" * 63, "s" * 62 + "t")
+    with (
+        sqlbroker.Broker(pg_url, schema=long_names[0], migrate=True) as broker,
+        sqlbroker.Broker(pg_url, schema=long_names[1], migrate=True) as other,
+    ):
+        channels = [
+            getattr(opened.backend, f"{kind}_channel")
+            for opened in (broker, other)
+            for kind in ("notify", "dead", "result", "cancel")
+        ]
+        assert max(len(channel.encode()) for channel in channels) <= 63, channels
+        assert len(set(channels)) == len(channels), channels
+
+        message_id = broker.send("long", "job")
+        thread, box = _wait_in_thread(lambda: broker.result(message_id, wait=30))
+        wait_until(lambda: _watching(broker), timeout=20, what="the result watch")
+        (delivery,) = broker.claim("long")
+        broker.complete(delivery, result={"done": "job"})
+        thread.join(40)
+        assert not thread.is_alive()
+        assert "error" not in box, box
+        found = box["result"]
+        assert (found.outcome, found.value) == ("completed", {"done": "job"})
+        assert broker._results.fallback_polls == 0

@@ -133,3 +133,30 @@ def test_publish_listeners_stay_silent_until_the_caller_commits(
     broker.publish("orders.created", {"id": 1}, conn=conn)
     caller.commit()
     assert heard == []
+
+
+def test_a_queue_created_in_a_rolled_back_transaction_is_not_taken_as_existing(
+    make_broker: Any, backend_url: str
+) -> None:
+    """A send that created its queue in the caller's transaction, rolled back, leaves no
+    belief behind that the queue exists: the next send creates it again, with the check
+    of the limits a queue's creation makes."""
+    options = {"busy_timeout": 2} if backend_url.startswith("sqlite") else {}
+    broker = make_broker(max_subscriptions=2, **options)
+    broker.subscribe("kept", "orders.*")
+    caller = CallerConnection(backend_url)
+    try:
+        conn = caller.begin()
+        broker.send("fresh", 1, conn=conn)
+        broker.send("fresh", 2, conn=conn)  # the queue now exists, in this transaction only
+        caller.rollback()
+    finally:
+        caller.conn.close()
+    assert sorted(s.name for s in broker.subscriptions()) == ["kept"]
+    broker.send("other", 1)
+    with pytest.raises(sqlbroker.LimitExceeded, match="max_subscriptions"):
+        broker.send("fresh", 3)
+    assert sorted(s.name for s in broker.subscriptions()) == ["kept", "other"]
+    broker.unsubscribe("other")
+    broker.send("fresh", 4)
+    assert [d.payload for d in broker.claim("fresh", limit=10)] == [4]

@@ -310,3 +310,44 @@ def test_concurrent_sends_gather_into_commits_of_them_all(
         thread.join()
     assert len(broker.pending("celery", limit=1000)) == 1 + 8 * 40
     assert 8 * 40 / (sender.batches - before) >= 5.5, "the mean commit carries most threads"
+
+
+def test_a_full_disk_is_retried_by_kombu_until_space_is_freed(tmp_path: Path) -> None:
+    """``StorageFull`` is one of the transport's connection errors, which Kombu retries
+    with its backoff (a publish with ``retry=True``, a worker's consumer restarting): the
+    send waits out the full disk and lands once the space is freed, instead of failing."""
+    from reliability.fulldisk import fill, tmpfs
+
+    with tmpfs(tmp_path / "disk", size_mb=16) as directory:
+        url = f"sqlite:///{directory / 'broker.db'}"
+        sqlbroker.Broker(url).close()
+        app = _app(url)
+        failures: list[BaseException] = []
+        freed = threading.Event()
+
+        def on_error(error: BaseException, interval: float) -> None:
+            failures.append(error)
+            if not freed.is_set():
+                (directory / "filler").unlink()
+                freed.set()
+
+        try:
+            fill(directory / "filler", leave=0)
+            app.send_task(
+                "shop.add",
+                (1, 2),
+                retry=True,
+                retry_policy={
+                    "max_retries": 5,
+                    "interval_start": 0,
+                    "interval_step": 0.1,
+                    "errback": on_error,
+                },
+            )
+            assert freed.is_set()
+            assert isinstance(failures[0], sqlbroker.StorageFull), failures
+            with sqlbroker.Broker(url) as broker:
+                (sent,) = broker.pending("celery")
+                assert sent.state.value == "available"
+        finally:
+            app.close()

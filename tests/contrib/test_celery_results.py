@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,3 +204,40 @@ def test_bad_configuration_is_one_clear_error(broker: sqlbroker.Broker, backend_
     other = Celery("shop", backend=f"{SCHEME}+mysql://db/app", set_as_current=False)
     with pytest.raises(sqlbroker.InvalidURL):
         _ = other.backend
+
+
+def _result_watches(broker: sqlbroker.Broker) -> int:
+    """Result watches open in this process (watcher threads) or on this database (LISTEN
+    connections of the result hub)."""
+    threads = sum(thread.name == "sqlbroker-result" for thread in threading.enumerate())
+    if broker.backend_name == "sqlite":
+        return threads
+    with broker.backend.begin() as tx:
+        row = tx.connection.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN %%_result%%'"
+        ).fetchone()
+    return threads + int(row[0])
+
+
+def test_closing_the_app_closes_the_backends_watch(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """``app.close()`` (or ``with Celery(...)``) closes the result backend's broker: a
+    ``get()`` that waited leaves no watcher thread (SQLite) nor LISTEN connection
+    (PostgreSQL) behind."""
+    before = _result_watches(broker)
+    with _client(backend_url, 3600) as app:
+        waiting = app.AsyncResult("a-waited-task")
+
+        def store_once_watched() -> None:
+            wait_until(
+                lambda: _result_watches(broker) > before, timeout=30, what="the result watch"
+            )
+            app.backend.mark_as_done("a-waited-task", 7)
+
+        storing = threading.Thread(target=store_once_watched)
+        storing.start()
+        assert waiting.get(timeout=30) == 7
+        storing.join()
+    wait_until(lambda: _result_watches(broker) == before, timeout=30, what="the watch to close")

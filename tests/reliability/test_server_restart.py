@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -261,3 +263,56 @@ def test_calls_after_a_server_restart_do_not_fail(own_server: OwnServer, mode: s
         asyncio.run(async_side())
         assert not failures, "\n".join(failures)
         assert len(broker.pending("jobs")) == 4 * idle
+
+
+def test_a_wake_up_ends_the_claim_backoff_once_the_database_is_back(
+    own_server: OwnServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose claims failed while the server was down backs off (here one minute,
+    so a resume by the backoff's end cannot be mistaken for one by a wake-up), and
+    resumes on the first wake-up once the server is back: the handler runs within half
+    of that backoff."""
+    from sqlbroker.runtime import pump
+
+    backoff = 60.0
+    monkeypatch.setattr(pump, "CLAIM_RETRY_FIRST", backoff)
+    monkeypatch.setattr(pump, "CLAIM_RETRY_CAP", backoff)
+    url = own_server.start()
+    failures: list[str] = []
+
+    class Failures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("claim on jobs failed"):
+                failures.append(record.getMessage())
+
+    handler = Failures()
+    logging.getLogger("sqlbroker.runtime").addHandler(handler)
+    handled: list[str] = []
+    with sqlbroker.Broker(url, connect_timeout=2) as broker:
+
+        @broker.subscriber(queue="jobs")
+        def job(msg: sqlbroker.Message) -> None:
+            handled.append(msg.payload)
+
+        broker.send("jobs", "warm-up")
+        worker = broker.worker(install_signal_handlers=False, poll_interval=backoff)
+        runner = threading.Thread(target=worker.run, daemon=True)
+        runner.start()
+        try:
+            wait_until(lambda: handled, timeout=30, what="the worker to run")
+            own_server.server.halt()
+            wait_until(lambda: failures, timeout=60, what="a failed claim")
+            assert failures[0].endswith(f"retrying in {backoff:.1f} s"), failures
+            own_server.server.resume()
+            with sqlbroker.Broker(url) as publisher:
+                publisher.send("jobs", "after the outage")
+            worker.hint("jobs")  # as an in-process publish wakes its worker
+            wait_until(
+                lambda: "after the outage" in handled, timeout=backoff / 2, what="the resume"
+            )
+            assert len(failures) == 1, "one failure, then a backoff ended by the wake-up"
+        finally:
+            worker.stop()
+            runner.join(timeout=30)
+            logging.getLogger("sqlbroker.runtime").removeHandler(handler)
+    assert not runner.is_alive(), "the worker did not stop"

@@ -525,3 +525,42 @@ def test_flow_limits_and_their_buckets_stay_with_their_tenant(tenants: Tenants) 
         assert done.rowcount == 0
     with psycopg.connect(tenants.url(ACME), autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM sqlbroker_flow_bucket").fetchone() == (1,)
+
+
+@pytest.mark.postgres
+def test_a_handed_over_subscription_takes_its_results_along(tenants: Tenants) -> None:
+    """Assigning a queue to a tenant moves its stored results (``broker.result``) and the
+    Celery results of its tasks: the new tenant reads them, another tenant does not."""
+    from celery import Celery
+
+    from sqlbroker.contrib.celery import SCHEME
+
+    def celery_app(url: str) -> Celery:
+        return Celery("shop", broker=f"{SCHEME}+{url}", backend=f"{SCHEME}+{url}")
+
+    with sqlbroker.Broker(tenants.admin_url) as admin, celery_app(tenants.admin_url) as app:
+        message_id = admin.send("legacy", "plain")
+        (plain,) = admin.claim("legacy")
+        admin.complete(plain, result={"plain": 1})
+        task = app.send_task("shop.add", (1, 2), queue="legacy")
+        (celery_message,) = admin.claim("legacy")
+        app.backend.mark_as_done(task.id, 3)
+        admin.complete(celery_message)  # archived: the task id is still known
+        waiting = app.send_task("shop.add", (3, 4), queue="legacy")
+        app.backend.mark_as_done(waiting.id, 7)  # the task still in the queue
+        other = app.send_task("shop.add", (5, 6), queue="elsewhere")
+        app.backend.mark_as_done(other.id, 11)
+        assert security.assign_subscription(admin.backend, subscription="legacy", tenant="acme")
+
+    with tenants.broker(ACME) as acme, celery_app(tenants.url(ACME)) as acme_app:
+        found = acme.result(message_id)
+        assert found is not None
+        assert found.value == {"plain": 1}
+        assert acme_app.AsyncResult(task.id).get(timeout=10) == 3
+        assert acme_app.AsyncResult(waiting.id).get(timeout=10) == 7
+        assert acme_app.AsyncResult(other.id).status == "PENDING", "not the queue's"
+    with tenants.broker(GLOBEX) as globex, celery_app(tenants.url(GLOBEX)) as globex_app:
+        with pytest.raises(sqlbroker.NotFound):
+            globex.result(message_id)
+        assert globex_app.AsyncResult(task.id).status == "PENDING"
+        assert globex_app.AsyncResult(waiting.id).status == "PENDING"

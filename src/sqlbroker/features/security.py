@@ -122,9 +122,9 @@ def tenants(backend: Backend) -> list[TenantRole]:
 def assign_subscription(backend: Backend, *, subscription: str, tenant: str | None) -> bool:
     """Hand an existing subscription (one created before tenants were enabled, or by an
     unbound role) to ``tenant``, or to no tenant with ``None``, with its messages and its
-    tenant's dead letters, archive rows and metrics under that name: the previous tenant
-    loses them all (an earlier holder of the name keeps what it left). Returns whether it
-    exists."""
+    tenant's dead letters, archive rows, stored results and metrics under that name, and
+    the Celery results of the Celery tasks it holds: the previous tenant loses them all (an
+    earlier holder of the name keeps what it left). Returns whether it exists."""
     validate_topic(subscription, "subscription")
     return backend.tenant_assign(
         subscription=subscription, tenant=None if tenant is None else _tenant(tenant)

@@ -66,6 +66,12 @@ RunBlocking = Callable[..., Awaitable[Any]]
 PREFETCH_WAIT = 0.05
 MAX_AUTO_PREFETCH = 100
 _PACE_WEIGHT = 0.2
+CLAIM_RETRY_FIRST = 0.2
+"""Seconds after a first failed claim; doubled per further failure, up to the cap."""
+CLAIM_RETRY_CAP = 5.0
+HINTED_RETRY_GAP = 0.1
+"""After a failed claim, a wake-up ends the backoff, but not before this many seconds:
+hints that keep coming while the claims keep failing cannot spin the loop."""
 LeaseKey = tuple[int, str]
 
 
@@ -185,9 +191,15 @@ class Pump:
                 )
             except SqlbrokerError as error:
                 failures += 1
-                wait = retry_pause(failures, first=0.2, cap=5.0)
+                wait = retry_pause(failures, first=CLAIM_RETRY_FIRST, cap=CLAIM_RETRY_CAP)
                 log.warning("claim on %s failed (%s); retrying in %.1f s", self.name, error, wait)
-                await wait_any(stop, timeout=wait)
+                # Back off against a dead database, but a wake-up after the failure (the
+                # LISTEN connection back, a publish, a commit SQLite's watcher saw) says
+                # it answers again: claim then rather than at the end of the backoff.
+                # The stop wakes the pump too (stop_idle).
+                gap = min(wait, HINTED_RETRY_GAP)
+                await wait_any(stop, timeout=gap)
+                await self._sleep_until_hint(wait - gap)
                 continue
             failures = 0
             if stop.is_set():

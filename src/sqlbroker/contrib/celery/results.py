@@ -16,6 +16,10 @@ as the queue, so a task's result is committed there like its message was.
   reaper (``broker.reap()``, ``sqlbroker worker``) and by Celery beat's daily
   ``celery.backend_cleanup`` task.
 - Chords count their finished parts with an atomic counter (``implements_incr``).
+- ``app.close()`` (``with Celery(...) as app:``) closes the backend's broker, its result
+  watch (SQLite's watcher thread, PostgreSQL's LISTEN connection) with it; Celery itself
+  closes no result backend, so :class:`ResultBackend` ties its :meth:`~ResultBackend.close`
+  to its app's.
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from sqlbroker.app import Broker
-from sqlbroker.contrib.celery.transport import _acquire, _Shared
+from sqlbroker.contrib.celery.transport import _acquire, _release, _Shared
 from sqlbroker.core import validate
-from sqlbroker.core.errors import ConnectionLost, DatabaseBusy, InvalidOption
+from sqlbroker.core.errors import ConnectionLost, DatabaseBusy, InvalidOption, StorageFull
 from sqlbroker.features.results import FALLBACK_POLL, MIN_LOOK_GAP
 from sqlbroker.storage.backend import Backend
 
@@ -59,6 +63,9 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
     supports_result_compression = True
     implements_incr = True
     persistent = True
+    thread_safe = True
+    """One backend per app, shared by its threads (the broker under it is thread-safe):
+    Celery would otherwise make one per thread, each holding the database open."""
     trim_every = 100
     """After this many stored results, delete up to :data:`TRIM_BATCH` expired ones: the
     table stays bounded with no reaper and no Celery beat running."""
@@ -94,18 +101,30 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
         if self.expires is not None:
             validate.seconds(self.expires, "result_expires")
         self._opened()  # bad URLs and options fail here, before any task runs
+        _close_with_app(self.app, self)
 
     # --- the database ------------------------------------------------------------------------
 
     def _opened(self) -> Broker:
         """The process's broker on the database (a forked worker child opens its own)."""
-        if self._shared is None or self._pid != os.getpid():
+        shared = self._shared
+        if shared is None or self._pid != os.getpid():
             with self._lock:
-                if self._shared is None or self._pid != os.getpid():
+                shared = self._shared
+                if shared is None or self._pid != os.getpid():
                     # A parent's connections are not the child's to use, nor to close.
-                    self._shared = _acquire(self._database_url, self._broker_options)
+                    shared = self._shared = _acquire(self._database_url, self._broker_options)
                     self._pid = os.getpid()
-        return self._shared.broker
+        return shared.broker
+
+    def close(self) -> None:
+        """Close this backend's hold on the database: the broker (its connections and its
+        result watch) closes once the process's Kombu connections to it are closed too.
+        ``app.close()`` calls it; a later use opens the database again."""
+        with self._lock:
+            shared, self._shared = self._shared, None
+        if shared is not None and self._pid == os.getpid():
+            _release(shared)
 
     @property
     def store(self) -> Backend:
@@ -155,8 +174,8 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
             pass
 
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
-        """With ``result_backend_always_retry``, a lost or busy database is tried again."""
-        return isinstance(exc, ConnectionLost | DatabaseBusy)
+        """With ``result_backend_always_retry``, a lost, busy or full database is tried again."""
+        return isinstance(exc, ConnectionLost | DatabaseBusy | StorageFull)
 
     # --- waiting -----------------------------------------------------------------------------
 
@@ -195,3 +214,18 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
     def as_uri(self, include_password: bool = False) -> str:
         uri: str = super().as_uri(include_password)
         return f"sqlbroker+{uri}"
+
+
+def _close_with_app(app: Any, backend: ResultBackend) -> None:
+    """Make ``app.close()`` close ``backend`` too: Celery's close drops the app's pool and
+    calls no close of its result backend, whose broker would keep its connections and
+    result watch until the process exits."""
+    close_app = app.close
+
+    def close() -> None:
+        try:
+            backend.close()
+        finally:
+            close_app()
+
+    app.close = close

@@ -47,6 +47,7 @@ from sqlbroker.core.errors import (
     DatabaseBusy,
     InvalidOption,
     SqlbrokerError,
+    StorageFull,
 )
 from sqlbroker.core.message import Delivery
 
@@ -320,7 +321,11 @@ class Transport(virtual.Transport):
         *virtual.Transport.connection_errors,
         ConnectionLost,
         DatabaseBusy,
+        StorageFull,
     )
+    """Errors that pass once the database is back (reachable, unlocked, with free disk):
+    Kombu retries a publish on them (``retry=True``) and a Celery worker's consumer
+    reconnects with its backoff, instead of failing the send or stopping the worker."""
     implements = virtual.Transport.implements.extend(
         asynchronous=False, exchange_type=frozenset(["direct", "topic"]), heartbeats=False
     )
@@ -424,6 +429,10 @@ _KOMBU_OPTIONS = frozenset(
         "confirm_publish",
         "body_encoding",
         "deadletter_queue",
+        "errback",
+        "on_revive",
+        "retry_errors",
     }
 )
-"""Options Kombu and Celery themselves read from the transport options."""
+"""Options Kombu and Celery themselves read from the transport options (a publish's
+``retry_policy`` is copied into them, so every keyword of Kombu's ``ensure`` is one)."""

@@ -48,6 +48,7 @@ from sqlbroker.spark.storage.columns import (
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.storage.postgres.dialect import channel_name
 from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -117,7 +118,7 @@ class PostgresSparkStore:
         self._url = url
         self._sql = _queries(schema)
         self._core = _core_queries(schema)
-        self._channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
+        self._channel = channel_name(schema)
 
     @contextmanager
     def _arrow(self) -> Iterator[Any]:

@@ -117,10 +117,11 @@ def message_insert_many(
     unrouted = replaced = 0
     if fresh:
         known = settings.known_queues
+        existed = False  # found committed before this statement: see KnownQueues
         if subscription is not None:
             check_copies(len(fresh), len(messages), max_copies)
             if known is None or subscription not in known:
-                yield from queue_create(settings, name=subscription)
+                existed = not (yield from queue_create(settings, name=subscription))
         # A queue publish without ordering keys needs no routing.
         block = (
             "message_insert_queue"
@@ -154,7 +155,7 @@ def message_insert_many(
             unrouted = sum(int(row[0]) for row in rows)
             # Past the limit a statement writes nothing; raising rolls back the others.
             check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
-        if subscription is not None and known is not None:
+        if existed and subscription is not None and known is not None:
             known.add(subscription)
         for message in fresh:
             if message.replace:

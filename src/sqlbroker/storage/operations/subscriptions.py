@@ -49,17 +49,31 @@ def subscription_list(settings: Settings) -> Plan[list[Subscription]]:
 class KnownQueues:
     """The queues this process saw exist (PostgreSQL): a send to one of them is a single
     statement, which creates the queue again if it was deleted meanwhile, without the
-    check of the limits that a queue's first send makes."""
+    check of the limits that a queue's first send makes.
+
+    A queue is learnt only once it was seen committed (a creation found it there already)
+    and only by an operation in a transaction of its own: a queue created by a transaction
+    that then rolls back (the caller's, or ``backend.begin()``'s) is never believed to
+    exist. Transactions of several operations read the names through
+    :meth:`in_transactions` and learn none."""
 
     LIMIT = 10_000
 
-    def __init__(self) -> None:
-        self._names: set[str] = set()
+    def __init__(self, names: set[str] | None = None, *, learns: bool = True) -> None:
+        self._names: set[str] = set() if names is None else names
+        self._learns = learns
+
+    def in_transactions(self) -> KnownQueues:
+        """The same names, for transactions of several operations: read, never learnt."""
+        return KnownQueues(self._names, learns=False)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names
 
     def add(self, name: str) -> None:
+        """Learn that ``name`` exists, committed (ignored by :meth:`in_transactions`)."""
+        if not self._learns:
+            return
         if len(self._names) >= self.LIMIT:
             self._names.clear()
         self._names.add(name)
@@ -92,8 +106,8 @@ def subscription_ensure(settings: Settings, *, name: str) -> Plan[bool]:
     """Create the queue ``name`` on first use: a subscription whose only pattern is its
     name. An existing subscription is left as it is. Returns whether it was created."""
     created = yield from queue_create(settings, name=name)
-    if settings.known_queues is not None:
-        settings.known_queues.add(name)
+    if settings.known_queues is not None and not created:
+        settings.known_queues.add(name)  # found committed: see KnownQueues
     return created
 
 

@@ -8,6 +8,7 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -88,13 +89,13 @@ class PostgresBackend(Backend):
             listen_url=None if listen_url is None else _listen_url(listen_url),
         )
         self._db = PostgresPool(self._options, sql=self._sql)
-        self.notify_channel = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
+        self.notify_channel = dialect.channel_name(schema)
         self._promotion = PromotionThrottle()
         # A claim's own commit: see message_claim in queries.sql.
         self._claim_commit = self._options.synchronous_commit if durable_claims else "off"
-        self.dead_channel = f"{self.notify_channel}_dead"
-        self.result_channel = f"{self.notify_channel}_result"
-        self.cancel_channel = f"{self.notify_channel}_cancel"
+        self.dead_channel = dialect.channel_name(schema, "_dead")
+        self.result_channel = dialect.channel_name(schema, "_result")
+        self.cancel_channel = dialect.channel_name(schema, "_cancel")
         self.result_hub = ResultHub(
             listening.result_source(
                 self._options,
@@ -105,6 +106,7 @@ class PostgresBackend(Backend):
             name="sqlbroker-result",
         )
         self._archive_completed = archive
+        known_queues = KnownQueues()
         self.settings = Settings(
             dialect="postgresql",
             limits=self.limits,
@@ -121,7 +123,12 @@ class PostgresBackend(Backend):
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
             array_params=True,
-            known_queues=KnownQueues(),
+            known_queues=known_queues,
+        )
+        # Transactions of several operations (the caller's, begin()'s) may roll back what
+        # they created: they read the known queues and learn none.
+        self._tx_settings = dataclasses.replace(
+            self.settings, known_queues=known_queues.in_transactions()
         )
         self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
 
@@ -161,7 +168,7 @@ class PostgresBackend(Backend):
         normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
         SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
         with self._db.transaction(conn, watched=timed) as raw:
-            yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
+            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
         return dialect.run(conn, self._sql, plan, self._clock.now())
@@ -175,7 +182,7 @@ class PostgresBackend(Backend):
             async def run(plan: Plan[Any]) -> Any:
                 return await dialect.run_async(raw, self._sql, plan, self._clock.now())
 
-            yield AsyncTx(self.settings, run, raw)
+            yield AsyncTx(self._tx_settings, run, raw)
 
     def now(self) -> datetime:
         with self._db.connection(write=False) as conn:

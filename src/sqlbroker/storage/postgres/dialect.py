@@ -7,6 +7,7 @@ database's own clock. Rows come back as tuples, or as dictionaries for a ``named
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from datetime import datetime
@@ -39,6 +40,24 @@ def qualifier(schema: str | None) -> str:
             "schema", "must be a lowercase SQL identifier ([a-z_][a-z0-9_]*, at most 63)"
         )
     return f'"{schema}".'
+
+
+MAX_IDENTIFIER = 63
+"""Bytes of a PostgreSQL identifier (NAMEDATALEN - 1): a longer channel name is cut short
+by LISTEN and refused by ``pg_notify``."""
+
+
+def channel_name(schema: str | None, suffix: str = "") -> str:
+    """The NOTIFY channel ``suffix`` (``""``, ``"_dead"``, ``"_result"``, ``"_cancel"``) of
+    the tables in ``schema``: ``sqlbroker[_<schema>]<suffix>``; when that passes
+    :data:`MAX_IDENTIFIER` bytes, the schema part is cut short and followed by a hash of
+    it, so that two long schema names keep channels of their own."""
+    stem = "sqlbroker" if schema is None else f"sqlbroker_{schema}"
+    if len(f"{stem}{suffix}".encode()) <= MAX_IDENTIFIER:
+        return f"{stem}{suffix}"
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:16]
+    head = stem[: MAX_IDENTIFIER - len(suffix) - len(digest) - 1]
+    return f"{head}_{digest}{suffix}"
 
 
 def schema_sql(schema: str | None = None) -> str:

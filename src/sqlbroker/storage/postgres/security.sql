@@ -330,8 +330,10 @@ SELECT login_role, tenant FROM {schema}sqlbroker_tenant ORDER BY tenant, login_r
 
 -- name: tenant_assign
 -- The subscription moves with everything it holds: its messages, and the dead letters,
--- archive rows and metrics of its current tenant (schema 11: those rows carry their
--- tenant). Rows that an earlier holder of the name left behind stay that holder's.
+-- archive rows, stored results and metrics of its current tenant (schema 11: those rows
+-- carry their tenant), and the Celery task results (schema 16) of the Celery tasks it holds
+-- (see celery_tasks). Rows that an earlier holder of the name left behind stay that
+-- holder's.
 WITH old AS (
     SELECT name, tenant FROM {schema}sqlbroker_subscription
     WHERE name = %(subscription)s
@@ -353,6 +355,40 @@ dead AS (
 archived AS (
     UPDATE {schema}sqlbroker_archive a SET tenant = %(tenant)s::text
     FROM old WHERE a.subscription = old.name AND a.tenant IS NOT DISTINCT FROM old.tenant
+),
+results AS (
+    UPDATE {schema}sqlbroker_result r SET tenant = %(tenant)s::text
+    FROM old WHERE r.subscription = old.name AND r.tenant IS NOT DISTINCT FROM old.tenant
+),
+-- Celery's results are keyed by task id, not by queue: the ids are those of the Celery
+-- tasks (Kombu messages, labelled "celery-task" by contrib/celery) the subscription holds
+-- under its current tenant, ready, archived or dead. A result the new tenant already has
+-- under the same key stays the old tenant's.
+celery_tasks AS (
+    SELECT DISTINCT convert_from(t.payload, 'UTF8')::jsonb -> 'headers' ->> 'id' AS id
+    FROM (
+        SELECT m.payload, m.content_type, m.headers FROM {schema}sqlbroker_message m, old
+        WHERE m.subscription = old.name
+        UNION ALL
+        SELECT a.payload, a.content_type, a.headers FROM {schema}sqlbroker_archive a, old
+        WHERE a.subscription = old.name AND a.tenant IS NOT DISTINCT FROM old.tenant
+        UNION ALL
+        SELECT d.payload, d.content_type, d.headers FROM {schema}sqlbroker_dead d, old
+        WHERE d.subscription = old.name AND d.tenant IS NOT DISTINCT FROM old.tenant
+    ) t
+    WHERE t.content_type = 'application/json' AND strpos(t.headers, '"celery-task"') > 0
+),
+task_results AS (
+    UPDATE {schema}sqlbroker_task_result r SET tenant = coalesce(%(tenant)s::text, '')
+    FROM old, celery_tasks c
+    WHERE r.tenant = coalesce(old.tenant, '')
+      AND coalesce(old.tenant, '') <> coalesce(%(tenant)s::text, '')
+      AND strpos(r.key, 'celery-task-meta-') > 0
+      AND substr(r.key, strpos(r.key, 'celery-task-meta-') + 17) = c.id
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}sqlbroker_task_result n
+          WHERE n.key = r.key AND n.tenant = coalesce(%(tenant)s::text, '')
+      )
 ),
 -- Metric keys include the tenant, so the counters move by a delete and an insert. A minute
 -- the new tenant already has (its own worker of the same name, in the same minute, when it
