@@ -118,6 +118,7 @@ def test_both_faces_have_the_same_signatures() -> None:
     # The option groups (``**options: Unpack[...]``) are compared key by key.
     assert {"grace", "write_backlog", "subscriptions", "timeout"} <= options["run_until_idle"]
     assert {"priority", "idempotency_key", "conn"} <= options["send_many"]
+    assert {"name", "queue", "prefetch", "fair"} <= options["subscriber"]
     constructor = inspect.signature(sqlbroker.Broker)
     assert constructor == inspect.signature(sqlbroker.AsyncBroker)
     assert [p.name for p in constructor.parameters.values() if p.kind is p.VAR_KEYWORD] == [
@@ -203,6 +204,10 @@ def test_a_misspelt_option_is_refused_by_name() -> None:
         with pytest.raises(sqlbroker.InvalidOption, match="dedupe"):
             broker.send_many("jobs", [1, 2], dedupe=60)  # type: ignore[call-arg]
         assert broker.pending("jobs") == []
+
+        with pytest.raises(sqlbroker.InvalidOption, match="concurency"):
+            broker.subscriber(queue="jobs", concurency=2)(print)  # type: ignore[call-arg]
+        assert broker.subscribers == {}
 
         @broker.subscriber(queue="jobs")
         def handle(msg: sqlbroker.Message) -> None: ...
