@@ -214,3 +214,19 @@ def test_a_misspelt_option_is_refused_by_name() -> None:
 
         with pytest.raises(sqlbroker.InvalidOption, match="graceful"):
             broker.run_until_idle(graceful=1.0)  # type: ignore[call-arg]
+
+
+def test_every_conn_parameter_is_a_caller_connection() -> None:
+    """``conn=`` is typed as the one named kind, ``CallerConnection``, on every member of
+    both faces and their dead letters (no ``Any``)."""
+    from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
+
+    found = []
+    for cls in (sqlbroker.Broker, sqlbroker.AsyncBroker, DeadLetters, AsyncDeadLetters):
+        for name, member in _public(cls).items():
+            if callable(member) and not isinstance(member, type):
+                for parameter in _parameters(getattr(member, "__func__", member)):
+                    if parameter.name == "conn":
+                        found.append(f"{cls.__name__}.{name}")
+                        assert parameter.annotation == "CallerConnection | None", found[-1]
+    assert {"Broker.publish", "AsyncBroker.send_many", "AsyncBroker.complete"} <= set(found)

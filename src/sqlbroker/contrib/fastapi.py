@@ -31,12 +31,13 @@ from typing import Any
 from fastapi import Depends
 
 from sqlbroker.app import AsyncBroker
+from sqlbroker.storage.caller import CallerConnection
 
 
 class Outbox:
     """Publishing bound to one caller connection or session (``conn=`` on every call)."""
 
-    def __init__(self, broker: AsyncBroker, conn: Any) -> None:
+    def __init__(self, broker: AsyncBroker, conn: CallerConnection) -> None:
         self.broker = broker
         self.conn = conn
 

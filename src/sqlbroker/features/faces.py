@@ -22,6 +22,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.storage import caller
 from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.seam import AsyncExecutor
 
 P = ParamSpec("P")
@@ -39,7 +40,7 @@ class Call:
 
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-    conn: Any = None
+    conn: CallerConnection | None = None
     blocking: Callable[[], Any] | None = None
     awaiting: Callable[[], Awaitable[Any]] | None = None
 
@@ -47,7 +48,7 @@ class Call:
 Plan = Generator[Call, Any, T]
 
 
-def call(name: str, /, *, conn: Any = None, **kwargs: Any) -> Call:
+def call(name: str, /, *, conn: CallerConnection | None = None, **kwargs: Any) -> Call:
     """The storage operation ``name`` (a method of ``Executor``), for a plan to yield."""
     return Call(name, kwargs, conn)
 

@@ -21,6 +21,7 @@ from sqlbroker.features.publishing import (
     build_message,
     with_headers,
 )
+from sqlbroker.storage.caller import CallerConnection
 
 if TYPE_CHECKING:
     from sqlbroker.producer.base import BrokerBase
@@ -31,7 +32,7 @@ def publish(
     topic: str,
     payload: Any,
     *,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
     **options: Unpack[PublishOptions],
 ) -> Plan[str]:
     """Publish to every subscription whose pattern matches ``topic``; return the message id.
@@ -58,7 +59,10 @@ def publish(
 
 
 def publish_many(
-    broker: BrokerBase, messages: Iterable[Mapping[str, Any]], *, conn: Any = None
+    broker: BrokerBase,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    conn: CallerConnection | None = None,
 ) -> Plan[list[str]]:
     """Publish a batch in one transaction. Each item is a mapping with ``topic``,
     ``payload`` and any option of :meth:`publish`. Returns the ids in order."""
@@ -71,7 +75,7 @@ def send(
     queue: str,
     payload: Any,
     *,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
     **options: Unpack[PublishOptions],
 ) -> Plan[str]:
     """Point-to-point: deliver to the subscription named ``queue`` only, creating it on
@@ -87,7 +91,7 @@ def send_many(
     queue: str,
     payloads: Iterable[Any],
     *,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
     **options: Unpack[PublishOptions],
 ) -> Plan[list[str]]:
     """Send a batch of payloads to ``queue`` in one transaction, sharing the options of
@@ -105,7 +109,7 @@ def _known(options: PublishOptions) -> PublishOptions:
 
 
 def _insert(
-    broker: BrokerBase, messages: list[NewMessage], queue: str | None, conn: Any
+    broker: BrokerBase, messages: list[NewMessage], queue: str | None, conn: CallerConnection
 ) -> Plan[list[str]]:
     hooks = broker._header_hooks
     result = yield call(
