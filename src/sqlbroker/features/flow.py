@@ -9,28 +9,26 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound
 from sqlbroker.core.flow import Flow, FlowLimits, flow_limits
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Plan, call
 
 
-def flow_list(backend: Backend, subscription: str | None) -> list[Flow]:
+def flow_list(subscription: str | None) -> Plan[list[Flow]]:
     """Every subscription's flow (or one's: ``NotFound`` if it is unknown)."""
     if subscription is not None:
         validate_topic(subscription, "subscription")
-    found = backend.flow_list(name=subscription)
+    found: list[Flow] = yield call("flow_list", name=subscription)
     if subscription is not None and not found:
         raise NotFound(f"no subscription named {subscription!r}")
     return found
 
 
-def flow_change(
-    backend: Backend, subscription: str, options: Mapping[str, object], *, reset: bool
-) -> Flow:
+def flow_change(subscription: str, options: Mapping[str, object], *, reset: bool) -> Plan[Flow]:
     """Change the limits named in ``options`` (``None``: remove that limit), the others
     kept (``reset=True``: the others removed). Every value is checked before any SQL."""
     validate_topic(subscription, "subscription")
     validate.flag(reset, "reset")
     flow_limits(options)
-    base = FlowLimits() if reset else flow_list(backend, subscription)[0].limits
-    if not backend.flow_set(name=subscription, limits=flow_limits(options, base=base)):
+    base = FlowLimits() if reset else (yield from flow_list(subscription))[0].limits
+    if not (yield call("flow_set", name=subscription, limits=flow_limits(options, base=base))):
         raise NotFound(f"no subscription named {subscription!r}")
-    return flow_list(backend, subscription)[0]
+    return (yield from flow_list(subscription))[0]
