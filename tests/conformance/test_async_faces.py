@@ -61,8 +61,8 @@ def test_async_calls_on_postgresql_run_on_the_loop(pg_url: str) -> None:
 
 @pytest.mark.postgres
 def test_async_administration_on_postgresql_runs_on_the_loop(pg_url: str) -> None:
-    """Stats, workers, metrics, retention and flow limits read and change through the
-    async pool too: the loop's default executor gets no job."""
+    """Stats, workers, metrics, retention, flow limits and schedules read and change
+    through the async pool too: the loop's default executor gets no job."""
 
     async def scenario() -> int:
         asyncio.get_running_loop().set_default_executor(_CountingExecutor())
@@ -80,6 +80,11 @@ def test_async_administration_on_postgresql_runs_on_the_loop(pg_url: str) -> Non
             assert [f.limits.max_running for f in await broker.flow("admin")] == [2]
             with pytest.raises(sqlbroker.NotFound):
                 await broker.set_flow("nobody", max_running=2)
+            assert (await broker.schedule("tick", "admin.tick", 1, every=60)).name == "tick"
+            assert await broker.pause_schedule("tick")
+            assert await broker.resume_schedule("tick")
+            assert [s.paused for s in await broker.schedules(["tick"])] == [False]
+            assert await broker.unschedule("tick")
             return _CountingExecutor.submitted - before
 
     assert asyncio.run(scenario()) == 0
