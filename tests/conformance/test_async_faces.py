@@ -69,6 +69,7 @@ def test_async_administration_on_postgresql_runs_on_the_loop(pg_url: str) -> Non
         async with sqlbroker.AsyncBroker(pg_url) as broker:
             await broker.subscribe("admin", "admin.*")
             before = _CountingExecutor.submitted
+            assert await broker.schema_version() > 0
             await broker.publish("admin.created", 1)
             assert [s.subscription for s in await broker.stats()] == ["admin"]
             assert await broker.workers() == []

@@ -37,7 +37,7 @@ def migrate(broker: BrokerBase) -> Plan[list[int]]:
 
 def schema_version(broker: BrokerBase) -> Plan[int]:
     """The database's applied schema version (0 for an empty database)."""
-    version: int = yield blocking(broker.backend.schema_version)
+    version: int = yield call("schema_version")
     return version
 
 
