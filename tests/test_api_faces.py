@@ -208,6 +208,10 @@ def test_a_misspelt_option_is_refused_by_name() -> None:
         with pytest.raises(sqlbroker.InvalidOption, match="concurency"):
             broker.subscriber(queue="jobs", concurency=2)(print)  # type: ignore[call-arg]
         assert broker.subscribers == {}
+        saga = sqlbroker.Saga("order", [sqlbroker.Step("pay")])
+        with pytest.raises(sqlbroker.InvalidOption, match="transaction"):
+            broker.saga_step(saga, "pay", transaction=True)  # type: ignore[call-arg]
+        assert broker.subscribers == {}
 
         @broker.subscriber(queue="jobs")
         def handle(msg: sqlbroker.Message) -> None: ...

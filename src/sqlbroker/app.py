@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar, Unpack
+from typing import Any, Self, TypedDict, TypeVar, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
@@ -34,6 +34,20 @@ from sqlbroker.runtime.worker import Worker, WorkerOptions
 from sqlbroker.storage.backend import Backend
 
 H = TypeVar("H", bound=Callable[..., Any])
+
+
+class SagaStepOptions(TypedDict, total=False):
+    """The options of :meth:`Broker.saga_step` and ``saga_compensation``, every one
+    optional."""
+
+    concurrency: int
+    """Handlers of the step running at once per worker process (default 10)."""
+    retry: RetryPolicy | None
+    """The step's :class:`RetryPolicy` (default ``RetryPolicy()``)."""
+    transactional: bool
+    """A plain function that writes through ``ctx.conn`` inside the transaction that
+    records its outcome, so its effect happens exactly once (default ``False``; see
+    :mod:`sqlbroker.runtime.sagas`)."""
 
 
 class RunOptions(WorkerOptions, total=False):
@@ -61,46 +75,31 @@ class _Base(BrokerBase):
         self._observers.append(observer)
 
     def saga_step(
-        self,
-        saga: Saga,
-        step: str,
-        *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        retry: RetryPolicy | None = None,
-        transactional: bool = False,
+        self, saga: Saga, step: str, **options: Unpack[SagaStepOptions]
     ) -> Callable[[H], H]:
         """Register the decorated function as the action of ``saga``'s ``step``: called
         with a :class:`~sqlbroker.runtime.sagas.StepContext`, it returns the step's output
         (JSON). It runs as the subscriber of the queue ``saga.<saga>.<step>`` with the
         step's timeout and the ``retry`` policy; on the attempt the policy would dead-letter
         (or ``Reject``) the saga turns back. Actions run at least once; see
-        :mod:`sqlbroker.runtime.sagas` for ``transactional`` and ``broker.once``."""
-        return self._saga_handler(saga, step, concurrency, retry, transactional, undo=False)
+        :mod:`sqlbroker.runtime.sagas` for ``transactional`` and ``broker.once``. The
+        options, each optional, and their defaults: :class:`SagaStepOptions`."""
+        return self._saga_handler(saga, step, options, undo=False)
 
     def saga_compensation(
-        self,
-        saga: Saga,
-        step: str,
-        *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        retry: RetryPolicy | None = None,
-        transactional: bool = False,
+        self, saga: Saga, step: str, **options: Unpack[SagaStepOptions]
     ) -> Callable[[H], H]:
         """Register the decorated function as the compensation of ``saga``'s ``step``
         (queue ``saga.<saga>.<step>.undo``); the context's ``outputs`` hold the step's own
-        output. Failing for good marks the saga ``failed`` and dead-letters the message."""
-        return self._saga_handler(saga, step, concurrency, retry, transactional, undo=True)
+        output. Failing for good marks the saga ``failed`` and dead-letters the message.
+        The options are :meth:`saga_step`'s."""
+        return self._saga_handler(saga, step, options, undo=True)
 
     def _saga_handler(
-        self,
-        saga: Saga,
-        step: str,
-        concurrency: int,
-        retry: RetryPolicy | None,
-        transactional: bool,
-        *,
-        undo: bool,
+        self, saga: Saga, step: str, options: SagaStepOptions, *, undo: bool
     ) -> Callable[[H], H]:
+        validate.known_options(options, SagaStepOptions.__optional_keys__, "saga step")
+        retry, transactional = options.get("retry"), options.get("transactional", False)
         if not isinstance(saga, Saga):
             raise InvalidOption("saga", "must be a Saga")
         definition = saga.step(step)
@@ -120,7 +119,7 @@ class _Base(BrokerBase):
             )
             self.subscriber(
                 queue=saga.queue(step, undo=undo),
-                concurrency=concurrency,
+                concurrency=options.get("concurrency", DEFAULT_CONCURRENCY),
                 timeout=definition.timeout,
                 retry=policy,
             )(handler)
