@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 from fastapi import Depends
 
 from sqlbroker.app import AsyncBroker
+from sqlbroker.features.publishing import PublishOptions
 from sqlbroker.storage.caller import CallerConnection
 
 
@@ -41,13 +42,13 @@ class Outbox:
         self.broker = broker
         self.conn = conn
 
-    async def publish(self, topic: str, payload: Any, **options: Any) -> str:
+    async def publish(self, topic: str, payload: Any, **options: Unpack[PublishOptions]) -> str:
         return await self.broker.publish(topic, payload, conn=self.conn, **options)
 
     async def publish_many(self, messages: Iterable[Mapping[str, Any]]) -> list[str]:
         return await self.broker.publish_many(messages, conn=self.conn)
 
-    async def send(self, queue: str, payload: Any, **options: Any) -> str:
+    async def send(self, queue: str, payload: Any, **options: Unpack[PublishOptions]) -> str:
         return await self.broker.send(queue, payload, conn=self.conn, **options)
 
 
