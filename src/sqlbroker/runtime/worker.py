@@ -153,36 +153,22 @@ class Worker:
             raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
         self._broker = broker
         self._specs = list(specs)
-        self._grace = validate.seconds(
-            options.get("grace", 30.0), "grace", maximum=validate.MAX_LEASE
-        )
-        self._reap_interval = validate.seconds(
-            options.get("reap_interval", 5.0), "reap_interval", allow_zero=False
-        )
-        self._poll_max = validate.seconds(
-            options.get("poll_interval", 1.0), "poll_interval", allow_zero=False
-        )
-        self._install_signals = options.get("install_signal_handlers", True)
-        self._schedules = bool(options.get("schedules", True))
-        self._listen = bool(options.get("listen", True))
-        self._write_batch = validate.integer(
-            options.get("write_batch", DEFAULT_WRITE_BATCH),
-            "write_batch",
-            minimum=1,
-            maximum=100_000,
-        )
-        self._write_backlog = validate.integer(
-            options.get("write_backlog", DEFAULT_WRITE_BACKLOG),
-            "write_backlog",
-            minimum=1,
-            maximum=10_000_000,
-        )
+        get = options.get
+        seconds, integer = validate.seconds, validate.integer
+        self._grace = seconds(get("grace", 30.0), "grace", maximum=validate.MAX_LEASE)
+        self._reap_interval = seconds(get("reap_interval", 5.0), "reap_interval", allow_zero=False)
+        self._poll_max = seconds(get("poll_interval", 1.0), "poll_interval", allow_zero=False)
+        self._install_signals = bool(get("install_signal_handlers", True))
+        self._schedules = bool(get("schedules", True))
+        self._listen = bool(get("listen", True))
+        batch = get("write_batch", DEFAULT_WRITE_BATCH)
+        self._write_batch = integer(batch, "write_batch", minimum=1, maximum=100_000)
+        backlog = get("write_backlog", DEFAULT_WRITE_BACKLOG)
+        self._write_backlog = integer(backlog, "write_backlog", minimum=1, maximum=10_000_000)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._heartbeat_interval = validate.seconds(
-            options.get("heartbeat_interval", DEFAULT_HEARTBEAT),
-            "heartbeat_interval",
-            allow_zero=False,
-            maximum=3600.0,
+        beat = get("heartbeat_interval", DEFAULT_HEARTBEAT)
+        self._heartbeat_interval = seconds(
+            beat, "heartbeat_interval", allow_zero=False, maximum=3600.0
         )
         self.recorder = MetricsRecorder(self.name)
         self._observers = Observers([self.recorder, *observers])
