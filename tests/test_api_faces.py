@@ -5,7 +5,10 @@ complete."""
 from __future__ import annotations
 
 import inspect
+import sys
 import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import sqlbroker
@@ -28,6 +31,28 @@ def _public(cls: type) -> dict[str, object]:
             static if isinstance(static, property | staticmethod) else getattr(cls, name)
         )
     return members
+
+
+def _parameters(function: Callable[..., object]) -> list[inspect.Parameter]:
+    """The signature's parameters, with a ``**options: Unpack[SomeOptions]`` expanded into
+    one keyword-only parameter per key of that ``TypedDict`` (its annotation resolved), so
+    that comparing signatures compares every option. An untyped ``**`` stays as it is."""
+    parameters = list(inspect.signature(function).parameters.values())
+    if not parameters or parameters[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        return parameters
+    annotation = parameters[-1].annotation
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(sys.modules[function.__module__]))
+    if typing.get_origin(annotation) is not typing.Unpack:
+        return parameters
+    (options,) = typing.get_args(annotation)
+    hints = typing.get_type_hints(options, include_extras=True)
+    assert set(hints) == options.__optional_keys__, f"{options.__name__} is total=False"
+    expanded = [
+        inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, annotation=hint)
+        for key, hint in hints.items()
+    ]
+    return parameters[:-1] + expanded
 
 
 def _attributes(cls: type) -> set[str]:
@@ -59,6 +84,7 @@ def test_both_faces_have_the_same_signatures() -> None:
     sync_members = _public(sqlbroker.Broker)
     async_members = _public(sqlbroker.AsyncBroker)
     compared = 0
+    options: dict[str, set[str]] = {}
     for name, sync_member in sync_members.items():
         if name in FACE_ONLY:
             continue
@@ -73,13 +99,12 @@ def test_both_faces_have_the_same_signatures() -> None:
             continue
         sync_sig = inspect.signature(sync_member)
         async_sig = inspect.signature(async_member)  # type: ignore[arg-type]
-        assert list(sync_sig.parameters.values()) == list(async_sig.parameters.values()), name
-        assert (
-            not any(
-                p.kind is p.VAR_KEYWORD for p in sync_sig.parameters.values() if p.name != "kwargs"
-            )
-            or name == "__init__"
-        ), f"{name} takes untyped **options"
+        sync_parameters = _parameters(sync_member)
+        assert sync_parameters == _parameters(async_member), name  # type: ignore[arg-type]
+        assert all(p.kind is not p.VAR_KEYWORD for p in sync_parameters) or name == "__init__", (
+            f"{name} takes untyped **options"
+        )
+        options[name] = {p.name for p in sync_parameters}
         if name in DIFFERENT_RESULTS:
             assert (sync_sig.return_annotation, async_sig.return_annotation) == (
                 DIFFERENT_RESULTS[name]
@@ -90,6 +115,10 @@ def test_both_faces_have_the_same_signatures() -> None:
             assert inspect.iscoroutinefunction(async_member), name
         compared += 1
     assert compared >= 45
+    # The option groups (``**options: Unpack[...]``) are compared key by key.
+    assert {"grace", "write_backlog", "subscriptions", "timeout"} <= options["run_until_idle"]
+    assert {"priority", "idempotency_key", "conn"} <= options["send_many"]
+    assert {"name", "queue", "prefetch", "fair"} <= options["subscriber"]
     constructor = inspect.signature(sqlbroker.Broker)
     assert constructor == inspect.signature(sqlbroker.AsyncBroker)
     assert [p.name for p in constructor.parameters.values() if p.kind is p.VAR_KEYWORD] == [
@@ -102,11 +131,11 @@ def test_both_faces_have_the_same_signatures() -> None:
 
 
 def test_no_member_takes_untyped_options() -> None:
+    """A ``**`` parameter is an option group, ``Unpack[SomeOptions]``, never bare."""
     for cls in (sqlbroker.Broker, sqlbroker.AsyncBroker):
         for name, member in _public(cls).items():
             if callable(member) and not isinstance(member, type):
-                function = getattr(member, "__func__", member)
-                parameters = inspect.signature(function).parameters.values()
+                parameters = _parameters(getattr(member, "__func__", member))
                 assert all(p.kind is not p.VAR_KEYWORD for p in parameters), f"{cls}.{name}"
 
 
@@ -161,3 +190,47 @@ def test_one_class_per_public_name() -> None:
                 if name in names:
                     found.setdefault(name, []).append(str(path.relative_to(source)))
     assert {name: places for name, places in found.items() if len(places) > 1} == {}
+
+
+def test_a_misspelt_option_is_refused_by_name() -> None:
+    """``**options`` takes any keyword: one outside its group is an ``InvalidOption``
+    naming it, raised before anything is written (a signature refused it before)."""
+    import pytest
+
+    with sqlbroker.Broker("sqlite:///:memory:") as broker:
+        broker.subscribe("jobs", ["jobs"])
+        with pytest.raises(sqlbroker.InvalidOption, match="priorty"):
+            broker.publish("jobs", 1, priorty=1)  # type: ignore[call-arg]
+        with pytest.raises(sqlbroker.InvalidOption, match="dedupe"):
+            broker.send_many("jobs", [1, 2], dedupe=60)  # type: ignore[call-arg]
+        assert broker.pending("jobs") == []
+
+        with pytest.raises(sqlbroker.InvalidOption, match="concurency"):
+            broker.subscriber(queue="jobs", concurency=2)(print)  # type: ignore[call-arg]
+        assert broker.subscribers == {}
+        saga = sqlbroker.Saga("order", [sqlbroker.Step("pay")])
+        with pytest.raises(sqlbroker.InvalidOption, match="transaction"):
+            broker.saga_step(saga, "pay", transaction=True)  # type: ignore[call-arg]
+        assert broker.subscribers == {}
+
+        @broker.subscriber(queue="jobs")
+        def handle(msg: sqlbroker.Message) -> None: ...
+
+        with pytest.raises(sqlbroker.InvalidOption, match="graceful"):
+            broker.run_until_idle(graceful=1.0)  # type: ignore[call-arg]
+
+
+def test_every_conn_parameter_is_a_caller_connection() -> None:
+    """``conn=`` is typed as the one named kind, ``CallerConnection``, on every member of
+    both faces and their dead letters (no ``Any``)."""
+    from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
+
+    found = []
+    for cls in (sqlbroker.Broker, sqlbroker.AsyncBroker, DeadLetters, AsyncDeadLetters):
+        for name, member in _public(cls).items():
+            if callable(member) and not isinstance(member, type):
+                for parameter in _parameters(getattr(member, "__func__", member)):
+                    if parameter.name == "conn":
+                        found.append(f"{cls.__name__}.{name}")
+                        assert parameter.annotation == "CallerConnection | None", found[-1]
+    assert {"Broker.publish", "AsyncBroker.send_many", "AsyncBroker.complete"} <= set(found)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypedDict, TypeVar, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
@@ -29,13 +29,37 @@ from sqlbroker.producer import inspection, publishing, scheduling
 from sqlbroker.producer.base import BrokerBase
 from sqlbroker.producer.consuming import worker_name
 from sqlbroker.runtime.events import WorkerObserver
-from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT
 from sqlbroker.runtime.sagas import saga_handler
-from sqlbroker.runtime.worker import Worker
-from sqlbroker.runtime.writeback import DEFAULT_WRITE_BACKLOG, DEFAULT_WRITE_BATCH
+from sqlbroker.runtime.worker import Worker, WorkerOptions
 from sqlbroker.storage.backend import Backend
 
 H = TypeVar("H", bound=Callable[..., Any])
+
+
+class SagaStepOptions(TypedDict, total=False):
+    """The options of :meth:`Broker.saga_step` and ``saga_compensation``, every one
+    optional."""
+
+    concurrency: int
+    """Handlers of the step running at once per worker process (default 10)."""
+    retry: RetryPolicy | None
+    """The step's :class:`RetryPolicy` (default ``RetryPolicy()``)."""
+    transactional: bool
+    """A plain function that writes through ``ctx.conn`` inside the transaction that
+    records its outcome, so its effect happens exactly once (default ``False``; see
+    :mod:`sqlbroker.runtime.sagas`)."""
+
+
+class RunOptions(WorkerOptions, total=False):
+    """The keywords of :meth:`Broker.worker`, ``run`` and ``run_until_idle`` (and the
+    same on :class:`AsyncBroker`), every one optional: which subscribers run, and how the
+    worker runs (:class:`~sqlbroker.runtime.worker.WorkerOptions`, with their defaults)."""
+
+    subscriptions: Sequence[str] | None
+    """The subscribers to run, by subscription name (default: every registered one)."""
+    concurrency: int | None
+    """Handlers running at once per subscriber, for all of them (default: each
+    subscriber's own)."""
 
 
 class _Base(BrokerBase):
@@ -51,46 +75,31 @@ class _Base(BrokerBase):
         self._observers.append(observer)
 
     def saga_step(
-        self,
-        saga: Saga,
-        step: str,
-        *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        retry: RetryPolicy | None = None,
-        transactional: bool = False,
+        self, saga: Saga, step: str, **options: Unpack[SagaStepOptions]
     ) -> Callable[[H], H]:
         """Register the decorated function as the action of ``saga``'s ``step``: called
         with a :class:`~sqlbroker.runtime.sagas.StepContext`, it returns the step's output
         (JSON). It runs as the subscriber of the queue ``saga.<saga>.<step>`` with the
         step's timeout and the ``retry`` policy; on the attempt the policy would dead-letter
         (or ``Reject``) the saga turns back. Actions run at least once; see
-        :mod:`sqlbroker.runtime.sagas` for ``transactional`` and ``broker.once``."""
-        return self._saga_handler(saga, step, concurrency, retry, transactional, undo=False)
+        :mod:`sqlbroker.runtime.sagas` for ``transactional`` and ``broker.once``. The
+        options, each optional, and their defaults: :class:`SagaStepOptions`."""
+        return self._saga_handler(saga, step, options, undo=False)
 
     def saga_compensation(
-        self,
-        saga: Saga,
-        step: str,
-        *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        retry: RetryPolicy | None = None,
-        transactional: bool = False,
+        self, saga: Saga, step: str, **options: Unpack[SagaStepOptions]
     ) -> Callable[[H], H]:
         """Register the decorated function as the compensation of ``saga``'s ``step``
         (queue ``saga.<saga>.<step>.undo``); the context's ``outputs`` hold the step's own
-        output. Failing for good marks the saga ``failed`` and dead-letters the message."""
-        return self._saga_handler(saga, step, concurrency, retry, transactional, undo=True)
+        output. Failing for good marks the saga ``failed`` and dead-letters the message.
+        The options are :meth:`saga_step`'s."""
+        return self._saga_handler(saga, step, options, undo=True)
 
     def _saga_handler(
-        self,
-        saga: Saga,
-        step: str,
-        concurrency: int,
-        retry: RetryPolicy | None,
-        transactional: bool,
-        *,
-        undo: bool,
+        self, saga: Saga, step: str, options: SagaStepOptions, *, undo: bool
     ) -> Callable[[H], H]:
+        validate.known_options(options, SagaStepOptions.__optional_keys__, "saga step")
+        retry, transactional = options.get("retry"), options.get("transactional", False)
         if not isinstance(saga, Saga):
             raise InvalidOption("saga", "must be a Saga")
         definition = saga.step(step)
@@ -110,7 +119,7 @@ class _Base(BrokerBase):
             )
             self.subscriber(
                 queue=saga.queue(step, undo=undo),
-                concurrency=concurrency,
+                concurrency=options.get("concurrency", DEFAULT_CONCURRENCY),
                 timeout=definition.timeout,
                 retry=policy,
             )(handler)
@@ -119,30 +128,12 @@ class _Base(BrokerBase):
 
         return register
 
-    def worker(
-        self,
-        *,
-        subscriptions: Sequence[str] | None = None,
-        concurrency: int | None = None,
-        grace: float = 30.0,
-        reap_interval: float = 5.0,
-        poll_interval: float = 1.0,
-        install_signal_handlers: bool = True,
-        heartbeat_interval: float = DEFAULT_HEARTBEAT,
-        schedules: bool = True,
-        listen: bool = True,
-        write_batch: int = DEFAULT_WRITE_BATCH,
-        write_backlog: int = DEFAULT_WRITE_BACKLOG,
-    ) -> Worker:
-        """A worker for all registered subscribers (or the named ones). It also publishes
-        the ticks of durable schedules unless ``schedules=False``. ``listen=False`` opens no
-        wake-up listener (PostgreSQL's LISTEN connection, which a transaction-pooling proxy
-        such as PgBouncer cannot carry; SQLite's commit watcher): other processes' messages
-        are then found by the poll alone, within ``poll_interval`` seconds.
-
-        Outcomes are written back ``write_batch`` per database call; at most
-        ``write_backlog`` outcomes and unsettled claims are held at once (a slow database
-        pauses the claims instead of growing memory)."""
+    def worker(self, **options: Unpack[RunOptions]) -> Worker:
+        """A worker for all registered subscribers (or those ``subscriptions`` names). It
+        also publishes the ticks of durable schedules unless ``schedules=False``. The
+        options, each optional, and their defaults: :class:`RunOptions`."""
+        subscriptions = options.pop("subscriptions", None)
+        concurrency = options.pop("concurrency", None)
         chosen = list(self.subscribers) if subscriptions is None else list(subscriptions)
         unknown = [name for name in chosen if name not in self.subscribers]
         if unknown:
@@ -152,20 +143,8 @@ class _Base(BrokerBase):
         if concurrency is not None:
             slots = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
             specs = [dataclasses.replace(spec, concurrency=slots) for spec in specs]
-        worker = Worker(
-            _WorkerView(self),
-            specs,
-            grace=grace,
-            reap_interval=reap_interval,
-            poll_interval=poll_interval,
-            install_signal_handlers=install_signal_handlers,
-            heartbeat_interval=heartbeat_interval,
-            observers=self._observers,
-            schedules=schedules,
-            listen=listen,
-            write_batch=write_batch,
-            write_backlog=write_backlog,
-        )
+        settings: WorkerOptions = options
+        worker = Worker(_WorkerView(self), specs, observers=self._observers, **settings)
         sagas = [s for s in self._saga_definitions.values() if set(s.queues()) & set(chosen)]
         if sagas:
             backend = self._ready()
@@ -174,49 +153,21 @@ class _Base(BrokerBase):
         return worker
 
     @operation
-    def run(
-        self,
-        *,
-        timeout: float | None = None,
-        subscriptions: Sequence[str] | None = None,
-        concurrency: int | None = None,
-        grace: float = 30.0,
-        reap_interval: float = 5.0,
-        poll_interval: float = 1.0,
-        install_signal_handlers: bool = True,
-        heartbeat_interval: float = DEFAULT_HEARTBEAT,
-        schedules: bool = True,
-        listen: bool = True,
-        write_batch: int = DEFAULT_WRITE_BATCH,
-        write_backlog: int = DEFAULT_WRITE_BACKLOG,
-    ) -> Plan[None]:
+    def run(self, *, timeout: float | None = None, **options: Unpack[RunOptions]) -> Plan[None]:
         """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT, or
         ``timeout`` seconds): blocking on ``Broker``, on the caller's loop on
-        ``AsyncBroker``. The options are :meth:`worker`'s."""
-        worker = self.worker(**_worker_options(locals()))
-        yield self._running(worker, until_idle=False, timeout=timeout)
+        ``AsyncBroker``. The options are :meth:`worker`'s (:class:`RunOptions`)."""
+        yield self._running(self.worker(**options), until_idle=False, timeout=timeout)
 
     @operation
     def run_until_idle(
-        self,
-        *,
-        timeout: float | None = None,
-        subscriptions: Sequence[str] | None = None,
-        concurrency: int | None = None,
-        grace: float = 30.0,
-        reap_interval: float = 5.0,
-        poll_interval: float = 1.0,
-        install_signal_handlers: bool = False,
-        heartbeat_interval: float = DEFAULT_HEARTBEAT,
-        schedules: bool = True,
-        listen: bool = True,
-        write_batch: int = DEFAULT_WRITE_BATCH,
-        write_backlog: int = DEFAULT_WRITE_BACKLOG,
+        self, *, timeout: float | None = None, **options: Unpack[RunOptions]
     ) -> Plan[None]:
         """Run until the subscriptions have no ready, scheduled or running messages left
-        (or ``timeout`` seconds pass). For scripts and tests."""
-        worker = self.worker(**_worker_options(locals()))
-        yield self._running(worker, until_idle=True, timeout=timeout)
+        (or ``timeout`` seconds pass). For scripts and tests. The options are
+        :meth:`worker`'s, but ``install_signal_handlers`` defaults to ``False``."""
+        options.setdefault("install_signal_handlers", False)
+        yield self._running(self.worker(**options), until_idle=True, timeout=timeout)
 
     def _running(self, worker: Worker, *, until_idle: bool, timeout: float | None) -> Call:
         """Run ``worker``: its own loop for the blocking face, the caller's for the other.
@@ -399,8 +350,3 @@ class AsyncBroker(_Base, Awaiting):
         trace: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-def _worker_options(arguments: dict[str, Any]) -> dict[str, Any]:
-    """:meth:`_Base.worker`'s options among ``run``'s arguments (its ``locals()``)."""
-    return {name: value for name, value in arguments.items() if name not in ("self", "timeout")}

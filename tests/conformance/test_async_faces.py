@@ -59,6 +59,38 @@ def test_async_calls_on_postgresql_run_on_the_loop(pg_url: str) -> None:
     assert listened == {threading.get_ident()}
 
 
+@pytest.mark.postgres
+def test_async_administration_on_postgresql_runs_on_the_loop(pg_url: str) -> None:
+    """Stats, workers, metrics, retention, flow limits and schedules read and change
+    through the async pool too: the loop's default executor gets no job."""
+
+    async def scenario() -> int:
+        asyncio.get_running_loop().set_default_executor(_CountingExecutor())
+        async with sqlbroker.AsyncBroker(pg_url) as broker:
+            await broker.subscribe("admin", "admin.*")
+            before = _CountingExecutor.submitted
+            assert await broker.schema_version() > 0
+            await broker.publish("admin.created", 1)
+            assert [s.subscription for s in await broker.stats()] == ["admin"]
+            assert await broker.workers() == []
+            assert list(await broker.metrics_series(minutes=2)) == ["admin"]
+            assert (await broker.unrouted()).total == 0
+            assert (await broker.set_retention("admin", archive=3600)).archive == 3600
+            assert [r.archive for r in await broker.retention("admin")] == [3600]
+            assert (await broker.set_flow("admin", max_running=2)).limits.max_running == 2
+            assert [f.limits.max_running for f in await broker.flow("admin")] == [2]
+            with pytest.raises(sqlbroker.NotFound):
+                await broker.set_flow("nobody", max_running=2)
+            assert (await broker.schedule("tick", "admin.tick", 1, every=60)).name == "tick"
+            assert await broker.pause_schedule("tick")
+            assert await broker.resume_schedule("tick")
+            assert [s.paused for s in await broker.schedules(["tick"])] == [False]
+            assert await broker.unschedule("tick")
+            return _CountingExecutor.submitted - before
+
+    assert asyncio.run(scenario()) == 0
+
+
 def _connections(url: str, application: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(

@@ -152,3 +152,18 @@ def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
         return seen
 
     assert asyncio.run(main()) == [START, {("a", "dead"): 1}, ["w1"]]
+
+
+def test_clock_now_is_the_storage_clock(backend: Any, clock: ManualClock) -> None:
+    """``clock_now``: the storage clock's now, the same through every path."""
+    clock.advance(90)
+
+    async def main() -> datetime:
+        try:
+            return await backend.async_ops.clock_now()  # type: ignore[no-any-return]
+        finally:
+            await backend.close_async()
+
+    with backend.begin() as tx:
+        in_tx = tx.clock_now()
+    assert backend.clock_now() == in_tx == asyncio.run(main()) == START + timedelta(seconds=90)

@@ -26,27 +26,29 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 from fastapi import Depends
 
 from sqlbroker.app import AsyncBroker
+from sqlbroker.features.publishing import PublishOptions
+from sqlbroker.storage.caller import CallerConnection
 
 
 class Outbox:
     """Publishing bound to one caller connection or session (``conn=`` on every call)."""
 
-    def __init__(self, broker: AsyncBroker, conn: Any) -> None:
+    def __init__(self, broker: AsyncBroker, conn: CallerConnection) -> None:
         self.broker = broker
         self.conn = conn
 
-    async def publish(self, topic: str, payload: Any, **options: Any) -> str:
+    async def publish(self, topic: str, payload: Any, **options: Unpack[PublishOptions]) -> str:
         return await self.broker.publish(topic, payload, conn=self.conn, **options)
 
     async def publish_many(self, messages: Iterable[Mapping[str, Any]]) -> list[str]:
         return await self.broker.publish_many(messages, conn=self.conn)
 
-    async def send(self, queue: str, payload: Any, **options: Any) -> str:
+    async def send(self, queue: str, payload: Any, **options: Unpack[PublishOptions]) -> str:
         return await self.broker.send(queue, payload, conn=self.conn, **options)
 
 

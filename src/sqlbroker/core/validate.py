@@ -129,6 +129,15 @@ def items(value: object, field: str, what: str) -> list[Any]:
     return list(value)
 
 
+def known_options(given: Iterable[str], known: Iterable[str], what: str) -> None:
+    """Refuse keywords outside an option group (a ``**options`` parameter would otherwise
+    swallow a misspelt one)."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        choices = ", ".join(sorted(known))
+        raise InvalidOption(unknown[0], f"not a {what} option (the options: {choices})")
+
+
 def _printable(value: str) -> bool:
     return "\x00" not in value and value.isprintable()
 

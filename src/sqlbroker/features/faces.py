@@ -3,7 +3,8 @@ run by the blocking face (:class:`Blocking`) or the awaiting one (:class:`Awaiti
 
 A plan is a generator method of the base (see :mod:`sqlbroker.producer.base`; dead letters
 and processed keys use it too): it checks its arguments, yields each storage :class:`Call`
-it needs and is sent back the result, and returns the operation's result. The blocking face
+it needs and is sent back the result (or has the call's error raised at its ``yield``), and
+returns the operation's result. The blocking face
 runs a call on the backend; the awaiting face awaits it on the backend's coroutine
 operations (``backend.async_ops``: PostgreSQL's async pool of the running loop, SQLite's own
 thread), with no thread hop of its own. So the two faces have the same members with the
@@ -22,6 +23,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.storage import caller
 from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.seam import AsyncExecutor
 
 P = ParamSpec("P")
@@ -39,7 +41,7 @@ class Call:
 
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-    conn: Any = None
+    conn: CallerConnection | None = None
     blocking: Callable[[], Any] | None = None
     awaiting: Callable[[], Awaitable[Any]] | None = None
 
@@ -47,7 +49,7 @@ class Call:
 Plan = Generator[Call, Any, T]
 
 
-def call(name: str, /, *, conn: Any = None, **kwargs: Any) -> Call:
+def call(name: str, /, *, conn: CallerConnection | None = None, **kwargs: Any) -> Call:
     """The storage operation ``name`` (a method of ``Executor``), for a plan to yield."""
     return Call(name, kwargs, conn)
 
@@ -94,7 +96,12 @@ class Blocking(Face):
         try:
             effect = next(plan)
             while True:
-                effect = plan.send(run_call(backend, effect))
+                try:
+                    result = run_call(backend, effect)
+                except Exception as error:
+                    effect = plan.throw(error)
+                else:
+                    effect = plan.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         finally:
@@ -109,7 +116,12 @@ class Awaiting(Face):
         try:
             effect = next(plan)
             while True:
-                effect = plan.send(await run_call_async(backend, effect))
+                try:
+                    result = await run_call_async(backend, effect)
+                except Exception as error:
+                    effect = plan.throw(error)
+                else:
+                    effect = plan.send(result)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         finally:

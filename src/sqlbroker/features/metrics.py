@@ -1,7 +1,8 @@
 """Metrics from recorded facts: queue gauges joined with the per-minute counters workers
 write with their heartbeats, and the rare outcomes (expired, unrouted) counted in the
 archive. Every face — ``broker.stats()``, the CLI, Prometheus and the dashboard — reads
-through here, so they agree."""
+through here, so they agree. Each reading is a plan (:mod:`sqlbroker.features.faces`), run
+by either face."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from sqlbroker.core import validate
 from sqlbroker.core.message import SubscriptionStats
 from sqlbroker.core.observability import (
     MinuteCounts,
+    RareCount,
     SeriesPoint,
     WorkerInfo,
     merge_buckets,
     quantile,
 )
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Plan, call
 
 RATE_WINDOW = 300.0
 """Seconds over which ``stats()`` averages rates and estimates handler-time quantiles."""
@@ -40,25 +42,20 @@ def _minute_floor(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)
 
 
-def subscription_stats(
-    backend: Backend, *, window: float | timedelta = RATE_WINDOW
-) -> list[SubscriptionStats]:
+def subscription_stats(*, window: float | timedelta = RATE_WINDOW) -> Plan[list[SubscriptionStats]]:
     """Gauges per subscription plus rates and handler times over the last ``window`` seconds
     (to the minute: over the minutes the window overlaps)."""
     seconds = validate.seconds(window, "window", allow_zero=False, maximum=24 * 3600.0)
-    gauges = backend.stats_collect()
-    now = backend.now()
+    gauges: list[SubscriptionStats] = yield call("stats_collect")
+    now: datetime = yield call("clock_now")
     since = now - timedelta(seconds=seconds)
     # A counter row covers a whole minute: take every minute that overlaps the window, and
     # divide by the time those rows cover — from the start of the first to now (the current
     # minute's row holds what happened so far) — which is up to a minute more than the window.
     first_minute = _minute_floor(since)
-    rows = backend.metric_minutes(since=first_minute)
-    expired = {
-        rare.subscription: rare.total
-        for rare in backend.archive_rare_counts(since=since)
-        if rare.outcome == "expired"
-    }
+    rows: list[MinuteCounts] = yield call("metric_minutes", since=first_minute)
+    rare: list[RareCount] = yield call("archive_rare_counts", since=since)
+    expired = {r.subscription: r.total for r in rare if r.outcome == "expired"}
     per_minute = 60.0 / max((now - first_minute).total_seconds(), seconds)
     grouped: dict[str, list[MinuteCounts]] = defaultdict(list)
     for row in rows:
@@ -102,30 +99,26 @@ def _points(rows: Iterable[MinuteCounts], minutes: list[datetime]) -> list[Serie
     return points
 
 
-def series(backend: Backend, *, minutes: int = 60) -> dict[str, list[SeriesPoint]]:
+def series(*, minutes: int = 60) -> Plan[dict[str, list[SeriesPoint]]]:
     """Per subscription, one point per minute for the last ``minutes`` minutes (the current,
     partial minute last), zeros where nothing was recorded."""
     count = validate.integer(minutes, "minutes", minimum=1, maximum=MAX_SERIES_MINUTES)
-    current = _minute_floor(backend.now())
+    current = _minute_floor((yield call("clock_now")))
     axis = [current - timedelta(minutes=back) for back in range(count - 1, -1, -1)]
     grouped: dict[str, list[MinuteCounts]] = defaultdict(list)
-    for row in backend.metric_minutes(since=axis[0]):
+    for row in (yield call("metric_minutes", since=axis[0])):
         grouped[row.subscription].append(row)
-    names = {s.name for s in backend.subscription_list()} | set(grouped)
+    names = {s.name for s in (yield call("subscription_list"))} | set(grouped)
     return {name: _points(grouped.get(name, []), axis) for name in sorted(names)}
 
 
-def unrouted(backend: Backend, *, window: float | timedelta = RATE_WINDOW) -> Unrouted:
+def unrouted(*, window: float | timedelta = RATE_WINDOW) -> Plan[Unrouted]:
     """Unrouted publishes in the archive: in all, and within the last ``window`` seconds."""
     seconds = validate.seconds(window, "window", allow_zero=False, maximum=24 * 3600.0)
-    since = backend.now() - timedelta(seconds=seconds)
-    found = [r for r in backend.archive_rare_counts(since=since) if r.outcome == "unrouted"]
+    since = (yield call("clock_now")) - timedelta(seconds=seconds)
+    rare: list[RareCount] = yield call("archive_rare_counts", since=since)
+    found = [r for r in rare if r.outcome == "unrouted"]
     return Unrouted(total=sum(r.total for r in found), recent=sum(r.recent for r in found))
-
-
-def workers(backend: Backend) -> list[WorkerInfo]:
-    """Every worker row, most recently seen first (stopped ones included)."""
-    return backend.worker_list()
 
 
 def alive(found: Iterable[WorkerInfo], *, max_age: float) -> list[WorkerInfo]:

@@ -18,7 +18,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound, StorageError
 from sqlbroker.core.message import Retention
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Plan, call
 
 log = logging.getLogger("sqlbroker.retention")
 
@@ -57,11 +57,14 @@ def retention_seconds(value: object, field: str) -> float:
 
 
 def retention_list(
-    backend: Backend, defaults: RetentionDefaults, subscription: str | None = None
-) -> list[Retention]:
+    defaults: RetentionDefaults, subscription: str | None = None
+) -> Plan[list[Retention]]:
     """The retention of each subscription (or of one), its own or the defaults."""
     if subscription is not None:
         validate_topic(subscription, "subscription")
+    rows: list[tuple[str, float | None, float | None]] = yield call(
+        "retention_list", name=subscription
+    )
     return [
         Retention(
             subscription=name,
@@ -70,34 +73,36 @@ def retention_list(
             archive_default=archive is None,
             dead_default=dead is None,
         )
-        for name, archive, dead in backend.retention_list(name=subscription)
+        for name, archive, dead in rows
     ]
 
 
 def retention_set(
-    backend: Backend,
     defaults: RetentionDefaults,
     subscription: str,
     *,
     archive: object = None,
     dead: object = None,
     reset: bool = False,
-) -> Retention:
+) -> Plan[Retention]:
     """Set a subscription's own times (``None``: leave as is; ``reset=True`` first returns
     both to the defaults). ``NotFound`` when there is no such subscription."""
     validate_topic(subscription, "subscription")
     reset = validate.flag(reset, "reset")
     archive_seconds = None if archive is None else retention_seconds(archive, "archive")
     dead_seconds = None if dead is None else retention_seconds(dead, "dead")
-    if not backend.retention_set(
-        name=subscription,
-        archive=archive_seconds,
-        dead=dead_seconds,
-        change_archive=reset or archive_seconds is not None,
-        change_dead=reset or dead_seconds is not None,
+    if not (
+        yield call(
+            "retention_set",
+            name=subscription,
+            archive=archive_seconds,
+            dead=dead_seconds,
+            change_archive=reset or archive_seconds is not None,
+            change_dead=reset or dead_seconds is not None,
+        )
     ):
         raise NotFound(f"no subscription named {subscription!r}")
-    (found,) = retention_list(backend, defaults, subscription)
+    (found,) = yield from retention_list(defaults, subscription)
     return found
 
 
@@ -111,17 +116,17 @@ def _has_shorter(default: float, shortest: float | None, longest: float) -> bool
     return default < longest or (shortest is not None and shortest < longest)
 
 
-def retain(backend: Backend, defaults: RetentionDefaults, *, limit: int) -> dict[str, int]:
+def retain(defaults: RetentionDefaults, *, limit: int) -> Plan[dict[str, int]]:
     """The reaper's retention pass. Rows past the longest retention in force go first
     (PostgreSQL: whole days are dropped, then what no day took); rows under a shorter
     retention then go by subscription, only when such a retention exists. At most ``limit``
     archive rows and ``limit`` dead letters are deleted per pass."""
-    bounds = backend.retention_bounds()
+    bounds = yield call("retention_bounds")
     archive_longest = _longest(defaults.archive, bounds.archive_longest)
     dead_longest = _longest(defaults.dead, bounds.dead_longest)
     try:
-        created, dropped = backend.archive_partitions_maintain(
-            ahead=PARTITIONS_AHEAD, keep=archive_longest
+        created, dropped = yield call(
+            "archive_partitions_maintain", ahead=PARTITIONS_AHEAD, keep=archive_longest
         )
     except StorageError as error:
         # Days are an optimisation: without them rows go to the default partition, and the
@@ -135,16 +140,19 @@ def retain(backend: Backend, defaults: RetentionDefaults, *, limit: int) -> dict
             dropped,
             extra={"partitions_created": created, "partitions_dropped": dropped},
         )
-    archived = backend.archive_trim(keep=archive_longest, limit=limit)
+    archived: int = yield call("archive_trim", keep=archive_longest, limit=limit)
     if archived < limit and _has_shorter(
         defaults.archive, bounds.archive_shortest, archive_longest
     ):
-        archived += backend.archive_trim_shorter(
-            keep=defaults.archive, longest=archive_longest, limit=limit - archived
+        archived += yield call(
+            "archive_trim_shorter",
+            keep=defaults.archive,
+            longest=archive_longest,
+            limit=limit - archived,
         )
-    dead = backend.dead_trim(keep=dead_longest, limit=limit)
+    dead: int = yield call("dead_trim", keep=dead_longest, limit=limit)
     if dead < limit and _has_shorter(defaults.dead, bounds.dead_shortest, dead_longest):
-        dead += backend.dead_trim_shorter(
-            keep=defaults.dead, longest=dead_longest, limit=limit - dead
+        dead += yield call(
+            "dead_trim_shorter", keep=defaults.dead, longest=dead_longest, limit=limit - dead
         )
     return {"archive_trimmed": archived, "dead_trimmed": dead}

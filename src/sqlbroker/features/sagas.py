@@ -53,6 +53,7 @@ from sqlbroker.core.serde import encode_value
 from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.seam import Tx
 
 log = logging.getLogger("sqlbroker.sagas")
@@ -130,7 +131,7 @@ class Sagas:
         data: Any = None,
         *,
         saga_id: str | None = None,
-        conn: Any = None,
+        conn: CallerConnection | None = None,
     ) -> str:
         """Start ``saga`` with ``data`` (JSON) and return its id.
 

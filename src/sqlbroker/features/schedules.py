@@ -12,14 +12,13 @@ croniter is imported only for cron schedules, so ``every=`` works without it.
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlbroker.core import validate
@@ -41,6 +40,7 @@ from sqlbroker.core.schedules import (
 )
 from sqlbroker.core.serde import decode_payload, encode_json
 from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.rows import headers_of, payload_hash
@@ -205,165 +205,192 @@ class ScheduleRun:
         return max(0.0, (self.next_run_at - self.now).total_seconds())
 
 
+class ScheduleOptions(TypedDict, total=False):
+    """The options of ``broker.schedule`` (see it), every one optional. Exactly one of
+    ``cron`` and ``every`` is required; ``headers``, ``priority``, ``key``, ``ttl``,
+    ``max_attempts`` and ``content_type`` are as in a publish
+    (:class:`~sqlbroker.features.publishing.PublishOptions`, with their defaults)."""
+
+    cron: str | None
+    """A cron expression (croniter), in the time zone ``tz``."""
+    every: float | timedelta | None
+    """An interval, in seconds or a timedelta."""
+    tz: str
+    """The cron schedule's IANA time zone (default ``"UTC"``)."""
+    missed: Missed | str
+    """What to do with ticks that passed while nothing ran (default ``"latest"``)."""
+    grace: float | timedelta
+    """Seconds late a tick may be and still be on time (default 60)."""
+    start_at: datetime | None
+    """No tick before this point in time."""
+    headers: Mapping[str, str] | None
+    priority: int
+    key: str | None
+    ttl: float | timedelta | None
+    max_attempts: int | None
+    content_type: str | None
+
+
+def schedule_define(
+    defaults: PublishDefaults,
+    name: str,
+    topic: str,
+    payload: Any,
+    **options: Unpack[ScheduleOptions],
+) -> Plan[Schedule]:
+    """Create or redefine the schedule ``name``; see ``Broker.schedule``."""
+    validate.known_options(options, ScheduleOptions.__optional_keys__, "schedule")
+    cron, every, start_at = options.get("cron"), options.get("every"), options.get("start_at")
+    tz, missed = options.get("tz", "UTC"), options.get("missed", Missed.LATEST)
+    grace, headers = options.get("grace", DEFAULT_GRACE), options.get("headers")
+    priority, key = options.get("priority", NORMAL), options.get("key")
+    ttl, max_attempts = options.get("ttl"), options.get("max_attempts")
+    content_type = options.get("content_type")
+    name_text = validate_topic(name, "name")
+    if (cron is None) == (every is None):
+        raise InvalidSchedule("cron", "give exactly one of cron=… or every=…")
+    zone = _zone(tz)
+    assert isinstance(tz, str)
+    cron_text = None if cron is None else _cron(cron, zone)
+    every_s = None
+    if every is not None:
+        every_s = validate.seconds(every, "every", maximum=_MAX_EVERY)
+        if every_s < MIN_EVERY:
+            raise InvalidSchedule("every", f"must be at least {MIN_EVERY:g} s, not {every_s:g}")
+        if tz != "UTC":
+            raise InvalidSchedule(
+                "tz",
+                "applies to cron schedules only: an interval is elapsed time"
+                " (use cron=… for wall-clock times in a time zone)",
+            )
+    policy = _missed(missed)
+    grace_s = validate.seconds(grace, "grace", maximum=_MAX_GRACE)
+    start = None if start_at is None else validate.point_in_time(start_at, "start_at")
+    own_headers = _headers(headers)
+    message = build_message(
+        topic,
+        payload,
+        defaults=defaults,
+        key=key,
+        priority=priority,
+        ttl=ttl,
+        max_attempts=max_attempts,
+        headers=own_headers,
+        content_type=content_type,
+    )
+    timing = {
+        "cron": cron_text,
+        "every": every_s,
+        "tz": tz,
+        "start_at": None if start is None else start.isoformat(),
+    }
+    definition_hash = _digest(
+        {
+            **timing,
+            "topic": message.topic,
+            "missed": policy.value,
+            "grace": grace_s,
+            "payload": payload_hash(message.payload, message.content_type),
+            "headers": message.headers,
+            "priority": message.priority,
+            "key": message.ordering_key,
+            "ttl": message.ttl,
+            "max_attempts": message.max_attempts,
+        }
+    )
+    now: datetime = yield call("clock_now")
+    anchor: datetime | None = None
+    source: TickSource
+    if every_s is not None:
+        anchor = start or now + timedelta(seconds=every_s)
+        source = EveryTicks(anchor, every_s)
+    else:
+        assert cron_text is not None
+        source = CronTicks(cron_text, zone, start)
+    # Ticks at or after start_at that are still ahead: a schedule never fires for a
+    # moment before it was defined.
+    first = (
+        first_at_or_after(source, start)
+        if start is not None and start > now
+        else source.next_after(now)
+    )
+    record = yield call(
+        "schedule_upsert",
+        definition=ScheduleDefinition(
+            name=name_text,
+            topic=message.topic,
+            cron=cron_text,
+            every=every_s,
+            tz=tz,
+            missed=policy,
+            grace=grace_s,
+            start_at=start,
+            anchor_at=anchor,
+            payload=message.payload,
+            content_type=message.content_type,
+            headers=message.headers,
+            priority=message.priority,
+            ordering_key=message.ordering_key,
+            ttl=message.ttl,
+            max_attempts=message.max_attempts,
+            definition_hash=definition_hash,
+            timing_hash=_digest(timing),
+            next_run_at=first,
+        ),
+    )
+    return public_schedule(record)
+
+
+def schedule_delete(name: str) -> Plan[bool]:
+    """Delete the schedule ``name``; return whether it existed. Published ticks stay."""
+    deleted: bool = yield call("schedule_delete", name=validate_topic(name, "name"))
+    return deleted
+
+
+def schedule_list(names: Iterable[str] | None = None) -> Plan[list[Schedule]]:
+    """Every schedule (or the named ones), by name."""
+    chosen = None
+    if names is not None:
+        if isinstance(names, str):
+            raise InvalidSchedule("names", "must be a list of schedule names")
+        chosen = [
+            validate_topic(name, "names")
+            for name in validate.items(names, "names", "schedule names")
+        ]
+    found: list[ScheduleRecord] = yield call("schedule_list", names=chosen)
+    return [public_schedule(r) for r in found]
+
+
+def schedule_pause(name: str) -> Plan[bool]:
+    """Stop publishing ticks of ``name`` until resumed; return whether it exists."""
+    checked = validate_topic(name, "name")
+    paused: bool = yield call("schedule_set_paused", name=checked, paused=True, next_run_at=None)
+    return paused
+
+
+def schedule_resume(name: str) -> Plan[bool]:
+    """Publish ticks of ``name`` again, from the first tick after now: ticks that fell
+    while it was paused are not published. Return whether it exists."""
+    checked = validate_topic(name, "name")
+    found: list[ScheduleRecord] = yield call("schedule_list", names=[checked])
+    if not found:
+        return False
+    if not found[0].paused:
+        return True
+    following = ticks_of(found[0]).next_after((yield call("clock_now")))
+    resumed: bool = yield call(
+        "schedule_set_paused", name=checked, paused=False, next_run_at=following
+    )
+    return resumed
+
+
 class Schedules:
-    """Define, list and run durable schedules over a backend."""
+    """One scheduler pass over a backend (blocking: its publishes and advances are one
+    backend transaction, ``schedule_fire_many``, with no coroutine twin)."""
 
     def __init__(self, backend: Callable[[], Backend], defaults: PublishDefaults) -> None:
         self._backend = backend
         self._defaults = defaults
-
-    def define(
-        self,
-        name: str,
-        topic: str,
-        payload: Any,
-        *,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        tz: str = "UTC",
-        missed: Missed | str = Missed.LATEST,
-        grace: float | timedelta = DEFAULT_GRACE,
-        start_at: datetime | None = None,
-        headers: Mapping[str, str] | None = None,
-        priority: int = NORMAL,
-        key: str | None = None,
-        ttl: float | timedelta | None = None,
-        max_attempts: int | None = None,
-        content_type: str | None = None,
-    ) -> Schedule:
-        """Create or redefine the schedule ``name``; see ``Broker.schedule``."""
-        name_text = validate_topic(name, "name")
-        if (cron is None) == (every is None):
-            raise InvalidSchedule("cron", "give exactly one of cron=… or every=…")
-        zone = _zone(tz)
-        assert isinstance(tz, str)
-        cron_text = None if cron is None else _cron(cron, zone)
-        every_s = None
-        if every is not None:
-            every_s = validate.seconds(every, "every", maximum=_MAX_EVERY)
-            if every_s < MIN_EVERY:
-                raise InvalidSchedule("every", f"must be at least {MIN_EVERY:g} s, not {every_s:g}")
-            if tz != "UTC":
-                raise InvalidSchedule(
-                    "tz",
-                    "applies to cron schedules only: an interval is elapsed time"
-                    " (use cron=… for wall-clock times in a time zone)",
-                )
-        policy = _missed(missed)
-        grace_s = validate.seconds(grace, "grace", maximum=_MAX_GRACE)
-        start = None if start_at is None else validate.point_in_time(start_at, "start_at")
-        own_headers = _headers(headers)
-        message = build_message(
-            topic,
-            payload,
-            defaults=self._defaults,
-            key=key,
-            priority=priority,
-            ttl=ttl,
-            max_attempts=max_attempts,
-            headers=own_headers,
-            content_type=content_type,
-        )
-        timing = {
-            "cron": cron_text,
-            "every": every_s,
-            "tz": tz,
-            "start_at": None if start is None else start.isoformat(),
-        }
-        definition_hash = _digest(
-            {
-                **timing,
-                "topic": message.topic,
-                "missed": policy.value,
-                "grace": grace_s,
-                "payload": payload_hash(message.payload, message.content_type),
-                "headers": message.headers,
-                "priority": message.priority,
-                "key": message.ordering_key,
-                "ttl": message.ttl,
-                "max_attempts": message.max_attempts,
-            }
-        )
-        backend = self._backend()
-        now = backend.now()
-        anchor: datetime | None = None
-        source: TickSource
-        if every_s is not None:
-            anchor = start or now + timedelta(seconds=every_s)
-            source = EveryTicks(anchor, every_s)
-        else:
-            assert cron_text is not None
-            source = CronTicks(cron_text, zone, start)
-        # Ticks at or after start_at that are still ahead: a schedule never fires for a
-        # moment before it was defined.
-        first = (
-            first_at_or_after(source, start)
-            if start is not None and start > now
-            else source.next_after(now)
-        )
-        record = backend.schedule_upsert(
-            definition=ScheduleDefinition(
-                name=name_text,
-                topic=message.topic,
-                cron=cron_text,
-                every=every_s,
-                tz=tz,
-                missed=policy,
-                grace=grace_s,
-                start_at=start,
-                anchor_at=anchor,
-                payload=message.payload,
-                content_type=message.content_type,
-                headers=message.headers,
-                priority=message.priority,
-                ordering_key=message.ordering_key,
-                ttl=message.ttl,
-                max_attempts=message.max_attempts,
-                definition_hash=definition_hash,
-                timing_hash=_digest(timing),
-                next_run_at=first,
-            )
-        )
-        return public_schedule(record)
-
-    def delete(self, name: str) -> bool:
-        """Delete the schedule ``name``; return whether it existed. Published ticks stay."""
-        return self._backend().schedule_delete(name=validate_topic(name, "name"))
-
-    def list(self, names: Iterable[str] | None = None) -> builtins.list[Schedule]:
-        """Every schedule (or the named ones), by name."""
-        chosen = None
-        if names is not None:
-            if isinstance(names, str):
-                raise InvalidSchedule("names", "must be a list of schedule names")
-            chosen = [
-                validate_topic(name, "names")
-                for name in validate.items(names, "names", "schedule names")
-            ]
-        return [public_schedule(r) for r in self._backend().schedule_list(names=chosen)]
-
-    def get(self, name: str) -> Schedule | None:
-        found = self.list([name])
-        return found[0] if found else None
-
-    def pause(self, name: str) -> bool:
-        """Stop publishing ticks of ``name`` until resumed; return whether it exists."""
-        return self._backend().schedule_set_paused(
-            name=validate_topic(name, "name"), paused=True, next_run_at=None
-        )
-
-    def resume(self, name: str) -> bool:
-        """Publish ticks of ``name`` again, from the first tick after now: ticks that fell
-        while it was paused are not published. Return whether it exists."""
-        checked = validate_topic(name, "name")
-        backend = self._backend()
-        found = backend.schedule_list(names=[checked])
-        if not found:
-            return False
-        if not found[0].paused:
-            return True
-        following = ticks_of(found[0]).next_after(backend.now())
-        return backend.schedule_set_paused(name=checked, paused=False, next_run_at=following)
 
     def run_due(self) -> ScheduleRun:
         """One scheduler pass: publish the due ticks of every due schedule, under each
@@ -371,7 +398,7 @@ class Schedules:
         processes at once: each tick is published once."""
         backend = self._backend()
         published: dict[str, list[str]] = {}
-        upcoming: builtins.list[datetime] = []
+        upcoming: list[datetime] = []
         while True:
             due = backend.schedule_due(limit=DUE_BATCH)
             fires = []

@@ -10,11 +10,11 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
-from sqlbroker.core.flow import FlowLimits, Rate, flow_limits
+from sqlbroker.core.flow import FLOW_OPTIONS, FlowLimits, Rate, flow_limits
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.topics import validate_pattern, validate_topic
 
@@ -57,26 +57,63 @@ class SubscriberSpec:
         )
 
 
+class SubscriberOptions(TypedDict, total=False):
+    """How a subscriber consumes: the keywords of ``@broker.subscriber`` besides ``name``,
+    every one optional, its default in its description. Give exactly one of ``topics``
+    and ``queue``."""
+
+    topics: Sequence[str] | str | None
+    """Topic patterns: a pub/sub subscription named ``name`` (default: the function's
+    name)."""
+    queue: str | None
+    """A queue's name: its point-to-point consumer."""
+    concurrency: int
+    """Handlers running at once in each worker process (default 10); plain functions run
+    in a thread pool, never on the event loop."""
+    prefetch: int | None
+    """Extra messages claimed ahead of free slots, so that the next batch is at hand when
+    handlers finish. By default the worker sizes it from the handler's recent run time: as
+    many as finish within about 50 ms on the free slots, at least the concurrency and at
+    most 100, so fast handlers get one claim per batch and slow ones hold no more leases
+    than they can start soon."""
+    lease: float | timedelta | None
+    """Seconds a claim is held before redelivery, kept alive while the handler runs
+    (default: the broker's)."""
+    timeout: float | timedelta | None
+    """A handler running longer is cancelled and counts as failed (default 300 s;
+    ``None`` for no limit)."""
+    retry: RetryPolicy | None
+    """The :class:`RetryPolicy` (default: the message's max attempts, 1 s exponential
+    backoff with full jitter, capped at 300 s)."""
+    ack: AckMode
+    """``"auto"`` (default) settles from the handler's result; ``"manual"`` leaves it to
+    ``msg.ack()``, ``msg.nack(after=…)`` or ``msg.reject(reason)``."""
+    on_dead_letter: DeadLetterHook | None
+    """``on_dead_letter(msg, reason)`` is called after a message was dead-lettered."""
+    max_running: int | None
+    """Flow limit (docs/flow-control.md): copies running at once across every worker and
+    host. When any flow limit is given the worker sets exactly these at start (the others
+    off); with none it leaves the subscription's own (``Broker.set_flow``,
+    ``sqlbroker flow``)."""
+    key_concurrency: int | None
+    """Flow limit: copies running at once per ordering key."""
+    rate_limit: str | Rate | None
+    """Flow limit: claims per period (``"100/min"``)."""
+    key_rate_limit: str | Rate | None
+    """Flow limit: claims per period and ordering key."""
+    fair: bool | None
+    """Flow limit: round-robin across ordering keys."""
+
+
 def make_spec(
-    handler: Handler,
-    *,
-    name: str | None = None,
-    topics: Sequence[str] | str | None = None,
-    queue: str | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    prefetch: int | None = None,
-    lease: float | timedelta | None = None,
-    timeout: float | timedelta | None = DEFAULT_TIMEOUT,
-    retry: RetryPolicy | None = None,
-    ack: AckMode = "auto",
-    on_dead_letter: DeadLetterHook | None = None,
-    max_running: int | None = None,
-    key_concurrency: int | None = None,
-    rate_limit: str | Rate | None = None,
-    key_rate_limit: str | Rate | None = None,
-    fair: bool | None = None,
+    handler: Handler, *, name: str | None = None, **options: Unpack[SubscriberOptions]
 ) -> SubscriberSpec:
     """Validate a subscriber declaration."""
+    validate.known_options(options, SubscriberOptions.__optional_keys__, "subscriber")
+    topics, queue = options.get("topics"), options.get("queue")
+    retry, ack = options.get("retry"), options.get("ack", "auto")
+    on_dead_letter, prefetch = options.get("on_dead_letter"), options.get("prefetch")
+    lease, timeout = options.get("lease"), options.get("timeout", DEFAULT_TIMEOUT)
     if not callable(handler):
         raise InvalidOption("handler", "must be a function or other callable")
     if (topics is None) == (queue is None):
@@ -106,17 +143,13 @@ def make_spec(
         raise InvalidOption("retry", "must be a RetryPolicy")
     if on_dead_letter is not None and not callable(on_dead_letter):
         raise InvalidOption("on_dead_letter", "must be callable")
-    workers = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
+    workers = validate.integer(
+        options.get("concurrency", DEFAULT_CONCURRENCY), "concurrency", minimum=1, maximum=10_000
+    )
     declared = {
         option: value
-        for option, value in (
-            ("max_running", max_running),
-            ("key_concurrency", key_concurrency),
-            ("rate_limit", rate_limit),
-            ("key_rate_limit", key_rate_limit),
-            ("fair", fair),
-        )
-        if value is not None
+        for option, value in options.items()
+        if option in FLOW_OPTIONS and value is not None
     }
     return SubscriberSpec(
         name=name,

@@ -8,21 +8,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError
-from sqlbroker.core.flow import Rate
 from sqlbroker.core.limits import (
     DEFAULT_MAX_COPIES,
     DEFAULT_MAX_PATTERNS,
     DEFAULT_MAX_SUBSCRIPTIONS,
     Limits,
 )
-from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import Saga
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, check_payload_limit
 from sqlbroker.features.dead_letters import DeadLettersBase
@@ -36,14 +34,7 @@ from sqlbroker.features.retention import (
 )
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.features.schedules import Schedules
-from sqlbroker.features.subscribers import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_TIMEOUT,
-    AckMode,
-    DeadLetterHook,
-    SubscriberSpec,
-    make_spec,
-)
+from sqlbroker.features.subscribers import SubscriberOptions, SubscriberSpec, make_spec
 from sqlbroker.producer import consuming, inspection, publishing, scheduling
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.factory import open_backend
@@ -255,70 +246,17 @@ class BrokerBase(Face):
     # --- subscribers ---------------------------------------------------------------------
 
     def subscriber(
-        self,
-        name: str | None = None,
-        *,
-        topics: Sequence[str] | str | None = None,
-        queue: str | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        prefetch: int | None = None,
-        lease: float | timedelta | None = None,
-        timeout: float | timedelta | None = DEFAULT_TIMEOUT,
-        retry: RetryPolicy | None = None,
-        ack: AckMode = "auto",
-        on_dead_letter: DeadLetterHook | None = None,
-        max_running: int | None = None,
-        key_concurrency: int | None = None,
-        rate_limit: str | Rate | None = None,
-        key_rate_limit: str | Rate | None = None,
-        fair: bool | None = None,
+        self, name: str | None = None, **options: Unpack[SubscriberOptions]
     ) -> Callable[[H], H]:
         """Register the decorated function (``async def`` or plain ``def``) as the handler
         of a subscription: ``topics=[patterns]`` for pub/sub (named ``name``, default the
-        function's name) or ``queue=name`` for point-to-point.
-
-        - ``concurrency``: handlers running at once in each worker process (plain functions
-          run in a thread pool, never on the event loop);
-        - ``prefetch``: extra messages claimed ahead of free slots, so that the next batch
-          is at hand when handlers finish. By default the worker sizes it from the handler's
-          recent run time: as many as finish within about 50 ms on the free slots, at least
-          the concurrency and at most 100, so fast handlers get one claim per batch and slow
-          ones hold no more leases than they can start soon;
-        - ``lease``: seconds a claim is held before redelivery (kept alive while running);
-        - ``timeout``: a handler running longer is cancelled and counts as failed
-          (default 300 s; ``None`` for no limit);
-        - ``retry``: a :class:`RetryPolicy` (default: the message's max attempts, 1 s
-          exponential backoff with full jitter, capped at 300 s);
-        - ``ack``: ``"auto"`` settles from the handler's result; ``"manual"`` leaves it to
-          ``msg.ack()``, ``msg.nack(after=…)`` or ``msg.reject(reason)``;
-        - ``on_dead_letter(msg, reason)``: called after a message was dead-lettered;
-        - flow limits, for the subscription as a whole across every worker and host
-          (docs/flow-control.md): ``max_running`` copies running at once,
-          ``key_concurrency`` per ordering key, ``rate_limit`` / ``key_rate_limit`` claims
-          per period (``"100/min"``), ``fair`` round-robin across ordering keys. When any
-          is given the worker sets exactly these at start (the others off); with none it
-          leaves the subscription's own (``Broker.set_flow``, ``sqlbroker flow``).
+        function's name) or ``queue=name`` for point-to-point. The options (``concurrency``,
+        ``prefetch``, ``lease``, ``timeout``, ``retry``, ``ack``, ``on_dead_letter`` and the
+        flow limits), each optional, and their defaults: :class:`SubscriberOptions`.
         """
 
         def register(handler: H) -> H:
-            spec = make_spec(
-                handler,
-                name=name,
-                topics=topics,
-                queue=queue,
-                concurrency=concurrency,
-                prefetch=prefetch,
-                lease=lease,
-                timeout=timeout,
-                retry=retry,
-                ack=ack,
-                on_dead_letter=on_dead_letter,
-                max_running=max_running,
-                key_concurrency=key_concurrency,
-                rate_limit=rate_limit,
-                key_rate_limit=key_rate_limit,
-                fair=fair,
-            )
+            spec = make_spec(handler, name=name, **options)
             if spec.name in self.subscribers:
                 raise SqlbrokerError(f"a subscriber for {spec.name!r} is already registered")
             self.subscribers[spec.name] = spec

@@ -19,6 +19,7 @@ from sqlbroker.core.serde import encode_value
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.storage.caller import CallerConnection
 
 if TYPE_CHECKING:
     from sqlbroker.producer.base import BrokerBase
@@ -144,7 +145,7 @@ def complete(
     broker: BrokerBase,
     deliveries: Delivery | Iterable[Delivery],
     *,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
     result: Any = None,
 ) -> Plan[None]:
     """Acknowledge deliveries: they are archived as completed. Those whose lease was lost

@@ -37,7 +37,7 @@ def migrate(broker: BrokerBase) -> Plan[list[int]]:
 
 def schema_version(broker: BrokerBase) -> Plan[int]:
     """The database's applied schema version (0 for an empty database)."""
-    version: int = yield blocking(broker.backend.schema_version)
+    version: int = yield call("schema_version")
     return version
 
 
@@ -86,11 +86,8 @@ def stats(
     expired copies, and — from what workers recorded over the last ``window`` seconds —
     completed, retried and dead-lettered per minute and handler time p50/p95, and whether
     flow limits hold claims back now (``throttled``)."""
-    backend = broker.backend
-    found: list[SubscriptionStats] = yield blocking(
-        metrics.subscription_stats, backend, window=window
-    )
-    kept = yield blocking(retention_list, backend, broker._retention)
+    found = yield from metrics.subscription_stats(window=window)
+    kept = yield from retention_list(broker._retention)
     limited: list[Flow] = yield call("flow_list", name=None)
     flows = {f.subscription: f for f in limited if f.limits.limited}
     found = [
@@ -110,25 +107,21 @@ def stats(
 
 def workers(broker: BrokerBase) -> Plan[list[WorkerInfo]]:
     """Worker processes as their heartbeats last reported them, most recent first."""
-    found: list[WorkerInfo] = yield blocking(metrics.workers, broker.backend)
+    found: list[WorkerInfo] = yield call("worker_list")
     return found
 
 
 def metrics_series(broker: BrokerBase, *, minutes: int = 60) -> Plan[dict[str, list[SeriesPoint]]]:
     """Per subscription, completed / retried / dead and handler p50/p95 for each of the
     last ``minutes`` minutes (the current one last)."""
-    found: dict[str, list[SeriesPoint]] = yield blocking(
-        metrics.series, broker.backend, minutes=minutes
-    )
-    return found
+    return (yield from metrics.series(minutes=minutes))
 
 
 def unrouted(
     broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
 ) -> Plan[metrics.Unrouted]:
     """Publishes that matched no subscription: in the archive, and within ``window``."""
-    found: metrics.Unrouted = yield blocking(metrics.unrouted, broker.backend, window=window)
-    return found
+    return (yield from metrics.unrouted(window=window))
 
 
 def audit(
@@ -146,10 +139,7 @@ def audit(
 def retention(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Retention]]:
     """How long each subscription (or one) keeps its archive rows and dead letters: its
     own times or the broker's defaults."""
-    found: list[Retention] = yield blocking(
-        retention_list, broker.backend, broker._retention, subscription
-    )
-    return found
+    return (yield from retention_list(broker._retention, subscription))
 
 
 def set_retention(
@@ -163,16 +153,11 @@ def set_retention(
     """Give a subscription its own archive and/or dead-letter retention (``None``: leave
     it as it is; ``reset=True`` first returns both to the broker's defaults). Raises
     ``NotFound`` when there is no such subscription."""
-    kept: Retention = yield blocking(
-        retention_set,
-        broker.backend,
-        broker._retention,
-        subscription,
-        archive=archive,
-        dead=dead,
-        reset=reset,
+    return (
+        yield from retention_set(
+            broker._retention, subscription, archive=archive, dead=dead, reset=reset
+        )
     )
-    return kept
 
 
 def reap(broker: BrokerBase, *, limit: int = 1000) -> Plan[dict[str, int]]:
@@ -194,7 +179,7 @@ def reap(broker: BrokerBase, *, limit: int = 1000) -> Plan[dict[str, int]]:
     counts["results_trimmed"] = yield call("result_trim", ttl=broker.result_ttl, limit=count)
     counts["results_trimmed"] += yield call("task_result_trim", limit=count)
     counts["sagas_swept"] = yield blocking(broker.sagas.sweep, limit=count)
-    counts.update((yield blocking(retain, broker.backend, broker._retention, limit=count)))
+    counts.update((yield from retain(broker._retention, limit=count)))
     return counts
 
 
@@ -202,8 +187,7 @@ def flow(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Flow]
     """Each subscription's (or one's) flow limits — concurrency caps, rate limits,
     fairness — with its running copies and whether claims wait now (``throttled``).
     See docs/flow-control.md."""
-    found: list[Flow] = yield blocking(flow_list, broker.backend, subscription)
-    return found
+    return (yield from flow_list(subscription))
 
 
 def set_flow(
@@ -234,7 +218,4 @@ def set_flow(
         "fair": fair,
     }
     limits = {name: value for name, value in named.items() if value is not KEEP}
-    changed: Flow = yield blocking(
-        flow_change, broker.backend, subscription, limits, reset=reset, actor=actor, note=note
-    )
-    return changed
+    return (yield from flow_change(subscription, limits, reset=reset, actor=actor, note=note))

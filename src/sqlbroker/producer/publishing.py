@@ -4,23 +4,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.limits import PATTERNS_PER_SUBSCRIPTION
-from sqlbroker.core.message import NORMAL, NewMessage, Subscription
+from sqlbroker.core.message import NewMessage, Subscription
 from sqlbroker.core.topics import validate_pattern, validate_topic
 from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.processed import processed_key
 from sqlbroker.features.publishing import (
     PUBLISH_OPTIONS,
+    PublishOptions,
     build_batch,
     build_message,
     with_headers,
 )
+from sqlbroker.storage.caller import CallerConnection
 
 if TYPE_CHECKING:
     from sqlbroker.producer.base import BrokerBase
@@ -31,23 +32,11 @@ def publish(
     topic: str,
     payload: Any,
     *,
-    key: str | None = None,
-    replace: bool = False,
-    debounce: float | timedelta | None = None,
-    debounce_max: float | timedelta | None = None,
-    priority: int = NORMAL,
-    delay: float | timedelta | None = None,
-    at: datetime | None = None,
-    ttl: float | timedelta | None = None,
-    expires_at: datetime | None = None,
-    max_attempts: int | None = None,
-    headers: Mapping[str, str] | None = None,
-    idempotency_key: str | None = None,
-    dedupe_window: float | timedelta | None = None,
-    content_type: str | None = None,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
+    **options: Unpack[PublishOptions],
 ) -> Plan[str]:
     """Publish to every subscription whose pattern matches ``topic``; return the message id.
+    The options, each optional, and their defaults: :class:`PublishOptions`.
 
     Returns after the message is committed (or, with ``conn``, written in the caller's
     open transaction, which the caller commits). A topic no subscription matches is
@@ -76,13 +65,16 @@ def publish(
     sqlite3, SQLAlchemy (sync or asyncio) or Django; a sync one is used on the calling
     thread by either face.
     """
-    message = build_message(topic, payload, defaults=broker.publish_defaults, **_options(locals()))
+    message = build_message(topic, payload, defaults=broker.publish_defaults, **_known(options))
     ids = yield from _insert(broker, [message], None, conn)
     return ids[0]
 
 
 def publish_many(
-    broker: BrokerBase, messages: Iterable[Mapping[str, Any]], *, conn: Any = None
+    broker: BrokerBase,
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    conn: CallerConnection | None = None,
 ) -> Plan[list[str]]:
     """Publish a batch in one transaction. Each item is a mapping with ``topic``,
     ``payload`` and any option of :meth:`publish`. Returns the ids in order."""
@@ -95,26 +87,13 @@ def send(
     queue: str,
     payload: Any,
     *,
-    key: str | None = None,
-    replace: bool = False,
-    debounce: float | timedelta | None = None,
-    debounce_max: float | timedelta | None = None,
-    priority: int = NORMAL,
-    delay: float | timedelta | None = None,
-    at: datetime | None = None,
-    ttl: float | timedelta | None = None,
-    expires_at: datetime | None = None,
-    max_attempts: int | None = None,
-    headers: Mapping[str, str] | None = None,
-    idempotency_key: str | None = None,
-    dedupe_window: float | timedelta | None = None,
-    content_type: str | None = None,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
+    **options: Unpack[PublishOptions],
 ) -> Plan[str]:
     """Point-to-point: deliver to the subscription named ``queue`` only, creating it on
     first use (in the same transaction). Same options as :meth:`publish`."""
     validate_topic(queue, "queue")
-    message = build_message(queue, payload, defaults=broker.publish_defaults, **_options(locals()))
+    message = build_message(queue, payload, defaults=broker.publish_defaults, **_known(options))
     ids = yield from _insert(broker, [message], queue, conn)
     return ids[0]
 
@@ -124,38 +103,25 @@ def send_many(
     queue: str,
     payloads: Iterable[Any],
     *,
-    key: str | None = None,
-    replace: bool = False,
-    debounce: float | timedelta | None = None,
-    debounce_max: float | timedelta | None = None,
-    priority: int = NORMAL,
-    delay: float | timedelta | None = None,
-    at: datetime | None = None,
-    ttl: float | timedelta | None = None,
-    expires_at: datetime | None = None,
-    max_attempts: int | None = None,
-    headers: Mapping[str, str] | None = None,
-    idempotency_key: str | None = None,
-    dedupe_window: float | timedelta | None = None,
-    content_type: str | None = None,
-    conn: Any = None,
+    conn: CallerConnection | None = None,
+    **options: Unpack[PublishOptions],
 ) -> Plan[list[str]]:
     """Send a batch of payloads to ``queue`` in one transaction, sharing the options of
     :meth:`send`."""
     validate_topic(queue, "queue")
-    options = _options(locals())
+    options = _known(options)
     batch = build_batch(payloads, defaults=broker.publish_defaults, topic=queue, options=options)
     return (yield from _insert(broker, batch, queue, conn)) if batch else []
 
 
-def _options(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The publish options among a plan's arguments (its ``locals()``): one list of names,
-    ``PUBLISH_OPTIONS``, instead of a keyword list per call."""
-    return {name: arguments[name] for name in PUBLISH_OPTIONS}
+def _known(options: PublishOptions) -> PublishOptions:
+    """``options``, refused if a key is not a publish option (``**options`` takes any)."""
+    validate.known_options(options, PUBLISH_OPTIONS, "publish")
+    return options
 
 
 def _insert(
-    broker: BrokerBase, messages: list[NewMessage], queue: str | None, conn: Any
+    broker: BrokerBase, messages: list[NewMessage], queue: str | None, conn: CallerConnection
 ) -> Plan[list[str]]:
     hooks = broker._header_hooks
     result = yield call(

@@ -1,40 +1,31 @@
-"""The schedules of both faces: define, list, pause and run them. The work is done by
-:class:`~sqlbroker.features.schedules.Schedules` (blocking: on a thread for the awaiting
-face); these are the typed plans (see :mod:`sqlbroker.features.faces`)."""
+"""The schedules of both faces: define, list, pause and run them, as plans (see
+:mod:`sqlbroker.features.faces`) of :mod:`sqlbroker.features.schedules`. A scheduler pass
+is :class:`~sqlbroker.features.schedules.Schedules`'s (blocking: on a thread for the
+awaiting face)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Unpack
 
-from sqlbroker.core.message import NORMAL
-from sqlbroker.core.schedules import DEFAULT_GRACE, Missed, Schedule
+from sqlbroker.core.schedules import Schedule
 from sqlbroker.features.faces import Plan, blocking
-from sqlbroker.features.schedules import ScheduleRun
+from sqlbroker.features.schedules import (
+    ScheduleOptions,
+    ScheduleRun,
+    schedule_define,
+    schedule_delete,
+    schedule_list,
+    schedule_pause,
+    schedule_resume,
+)
 
 if TYPE_CHECKING:
     from sqlbroker.producer.base import BrokerBase
 
 
 def schedule(
-    broker: BrokerBase,
-    name: str,
-    topic: str,
-    payload: Any,
-    *,
-    cron: str | None = None,
-    every: float | timedelta | None = None,
-    tz: str = "UTC",
-    missed: Missed | str = Missed.LATEST,
-    grace: float | timedelta = DEFAULT_GRACE,
-    start_at: datetime | None = None,
-    headers: Mapping[str, str] | None = None,
-    priority: int = NORMAL,
-    key: str | None = None,
-    ttl: float | timedelta | None = None,
-    max_attempts: int | None = None,
-    content_type: str | None = None,
+    broker: BrokerBase, name: str, topic: str, payload: Any, **options: Unpack[ScheduleOptions]
 ) -> Plan[Schedule]:
     """Publish ``payload`` to ``topic`` on a schedule: ``cron="0 3 * * *"`` (croniter,
     in the time zone ``tz``) or ``every=`` seconds or a timedelta. Durable: workers
@@ -51,55 +42,30 @@ def schedule(
     idempotency key ``schedule:<name>:<tick>``. The other options are as in
     :meth:`publish`. Everything is validated before anything is written.
     """
-    defined: Schedule = yield blocking(
-        broker._schedules.define,
-        name,
-        topic,
-        payload,
-        cron=cron,
-        every=every,
-        tz=tz,
-        missed=missed,
-        grace=grace,
-        start_at=start_at,
-        headers=headers,
-        priority=priority,
-        key=key,
-        ttl=ttl,
-        max_attempts=max_attempts,
-        content_type=content_type,
-    )
-    return defined
+    defaults = broker.publish_defaults
+    return (yield from schedule_define(defaults, name, topic, payload, **options))
 
 
 def unschedule(broker: BrokerBase, name: str) -> Plan[bool]:
     """Delete a schedule; return whether it existed. Messages it published stay."""
-    deleted: bool = yield blocking(broker._schedules.delete, name)
-    return deleted
+    return (yield from schedule_delete(name))
 
 
 def schedules(broker: BrokerBase, names: Iterable[str] | None = None) -> Plan[list[Schedule]]:
     """Every schedule (or the named ones), by name, with its next and last run."""
-    # Read here, not on the awaiting face's thread: a generator may not be thread-safe.
-    # Anything else goes as it is, for Schedules to refuse (a str is not a list of names).
-    plain = isinstance(names, str | bytes | Mapping) or not isinstance(names, Iterable)
-    chosen = names if plain else list(names)  # type: ignore[arg-type]
-    found: list[Schedule] = yield blocking(broker._schedules.list, chosen)
-    return found
+    return (yield from schedule_list(names))
 
 
 def pause_schedule(broker: BrokerBase, name: str) -> Plan[bool]:
     """Publish no ticks of ``name`` until :meth:`resume_schedule`; return whether it
     exists."""
-    paused: bool = yield blocking(broker._schedules.pause, name)
-    return paused
+    return (yield from schedule_pause(name))
 
 
 def resume_schedule(broker: BrokerBase, name: str) -> Plan[bool]:
     """Resume a paused schedule from its first tick after now (ticks that fell while it
     was paused are not published); return whether it exists."""
-    resumed: bool = yield blocking(broker._schedules.resume, name)
-    return resumed
+    return (yield from schedule_resume(name))
 
 
 def run_due_schedules(broker: BrokerBase) -> Plan[ScheduleRun]:

@@ -37,6 +37,7 @@ from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
 from sqlbroker.core.sagas import Saga, SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.runtime.message import Message
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.seam import Tx
 
 log = logging.getLogger("sqlbroker.sagas")
@@ -70,7 +71,7 @@ class StepContext:
     outputs: dict[str, Any]
     attempt: int
     compensating: bool
-    conn: Any = None
+    conn: CallerConnection | None = None
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

@@ -25,7 +25,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
@@ -97,6 +97,37 @@ class BrokerLike(Protocol):
     def run_due_schedules(self) -> Any: ...
 
 
+class WorkerOptions(TypedDict, total=False):
+    """How a worker runs: the keywords of :meth:`Broker.worker`, ``run`` and
+    ``run_until_idle`` (besides ``subscriptions`` and ``concurrency``), every one optional.
+    Each key's default is in its description and in :class:`Worker`, below."""
+
+    grace: float
+    """Seconds a graceful stop waits for running handlers (default 30)."""
+    reap_interval: float
+    """Seconds between reaper passes: expired leases and TTLs, retention (default 5)."""
+    poll_interval: float
+    """The longest wait, in seconds, between looks for work when no wake-up comes
+    (default 1)."""
+    install_signal_handlers: bool
+    """Stop on SIGTERM and SIGINT (default ``True``; ``run_until_idle``: ``False``)."""
+    heartbeat_interval: float
+    """Seconds between the worker's heartbeats, which ``broker.workers()`` reads
+    (default 5)."""
+    schedules: bool
+    """Publish the ticks of durable schedules (default ``True``)."""
+    listen: bool
+    """Open a wake-up listener (default ``True``): PostgreSQL's LISTEN connection, which a
+    transaction-pooling proxy such as PgBouncer cannot carry; SQLite's commit watcher.
+    With ``False`` other processes' messages are found by the poll alone, within
+    ``poll_interval`` seconds."""
+    write_batch: int
+    """Outcomes written back per database call (default 500)."""
+    write_backlog: int
+    """At most this many outcomes and unsettled claims are held at once (default 5000): a
+    slow database pauses the claims instead of growing memory."""
+
+
 class Worker:
     """Runs a broker's subscribers: claims their copies, calls the handlers, settles them.
 
@@ -110,18 +141,11 @@ class Worker:
         broker: BrokerLike,
         specs: Sequence[SubscriberSpec],
         *,
-        grace: float = 30.0,
-        reap_interval: float = 5.0,
-        poll_interval: float = 1.0,
-        install_signal_handlers: bool = True,
         name: str | None = None,
-        heartbeat_interval: float = DEFAULT_HEARTBEAT,
         observers: Sequence[WorkerObserver] = (),
-        schedules: bool = True,
-        listen: bool = True,
-        write_batch: int = DEFAULT_WRITE_BATCH,
-        write_backlog: int = DEFAULT_WRITE_BACKLOG,
+        **options: Unpack[WorkerOptions],
     ) -> None:
+        validate.known_options(options, WorkerOptions.__optional_keys__, "worker")
         if not specs:
             raise SqlbrokerError("no subscribers to run: declare some with @broker.subscriber")
         names = [spec.name for spec in specs]
@@ -129,19 +153,22 @@ class Worker:
             raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
         self._broker = broker
         self._specs = list(specs)
-        self._grace = validate.seconds(grace, "grace", maximum=validate.MAX_LEASE)
-        self._reap_interval = validate.seconds(reap_interval, "reap_interval", allow_zero=False)
-        self._poll_max = validate.seconds(poll_interval, "poll_interval", allow_zero=False)
-        self._install_signals = install_signal_handlers
-        self._schedules = bool(schedules)
-        self._listen = bool(listen)
-        self._write_batch = validate.integer(write_batch, "write_batch", minimum=1, maximum=100_000)
-        self._write_backlog = validate.integer(
-            write_backlog, "write_backlog", minimum=1, maximum=10_000_000
-        )
+        get = options.get
+        seconds, integer = validate.seconds, validate.integer
+        self._grace = seconds(get("grace", 30.0), "grace", maximum=validate.MAX_LEASE)
+        self._reap_interval = seconds(get("reap_interval", 5.0), "reap_interval", allow_zero=False)
+        self._poll_max = seconds(get("poll_interval", 1.0), "poll_interval", allow_zero=False)
+        self._install_signals = bool(get("install_signal_handlers", True))
+        self._schedules = bool(get("schedules", True))
+        self._listen = bool(get("listen", True))
+        batch = get("write_batch", DEFAULT_WRITE_BATCH)
+        self._write_batch = integer(batch, "write_batch", minimum=1, maximum=100_000)
+        backlog = get("write_backlog", DEFAULT_WRITE_BACKLOG)
+        self._write_backlog = integer(backlog, "write_backlog", minimum=1, maximum=10_000_000)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._heartbeat_interval = validate.seconds(
-            heartbeat_interval, "heartbeat_interval", allow_zero=False, maximum=3600.0
+        beat = get("heartbeat_interval", DEFAULT_HEARTBEAT)
+        self._heartbeat_interval = seconds(
+            beat, "heartbeat_interval", allow_zero=False, maximum=3600.0
         )
         self.recorder = MetricsRecorder(self.name)
         self._observers = Observers([self.recorder, *observers])

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schedules import ScheduleFire, fire_many
@@ -50,7 +51,9 @@ class Backend(Executor):
         return f"{type(self).__name__}({self._url!s})"
 
     @abstractmethod
-    def begin(self, conn: Any = None, *, timed: bool = True) -> AbstractContextManager[Tx]:
+    def begin(
+        self, conn: CallerConnection | None = None, *, timed: bool = True
+    ) -> AbstractContextManager[Tx]:
         """One transaction for several operations, each a method of the ``Tx``: the
         backend's own (committed when the block ends normally, rolled back otherwise), or
         with ``conn`` the caller's connection, joined as a savepoint, never committed.
@@ -59,7 +62,7 @@ class Backend(Executor):
 
     @abstractmethod
     def begin_async(
-        self, conn: Any = None, *, timed: bool = True
+        self, conn: CallerConnection | None = None, *, timed: bool = True
     ) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
 

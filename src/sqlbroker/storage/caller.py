@@ -12,11 +12,43 @@ without importing any of the libraries (an object's type and attributes tell whi
   statement of theirs would — so that the caller's ``commit()`` commits our rows too;
 - Django's ``connection`` (or ``connections[alias]``): the connection it wraps, opened if
   need be; outside ``transaction.atomic()`` Django runs in autocommit and so does the publish.
+
+:data:`CallerConnection` names these kinds once, for every ``conn=`` parameter.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    import psycopg
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.utils.connection import ConnectionProxy
+    from sqlalchemy.engine import Connection as SQLAlchemyConnection
+    from sqlalchemy.ext.asyncio import AsyncConnection as SQLAlchemyAsyncConnection
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
+    from sqlalchemy.orm import Session, scoped_session
+
+    CallerConnection: TypeAlias = (
+        sqlite3.Connection
+        | psycopg.Connection[Any]
+        | psycopg.AsyncConnection[Any]
+        | SQLAlchemyConnection
+        | Session
+        | scoped_session[Any]
+        | SQLAlchemyAsyncConnection
+        | AsyncSession
+        | async_scoped_session[Any]
+        | BaseDatabaseWrapper
+        | ConnectionProxy
+    )
+    """A caller's own connection (``conn=``), whose transaction an operation joins: one
+    of the kinds listed above. The optional libraries are named for type checkers only;
+    none is imported at run time."""
+else:
+    CallerConnection = object
 
 
 def _module(conn: object) -> str:

@@ -252,6 +252,7 @@ class Executor(ABC):
     archive_rare_counts = Operation(observability.archive_rare_counts)
     metric_trim = Operation(observability.metric_trim)
     audit_list = Operation(observability.audit_list)
+    clock_now = Operation(observability.clock_now)
     # --- end observability -------------------------------------------------------------------
 
     # --- schema (the migrations: each backend's migrate; storage/schema.py) --------------
@@ -376,6 +377,7 @@ class AsyncExecutor(ABC):
     archive_rare_counts = AsyncOperation(observability.archive_rare_counts)
     metric_trim = AsyncOperation(observability.metric_trim)
     audit_list = AsyncOperation(observability.audit_list)
+    clock_now = AsyncOperation(observability.clock_now)
     # --- end observability -------------------------------------------------------------------
 
     # --- schema ------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from sqlbroker.core.errors import (
     StorageFull,
 )
 from sqlbroker.core.message import Delivery
+from sqlbroker.storage.caller import CallerConnection
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_POLLING_INTERVAL = 0.1
@@ -57,13 +58,13 @@ DEFAULT_CLAIM_BATCH = 16
 MAX_PRIORITY = 9
 
 _VALID_QUEUE = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})*")
-_caller_connection: contextvars.ContextVar[Any] = contextvars.ContextVar(
+_caller_connection: contextvars.ContextVar[CallerConnection | None] = contextvars.ContextVar(
     "sqlbroker_celery_connection", default=None
 )
 
 
 @contextlib.contextmanager
-def publishing_in(conn: Any) -> Iterator[None]:
+def publishing_in(conn: CallerConnection) -> Iterator[None]:
     """Within the block, Celery tasks sent from this thread or task (``delay``,
     ``apply_async``) are written through ``conn``, the caller's open database connection
     (psycopg, sqlite3, SQLAlchemy or Django, as ``Broker.publish(conn=)`` takes), inside the

@@ -19,6 +19,7 @@ from faststream.response import PublishType
 from faststream.specification.schema import BrokerSpec
 
 from sqlbroker import Message
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.url import parse_url
 
 from .config import SqlBrokerConfig
@@ -198,7 +199,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         message: SendableMessage = None,
         topic: str = "",
         *,
-        conn: Any = None,
+        conn: CallerConnection | None = None,
         headers: dict[str, str] | None = None,
         correlation_id: str | None = None,
         reply_to: str = "",
@@ -234,7 +235,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         self,
         *messages: SendableMessage,
         topic: str = "",
-        conn: Any = None,
+        conn: CallerConnection | None = None,
         headers: dict[str, str] | None = None,
         correlation_id: str | None = None,
         key: str | None = None,

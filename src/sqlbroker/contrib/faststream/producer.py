@@ -8,6 +8,7 @@ from faststream.exceptions import FeatureNotSupportedException, IncorrectState
 from faststream.response import PublishCommand, PublishType
 
 from sqlbroker import RetryPolicy
+from sqlbroker.storage.caller import CallerConnection
 
 from .message import CORRELATION_HEADER, OCTETS, REPLY_TO_HEADER, decode, make_parser
 
@@ -45,7 +46,7 @@ class SqlPublishCommand(PublishCommand):
         correlation_id: str | None = None,
         headers: dict[str, Any] | None = None,
         reply_to: str = "",
-        conn: Any = None,
+        conn: CallerConnection | None = None,
         options: dict[str, Any] | None = None,
         extra_bodies: tuple[SendableMessage, ...] = (),
         _publish_type: PublishType = PublishType.PUBLISH,

@@ -14,6 +14,7 @@ from faststream.specification.schema import Message as SpecMessage
 from faststream.specification.schema import Operation, PublisherSpec
 
 from sqlbroker.core.topics import validate_topic
+from sqlbroker.storage.caller import CallerConnection
 
 from .config import SqlBrokerConfig
 from .producer import SqlPublishCommand
@@ -89,7 +90,7 @@ class SqlPublisher(PublisherUsecase):
         headers: dict[str, str] | None = None,
         correlation_id: str | None = None,
         reply_to: str = "",
-        conn: Any = None,
+        conn: CallerConnection | None = None,
         **options: Any,
     ) -> str:
         """Publish ``message``; ``conn=`` joins the caller's open transaction, and the

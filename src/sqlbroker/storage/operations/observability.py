@@ -112,3 +112,11 @@ def audit_list(settings: Settings, *, limit: int, before_id: int | None) -> Plan
     """Audit entries, newest first; page with ``before_id``."""
     rows = yield named("audit_list", limit=limit, before_id=before_id)
     return [audit_of(row) for row in rows]
+
+
+@reads
+def clock_now(settings: Settings) -> Plan[datetime]:
+    """The storage clock's now (the database's, or the test clock's): what a caller
+    measures windows of the recorded facts from."""
+    rows = yield query("now")
+    return utc(rows[0][0])

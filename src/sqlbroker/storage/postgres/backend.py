@@ -24,6 +24,7 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.backend import AsyncOps, Backend
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
@@ -163,7 +164,7 @@ class PostgresBackend(Backend):
             return await dialect.run_async(conn, self._sql, plan, self._clock.now())
 
     @contextlib.contextmanager
-    def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
+    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
         """One transaction for several operations: ours (committed when the block ends
         normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
         SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
@@ -174,7 +175,9 @@ class PostgresBackend(Backend):
         return dialect.run(conn, self._sql, plan, self._clock.now())
 
     @contextlib.asynccontextmanager
-    async def begin_async(self, conn: Any = None, *, timed: bool = True) -> AsyncIterator[AsyncTx]:
+    async def begin_async(
+        self, conn: CallerConnection | None = None, *, timed: bool = True
+    ) -> AsyncIterator[AsyncTx]:
         """:meth:`begin` for coroutines, on a connection of the running loop's pool or the
         caller's async connection (psycopg's ``AsyncConnection``, SQLAlchemy's asyncio)."""
         async with self._db.transaction_async(conn, watched=timed) as raw:

@@ -11,7 +11,6 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -22,6 +21,7 @@ from sqlbroker.core.errors import (
     ConnectionLost,
     StorageError,
 )
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.postgres.errors import connect_failure, translate
 from sqlbroker.storage.postgres.joining import CallerConnections
 from sqlbroker.storage.postgres.liveness import (
@@ -140,7 +140,9 @@ class PostgresPool:
         return connect_failure("PostgreSQL connection failed", error, write=write)
 
     @contextmanager
-    def transaction(self, conn: Any = None, *, watched: bool = True) -> Iterator[Conn]:
+    def transaction(
+        self, conn: CallerConnection | None = None, *, watched: bool = True
+    ) -> Iterator[Conn]:
         """A transaction on a pooled connection, or the caller's ``conn`` (see
         :mod:`sqlbroker.storage.postgres.joining`) joined in a savepoint. ``watched``
         as for :meth:`connection`: pass ``False`` when the caller's own statements (or a
@@ -195,7 +197,7 @@ class PostgresPool:
 
     @asynccontextmanager
     async def transaction_async(
-        self, conn: Any = None, *, watched: bool = True
+        self, conn: CallerConnection | None = None, *, watched: bool = True
     ) -> AsyncIterator[AsyncConn]:
         """:meth:`transaction` for an async caller's connection, or (``conn=None``) a
         transaction on a connection of the async pool, opened on first use."""

@@ -22,6 +22,7 @@ from psycopg.rows import TupleRow
 
 from sqlbroker.core.errors import ConnectionLost, InvalidOption
 from sqlbroker.storage import caller
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.postgres.errors import translate
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class CallerConnections:
         return translate(error, self._pool.options, write=write, conn=conn)
 
     @contextmanager
-    def joined(self, conn: Any) -> Iterator[Conn]:
+    def joined(self, conn: CallerConnection) -> Iterator[Conn]:
         """The driver connection behind ``conn``, inside the caller's transaction."""
         try:
             raw = caller.unwrap(conn)
@@ -94,7 +95,7 @@ class CallerConnections:
             raise self._translated(error, write=ours, conn=raw) from None
 
     @asynccontextmanager
-    async def joined_async(self, conn: Any) -> AsyncIterator[AsyncConn]:
+    async def joined_async(self, conn: CallerConnection) -> AsyncIterator[AsyncConn]:
         """:meth:`joined` for an async caller's connection."""
         try:
             raw = await caller.unwrap_async(conn)

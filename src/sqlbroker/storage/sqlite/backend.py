@@ -26,6 +26,7 @@ from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage import caller
 from sqlbroker.storage.backend import AsyncOps, Backend
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
@@ -106,7 +107,7 @@ class SqliteBackend(Backend):
         return await self._threads.run(functools.partial(self.execute, plan, access))
 
     @contextlib.contextmanager
-    def begin(self, conn: Any = None, *, timed: bool = True) -> Iterator[Tx]:
+    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
         """One write transaction for several operations: ours (``BEGIN IMMEDIATE``,
         committed when the block ends normally, rolled back otherwise), or with ``conn``
         the caller's, joined as a savepoint and never committed here. (``timed`` is
@@ -118,7 +119,9 @@ class SqliteBackend(Backend):
         return dialect.run(conn, self._sql, plan, self._now())
 
     @contextlib.asynccontextmanager
-    async def begin_async(self, conn: Any = None, *, timed: bool = True) -> AsyncIterator[AsyncTx]:
+    async def begin_async(
+        self, conn: CallerConnection | None = None, *, timed: bool = True
+    ) -> AsyncIterator[AsyncTx]:
         """:meth:`begin` for coroutines: the transaction is held by one of the backend's
         threads, which runs each operation; the loop never blocks on SQLite. SQLite has
         no async driver, so a caller's ``conn`` is refused."""

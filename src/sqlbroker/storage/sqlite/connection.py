@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
 
 from sqlbroker.core.errors import (
     ConfigurationError,
@@ -20,6 +19,7 @@ from sqlbroker.core.errors import (
 )
 from sqlbroker.core.topics import regex_matches, stored_pattern_matches
 from sqlbroker.storage import caller
+from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.sql import load_blocks
 
 _NETWORK_FILESYSTEMS = frozenset(
@@ -284,7 +284,9 @@ class SqlitePool:
             raise StorageError(f"SQLite error: {error}") from None
 
     @contextmanager
-    def write(self, conn: Any = None, *, flush: bool = True) -> Iterator[sqlite3.Connection]:
+    def write(
+        self, conn: CallerConnection | None = None, *, flush: bool = True
+    ) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so a
         busy database makes us wait (``busy_timeout``) instead of failing mid-transaction.
         With a caller's connection the caller owns the transaction; we never commit it.

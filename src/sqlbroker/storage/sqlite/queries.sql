@@ -463,3 +463,6 @@ INSERT INTO sqlbroker_message (
     :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
     coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
 )
+
+-- name: now
+SELECT :now
