@@ -371,9 +371,9 @@ WITH claim_ids AS MATERIALIZED (
 -- include: message_claim_lease
 
 -- name: message_claim_lease
+UPDATE {schema}sqlbroker_message m
 -- The lease and attempt a claim gives each copy of its `claim_ids` (message_claim here,
 -- message_claim_flow in flow.sql): one home for the rule on this dialect.
-UPDATE {schema}sqlbroker_message m
 SET state = 'running',
     attempts = m.attempts + 1,
     lease_token = gen_random_uuid(),

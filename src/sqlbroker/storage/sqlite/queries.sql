@@ -91,9 +91,9 @@ WITH claim_ids AS (
 -- include: message_claim_lease
 
 -- name: message_claim_lease
+UPDATE sqlbroker_message
 -- The lease and attempt a claim gives each copy of its `claim_ids` (message_claim here,
 -- message_claim_flow in flow.sql): one home for the rule on this dialect.
-UPDATE sqlbroker_message
 SET state = 'running',
     attempts = attempts + 1,
     lease_token = lower(hex(randomblob(16))),
