@@ -95,9 +95,10 @@ plain AS (
           AND m.available_at <= :now
           AND (m.expires_at IS NULL OR m.expires_at > :now)
         ORDER BY m.priority, m.available_at, m.id
-        -- The walks' switches are their limits: a branch switched off reads no row.
-        LIMIT (SELECT CASE WHEN f.key_concurrency IS NULL AND f.key_rate_count IS NULL
-                                AND NOT f.fair THEN :limit ELSE 0 END FROM f)
+        -- The walks' switches are their limits: a branch switched off (or a paused
+        -- subscription, no row in f) reads no row.
+        LIMIT coalesce((SELECT CASE WHEN f.key_concurrency IS NULL AND f.key_rate_count IS NULL
+                                         AND NOT f.fair THEN :limit ELSE 0 END FROM f), 0)
     )
 ),
 -- With key rules or fairness, the walks of the PostgreSQL block: the keys at their cap are
@@ -116,8 +117,8 @@ walked AS (
           AND (m.expires_at IS NULL OR m.expires_at > :now)
           AND (m.ordering_key IS NULL OR m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k))
         ORDER BY m.priority, m.available_at, m.id
-        LIMIT (SELECT CASE WHEN f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL
-                                OR f.fair THEN :limit ELSE 0 END FROM f)
+        LIMIT coalesce((SELECT CASE WHEN f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL
+                                         OR f.fair THEN :limit ELSE 0 END FROM f), 0)
     )
     UNION ALL
     SELECT * FROM (
@@ -130,8 +131,8 @@ walked AS (
           AND (m.expires_at IS NULL OR m.expires_at > :now)
           AND m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k)
         ORDER BY m.priority, m.available_at, m.id
-        LIMIT (SELECT CASE WHEN f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL
-                                OR f.fair THEN :limit ELSE 0 END FROM f)
+        LIMIT coalesce((SELECT CASE WHEN f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL
+                                         OR f.fair THEN :limit ELSE 0 END FROM f), 0)
     )
 ),
 touched AS (
@@ -181,7 +182,7 @@ WHERE c.ordering_key IS NULL
                      THEN min(coalesce(f.key_concurrency, c.rank), coalesce(f.key_burst, c.rank))
                      ELSE st.key_room END
 ORDER BY CASE WHEN f.fair THEN c.rank END, c.priority, c.available_at, c.id
-LIMIT (SELECT n FROM room);
+LIMIT coalesce((SELECT n FROM room), 0);
 -- The rate buckets are charged: each claimed key, and the subscription ('').
 INSERT INTO sqlbroker_flow_bucket (subscription, ordering_key, tat)
 SELECT :subscription, ch.ordering_key,
