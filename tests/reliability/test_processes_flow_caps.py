@@ -4,10 +4,12 @@ histories (each handler's start and end, a killed worker's handlers ending at it
 the number of handlers running at once never passes the cap, in all and per key, and
 nothing is lost.
 
-Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 200 messages of 50 ms capped at 3 running, 200 of
+Sizes (``SQLBROKER_FAULTS_SCALE`` = 1): 200 messages of 150 ms capped at 3 running, 200 of
 50 ms on 4 keys capped at 2 per key, 3 workers of 4 handlers each (12 slots, 4 times the
 cap), lease 1 s, reaper every 0.2 s; a worker killed every 0.8-1.6 s while the backlog
-lasts, each replaced at once.
+lasts, each replaced at once. The cap itself makes the capped backlog last at least
+200 × 0.15 s / 3 = 10 s however fast the machine is, so the loop's kills (at least five)
+do not depend on the machine being slow.
 """
 
 from __future__ import annotations
@@ -103,13 +105,13 @@ def test_caps_hold_across_processes_under_a_kill_loop(
     broker.set_flow(CAPPED, max_running=MAX_RUNNING)
     broker.set_flow(KEYED, key_concurrency=KEY_CONCURRENCY)
     with Fleet(backend_url, tmp_path) as fleet:
-        for queue, keys in ((CAPPED, None), (KEYED, KEYS)):
+        for queue, keys, sleep in ((CAPPED, None, 0.15), (KEYED, KEYS, 0.05)):
             producer = fleet.producer(
                 queue,
                 queue=queue,
                 count=total,
                 batch=100,
-                payload='{"sleep": 0.05}',
+                payload=f'{{"sleep": {sleep}}}',
                 **({} if keys is None else {"keys": keys}),
             )
             assert producer.wait(timeout=scaled_seconds(120)) == 0, producer.log()
