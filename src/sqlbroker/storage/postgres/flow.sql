@@ -48,7 +48,7 @@ WHERE s.name = %(subscription)s AND NOT s.paused
 --
 -- A claim costs its batch and the keys it touches, not the backlog (issue 26): instead of
 -- ranking every waiting copy, it walks the available copies in claim order, the first
--- `limit` of them and the first `limit` with a key (schema 18's index), skipping the keys
+-- `limit` of them and the first `limit` with a key (schema 17's index), skipping the keys
 -- already at their cap; the keys met there, and with key_concurrency the keys running
 -- copies, are the keys it touches. Each touched key gives its available copies (the
 -- key-head index: a key has few, its head and copies back from a retry) and its first
@@ -141,7 +141,7 @@ waiting AS (
          WHERE m.subscription = %(subscription)s
            AND m.ordering_key = t.ordering_key
            -- 'available' said as the key-head index's condition and what the state's
-           -- CHECK leaves, so that the planner probes that index (not schema 18's).
+           -- CHECK leaves, so that the planner probes that index (not schema 17's).
            AND m.state <> 'blocked' AND m.state <> 'running' AND m.state <> 'scheduled'
            AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
            AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp())))

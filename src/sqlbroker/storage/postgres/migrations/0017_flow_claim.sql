@@ -1,4 +1,4 @@
--- sqlbroker schema 18 (PostgreSQL): an index of the claimable heads of ordering keys, in
+-- sqlbroker schema 17 (PostgreSQL): an index of the claimable heads of ordering keys, in
 -- claim order.
 --
 -- A fair or key-limited claim (message_claim_flow) walks the keys whose copies it may take

@@ -1,4 +1,4 @@
--- sqlbroker schema 18 (SQLite): an index of the claimable heads of ordering keys, in claim
+-- sqlbroker schema 17 (SQLite): an index of the claimable heads of ordering keys, in claim
 -- order (see the PostgreSQL migration): a fair or key-limited claim walks the keyed copies
 -- through it instead of ranking the whole backlog.
 CREATE INDEX sqlbroker_message_key_claim ON sqlbroker_message (subscription, priority, available_at, id)
