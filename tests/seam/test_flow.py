@@ -145,3 +145,14 @@ def test_a_throttled_claim_says_when_the_next_is_due(backend: Any, clock: Manual
     assert getattr(claim(backend, "jobs", 10), "wait", None) is None
     # A subscription without limits claims through the plain statement alone.
     assert not isinstance(claim(backend, "plain", 10), Claimed)
+
+
+def test_a_paused_flow_limited_subscription_claims_nothing(backend: Any) -> None:
+    publish(backend, "jobs", 3, key="a")
+    publish(backend, "jobs", 3)
+    limit(backend, "jobs", fair=True, key_concurrency=2)
+    assert len(claim(backend, "jobs", 1)) == 1  # known flow-limited from now on
+    backend.subscription_pause(name="jobs", paused=True, actor="test", note=None)
+    assert claim(backend, "jobs", 10) == []
+    backend.subscription_pause(name="jobs", paused=False, actor="test", note=None)
+    assert sorted(str(d.key) for d in claim(backend, "jobs", 10)) == ["None"] * 3 + ["a"]

@@ -7,16 +7,15 @@ A file holds blocks introduced by ``-- name: block_name``. The only substitution
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 _HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"^-- include: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
-def parse_blocks(text: str) -> dict[str, str]:
-    """Split ``text`` into named blocks; a line ``-- include: other`` stands for the text of
-    the block ``other`` (one level), so that two statements can share a long common part."""
+def _raw_blocks(text: str) -> dict[str, str]:
+    """The blocks of ``text`` by name, their includes not yet replaced."""
     blocks: dict[str, str] = {}
     matches = list(_HEADER.finditer(text))
     for index, match in enumerate(matches):
@@ -25,33 +24,51 @@ def parse_blocks(text: str) -> dict[str, str]:
         if name in blocks:
             raise ValueError(f"duplicate SQL block {name!r}")
         blocks[name] = text[match.end() : end].strip()
+    return blocks
+
+
+def parse_blocks(text: str, *, shared: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Split ``text`` into named blocks; a line ``-- include: other`` stands for the text of
+    the block ``other`` (one level), so that two statements can share a long common part.
+    ``other`` is a block of ``text`` or of ``shared`` (the blocks of the dialect's other
+    files), so that one rule serves statements kept in two files."""
+    blocks = _raw_blocks(text)
+    known = {**(shared or {}), **blocks}
 
     def include(found: re.Match[str]) -> str:
         name = found.group(1)
-        if name not in blocks:
+        if name not in known:
             raise ValueError(f"-- include: of an unknown SQL block {name!r}")
-        return blocks[name]
+        return known[name]
 
     return {name: _INCLUDE.sub(include, body) for name, body in blocks.items()}
 
 
+def _read(package: str, filename: str) -> str:
+    return resources.files(package).joinpath(filename).read_text(encoding="utf-8")
+
+
 def load_blocks(package: str, filename: str, *, schema: str = "") -> dict[str, str]:
-    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
-    return {name: body.replace("{schema}", schema) for name, body in parse_blocks(text).items()}
+    blocks = parse_blocks(_read(package, filename))
+    return {name: body.replace("{schema}", schema) for name, body in blocks.items()}
 
 
 def load_sql(package: str, *, schema: str = "") -> dict[str, str]:
     """The blocks of every ``.sql`` file of a dialect's package (its queries, then one file
     per operation group; migrations live in a subpackage and are not blocks); a block name
-    may appear in only one of them."""
-    blocks: dict[str, str] = {}
+    may appear in only one of them, and a block may include a block of another file."""
     files = sorted(entry.name for entry in resources.files(package).iterdir())
-    for filename in (name for name in files if name.endswith(".sql")):
-        for name, body in load_blocks(package, filename, schema=schema).items():
-            if name in blocks:
+    texts = [(name, _read(package, name)) for name in files if name.endswith(".sql")]
+    raw: dict[str, str] = {}
+    for filename, text in texts:
+        for name, body in _raw_blocks(text).items():
+            if name in raw:
                 raise ValueError(f"SQL block {name!r} of {filename} is defined twice")
-            blocks[name] = body
-    return blocks
+            raw[name] = body
+    blocks: dict[str, str] = {}
+    for _, text in texts:
+        blocks.update(parse_blocks(text, shared=raw))
+    return {name: body.replace("{schema}", schema) for name, body in blocks.items()}
 
 
 def load_migrations(package: str, *, schema: str = "") -> list[tuple[int, str, str]]:

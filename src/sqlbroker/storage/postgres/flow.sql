@@ -45,6 +45,15 @@ WHERE s.name = %(subscription)s AND NOT s.paused
 -- copies of a key are claimable too (a key runs up to that many at once, so its order is
 -- no longer strict). Rows are claimed with SKIP LOCKED; one that changed since this
 -- statement's snapshot is checked again and skipped, so a claim can only take fewer.
+--
+-- A claim costs its batch and the keys it touches, not the backlog (issue 26): instead of
+-- ranking every waiting copy, it walks the available copies in claim order, the first
+-- `limit` of them and the first `limit` with a key (schema 17's index), skipping the keys
+-- already at their cap; the keys met there, and with key_concurrency the keys running
+-- copies, are the keys it touches. Each touched key gives its available copies (the
+-- key-head index: a key has few, its head and copies back from a retry) and its first
+-- `limit` blocked ones in publish order (the key index); only those are ranked. A key
+-- whose copies are all blocked behind a delayed head is met again when its head is due.
 WITH f AS MATERIALIZED (
     SELECT s.max_running, s.key_concurrency, s.key_rate_count, s.fair,
            s.rate_period / s.rate_count AS spacing,
@@ -58,7 +67,10 @@ WITH f AS MATERIALIZED (
            OR s.key_rate_count IS NOT NULL OR s.fair)
 ),
 st AS MATERIALIZED (
-    SELECT st.ordering_key, st.running, st.tat
+    SELECT st.ordering_key, st.running, st.tat,
+           least(f.key_concurrency - st.running,
+                 floor(f.key_burst - extract(epoch FROM greatest(st.tat, f.now) - f.now)
+                                     / f.key_spacing + 1e-9)) AS key_room
     FROM f CROSS JOIN LATERAL {schema}sqlbroker_flow_state(%(subscription)s) st
 ),
 room AS MATERIALIZED (
@@ -82,25 +94,69 @@ plain AS (
     ORDER BY m.priority, m.available_at, m.id
     LIMIT %(limit)s
 ),
--- With key rules or fairness: every claimable copy, ranked within its key. The available
--- ones come by the claim index, the blocked ones (with key_concurrency) by the key index.
-waiting AS (
-    SELECT m.id, m.ordering_key, m.priority, m.available_at
-    FROM {schema}sqlbroker_message m
-    WHERE m.subscription = %(subscription)s
-      AND m.state = 'available'
-      AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-      AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
-      AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
+-- With key rules or fairness: the keys at their cap (running or rate), which the walks skip.
+full_keys AS MATERIALIZED (
+    SELECT st.ordering_key FROM st
+    WHERE st.ordering_key IS NOT NULL AND st.ordering_key <> '' AND st.key_room <= 0
+),
+walked AS MATERIALIZED (
+    (SELECT m.id, m.ordering_key, m.priority, m.available_at
+     FROM {schema}sqlbroker_message m
+     WHERE m.subscription = %(subscription)s
+       AND m.state = 'available'
+       AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+       AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+       AND (m.ordering_key IS NULL OR m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k))
+       AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
+     ORDER BY m.priority, m.available_at, m.id
+     LIMIT %(limit)s)
     UNION ALL
-    SELECT m.id, m.ordering_key, m.priority, m.available_at
-    FROM {schema}sqlbroker_message m
-    WHERE m.subscription = %(subscription)s
-      AND m.ordering_key IS NOT NULL
-      AND m.state = 'blocked'
-      AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-      AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
-      AND (SELECT f.key_concurrency IS NOT NULL FROM f)
+    (SELECT m.id, m.ordering_key, m.priority, m.available_at
+     FROM {schema}sqlbroker_message m
+     WHERE m.subscription = %(subscription)s
+       AND m.state = 'available'
+       AND m.ordering_key IS NOT NULL
+       AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+       AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+       AND m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k)
+       AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
+     ORDER BY m.priority, m.available_at, m.id
+     LIMIT %(limit)s)
+),
+touched AS (
+    SELECT w.ordering_key FROM walked w WHERE w.ordering_key IS NOT NULL
+    UNION
+    SELECT st.ordering_key FROM st CROSS JOIN f
+    WHERE f.key_concurrency IS NOT NULL AND st.running > 0 AND st.ordering_key IS NOT NULL
+      AND st.ordering_key <> '' AND NOT st.key_room <= 0
+),
+waiting AS (
+    SELECT w.id, w.ordering_key, w.priority, w.available_at
+    FROM walked w WHERE w.ordering_key IS NULL
+    UNION ALL
+    SELECT c.id, c.ordering_key, c.priority, c.available_at
+    FROM touched t CROSS JOIN LATERAL (
+        (SELECT m.id, m.ordering_key, m.priority, m.available_at
+         FROM {schema}sqlbroker_message m
+         WHERE m.subscription = %(subscription)s
+           AND m.ordering_key = t.ordering_key
+           -- 'available' said as the key-head index's condition and what the state's
+           -- CHECK leaves, so that the planner probes that index (not schema 17's).
+           AND m.state <> 'blocked' AND m.state <> 'running' AND m.state <> 'scheduled'
+           AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+           AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp())))
+        UNION ALL
+        (SELECT m.id, m.ordering_key, m.priority, m.available_at
+         FROM {schema}sqlbroker_message m
+         WHERE m.subscription = %(subscription)s
+           AND m.ordering_key = t.ordering_key
+           AND m.state = 'blocked'
+           AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+           AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+           AND (SELECT f.key_concurrency IS NOT NULL FROM f)
+         ORDER BY m.ordering_key, m.id
+         LIMIT %(limit)s)
+    ) c
 ),
 ranked AS (
     SELECT w.id, w.ordering_key, w.priority, w.available_at,
@@ -113,34 +169,22 @@ picked AS (
     FROM (SELECT * FROM plain UNION ALL SELECT * FROM ranked) c
     CROSS JOIN f
     LEFT JOIN st ON st.ordering_key = c.ordering_key
-    WHERE c.ordering_key IS NULL OR c.rank <= coalesce(least(
-        f.key_concurrency - coalesce(st.running, 0),
-        floor(f.key_burst - extract(epoch FROM greatest(st.tat, f.now) - f.now) / f.key_spacing
-              + 1e-9)
-    ), c.rank)
+    WHERE c.ordering_key IS NULL
+       OR c.rank <= coalesce(CASE WHEN st.ordering_key IS NULL
+                                  THEN least(f.key_concurrency,
+                                             CASE WHEN f.key_spacing IS NOT NULL THEN f.key_burst END)
+                                  ELSE st.key_room END,
+                             c.rank)
     ORDER BY CASE WHEN f.fair THEN c.rank END, c.priority, c.available_at, c.id
     LIMIT (SELECT n FROM room)
 ),
-locked AS (
+claim_ids AS (
     SELECT m.id FROM {schema}sqlbroker_message m
-    WHERE m.id IN (SELECT id FROM picked) AND m.state IN ('available', 'blocked')
+    WHERE m.id = ANY (ARRAY(SELECT id FROM picked)) AND m.state IN ('available', 'blocked')
     FOR UPDATE OF m SKIP LOCKED
 ),
 claimed AS (
-    UPDATE {schema}sqlbroker_message m
-    SET state = 'running',
-        attempts = m.attempts + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = coalesce(%(now)s::timestamptz, statement_timestamp()) + make_interval(secs => %(lease)s),
-        first_started_at = coalesce(m.first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
-        worker = %(worker)s,
-        max_attempts = coalesce(%(max_attempts)s::integer, m.max_attempts)
-    FROM locked
-    WHERE m.id = locked.id AND set_config('synchronous_commit', %(claim_commit)s, true) IS NOT NULL
-    RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
-              m.priority, m.ordering_key, m.idempotency_key, m.attempts, m.max_attempts,
-              m.replay_count, m.enqueued_at, m.available_at, m.expires_at, m.lease_token::text,
-              m.lease_expires_at
+-- include: message_claim_lease
 ),
 -- What the rate buckets are charged: each claimed key, and the subscription ('').
 charges AS (

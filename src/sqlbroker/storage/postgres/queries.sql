@@ -351,7 +351,7 @@ WHERE m.id = due.id
 -- backend keeps durable claims. A claim's commit then does not wait for the WAL flush: a
 -- server crash can forget only the lease itself (the copy comes back available, its
 -- attempt uncounted), and the ack's durable commit flushes the claim's record first.
-WITH c AS MATERIALIZED (
+WITH claim_ids AS MATERIALIZED (
     SELECT id FROM {schema}sqlbroker_message
     WHERE subscription = %(subscription)s
       AND state = 'available'
@@ -368,7 +368,12 @@ WITH c AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
+-- include: message_claim_lease
+
+-- name: message_claim_lease
 UPDATE {schema}sqlbroker_message m
+-- The lease and attempt a claim gives each copy of its `claim_ids` (message_claim here,
+-- message_claim_flow in flow.sql): one home for the rule on this dialect.
 SET state = 'running',
     attempts = m.attempts + 1,
     lease_token = gen_random_uuid(),
@@ -376,8 +381,8 @@ SET state = 'running',
     first_started_at = coalesce(m.first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
     worker = %(worker)s,
     max_attempts = coalesce(%(max_attempts)s::integer, m.max_attempts)
-FROM c
-WHERE m.id = c.id AND set_config('synchronous_commit', %(claim_commit)s, true) IS NOT NULL
+FROM claim_ids
+WHERE m.id = claim_ids.id AND set_config('synchronous_commit', %(claim_commit)s, true) IS NOT NULL
 RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
           m.priority, m.ordering_key, m.idempotency_key, m.attempts, m.max_attempts,
           m.replay_count, m.enqueued_at, m.available_at, m.expires_at, m.lease_token::text,

@@ -58,17 +58,23 @@ WITH f AS (
            OR s.key_rate_count IS NOT NULL OR s.fair)
 ),
 st AS (
-    SELECT u.ordering_key, sum(u.running) AS running, max(u.tat) AS tat
-    FROM (
-        SELECT m.ordering_key, 1 AS running, NULL AS tat
-        FROM sqlbroker_message m
-        WHERE m.subscription = :subscription AND m.state = 'running'
-        UNION ALL
-        SELECT b.ordering_key, 0, b.tat
-        FROM sqlbroker_flow_bucket b
-        WHERE b.subscription = :subscription
-    ) u
-    GROUP BY u.ordering_key
+    SELECT k.ordering_key, k.running, k.tat,
+           min(coalesce(f.key_concurrency - k.running, 1 << 62),
+               coalesce(CAST(floor(f.key_burst - (max(coalesce(k.tat, :now), :now) - :now)
+                                   / f.key_spacing + 1e-9) AS INTEGER), 1 << 62)) AS key_room
+    FROM f, (
+        SELECT u.ordering_key, sum(u.running) AS running, max(u.tat) AS tat
+        FROM (
+            SELECT m.ordering_key, 1 AS running, NULL AS tat
+            FROM sqlbroker_message m
+            WHERE m.subscription = :subscription AND m.state = 'running'
+            UNION ALL
+            SELECT b.ordering_key, 0, b.tat
+            FROM sqlbroker_flow_bucket b
+            WHERE b.subscription = :subscription
+        ) u
+        GROUP BY u.ordering_key
+    ) k
 ),
 room AS (
     SELECT max(0, min(
@@ -88,28 +94,78 @@ plain AS (
           AND m.state = 'available'
           AND m.available_at <= :now
           AND (m.expires_at IS NULL OR m.expires_at > :now)
-          AND (SELECT f.key_concurrency IS NULL AND f.key_rate_count IS NULL AND NOT f.fair FROM f)
         ORDER BY m.priority, m.available_at, m.id
-        LIMIT :limit
+        -- The walks' switches are their limits: a branch switched off (or a paused
+        -- subscription, no row in f) reads no row.
+        LIMIT coalesce((SELECT CASE WHEN f.key_concurrency IS NULL AND f.key_rate_count IS NULL
+                                         AND NOT f.fair THEN :limit ELSE 0 END FROM f), 0)
     )
 ),
+-- With key rules or fairness, the walks of the PostgreSQL block: the keys at their cap are
+-- skipped, the first `limit` available copies and the first `limit` keyed ones are met.
+full_keys AS (
+    SELECT st.ordering_key FROM st
+    WHERE st.ordering_key IS NOT NULL AND st.ordering_key <> '' AND st.key_room <= 0
+),
+walked AS (
+    SELECT * FROM (
+        SELECT m.id, m.ordering_key, m.priority, m.available_at
+        FROM sqlbroker_message m
+        WHERE m.subscription = :subscription
+          AND m.state = 'available'
+          AND m.available_at <= :now
+          AND (m.expires_at IS NULL OR m.expires_at > :now)
+          AND (m.ordering_key IS NULL OR m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k))
+        ORDER BY m.priority, m.available_at, m.id
+        LIMIT coalesce((SELECT CASE WHEN f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL
+                                         OR f.fair THEN :limit ELSE 0 END FROM f), 0)
+    )
+    UNION ALL
+    SELECT * FROM (
+        SELECT m.id, m.ordering_key, m.priority, m.available_at
+        FROM sqlbroker_message m INDEXED BY sqlbroker_message_key_claim
+        WHERE m.subscription = :subscription
+          AND m.state = 'available'
+          AND m.ordering_key IS NOT NULL
+          AND m.available_at <= :now
+          AND (m.expires_at IS NULL OR m.expires_at > :now)
+          AND m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k)
+        ORDER BY m.priority, m.available_at, m.id
+        LIMIT coalesce((SELECT CASE WHEN f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL
+                                         OR f.fair THEN :limit ELSE 0 END FROM f), 0)
+    )
+),
+touched AS (
+    SELECT w.ordering_key FROM walked w WHERE w.ordering_key IS NOT NULL
+    UNION
+    SELECT st.ordering_key FROM st, f
+    WHERE f.key_concurrency IS NOT NULL AND st.running > 0 AND st.ordering_key IS NOT NULL
+      AND st.ordering_key <> '' AND st.key_room > 0
+),
 waiting AS (
-    SELECT m.id, m.ordering_key, m.priority, m.available_at
-    FROM sqlbroker_message m
-    WHERE m.subscription = :subscription
-      AND m.state = 'available'
-      AND m.available_at <= :now
-      AND (m.expires_at IS NULL OR m.expires_at > :now)
-      AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
+    SELECT w.id, w.ordering_key, w.priority, w.available_at
+    FROM walked w WHERE w.ordering_key IS NULL
     UNION ALL
     SELECT m.id, m.ordering_key, m.priority, m.available_at
-    FROM sqlbroker_message m
-    WHERE m.subscription = :subscription
-      AND m.ordering_key IS NOT NULL
-      AND m.state = 'blocked'
-      AND m.available_at <= :now
-      AND (m.expires_at IS NULL OR m.expires_at > :now)
-      AND (SELECT f.key_concurrency IS NOT NULL FROM f)
+    FROM touched t JOIN sqlbroker_message m ON m.id IN (
+        SELECT a.id FROM sqlbroker_message a INDEXED BY sqlbroker_message_key_head
+        WHERE a.subscription = :subscription
+          AND a.ordering_key = t.ordering_key
+          AND a.ordering_key IS NOT NULL AND a.state <> 'blocked'
+          AND a.state = 'available'
+          AND a.available_at <= :now
+          AND (a.expires_at IS NULL OR a.expires_at > :now))
+    UNION ALL
+    SELECT m.id, m.ordering_key, m.priority, m.available_at
+    FROM f CROSS JOIN touched t JOIN sqlbroker_message m ON f.key_concurrency IS NOT NULL AND m.id IN (
+        SELECT b.id FROM sqlbroker_message b
+        WHERE b.subscription = :subscription
+          AND b.ordering_key = t.ordering_key
+          AND b.state = 'blocked'
+          AND b.available_at <= :now
+          AND (b.expires_at IS NULL OR b.expires_at > :now)
+        ORDER BY b.ordering_key, b.id
+        LIMIT :limit)
 ),
 ranked AS (
     SELECT w.id, w.ordering_key, w.priority, w.available_at,
@@ -121,13 +177,12 @@ SELECT c.id, c.ordering_key
 FROM (SELECT * FROM plain UNION ALL SELECT * FROM ranked) c
 CROSS JOIN f
 LEFT JOIN st ON st.ordering_key = c.ordering_key
-WHERE c.ordering_key IS NULL OR c.rank <= coalesce(min(
-    coalesce(f.key_concurrency - coalesce(st.running, 0), c.rank),
-    coalesce(CAST(floor(f.key_burst - (max(coalesce(st.tat, :now), :now) - :now) / f.key_spacing
-                        + 1e-9) AS INTEGER), c.rank)
-), c.rank)
+WHERE c.ordering_key IS NULL
+   OR c.rank <= CASE WHEN st.ordering_key IS NULL
+                     THEN min(coalesce(f.key_concurrency, c.rank), coalesce(f.key_burst, c.rank))
+                     ELSE st.key_room END
 ORDER BY CASE WHEN f.fair THEN c.rank END, c.priority, c.available_at, c.id
-LIMIT (SELECT n FROM room);
+LIMIT coalesce((SELECT n FROM room), 0);
 -- The rate buckets are charged: each claimed key, and the subscription ('').
 INSERT INTO sqlbroker_flow_bucket (subscription, ordering_key, tat)
 SELECT :subscription, ch.ordering_key,
@@ -152,18 +207,8 @@ DELETE FROM sqlbroker_flow_bucket
 WHERE subscription = :subscription AND tat <= :now
   AND ordering_key NOT IN (SELECT coalesce(p.ordering_key, '') FROM temp.sqlbroker_flow_pick p)
   AND NOT (ordering_key = '' AND EXISTS (SELECT 1 FROM temp.sqlbroker_flow_pick));
-UPDATE sqlbroker_message
-SET state = 'running',
-    attempts = attempts + 1,
-    lease_token = lower(hex(randomblob(16))),
-    lease_expires_at = :now + :lease,
-    first_started_at = coalesce(first_started_at, :now),
-    worker = :worker,
-    max_attempts = coalesce(:max_attempts, max_attempts)
-WHERE id IN (SELECT id FROM temp.sqlbroker_flow_pick)
-RETURNING id, message_id, subscription, topic, payload, content_type, headers, priority,
-          ordering_key, idempotency_key, attempts, max_attempts, replay_count, enqueued_at,
-          available_at, expires_at, lease_token, lease_expires_at
+WITH claim_ids AS (SELECT id FROM temp.sqlbroker_flow_pick)
+-- include: message_claim_lease
 
 -- name: flow_wait
 -- After a flow claim took fewer than it asked for: seconds until the subscription's rate

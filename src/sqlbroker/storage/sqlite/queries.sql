@@ -73,15 +73,7 @@ WHERE id IN (
 )
 
 -- name: message_claim
-UPDATE sqlbroker_message
-SET state = 'running',
-    attempts = attempts + 1,
-    lease_token = lower(hex(randomblob(16))),
-    lease_expires_at = :now + :lease,
-    first_started_at = coalesce(first_started_at, :now),
-    worker = :worker,
-    max_attempts = coalesce(:max_attempts, max_attempts)
-WHERE id IN (
+WITH claim_ids AS (
     SELECT id FROM sqlbroker_message
     WHERE subscription = :subscription
       AND state = 'available'
@@ -96,6 +88,20 @@ WHERE id IN (
     ORDER BY priority, available_at, id
     LIMIT :limit
 )
+-- include: message_claim_lease
+
+-- name: message_claim_lease
+UPDATE sqlbroker_message
+-- The lease and attempt a claim gives each copy of its `claim_ids` (message_claim here,
+-- message_claim_flow in flow.sql): one home for the rule on this dialect.
+SET state = 'running',
+    attempts = attempts + 1,
+    lease_token = lower(hex(randomblob(16))),
+    lease_expires_at = :now + :lease,
+    first_started_at = coalesce(first_started_at, :now),
+    worker = :worker,
+    max_attempts = coalesce(:max_attempts, max_attempts)
+WHERE id IN (SELECT id FROM claim_ids)
 RETURNING id, message_id, subscription, topic, payload, content_type, headers, priority,
           ordering_key, idempotency_key, attempts, max_attempts, replay_count, enqueued_at,
           available_at, expires_at, lease_token, lease_expires_at
