@@ -26,7 +26,7 @@ import psycopg
 
 import sqlbroker
 from pgserver import PostgresServer
-from sqlbroker.producer import consuming
+from sqlbroker.client import consuming
 from sqlbroker.storage.postgres.joining import CallerConnections
 
 

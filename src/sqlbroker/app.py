@@ -1,5 +1,5 @@
 """The public faces, :class:`Broker` (blocking) and :class:`AsyncBroker` (coroutines): one
-private base (:class:`~sqlbroker.producer.base.BrokerBase`: configuration, subscribers and
+private base (:class:`~sqlbroker.client.base.BrokerBase`: configuration, subscribers and
 every operation, written once) plus the worker runtime, composed here so that neither layer
 imports the one above it. The faces have the same members with the same signatures; they
 differ only in how an operation runs (a test compares them)."""
@@ -13,6 +13,9 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, TypedDict, TypeVar, Unpack
 
+from sqlbroker.client import inspection, publishing, scheduling
+from sqlbroker.client.base import BrokerBase
+from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
 from sqlbroker.core.message import SubscriptionStats
@@ -25,9 +28,6 @@ from sqlbroker.features.processed import AsyncOnce, Once
 from sqlbroker.features.sagas import warn_unhandled
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import DEFAULT_CONCURRENCY
-from sqlbroker.producer import inspection, publishing, scheduling
-from sqlbroker.producer.base import BrokerBase
-from sqlbroker.producer.consuming import worker_name
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.sagas import saga_handler
 from sqlbroker.runtime.worker import Worker, WorkerOptions

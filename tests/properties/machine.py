@@ -31,7 +31,7 @@ from properties.model import (
     PublishPlan,
     allowed_claim,
 )
-from sqlbroker.producer.consuming import TAKE_BACK_EVERY
+from sqlbroker.client.consuming import TAKE_BACK_EVERY
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
 MAX_ATTEMPTS = 4

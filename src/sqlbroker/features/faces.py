@@ -1,7 +1,7 @@
 """Two faces over one base: each operation of the broker is written once, as a plan, and
 run by the blocking face (:class:`Blocking`) or the awaiting one (:class:`Awaiting`).
 
-A plan is a generator method of the base (see :mod:`sqlbroker.producer.base`; dead letters
+A plan is a generator method of the base (see :mod:`sqlbroker.client.base`; dead letters
 and processed keys use it too): it checks its arguments, yields each storage :class:`Call`
 it needs and is sent back the result (or has the call's error raised at its ``yield``), and
 returns the operation's result. The blocking face

@@ -22,11 +22,11 @@ from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from sqlbroker.client.base import DEFAULT_DEDUPE_WINDOW, DEFAULT_MAX_ATTEMPTS
 from sqlbroker.core.errors import InvalidOption, InvalidPayload
 from sqlbroker.core.message import NORMAL, NewMessage
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.producer.base import DEFAULT_DEDUPE_WINDOW, DEFAULT_MAX_ATTEMPTS
 from sqlbroker.spark import options as opt
 
 STAGE_CHUNK = 5_000

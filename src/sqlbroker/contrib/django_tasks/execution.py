@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from sqlbroker.app import Broker
+from sqlbroker.client.consuming import worker_name
 from sqlbroker.contrib.django import database_alias, new_broker
 from sqlbroker.contrib.django_tasks.backend import SqlbrokerBackend
 from sqlbroker.contrib.django_tasks.framework import (
@@ -30,7 +31,6 @@ from sqlbroker.contrib.django_tasks.framework import (
 )
 from sqlbroker.core.errors import ConfigurationError
 from sqlbroker.core.policies import Reject
-from sqlbroker.producer.consuming import worker_name
 from sqlbroker.runtime.message import Message
 
 TRIM_INTERVAL = 3600.0

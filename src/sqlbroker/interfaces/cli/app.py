@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from sqlbroker.client.base import DEFAULT_URL
 from sqlbroker.interfaces.cli.admin import migrate, pause, resume, schema, subscribe
 from sqlbroker.interfaces.cli.dashboard import audit, dashboard
 from sqlbroker.interfaces.cli.dlq import dlq
@@ -19,7 +20,6 @@ from sqlbroker.interfaces.cli.security import roles, tenants
 from sqlbroker.interfaces.cli.session import BrokerGroup, Session
 from sqlbroker.interfaces.cli.views import archive, pending, stats, subscriptions
 from sqlbroker.interfaces.cli.worker import worker
-from sqlbroker.producer.base import DEFAULT_URL
 
 URL_ENV = "SQLBROKER_URL"
 

@@ -24,7 +24,7 @@ from sqlbroker.features.publishing import (
 from sqlbroker.storage.caller import CallerConnection
 
 if TYPE_CHECKING:
-    from sqlbroker.producer.base import BrokerBase
+    from sqlbroker.client.base import BrokerBase
 
 
 def publish(

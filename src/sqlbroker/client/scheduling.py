@@ -21,7 +21,7 @@ from sqlbroker.features.schedules import (
 )
 
 if TYPE_CHECKING:
-    from sqlbroker.producer.base import BrokerBase
+    from sqlbroker.client.base import BrokerBase
 
 
 def schedule(

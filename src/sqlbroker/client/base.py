@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, TypeVar, Unpack
 
+from sqlbroker.client import consuming, inspection, publishing, scheduling
 from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError
@@ -35,7 +36,6 @@ from sqlbroker.features.retention import (
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.features.schedules import Schedules
 from sqlbroker.features.subscribers import SubscriberOptions, SubscriberSpec, make_spec
-from sqlbroker.producer import consuming, inspection, publishing, scheduling
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.url import parse_url

@@ -26,7 +26,7 @@ from sqlbroker.features.flow import flow_change, flow_list
 from sqlbroker.features.retention import retain, retention_list, retention_set
 
 if TYPE_CHECKING:
-    from sqlbroker.producer.base import BrokerBase
+    from sqlbroker.client.base import BrokerBase
 
 
 def migrate(broker: BrokerBase) -> Plan[list[int]]:

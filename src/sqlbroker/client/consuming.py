@@ -22,7 +22,7 @@ from sqlbroker.storage.base import Lease, Settlement
 from sqlbroker.storage.caller import CallerConnection
 
 if TYPE_CHECKING:
-    from sqlbroker.producer.base import BrokerBase
+    from sqlbroker.client.base import BrokerBase
 
 
 def delivery_list(
