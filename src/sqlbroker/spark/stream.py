@@ -11,12 +11,6 @@ Spark asks for the latest offset only between micro-batches, so when that call f
 queue idle, the batch before it is done: it is acknowledged then, instead of waiting for a
 ``commit`` that only the next batch would bring.
 
-The database work of the driver runs beside Spark's: once ``latestOffset`` has handed out a
-batch, a thread of the reader claims the next one while Spark reads and writes this one,
-and ``commit`` leaves the acknowledgement to that thread. The next ``latestOffset`` waits
-for both (and raises what either raised), so a batch's claims and its predecessor's
-acknowledgement are done before Spark plans it.
-
 Delivery into the sink is at least once: a claim snapshotted but not yet acknowledged when
 the query dies is read again after the restart; it may also reach an ordinary worker if the
 query stays down longer than the lease.
@@ -26,8 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -44,7 +37,7 @@ DEFAULT_MAX_BATCH = 50_000
 """Large enough that Spark's fixed cost per micro-batch is small beside its rows; a trickle
 makes small batches anyway (a batch takes what is available, up to ``max_batch``)."""
 MAX_BATCH = 10_000_000
-CLAIM_PAGE = 5_000
+CLAIM_PAGE = 1_000
 """Messages claimed per transaction: a larger batch is claimed in pages, each under a
 sequence number of its own, so no transaction holds the claim of a whole large batch."""
 DEFAULT_LEASE = 300.0
@@ -94,14 +87,9 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         self._initial: int | None = None
         self._handed_out: int | None = None
         self._acked = 0
-        self._last = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
-        # The driver's claims and acks beside Spark's work, one at a time, in order.
-        self._background: ThreadPoolExecutor | None = None
-        self._pending: list[Future[Any]] = []
-        self._prefetch: Future[tuple[int, bool]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors need the options only; connections and threads stay on the driver.
@@ -121,7 +109,7 @@ class SubscriptionStreamReader(DataSourceStreamReader):
     def _open(self) -> SparkStore:
         if self._store is None:
             self._broker, self._store = self.connection.open()
-            self._last, self._acked = self._store.stream_open(
+            _, self._acked = self._store.stream_open(
                 stream=self.stream, subscription=self.subscription
             )
         return self._store
@@ -137,71 +125,34 @@ class SubscriptionStreamReader(DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        self._open()
+        store = self._open()
         count = self.max_batch
         rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
         if isinstance(rows, int) and rows > 0:
             count = min(count, rows)
-        prefetched = self._settle_pending()
-        if prefetched is None or not prefetched[1]:
-            latest, found = self._claim(count)
-        else:
-            # Claimed while Spark ran the previous batch; what arrived since goes next.
-            latest, found = prefetched
-        # Spark asks for the next offset only once the batch ending at start is in
-        # the sink: when there is nothing after it, that batch is done.
-        if start is not None and latest == _seq(start):
-            with self._lock:
-                self._ack(latest)
-        elif found:
-            # The next batch is claimed while Spark works on this one.
-            self._prefetch = self._submit(lambda: self._claim(count))
-        self._start_keeper()
-        return {"seq": latest}
-
-    def _claim(self, count: int) -> tuple[int, bool]:
-        """Claim up to ``count`` messages in pages: the stream's last sequence, and whether
-        anything was claimed."""
-        assert self._store is not None
         with self._lock:
-            latest = before = self._last
+            latest = None
             while count > 0:
                 page = min(count, CLAIM_PAGE)
-                seq = self._store.stream_claim(
+                claimed = store.stream_claim(
                     stream=self.stream,
                     subscription=self.subscription,
                     limit=page,
                     lease=self.lease,
                     worker=self.worker,
                 )
-                if seq == latest:
+                if claimed == latest:
                     break  # the previous page emptied the queue
-                latest = self._last = self._handed_out = seq
+                latest = claimed
                 count -= page
-            return latest, latest != before
-
-    def _submit(self, work: Callable[[], Any]) -> Future[Any]:
-        if self._background is None:
-            self._background = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sqlbroker-stream-{self.stream}"
-            )
-        future = self._background.submit(work)
-        self._pending.append(future)
-        return future
-
-    def _settle_pending(self) -> tuple[int, bool] | None:
-        """Wait for the background claims and acks; return the prefetched claim, if any.
-        The first failure is raised (after every one has finished)."""
-        pending, self._pending = self._pending, []
-        prefetch, self._prefetch = self._prefetch, None
-        failure: BaseException | None = None
-        for future in pending:
-            error = future.exception()
-            if error is not None and failure is None:
-                failure = error
-        if failure is not None:
-            raise failure
-        return None if prefetch is None else prefetch.result()
+            assert latest is not None
+            # Spark asks for the next offset only once the batch ending at start is in
+            # the sink: when there is nothing after it, that batch is done.
+            if start is not None and latest == _seq(start):
+                self._ack(latest)
+            self._handed_out = latest
+        self._start_keeper()
+        return {"seq": latest}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ClaimSlice]:
         after, upto = _seq(start), _seq(end)
@@ -210,16 +161,9 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         return [ClaimSlice(after, upto, part, self.parts) for part in range(self.parts)]
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Spark has the batch ending at ``end`` in its sink: acknowledge it, beside the next
-        batch's work (the next ``latestOffset`` waits for it)."""
         self._open()
-        upto = _seq(end)
-
-        def acknowledge() -> None:
-            with self._lock:
-                self._ack(upto)
-
-        self._submit(acknowledge)
+        with self._lock:
+            self._ack(_seq(end))
 
     def _ack(self, upto: int) -> None:
         if upto > self._acked:
@@ -247,12 +191,6 @@ class SubscriptionStreamReader(DataSourceStreamReader):
 
     def stop(self) -> None:
         self._stop.set()
-        if self._background is not None:
-            # Claims made ahead stay recorded: the query's next run (or, after their lease,
-            # any worker) takes them; an ack that did not happen is done by the next one.
-            self._background.shutdown(wait=True)
-            self._background = None
-        self._pending, self._prefetch = [], None
         if self._broker is not None:
             self._broker.close()
         self._broker = None
