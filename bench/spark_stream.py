@@ -1,7 +1,7 @@
 """A stream against a worker on the same backlog: who drains N messages faster.
 
     PYTHONPATH=src .venv/bin/python bench/spark_stream.py [--rows 200000]
-        [--backends sqlite,postgresql] [--max-batch 50000,1000]
+        [--backends sqlite,postgresql] [--max-batch 50000]
 
 For each backend, on a fresh database, N messages are published to a queue and drained,
 each drain in a process of its own, one after the other on the same backlog size:
@@ -128,8 +128,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--backends", default="sqlite,postgresql")
-    parser.add_argument("--max-batch", default="50000,1000")
+    parser.add_argument("--max-batch", default="50000")
     parser.add_argument("--out", default=str(RESULTS / "spark_stream"))
+    parser.add_argument(
+        "--before",
+        help="the src folder of an older tree: its stream runs too, in the same run, for a"
+        " before/after comparison",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.child:
@@ -143,7 +148,12 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from pgserver import PostgresServer
 
-    variants = ["worker", *arguments.max_batch.split(",")]
+    trees = [("", str(REPO / "src"))]
+    if arguments.before:
+        trees.insert(0, ("before: ", arguments.before))
+    variants = [("worker", "", str(REPO / "src"))] + [
+        (size, label, src) for label, src in trees for size in arguments.max_batch.split(",")
+    ]
     results: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "rows": arguments.rows,
@@ -153,7 +163,7 @@ def main() -> None:
     server = None
     try:
         for backend in arguments.backends.split(","):
-            for index, variant in enumerate(variants):
+            for index, (variant, label, src) in enumerate(variants):
                 if backend == "sqlite":
                     url = f"sqlite:///{work}/stream-{index}.db"
                 else:
@@ -175,7 +185,7 @@ def main() -> None:
                         url,
                         str(folder),
                     ],
-                    env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                    env={**os.environ, "PYTHONPATH": src},
                     capture_output=True,
                     text=True,
                 )
@@ -184,7 +194,9 @@ def main() -> None:
                 run = json.loads(done.stdout.strip().splitlines()[-1])
                 run.update(
                     backend=backend,
-                    variant="worker" if variant == "worker" else f"stream max_batch={variant}",
+                    variant="worker"
+                    if variant == "worker"
+                    else f"{label}stream max_batch={variant}",
                     msg_per_s=round(arguments.rows / run["seconds"]),
                     load_average=os.getloadavg()[0],
                 )
@@ -203,14 +215,20 @@ def main() -> None:
         f"{results['started']} · `bench/spark_stream.py --rows {arguments.rows}` (2 cores,"
         " shared with other work: compare rows of one backend, run one after the other)",
         "",
-        "| backend | drain | seconds | msg/s | delivered | micro-batches | load (1 min) |",
-        "|---|---|---|---|---|---|---|",
+        "| backend | drain | seconds | msg/s | stream/worker | delivered | micro-batches |"
+        " load (1 min) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    worker_rate: dict[str, int] = {}
     for run in results["runs"]:
+        if run["variant"] == "worker":
+            worker_rate[run["backend"]] = run["msg_per_s"]
+        base = worker_rate.get(run["backend"])
+        ratio = "" if run["variant"] == "worker" or not base else f"{run['msg_per_s'] / base:.2f}"
         lines.append(
             f"| {run['backend']} | {run['variant']} | {run['seconds']:.1f} |"
-            f" {run['msg_per_s']:,} | {run['handled']:,} | {run.get('micro_batches', '')} |"
-            f" {run['load_average']:.1f} |"
+            f" {run['msg_per_s']:,} | {ratio} | {run['handled']:,} |"
+            f" {run.get('micro_batches', '')} | {run['load_average']:.1f} |"
         )
     lines += [
         "",

@@ -93,6 +93,44 @@ def _python_rss(pid: int) -> int:
     return int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
 
 
+def _cpu_seconds(pid: int, *, with_reaped: bool = True, alone: bool = False) -> float:
+    """CPU seconds of a process with the children it has reaped (as the postmaster reaps
+    its backends), and unless ``alone`` of its live descendants."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for member in [pid] if alone else _tree(pid):
+        try:
+            with open(f"/proc/{member}/stat", encoding="utf-8") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+        if with_reaped and member == pid:
+            total += (int(fields[13]) + int(fields[14])) / tick
+    return total
+
+
+def _postmaster(url: str) -> int | None:
+    """The PostgreSQL server's postmaster, found by the port of ``url`` (None for SQLite)."""
+    if not url.startswith("postgresql"):
+        return None
+    port = url.rsplit(":", 1)[1].split("/", 1)[0]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    words = cmdline.read().split(b"\0")
+            except OSError:
+                continue
+            if (
+                words
+                and words[0].endswith(b"postgres")
+                and f"port={port}".encode() in b" ".join(words)
+            ):
+                return int(entry)
+    return None
+
+
 def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
     import sqlbroker
     from sqlbroker.core.errors import DatabaseBusy
@@ -100,6 +138,8 @@ def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
     with sqlbroker.Broker(url, migrate=True) as broker:
         broker.subscribe("bench", "orders.#")
     env = {**os.environ, "PYTHONPATH": src}
+    postmaster = _postmaster(url)
+    database_cpu = 0.0 if postmaster is None else _cpu_seconds(postmaster, with_reaped=True)
     process = subprocess.Popen(
         [sys.executable, __file__, "--child", url, "--rows", str(rows)],
         env=env,
@@ -111,10 +151,15 @@ def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
     peak = {"rss": 0}
     probe: dict[str, Any] = {"latencies": [], "busy": 0, "errors": 0}
 
+    cpu: dict[int, float] = {}  # the last CPU seconds seen of each process of the write
+
     def sample() -> None:
         while not stop.wait(0.1):
             for pid in _tree(process.pid):
                 peak["rss"] = max(peak["rss"], _python_rss(pid))
+                seconds = _cpu_seconds(pid, with_reaped=False, alone=True)
+                if seconds:
+                    cpu[pid] = seconds
 
     def publish() -> None:
         with sqlbroker.Broker(url) as other:
@@ -132,6 +177,9 @@ def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
     for thread in threads:
         thread.start()
     out, _ = process.communicate()
+    spark_cpu = sum(cpu.values())
+    if postmaster is not None:
+        database_cpu = _cpu_seconds(postmaster, with_reaped=True) - database_cpu
     stop.set()
     for thread in threads:
         thread.join()
@@ -147,6 +195,11 @@ def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
         "write_msg_per_s": round(rows / write_s),
         "messages_in_queue": counts.get("sqlbroker_message", published),
         "peak_python_rss_mib": round(peak["rss"] / 2**20),
+        # CPU seconds over the write: the Spark job (its JVM, Python workers and the
+        # driver's commit) and, on PostgreSQL, the server (every backend, the other
+        # publisher's included).
+        "spark_cpu_s": round(spark_cpu, 1),
+        "database_cpu_s": round(database_cpu, 1) if postmaster is not None else None,
         "other_publisher": {
             "publishes": len(latencies),
             "busy_errors": probe["busy"],

@@ -64,6 +64,7 @@ RUNNABLE = ("python", "bash", "sh")
 NOT_RUN = re.compile(r"^<!-- not-run: (?P<why>.+?) -->$")
 MAX_NOT_RUN = 16
 WAIT = 90.0
+SPARK_PATIENCE = 4.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,11 @@ class Case:
     worker: bool = False
     """Run ``sqlbroker worker app:broker`` (the case's ``app.py``) beside the block."""
     marks: tuple[Any, ...] = ()
+    patience: float = 1.0
+    """How many times the usual waits this block may take: a Spark block starts a JVM and
+    Python workers, which on a loaded machine takes minutes (the README stream block: 70 s
+    for the SparkSession and 60 s for the first micro-batch at a load average of 12 on 2
+    cores), however correct it is."""
 
     def matches(self, block: Block) -> bool:
         return block.path.relative_to(REPO).as_posix() == self.document and (
@@ -200,8 +206,8 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
+def _wait(condition: Callable[[], bool], what: str, patience: float = 1.0) -> None:
+    deadline = time.monotonic() + WAIT * patience
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
@@ -429,7 +435,8 @@ assert saga.status.value == "completed", (saga.status, saga.error)
     Case(
         "README.md",
         "sqlbroker pipeline export --out ./export --older-than 30d",
-        marks=(pytest.mark.spark, pytest.mark.slow),
+        marks=(pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(SPARK_PATIENCE * 400)),
+        patience=SPARK_PATIENCE,
         seed=_seed_old_archive,
         verify=_verify_export_report,
     ),
@@ -437,7 +444,8 @@ assert saga.status.value == "completed", (saga.status, saga.error)
         "README.md",
         'spark.readStream.format("sqlbroker")',
         backends=("sqlite",),
-        marks=(pytest.mark.spark, pytest.mark.slow),
+        marks=(pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(SPARK_PATIENCE * 400)),
+        patience=SPARK_PATIENCE,
         seed=_seed_billing,
         stop_when=_parquet_written,
         stopped_codes=(0, 1, 130, -2),
@@ -810,7 +818,8 @@ assert (result.status, result.return_value) == ("SUCCESSFUL", 25.0)
         "docs/spark.md",
         "register(spark)                       # once per session",
         backends=("sqlite",),
-        marks=(pytest.mark.spark, pytest.mark.slow),
+        marks=(pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(SPARK_PATIENCE * 400)),
+        patience=SPARK_PATIENCE,
         epilogue="""
 assert spark.read.format("sqlbroker").option("url", "sqlite:///spark.db").load().count() == 0
 spark.stop()
@@ -1021,11 +1030,11 @@ def run_for(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str], R
     return make
 
 
-def _stop(process: subprocess.Popen[str]) -> int:
+def _stop(process: subprocess.Popen[str], patience: float = 1.0) -> int:
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
         try:
-            return process.wait(timeout=WAIT)
+            return process.wait(timeout=WAIT * patience)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -1048,16 +1057,17 @@ def _python(block: Block, case: Case, run: Run) -> None:
         )
         try:
             if case.stop_when is None:
-                code = process.wait(timeout=WAIT * 2)
+                code = process.wait(timeout=WAIT * 2 * case.patience)
                 expected: tuple[int, ...] = (0,)
             else:
                 stop_when = case.stop_when
                 _wait(
                     lambda: stop_when(run) or process.poll() is not None,
                     f"{block.name} to do its work",
+                    case.patience,
                 )
                 assert process.poll() is None, "a long-running block ended by itself"
-                code = _stop(process)
+                code = _stop(process, case.patience)
                 expected = case.stopped_codes
         finally:
             if process.poll() is None:
@@ -1096,7 +1106,7 @@ def _shell(block: Block, case: Case, run: Run) -> None:
                     text=True,
                 )
             if long_running is None:
-                code = process.wait(timeout=WAIT * 3)
+                code = process.wait(timeout=WAIT * 3 * case.patience)
                 said = (run.directory / f"line{number}.log").read_text(encoding="utf-8")
                 run.output += said
                 expected = case.exit_codes.get(line.split("#")[0].strip(), 0)
@@ -1113,11 +1123,11 @@ def _shell(block: Block, case: Case, run: Run) -> None:
                 run.output = path.read_text(encoding="utf-8")
                 return proc.poll() is not None or check.ready(run)
 
-            _wait(ready, f"`{line}` to answer")
+            _wait(ready, f"`{line}` to answer", case.patience)
             assert process.poll() is None, f"`{line}` ended:\n{log_path.read_text()}"
     finally:
         for line, process, long_running in reversed(background):
-            code = _stop(process)
+            code = _stop(process, case.patience)
             assert code in long_running.codes, f"`{line}` exited {code} when interrupted"
     run.output = "".join(
         path.read_text(encoding="utf-8") for path in sorted(run.directory.glob("line*.log"))

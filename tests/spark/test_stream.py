@@ -172,7 +172,7 @@ def test_bad_stream_options_fail_at_load(spark: Any, tmp_path: Path) -> None:
             reader = reader.option(name, value)
         return reader.load()
 
-    with pytest.raises(Exception, match=r"max_batch: must be from 1 to 1000000, not 0"):
+    with pytest.raises(Exception, match=r"max_batch: must be from 1 to 10000000, not 0"):
         load(subscription="orders", max_batch="0")
     with pytest.raises(Exception, match=r"max_batch: must be an integer, not 'many'"):
         load(subscription="orders", max_batch="many")
@@ -209,3 +209,32 @@ def test_a_batch_larger_than_a_claim_page(spark: Any, tmp_path: Path) -> None:
         assert max(sizes) == 2500
         assert sorted(_sink_ids(spark, sink)) == sorted(published)
         assert broker.pending("bulk") == []
+
+
+def test_the_default_batch_takes_a_backlog_in_large_batches(spark: Any, tmp_path: Path) -> None:
+    """Without ``max_batch``, a backlog of 1,500 is one micro-batch (the default was 1,000:
+    each micro-batch costs Spark a fixed overhead, issue 28 item 4)."""
+    sqlite_url = f"sqlite:///{tmp_path}/app.db"
+    with sqlbroker.Broker(sqlite_url) as broker:
+        broker.subscribe("bulk", "bulk.#")
+        published = broker.publish_many(
+            [{"topic": "bulk.item", "payload": {"n": n}} for n in range(1500)]
+        )
+        sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+        query = (
+            spark.readStream.format("sqlbroker")
+            .option("url", sqlite_url)
+            .option("subscription", "bulk")
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+            sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+        finally:
+            query.stop()
+        assert sizes == [1500]
+        assert sorted(_sink_ids(spark, sink)) == sorted(published)

@@ -18,7 +18,8 @@ finishes moving its files. So no row is ever both deleted and missing from the P
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -88,6 +89,27 @@ def _checksums(frame: Any) -> dict[tuple[str, str], tuple[int, str]]:
     return {(r["date"], r["topic"]): (int(r["n"]), str(r["s"])) for r in rows.collect()}
 
 
+CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
+DEFAULT_WRITERS = 64
+"""Parquet files a task of the export keeps open at once, one per (date, topic): up to this
+many, a task writes its rows as they come instead of sorting them by date and topic first
+(Spark's default, 0, always sorts); past it Spark falls back to sorting the rest."""
+
+
+@contextmanager
+def _setting(spark: Any, name: str, value: str) -> Iterator[None]:
+    """A session setting changed for the duration of a Spark job, then put back."""
+    previous = spark.conf.get(name, None)
+    spark.conf.set(name, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(name)
+        else:
+            spark.conf.set(name, previous)
+
+
 def read_parquet(spark: Any, path: str) -> Any:
     """An export directory as a DataFrame, its partition values kept as strings (a topic
     such as ``2024`` must not turn into a number)."""
@@ -128,6 +150,7 @@ class ArchiveExport:
         self.url = url
         self.root = root.rstrip("/")
         self.partitions = partitions
+        self.writers = DEFAULT_WRITERS
         self.step = step or (lambda _: None)
         self.options = {"url": url, **(backend_options or {})}
         self.files = Files(spark, self.root)
@@ -162,12 +185,13 @@ class ArchiveExport:
             for table, (max_id, count) in ranges.items():
                 if count:
                     self.step(f"writing {count} {table} rows to Parquet")
-                    (
-                        _with_date(self._read(table, cutoff, max_id), table)
-                        .write.partitionBy("date", "topic")
-                        .mode("error")
-                        .parquet(f"{staging}/{table}")
-                    )
+                    with _setting(self.spark, CONCURRENT_WRITERS, str(self.writers)):
+                        (
+                            _with_date(self._read(table, cutoff, max_id), table)
+                            .write.partitionBy("date", "topic")
+                            .mode("error")
+                            .parquet(f"{staging}/{table}")
+                        )
             self.step("verifying counts and checksums against the database")
             for table, (max_id, count) in ranges.items():
                 if count:

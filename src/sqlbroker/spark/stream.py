@@ -33,8 +33,10 @@ from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage import SparkStore
 from sqlbroker.spark.storage.columns import STREAM_COLUMNS
 
-DEFAULT_MAX_BATCH = 1_000
-MAX_BATCH = 1_000_000
+DEFAULT_MAX_BATCH = 50_000
+"""Large enough that Spark's fixed cost per micro-batch is small beside its rows; a trickle
+makes small batches anyway (a batch takes what is available, up to ``max_batch``)."""
+MAX_BATCH = 10_000_000
 CLAIM_PAGE = 1_000
 """Messages claimed per transaction: a larger batch is claimed in pages, each under a
 sequence number of its own, so no transaction holds the claim of a whole large batch."""
