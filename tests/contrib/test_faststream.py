@@ -464,6 +464,34 @@ def test_a_publisher_object_publishes_with_its_options_and_a_caller_connection(
     assert delivery.payload == {"id": 2}
 
 
+def test_a_publish_replaces_or_debounces_the_key_s_pending_copy(
+    backend_url: str, broker: sqlbroker.Broker
+) -> None:
+    broker.subscribe("orders", ["orders"])
+    app = SqlBroker(backend_url)
+    debounced = app.publisher("orders", key="cart-9", debounce=60)
+
+    async def scenario() -> list[str]:
+        await app.connect()
+        try:
+            ids = [
+                await app.publish({"v": n}, "orders", key="cart-7", replace=True) for n in (1, 2)
+            ]
+            ids += [await debounced.publish({"v": n}) for n in (3, 4)]
+        finally:
+            await app.stop()
+        return ids
+
+    ids = asyncio.run(scenario())
+    pending = {m.key: m for m in broker.pending("orders")}
+    assert sorted(pending) == ["cart-7", "cart-9"]
+    assert pending["cart-7"].message_id == ids[1]
+    assert pending["cart-9"].message_id == ids[3]
+    assert pending["cart-9"].state == "scheduled"
+    [delivery] = broker.claim("orders")
+    assert delivery.payload == {"v": 2}
+
+
 # --- bad configuration and bad input ----------------------------------------------------------
 
 

@@ -204,6 +204,9 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         correlation_id: str | None = None,
         reply_to: str = "",
         key: str | None = None,
+        replace: bool | None = None,
+        debounce: float | timedelta | None = None,
+        debounce_max: float | timedelta | None = None,
         priority: int | None = None,
         delay: float | timedelta | None = None,
         at: Any = None,
@@ -217,7 +220,8 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
 
         ``conn=`` (a psycopg/sqlite3/SQLAlchemy/Django connection with an open
         transaction) writes the message in that transaction: it is delivered only if the
-        caller commits. The other keywords are sqlbroker's publish options."""
+        caller commits. The other keywords are sqlbroker's publish options (``replace``,
+        ``debounce`` and ``debounce_max``: docs/flow-control.md, "Debounce and replace")."""
         values = locals()
         cmd = SqlPublishCommand(
             message,

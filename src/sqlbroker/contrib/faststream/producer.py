@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 PUBLISH_OPTIONS = (
     "key",
+    "replace",
+    "debounce",
+    "debounce_max",
     "priority",
     "delay",
     "at",
