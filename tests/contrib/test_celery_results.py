@@ -196,6 +196,20 @@ def test_expired_results_are_deleted_by_the_backend_itself(
         app.close()
 
 
+def test_a_key_too_long_for_either_database_is_refused_before_any_sql(
+    client: Celery, broker: sqlbroker.Broker
+) -> None:
+    backend = client.backend
+    longest = "é" * 512  # 1 KB of UTF-8: stored alike on both backends
+    backend.set(longest, b"kept")
+    assert backend.get(longest) == b"kept"
+    before = broker.backend.table_counts()
+    for key in ("k" * 3000, b"k" * 3000, "", b"\xff\xfe"):
+        with pytest.raises(sqlbroker.InvalidOption, match="key"):
+            backend.set(key, b"lost")
+    assert broker.backend.table_counts() == before
+
+
 def test_bad_configuration_is_one_clear_error(broker: sqlbroker.Broker, backend_url: str) -> None:
     app = _client(backend_url, 3600)
     app.conf.result_backend_transport_options = {"visibility": 3}

@@ -45,9 +45,15 @@ TRIM_BATCH = 1000
 _OPTIONS = frozenset({"migrate", "broker_options", "global_keyprefix"})
 
 
+MAX_KEY = 512
+"""Characters of a result key (Celery's are about 60): at most 2 KB of UTF-8, so that both
+databases store any key the other stores (PostgreSQL's index refuses a row over ~2.7 KB)."""
+
+
 def _text(key: bytes | str) -> str:
-    """Celery's keys are bytes; the store's are text."""
-    return key.decode("utf-8") if isinstance(key, bytes) else key
+    """Celery's keys are bytes; the store's are text, checked before any SQL."""
+    name = key.decode("utf-8", errors="surrogateescape") if isinstance(key, bytes) else key
+    return validate.text(name, "key", maximum=MAX_KEY)
 
 
 class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
