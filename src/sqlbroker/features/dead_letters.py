@@ -10,7 +10,7 @@ import builtins
 import getpass
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, NotFound
@@ -114,11 +114,8 @@ class DeadLettersBase(Part):
         """Send dead letters back to their subscription with attempts reset and the replay
         counted. Returns the new delivery ids. With no ids and no filter, ``all=True`` is
         required, so that an empty call never replays everything by accident."""
-        replayed: builtins.list[int] = yield call(
-            "dead_replay",
-            where=self._where(ids, all, selection),
-            actor=self._actor(actor),
-            note=self._note(note),
+        replayed: builtins.list[int] = yield from self._act(
+            "dead_replay", ids, all, actor, note, selection
         )
         return replayed
 
@@ -133,32 +130,27 @@ class DeadLettersBase(Part):
         **selection: Unpack[DeadSelection],
     ) -> Plan[int]:
         """Delete dead letters for good; returns how many. Same selection rules as replay."""
-        purged: int = yield call(
-            "dead_purge",
-            where=self._where(ids, all, selection),
-            actor=self._actor(actor),
-            note=self._note(note),
-        )
+        purged: int = yield from self._act("dead_purge", ids, all, actor, note, selection)
         return purged
 
     @staticmethod
-    def _where(ids: Iterable[int] | None, everything: bool, selection: DeadSelection) -> DeadFilter:
+    def _act(
+        block: str,
+        ids: Iterable[int] | None,
+        everything: bool,
+        actor: str | None,
+        note: str | None,
+        selection: DeadSelection,
+    ) -> Plan[Any]:
+        """Validate a replay's or purge's selection, actor and note, then run ``block``."""
         where = make_filter(ids, **selection)
         if where.is_empty and not everything:
             raise InvalidOption("ids", "name dead letters by id or filter, or pass all=True")
         if everything and not where.is_empty:
             raise InvalidOption("all", "all=True cannot be combined with ids or filters")
-        return where
-
-    @staticmethod
-    def _actor(actor: str | None) -> str:
-        if actor is None:
-            return default_actor()
-        return validate.reason(actor, "actor")[:200]
-
-    @staticmethod
-    def _note(note: str | None) -> str | None:
-        return None if note is None else validate.reason(note, "note")
+        who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+        note = None if note is None else validate.reason(note, "note")
+        return (yield call(block, where=where, actor=who, note=note))
 
 
 class DeadLetters(DeadLettersBase, Blocking):
