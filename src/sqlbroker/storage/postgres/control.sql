@@ -15,24 +15,6 @@ SELECT id FROM {schema}sqlbroker_message
 WHERE id = ANY (%(ids)b::bigint[]) AND cancel_requested
 ORDER BY id
 
--- name: gone_archived
--- (A fragment, included by message_expire, message_cancel and lease_expired_cancelled.)
--- The copies a statement deleted (``gone``: the rows with an ``outcome``), archived under
--- their subscription's tenant.
-archived AS (
-    INSERT INTO {schema}sqlbroker_archive (
-        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-        enqueued_at, first_started_at, finished_at, tenant
-    )
-    SELECT id, message_id, subscription, topic, outcome, priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
-    FROM gone
-    ORDER BY id
-)
-
 -- name: lease_expired_cancelled
 -- Cancelled copies whose worker was lost (their lease expired) end cancelled instead of
 -- going back to the queue.

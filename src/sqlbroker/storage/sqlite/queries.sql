@@ -237,6 +237,18 @@ WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value 
       CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state
 
+-- name: archive_copies
+-- (A fragment, included by message_cancel, message_expire and lease_expired_cancelled,
+-- each followed by its outcome.) Copies of sqlbroker_message into the archive, finished now.
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+    payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
+    first_started_at, finished_at, outcome
+)
+SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+       payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
+       first_started_at, :now,
+
 -- name: message_cancel
 -- Two statements, as in message_dead.
 -- include: archive_copies
