@@ -21,10 +21,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import sqlbroker
+from sqlbroker.core.serde import jsonable
 from sqlbroker.interfaces.cli import cli
 from sqlbroker.interfaces.cli import dlq as dlq_module
 from sqlbroker.interfaces.cli.params import DURATION, PRIORITY, parse_headers
-from sqlbroker.interfaces.cli.render import human_age, jsonable
+from sqlbroker.interfaces.cli.render import human_age
 from sqlbroker.storage.sql import load_migrations
 
 SECRET_URL = "postgresql://u:secret@127.0.0.1:1/x"
@@ -559,6 +560,8 @@ def test_value_parsers() -> None:
         "-", "0.0s", "3.2s", "4m", "2.5h", "3.5d",
     ]  # fmt: skip
     assert jsonable({"b": b"\x00\x01", "t": (1, 2)}) == {"b": "AAE=", "t": [1, 2]}
+    # --json prints valid JSON: no NaN or Infinity (the dashboard's rule, one function)
+    assert jsonable([float("nan"), float("-inf"), 1.5]) == [None, None, 1.5]
 
 
 def test_click_usage_errors_exit_2(sqlite_url: str) -> None:

@@ -282,6 +282,18 @@ def test_replay_and_purge_need_a_selector(populated: sqlbroker.Broker) -> None:
     assert populated.backend.table_counts() == before
 
 
+def test_a_misspelt_filter_is_refused_and_changes_nothing(populated: sqlbroker.Broker) -> None:
+    """The selection is one option group (``DeadSelection``): a keyword outside it is an
+    ``InvalidOption`` naming it, on list, replay and purge alike."""
+    before = populated.backend.table_counts()
+    dead = populated.dead_letters
+    for act in (dead.list, dead.replay, dead.purge):
+        with pytest.raises(sqlbroker.InvalidOption) as caught:
+            act(subscriptions="billing")  # type: ignore[call-arg]
+        assert caught.value.field == "subscriptions"
+    assert populated.backend.table_counts() == before
+
+
 def test_replay_all(populated: sqlbroker.Broker) -> None:
     assert len(populated.dead_letters.replay(all=True)) == 4
     assert populated.dead_letters.list() == []

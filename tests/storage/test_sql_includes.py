@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sqlbroker.storage.sql import load_sql, parse_blocks
+from sqlbroker.storage.sql import load_blocks, load_sql, parse_blocks
 
 TEXT = """
 -- name: first
@@ -37,3 +37,12 @@ def test_both_claims_give_the_lease_of_one_block(package: str) -> None:
     assert lease in blocks["message_claim"]
     assert lease in blocks["message_claim_flow"]
     assert not any("-- include:" in body for body in blocks.values())
+
+
+@pytest.mark.parametrize("package", ["sqlbroker.storage.sqlite", "sqlbroker.storage.postgres"])
+def test_queries_sql_loads_on_its_own(package: str) -> None:
+    """The schema printer and the Spark plugin load ``queries.sql`` alone: a fragment that
+    blocks of both files include (``gone_archived``, ``archive_copies``) lives there."""
+    alone = load_blocks(package, "queries.sql")
+    every = load_sql(package)
+    assert all(alone[name] == every[name] for name in alone)

@@ -8,8 +8,12 @@ keys are accepted.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import math
+from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from sqlbroker.core.errors import InvalidOption, InvalidPayload
@@ -220,3 +224,24 @@ def decode_payload(data: bytes, content_type: str) -> Any:
 def encode_json(value: Any) -> str:
     """Compact JSON text for internal columns (headers, error details)."""
     return _encoder.encode(value)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data, for the CLI's ``--json`` and the dashboard's API:
+    dataclasses as objects, times as ISO 8601 in UTC, enums as their values, bytes as
+    base64, tuples as lists, non-finite floats as ``None`` (JSON has no NaN)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -10,6 +10,7 @@ import builtins
 import getpass
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any, TypedDict, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, NotFound
@@ -26,36 +27,46 @@ def default_actor() -> str:
         return "api"
 
 
-def make_filter(
-    *,
-    ids: Iterable[int] | None = None,
-    subscription: str | None = None,
-    topic: str | None = None,
-    error_type: str | None = None,
-    reason_contains: str | None = None,
-    dead_before: datetime | None = None,
-    dead_after: datetime | None = None,
-) -> DeadFilter:
+class DeadSelection(TypedDict, total=False):
+    """Which dead letters: each given filter must match (``None``: that filter is off).
+
+    ``error_type`` matches the exception's stored name (``sqlbroker.Reject``,
+    ``ValueError``, ``myapp.errors.PaymentError``), its full module path, or its last
+    part(s): ``Reject`` finds ``sqlbroker.Reject`` and any other class named ``Reject``."""
+
+    subscription: str | None
+    topic: str | None
+    error_type: str | None
+    reason_contains: str | None
+    dead_before: datetime | None
+    dead_after: datetime | None
+
+
+DEAD_SELECTION = DeadSelection.__optional_keys__
+
+
+def make_filter(ids: Iterable[int] | None = None, **selection: Unpack[DeadSelection]) -> DeadFilter:
     """Validate filter arguments into a :class:`DeadFilter`."""
+    validate.known_options(selection, DEAD_SELECTION, "dead-letter selection")
     id_tuple: tuple[int, ...] | None = None
     if ids is not None:
         id_tuple = tuple(
             validate.integer(value, "ids", minimum=1, maximum=2**63 - 1)
             for value in validate.items(ids, "ids", "dead-letter ids")
         )
-    for field, value in (("error_type", error_type), ("reason_contains", reason_contains)):
-        if value is not None:
+    for field in ("error_type", "reason_contains"):
+        if (value := selection.get(field)) is not None:
             validate.text(value, field, maximum=validate.MAX_REASON)
+    subscription, topic = selection.get("subscription"), selection.get("topic")
+    before, after = selection.get("dead_before"), selection.get("dead_after")
     return DeadFilter(
         ids=id_tuple,
         subscription=None if subscription is None else validate_topic(subscription, "subscription"),
         topic=None if topic is None else validate_topic(topic, "topic"),
-        error_type=error_type,
-        reason_contains=reason_contains,
-        dead_before=None
-        if dead_before is None
-        else validate.point_in_time(dead_before, "dead_before"),
-        dead_after=None if dead_after is None else validate.point_in_time(dead_after, "dead_after"),
+        error_type=selection.get("error_type"),
+        reason_contains=selection.get("reason_contains"),
+        dead_before=None if before is None else validate.point_in_time(before, "dead_before"),
+        dead_after=None if after is None else validate.point_in_time(after, "dead_after"),
     )
 
 
@@ -66,28 +77,13 @@ class DeadLettersBase(Part):
     def list(
         self,
         *,
-        subscription: str | None = None,
-        topic: str | None = None,
-        error_type: str | None = None,
-        reason_contains: str | None = None,
-        dead_before: datetime | None = None,
-        dead_after: datetime | None = None,
         limit: int = 100,
         after_id: int | None = None,
+        **selection: Unpack[DeadSelection],
     ) -> Plan[builtins.list[DeadLetter]]:
-        """Dead letters matching every given filter, oldest first; page with ``after_id``.
-
-        ``error_type`` matches the exception's stored name (``sqlbroker.Reject``,
-        ``ValueError``, ``myapp.errors.PaymentError``), its full module path, or its last
-        part(s): ``Reject`` finds ``sqlbroker.Reject`` and any other class named ``Reject``."""
-        where = make_filter(
-            subscription=subscription,
-            topic=topic,
-            error_type=error_type,
-            reason_contains=reason_contains,
-            dead_before=dead_before,
-            dead_after=dead_after,
-        )
+        """Dead letters matching every given filter (:class:`DeadSelection`), oldest
+        first; page with ``after_id``."""
+        where = make_filter(**selection)
         limit = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
         if after_id is not None:
             after_id = validate.integer(after_id, "after_id", minimum=0, maximum=2**63 - 1)
@@ -110,24 +106,16 @@ class DeadLettersBase(Part):
         self,
         ids: Iterable[int] | None = None,
         *,
-        subscription: str | None = None,
-        topic: str | None = None,
-        error_type: str | None = None,
-        reason_contains: str | None = None,
-        dead_before: datetime | None = None,
-        dead_after: datetime | None = None,
         all: bool = False,
         actor: str | None = None,
         note: str | None = None,
+        **selection: Unpack[DeadSelection],
     ) -> Plan[builtins.list[int]]:
         """Send dead letters back to their subscription with attempts reset and the replay
         counted. Returns the new delivery ids. With no ids and no filter, ``all=True`` is
         required, so that an empty call never replays everything by accident."""
-        where = self._where(
-            ids, subscription, topic, error_type, reason_contains, dead_before, dead_after, all
-        )
-        replayed: builtins.list[int] = yield call(
-            "dead_replay", where=where, actor=self._actor(actor), note=self._note(note)
+        replayed: builtins.list[int] = yield from self._act(
+            "dead_replay", ids, all, actor, note, selection
         )
         return replayed
 
@@ -136,60 +124,33 @@ class DeadLettersBase(Part):
         self,
         ids: Iterable[int] | None = None,
         *,
-        subscription: str | None = None,
-        topic: str | None = None,
-        error_type: str | None = None,
-        reason_contains: str | None = None,
-        dead_before: datetime | None = None,
-        dead_after: datetime | None = None,
         all: bool = False,
         actor: str | None = None,
         note: str | None = None,
+        **selection: Unpack[DeadSelection],
     ) -> Plan[int]:
         """Delete dead letters for good; returns how many. Same selection rules as replay."""
-        where = self._where(
-            ids, subscription, topic, error_type, reason_contains, dead_before, dead_after, all
-        )
-        purged: int = yield call(
-            "dead_purge", where=where, actor=self._actor(actor), note=self._note(note)
-        )
+        purged: int = yield from self._act("dead_purge", ids, all, actor, note, selection)
         return purged
 
     @staticmethod
-    def _where(
+    def _act(
+        block: str,
         ids: Iterable[int] | None,
-        subscription: str | None,
-        topic: str | None,
-        error_type: str | None,
-        reason_contains: str | None,
-        dead_before: datetime | None,
-        dead_after: datetime | None,
         everything: bool,
-    ) -> DeadFilter:
-        where = make_filter(
-            ids=ids,
-            subscription=subscription,
-            topic=topic,
-            error_type=error_type,
-            reason_contains=reason_contains,
-            dead_before=dead_before,
-            dead_after=dead_after,
-        )
+        actor: str | None,
+        note: str | None,
+        selection: DeadSelection,
+    ) -> Plan[Any]:
+        """Validate a replay's or purge's selection, actor and note, then run ``block``."""
+        where = make_filter(ids, **selection)
         if where.is_empty and not everything:
             raise InvalidOption("ids", "name dead letters by id or filter, or pass all=True")
         if everything and not where.is_empty:
             raise InvalidOption("all", "all=True cannot be combined with ids or filters")
-        return where
-
-    @staticmethod
-    def _actor(actor: str | None) -> str:
-        if actor is None:
-            return default_actor()
-        return validate.reason(actor, "actor")[:200]
-
-    @staticmethod
-    def _note(note: str | None) -> str | None:
-        return None if note is None else validate.reason(note, "note")
+        who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+        note = None if note is None else validate.reason(note, "note")
+        return (yield call(block, where=where, actor=who, note=note))
 
 
 class DeadLetters(DeadLettersBase, Blocking):

@@ -115,24 +115,15 @@ def saga_handler(
     return handle
 
 
+@dataclass(frozen=True, slots=True)
 class _StepRunner:
-    def __init__(
-        self,
-        sagas: Callable[[], Sagas],
-        saga: Saga,
-        step: Step,
-        function: StepFunction,
-        undo: bool,
-        transactional: bool,
-        retry: RetryPolicy,
-    ) -> None:
-        self._sagas = sagas
-        self._saga = saga
-        self._step = step
-        self._function = function
-        self._undo = undo
-        self._transactional = transactional
-        self._retry = retry
+    _sagas: Callable[[], Sagas]
+    _saga: Saga
+    _step: Step
+    _function: StepFunction
+    _undo: bool
+    _transactional: bool
+    _retry: RetryPolicy
 
     def _verdict(self, state: SagaInstance | None, index: int, msg: Message) -> str:
         if self._undo:

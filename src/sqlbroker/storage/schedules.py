@@ -19,7 +19,31 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleDefinition:
+class ScheduleFields:
+    """What a definition on its way into storage and a stored schedule both hold."""
+
+    name: str
+    topic: str
+    cron: str | None
+    every: float | None
+    tz: str
+    missed: Missed
+    grace: float
+    start_at: datetime | None
+    anchor_at: datetime | None
+    payload: bytes
+    content_type: str
+    headers: str | None
+    priority: int
+    ordering_key: str | None
+    ttl: float | None
+    max_attempts: int
+    definition_hash: str
+    next_run_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDefinition(ScheduleFields):
     """A validated, encoded schedule definition on its way into storage.
 
     ``timing_hash`` identifies what makes the ticks (cron or interval, time zone, start);
@@ -28,49 +52,13 @@ class ScheduleDefinition:
     ``next_run_at`` from here.
     """
 
-    name: str
-    topic: str
-    cron: str | None
-    every: float | None
-    tz: str
-    missed: Missed
-    grace: float
-    start_at: datetime | None
-    anchor_at: datetime | None
-    payload: bytes
-    content_type: str
-    headers: str | None
-    priority: int
-    ordering_key: str | None
-    ttl: float | None
-    max_attempts: int
-    definition_hash: str
     timing_hash: str
-    next_run_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleRecord:
+class ScheduleRecord(ScheduleFields):
     """A stored schedule as storage returns it (payload still encoded)."""
 
-    name: str
-    topic: str
-    cron: str | None
-    every: float | None
-    tz: str
-    missed: Missed
-    grace: float
-    start_at: datetime | None
-    anchor_at: datetime | None
-    payload: bytes
-    content_type: str
-    headers: str | None
-    priority: int
-    ordering_key: str | None
-    ttl: float | None
-    max_attempts: int
-    definition_hash: str
-    next_run_at: datetime
     last_run_at: datetime | None
     last_message_id: str | None
     paused: bool

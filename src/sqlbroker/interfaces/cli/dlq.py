@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TypedDict
+from typing import cast
 
 import click
 from rich.table import Table
@@ -18,7 +18,7 @@ from rich.text import Text
 from sqlbroker.core.errors import NotFound
 from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.serde import JSON_CONTENT_TYPE
-from sqlbroker.features.dead_letters import DeadLetters
+from sqlbroker.features.dead_letters import DeadLetters, DeadSelection
 from sqlbroker.interfaces.cli.params import F, json_option
 from sqlbroker.interfaces.cli.render import (
     cell,
@@ -66,26 +66,9 @@ def filter_options(function: F) -> F:
     return function
 
 
-class DeadFilters(TypedDict, total=False):
+def _given(options: dict[str, str | None]) -> DeadSelection:
     """The filters given on the command line, as keyword arguments of ``broker.dead_letters``."""
-
-    subscription: str
-    topic: str
-    error_type: str
-    reason_contains: str
-
-
-def _given(options: dict[str, str | None]) -> DeadFilters:
-    chosen = DeadFilters()
-    if (subscription := options.get("subscription")) is not None:
-        chosen["subscription"] = subscription
-    if (topic := options.get("topic")) is not None:
-        chosen["topic"] = topic
-    if (error_type := options.get("error_type")) is not None:
-        chosen["error_type"] = error_type
-    if (reason_contains := options.get("reason_contains")) is not None:
-        chosen["reason_contains"] = reason_contains
-    return chosen
+    return cast(DeadSelection, {k: v for k, v in options.items() if v is not None})
 
 
 def stdin_is_terminal() -> bool:
@@ -210,7 +193,7 @@ def show_dead(session: Session, dead_id: int, as_json: bool) -> None:
     )
 
 
-def _confirm(session: Session, verb: str, filters: DeadFilters, everything: bool) -> bool:
+def _confirm(session: Session, verb: str, filters: DeadSelection, everything: bool) -> bool:
     """Ask before acting on a selection by filter or ``--all``; ``False`` when nothing
     matches. Refuses (exit 2) when there is no terminal to ask on, and fails (exit 1)
     when the answer is no."""

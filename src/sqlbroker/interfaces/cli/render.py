@@ -7,19 +7,17 @@ stored terminal escape sequence (``\x1b[2J``, a C1 control, a bidi override) is 
 its escape and never acted on by the terminal. This module is the one place that does it.
 
 JSON output turns row dataclasses into objects: times as ISO 8601 strings in UTC, enums as
-their values, and raw (non-JSON) payloads as base64 text; ``content_type`` tells which.
+their values, raw (non-JSON) payloads as base64 text (``content_type`` tells which) and
+non-finite floats as ``null``: :func:`sqlbroker.core.serde.jsonable`, shared with the dashboard.
 """
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import json
 import os
 import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from enum import Enum
 from typing import Any
 
 import click
@@ -29,7 +27,7 @@ from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
 
-from sqlbroker.core.serde import JSON_CONTENT_TYPE
+from sqlbroker.core.serde import JSON_CONTENT_TYPE, jsonable
 
 # Piped output has no terminal width; let tables use a wide line rather than fold ids.
 _PIPE_WIDTH = 200
@@ -119,25 +117,6 @@ def payload_preview(payload: Any, content_type: str, width: int = _PREVIEW) -> s
         return f"<{len(payload)} bytes {content_type}>"
     text = json_text(payload)
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data (see the module docstring for the mapping)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            field.name: jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)
-        }
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, dict):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(item) for item in value]
-    return value
 
 
 def echo_json(value: Any, *, compact: bool = False) -> None:

@@ -16,8 +16,9 @@ from types import FrameType
 import click
 
 from sqlbroker.core.schedules import Schedule
+from sqlbroker.core.serde import jsonable
 from sqlbroker.interfaces.cli.params import DURATION, json_option
-from sqlbroker.interfaces.cli.render import echo_json, human_time, jsonable, print_table, table
+from sqlbroker.interfaces.cli.render import echo_json, human_time, print_table, table
 from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
 from sqlbroker.interfaces.cli.worker import LOG_LEVELS, configure_logging
 from sqlbroker.runtime.scheduler import Scheduler

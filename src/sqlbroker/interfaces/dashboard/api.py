@@ -11,19 +11,16 @@ page says the feature is not available.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from enum import Enum
 from typing import Any
 
 from sqlbroker.app import Broker
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import DeadLetter, State
+from sqlbroker.core.serde import jsonable
 from sqlbroker.features import metrics
 
 OVERVIEW_MINUTES = 30
@@ -167,26 +164,6 @@ class Api:
         if action == "purge":
             return {"purged": dead.purge(ids, actor=actor, note=note)}
         raise InvalidOption("action", f"unknown action {action!r}")
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data: dataclasses as objects, times as ISO 8601 in UTC, enums
-    as their values, bytes as base64, non-finite floats as ``None``."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, dict):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(item) for item in value]
-    if (isinstance(value, float) and value != value) or value in (float("inf"), float("-inf")):
-        return None
-    return value
 
 
 def _integer(text: str, name: str) -> int:

@@ -27,19 +27,8 @@ WITH c AS (
     FOR UPDATE SKIP LOCKED
 ),
 gone AS (
-    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id RETURNING m.*
+    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id
+    RETURNING m.*, 'cancelled'::text AS outcome
 ),
-archived AS (
-    INSERT INTO {schema}sqlbroker_archive (
-        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-        enqueued_at, first_started_at, finished_at, tenant
-    )
-    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
-    FROM gone
-    ORDER BY id
-)
+-- include: gone_archived
 SELECT id, subscription, ordering_key, state FROM gone ORDER BY id

@@ -591,6 +591,24 @@ SET state = 'available',
 FROM expired
 WHERE m.id = expired.id
 
+-- name: gone_archived
+-- (A fragment, included by message_expire, message_cancel and lease_expired_cancelled.)
+-- The copies a statement deleted (``gone``: the rows with an ``outcome``), archived under
+-- their subscription's tenant.
+archived AS (
+    INSERT INTO {schema}sqlbroker_archive (
+        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
+        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+        enqueued_at, first_started_at, finished_at, tenant
+    )
+    SELECT id, message_id, subscription, topic, outcome, priority, ordering_key,
+           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
+           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
+           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
+    FROM gone
+    ORDER BY id
+)
+
 -- name: message_expire
 WITH e AS (
     SELECT id FROM {schema}sqlbroker_message
@@ -600,21 +618,10 @@ WITH e AS (
     FOR UPDATE SKIP LOCKED
 ),
 gone AS (
-    DELETE FROM {schema}sqlbroker_message m USING e WHERE m.id = e.id RETURNING m.*
+    DELETE FROM {schema}sqlbroker_message m USING e WHERE m.id = e.id
+    RETURNING m.*, 'expired'::text AS outcome
 ),
-archived AS (
-    INSERT INTO {schema}sqlbroker_archive (
-        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-        enqueued_at, first_started_at, finished_at, tenant
-    )
-    SELECT id, message_id, subscription, topic, 'expired', priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
-    FROM gone
-    ORDER BY id
-)
+-- include: gone_archived
 SELECT id, subscription, ordering_key, state FROM gone
 
 -- name: message_cancel
@@ -624,21 +631,10 @@ WITH c AS (
     FOR UPDATE SKIP LOCKED
 ),
 gone AS (
-    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id RETURNING m.*
+    DELETE FROM {schema}sqlbroker_message m USING c WHERE m.id = c.id
+    RETURNING m.*, 'cancelled'::text AS outcome
 ),
-archived AS (
-    INSERT INTO {schema}sqlbroker_archive (
-        delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-        enqueued_at, first_started_at, finished_at, tenant
-    )
-    SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
-           idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-           enqueued_at, first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp()),
-           (SELECT s.tenant FROM {schema}sqlbroker_subscription s WHERE s.name = gone.subscription)
-    FROM gone
-    ORDER BY id
-)
+-- include: gone_archived
 SELECT id, subscription, ordering_key, state FROM gone
 
 -- name: key_lock

@@ -38,14 +38,8 @@ RETURNING id, subscription, ordering_key, state
 -- name: lease_expired_cancelled
 -- Two statements, as in message_dead: cancelled copies whose worker was lost (their lease
 -- expired) end cancelled instead of going back to the queue.
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-)
-SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, first_started_at, :now
+-- include: archive_copies
+       'cancelled'
 FROM sqlbroker_message
 WHERE id IN (SELECT id FROM sqlbroker_message
              WHERE state = 'running' AND lease_expires_at <= :now AND cancel_requested

@@ -237,16 +237,22 @@ WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value 
       CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 RETURNING id, subscription, ordering_key, state
 
+-- name: archive_copies
+-- (A fragment, included by message_cancel, message_expire and lease_expired_cancelled,
+-- each followed by its outcome.) Copies of sqlbroker_message into the archive, finished now.
+INSERT INTO sqlbroker_archive (
+    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+    payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
+    first_started_at, finished_at, outcome
+)
+SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+       payload, content_type, headers, attempts, max_attempts, replay_count, enqueued_at,
+       first_started_at, :now,
+
 -- name: message_cancel
 -- Two statements, as in message_dead.
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-)
-SELECT id, message_id, subscription, topic, 'cancelled', priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, first_started_at, :now
+-- include: archive_copies
+       'cancelled'
 FROM sqlbroker_message
 WHERE message_id IN (SELECT value FROM json_each(:message_ids)) AND state <> 'running'
 ORDER BY id;
@@ -281,14 +287,8 @@ RETURNING id, subscription, ordering_key, state
 
 -- name: message_expire
 -- Two statements, as in message_dead: copies whose TTL passed.
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-)
-SELECT id, message_id, subscription, topic, 'expired', priority, ordering_key,
-       idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-       enqueued_at, first_started_at, :now
+-- include: archive_copies
+       'expired'
 FROM sqlbroker_message
 WHERE id IN (SELECT id FROM sqlbroker_message
              WHERE expires_at <= :now AND state <> 'running'
