@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from datetime import datetime
+from importlib import resources
 from typing import Any
 
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
@@ -23,7 +24,9 @@ from sqlbroker.spark.storage.base import (
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import InsertResult, Lease, Settlement
+from sqlbroker.storage.operations.messages import PROMOTE_BATCH
 from sqlbroker.storage.rows import payload_hash
+from sqlbroker.storage.sql import load_sql, parse_blocks
 
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
     "messages": (
@@ -152,6 +155,15 @@ def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
             body = body.replace(marker, text)
         filled[name] = body
     return filled
+
+
+def load_store_sql(dialect: str, *, schema: str = "") -> dict[str, str]:
+    """The blocks of a store's ``<dialect>.sql``, with their column markers filled in; a
+    block may ``-- include:`` a block of the broker's own SQL of that dialect (its claim)."""
+    broker = load_sql(f"sqlbroker.storage.{dialect}", schema="{schema}")
+    text = resources.files(__package__).joinpath(f"{dialect}.sql").read_text(encoding="utf-8")
+    blocks = parse_blocks(text, shared=broker)
+    return fill_columns({name: body.replace("{schema}", schema) for name, body in blocks.items()})
 
 
 def check_table(where: SparkRowFilter) -> str:
@@ -372,6 +384,34 @@ class SqlStore(ABC):
     def stream_claim(
         self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
     ) -> int:
+        """The broker's plain claim (its ``message_claim`` SQL, only ids and tokens read
+        back) and the snapshot, in one transaction; a subscription it claims nothing from
+        (flow limits, a pause) goes through the broker's own claim."""
+        settings = self._backend.settings
+        injected = settings.clock.now()
+        promote_at = None if injected is None else injected.timestamp()
+        now = self._time(injected)
+        with self._write() as conn:
+            if settings.promotion.due(subscription, promote_at):
+                params = {"subscription": subscription, "limit": PROMOTE_BATCH, "now": now}
+                conn.execute(self._sql["stream_promote"], params)
+            cursor = conn.execute(
+                self._sql["stream_claim_leases"],
+                {
+                    "subscription": subscription,
+                    "limit": limit,
+                    "lease": lease,
+                    "worker": worker,
+                    "max_attempts": None,
+                    "claim_commit": settings.claim_commit,
+                    "now": now,
+                },
+            )
+            names = [column[0] for column in cursor.description]
+            at_id, at_token = names.index("id"), names.index("lease_token")
+            claimed = [Lease(id=int(r[at_id]), token=str(r[at_token])) for r in cursor.fetchall()]
+            if claimed:
+                return self._snapshot(conn, stream, claimed)
         claimed = [
             Lease.of(delivery)
             for delivery in self._backend.message_claim_many(
@@ -383,15 +423,19 @@ class SqlStore(ABC):
                 return int(conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()[0])
         try:
             with self._write() as conn:
-                (seq,) = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
-                params = {"stream": stream, "seq": seq, "now": self._time(None)}
-                params.update(self._leases(claimed))
-                conn.execute(self._sql["stream_claim_snapshot"], params)
+                return self._snapshot(conn, stream, claimed)
         except BaseException:
             # Not in any snapshot: give the messages back rather than wait out the lease.
             with suppress(SqlbrokerError):
                 self._backend.message_release_many(leases=claimed)
             raise
+
+    def _snapshot(self, conn: Any, stream: str, claimed: Sequence[Lease]) -> int:
+        """Snapshot the claimed messages under the stream's next sequence number."""
+        (seq,) = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
+        params = {"stream": stream, "seq": seq, "now": self._time(None)}
+        params.update(self._leases(claimed))
+        conn.execute(self._sql["stream_claim_snapshot"], params)
         return int(seq)
 
     def stream_read(

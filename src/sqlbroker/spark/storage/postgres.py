@@ -39,8 +39,8 @@ from sqlbroker.spark.storage.columns import (
     StagedKeys,
     check_table,
     content_hash,
-    fill_columns,
     id_bounds,
+    load_store_sql,
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
@@ -79,7 +79,7 @@ def _queries(schema: str | None) -> dict[str, str]:
     if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
         raise InvalidOption("schema", "must be a lowercase SQL identifier")
     qualifier = "" if schema is None else f'"{schema}".'
-    return fill_columns(load_blocks("sqlbroker.spark.storage", "postgres.sql", schema=qualifier))
+    return load_store_sql("postgres", schema=qualifier)
 
 
 @cache

@@ -343,3 +343,14 @@ SELECT ({schema}sqlbroker_archive_maintain(NULL, 0, %(drop_before)s))[2]
 -- name: export_partition_exists
 SELECT to_regclass(%(name)s) IS NOT NULL
 
+
+-- name: stream_claim_leases
+-- The broker's claim (message_claim of storage/postgres/queries.sql, included as it is),
+-- returning only what a stream keeps: ids and lease tokens, no row to decode.
+WITH claimed AS (
+-- include: message_claim
+)
+SELECT id, lease_token FROM claimed
+
+-- name: stream_promote
+-- include: message_promote_scheduled

@@ -28,14 +28,13 @@ from sqlbroker.spark.storage.columns import (
     StagedKeys,
     check_table,
     columns_of,
-    fill_columns,
     id_bounds,
+    load_store_sql,
     publish_staged,
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import InsertResult, Lease
-from sqlbroker.storage.sql import load_blocks
 
 _NO_ID = -(2**63)
 _ANY_ID = 2**63 - 1
@@ -43,7 +42,7 @@ _ANY_ID = 2**63 - 1
 
 @cache
 def _queries() -> dict[str, str]:
-    return fill_columns(load_blocks("sqlbroker.spark.storage", "sqlite.sql"))
+    return load_store_sql("sqlite")
 
 
 @contextmanager
