@@ -16,7 +16,6 @@ from functools import cache
 from typing import Any
 
 import pyarrow as pa
-from psycopg import sql
 
 from sqlbroker.core.errors import (
     ConnectionLost,
@@ -46,7 +45,6 @@ from sqlbroker.spark.storage.columns import (
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import Lease
 from sqlbroker.storage.postgres.dialect import channel_name
-from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -71,7 +69,6 @@ _STAGE_TYPES = (
     "float8",
     "timestamptz",
 )
-_CORE_BLOCKS = ("message_insert_routing", "key_lock", "dedupe_get")
 
 
 @cache
@@ -80,14 +77,6 @@ def _queries(schema: str | None) -> dict[str, str]:
         raise InvalidOption("schema", "must be a lowercase SQL identifier")
     qualifier = "" if schema is None else f'"{schema}".'
     return load_store_sql("postgres", schema=qualifier)
-
-
-@cache
-def _core_queries(schema: str | None) -> dict[str, str]:
-    """The broker's own statements that the staged publish completes its own with."""
-    qualifier = "" if schema is None else f'"{schema}".'
-    blocks = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=qualifier)
-    return {name: blocks[name] for name in _CORE_BLOCKS}
 
 
 def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
@@ -108,7 +97,6 @@ class PostgresSparkStore(SqlStore):
     def __init__(self, backend: Backend, *, url: str, schema: str | None) -> None:
         super().__init__(backend, _queries(schema))
         self._url = url
-        self._core = _core_queries(schema)
         self._channel = channel_name(schema)
 
     @contextmanager
@@ -272,7 +260,8 @@ class PostgresSparkStore(SqlStore):
                 existing = {
                     (topic, key): (str(message_id), digest)
                     for topic, key, message_id, digest in conn.execute(
-                        self._core["dedupe_get"], {"topic": topics, "idempotency_key": taken_keys}
+                        self._sql["stage_dedupe_get"],
+                        {"topic": topics, "idempotency_key": taken_keys},
                     )
                 }
                 for topic, key, digest in zip(topics, taken_keys, hashes, strict=True):
@@ -286,14 +275,9 @@ class PostgresSparkStore(SqlStore):
             routed = 0
             if seqs:
                 if ordering_keys:
-                    conn.execute(self._core["key_lock"], {"keys": ordering_keys})
+                    conn.execute(self._sql["stage_key_lock"], {"keys": ordering_keys})
                 result = conn.execute(
-                    sql.Composed(
-                        [
-                            sql.SQL(self._sql["stage_page_insert"]),
-                            sql.SQL(self._core["message_insert_routing"]),
-                        ]
-                    ),
+                    self._sql["stage_page_insert"],
                     {
                         **page,
                         "seqs": seqs,

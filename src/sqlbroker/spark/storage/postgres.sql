@@ -295,7 +295,7 @@ SELECT (SELECT count(*) FROM page),
 -- name: stage_page_insert
 -- The reserved rows of a page as the batch (b) of the broker's publish statement, which
 -- stage_publish completes with the broker's own message_insert_routing (one home for the
--- routing rules): copies to every matching subscription, unrouted rows archived.
+-- routing rules, included): copies to every matching subscription, unrouted rows archived.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
 page AS MATERIALIZED (
 -- include: stage_page_rows
@@ -307,6 +307,7 @@ b AS (
     FROM t, page p
     JOIN unnest(%(seqs)s::integer[], %(ids)s::uuid[]) AS n(seq, message_id) ON n.seq = p.seq
 ),
+-- include: message_insert_routing
 
 -- ---------------------------------------------------------------------------------------
 -- The export's delete by partition (issue 25 item 5): whole days of the time-partitioned
@@ -354,3 +355,9 @@ SELECT id, lease_token FROM claimed
 
 -- name: stream_promote
 -- include: message_promote_scheduled
+
+-- name: stage_dedupe_get
+-- include: dedupe_get
+
+-- name: stage_key_lock
+-- include: key_lock
