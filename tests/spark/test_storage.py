@@ -137,6 +137,29 @@ def test_stream_claims_are_read_back_and_acked(broker: sqlbroker.Broker, backend
     assert broker.pending("s") == []
 
 
+def test_stream_claims_keep_the_brokers_flow_limits_and_pauses(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    broker.subscribe("f", "f.#")
+    broker.set_flow("f", max_running=2)
+    broker.subscribe("p", "p.#")
+    broker.pause("p")
+    broker.publish_many([{"topic": t, "payload": n} for t in ("f.x", "p.x") for n in range(5)])
+    store = _spark(broker, backend_url)
+    claim = {"lease": 60.0, "worker": "w", "limit": 10}
+    store.stream_open(stream="sf", subscription="f")
+    store.stream_open(stream="sp", subscription="p")
+    assert store.stream_claim(stream="sf", subscription="f", **claim) == 1
+    assert store.stream_claim(stream="sf", subscription="f", **claim) == 1  # 2 running: full
+    read = store.stream_read(stream="sf", after_seq=0, upto_seq=1, part=0, parts=1)
+    assert len(read["message_id"]) == 2
+    assert store.stream_claim(stream="sp", subscription="p", **claim) == 0
+    broker.resume("p")
+    assert store.stream_claim(stream="sp", subscription="p", **claim) == 1
+    read = store.stream_read(stream="sp", after_seq=0, upto_seq=1, part=0, parts=1)
+    assert len(read["message_id"]) == 5
+
+
 def test_export_commit_deletes_exactly_or_nothing(
     clocked_broker: sqlbroker.Broker, clock: sqlbroker.ManualClock, backend_url: str
 ) -> None:

@@ -1,8 +1,9 @@
 """The plugin's storage protocol, :class:`SparkStore`, and the values it takes and returns.
 
 The core seam knows nothing of Spark: a store works on the tables of migration 0006 with
-SQL of its own (``sqlite.sql``, ``postgres.sql``) and reaches the queue only through the
-broker's public operations (publish, claim, complete, extend) and its ``transaction()``.
+SQL of its own (``sqlite.sql``, ``postgres.sql``) and reaches the queue through the
+broker's operations (publish, claim, complete, extend) and its transactions; a stream's
+claim runs the broker's own claim statement (``-- include: message_claim``).
 """
 
 from __future__ import annotations

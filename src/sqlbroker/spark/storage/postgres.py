@@ -10,46 +10,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
 import pyarrow as pa
-from psycopg import sql
 
 from sqlbroker.core.errors import (
     ConnectionLost,
     IdempotencyConflict,
     InvalidOption,
     SchemaError,
-    SqlbrokerError,
     StorageError,
 )
 from sqlbroker.core.message import NewMessage
 from sqlbroker.spark.schema import arrow_schema
 from sqlbroker.spark.storage.base import (
-    Columns,
     ExportRun,
     IdRange,
     Published,
     SparkRowFilter,
-    StreamAck,
 )
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
-    STREAM_COLUMNS,
+    SqlStore,
     StagedKeys,
     check_table,
-    columns_of,
     content_hash,
-    fill_columns,
+    id_bounds,
+    load_store_sql,
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.storage.base import Lease
 from sqlbroker.storage.postgres.dialect import channel_name
-from sqlbroker.storage.sql import load_blocks
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -74,7 +69,6 @@ _STAGE_TYPES = (
     "float8",
     "timestamptz",
 )
-_CORE_BLOCKS = ("message_insert_routing", "key_lock", "dedupe_get")
 
 
 @cache
@@ -82,42 +76,27 @@ def _queries(schema: str | None) -> dict[str, str]:
     if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
         raise InvalidOption("schema", "must be a lowercase SQL identifier")
     qualifier = "" if schema is None else f'"{schema}".'
-    return fill_columns(load_blocks("sqlbroker.spark.storage", "postgres.sql", schema=qualifier))
-
-
-@cache
-def _core_queries(schema: str | None) -> dict[str, str]:
-    """The broker's own statements that the staged publish completes its own with."""
-    qualifier = "" if schema is None else f'"{schema}".'
-    blocks = load_blocks("sqlbroker.storage.postgres", "queries.sql", schema=qualifier)
-    return {name: blocks[name] for name in _CORE_BLOCKS}
+    return load_store_sql("postgres", schema=qualifier)
 
 
 def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
     """The positional parameters of a row filter and an id range ``(after_id, upto_id]``."""
-    if where.min_id is not None:
-        after_id = max(after_id, where.min_id - 1)
-    if where.max_id is not None:
-        upto_id = min(upto_id, where.max_id)
     return (
         where.subscription or "",
         where.topic_regex or "",
         where.since or _EARLIEST,
         where.until or _LATEST,
-        after_id,
-        upto_id,
+        *id_bounds(where, after_id, upto_id),
     )
 
 
-class PostgresSparkStore:
+class PostgresSparkStore(SqlStore):
     """:class:`~sqlbroker.spark.storage.base.SparkStore` on the broker's PostgreSQL
     database (and schema)."""
 
     def __init__(self, backend: Backend, *, url: str, schema: str | None) -> None:
-        self._backend = backend
+        super().__init__(backend, _queries(schema))
         self._url = url
-        self._sql = _queries(schema)
-        self._core = _core_queries(schema)
         self._channel = channel_name(schema)
 
     @contextmanager
@@ -140,18 +119,13 @@ class PostgresSparkStore:
             raise StorageError(f"PostgreSQL error: {text}") from None
 
     @contextmanager
-    def _tx(self) -> Iterator[Any]:
+    def _write(self) -> Iterator[Any]:
         """A transaction of the broker (its errors arrive translated), never cut for
         taking long: its bulk statements may."""
         with self._backend.begin(timed=False) as tx:
             yield tx.connection
 
-    def identity(self) -> str:
-        with self._tx() as conn:
-            row = conn.execute(self._sql["identity_get"]).fetchone()
-        if row is None:
-            raise SchemaError("the database has no identity row: run `sqlbroker migrate`")
-        return str(row[0])
+    _read = _write  # row security and the schema apply as they do to the broker's reads
 
     # --- batch read --------------------------------------------------------------------------
 
@@ -181,7 +155,7 @@ class PostgresSparkStore:
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
     ) -> int:
         staged_at = self._backend.now()
-        with self._tx() as conn:
+        with self._write() as conn:
             (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
             if secured:
                 # Under tenant isolation the staging table has row security, which COPY
@@ -198,7 +172,7 @@ class PostgresSparkStore:
                     cursor.executemany(self._sql["stage_insert"], params)
                 return len(params)
         with (
-            self._tx() as conn,
+            self._write() as conn,
             conn.cursor() as cursor,
             cursor.copy(self._sql["stage_copy"]) as copy,
         ):
@@ -228,7 +202,7 @@ class PostgresSparkStore:
     def stage_publish(
         self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
     ) -> Published:
-        with self._tx() as conn:
+        with self._write() as conn:
             repeated = conn.execute(
                 self._sql["stage_repeated"],
                 {
@@ -258,7 +232,7 @@ class PostgresSparkStore:
                 if size < chunk:
                     break
                 after += chunk
-        with self._tx() as conn:  # what the losing attempts staged
+        with self._write() as conn:  # what the losing attempts staged
             conn.execute(self._sql["stage_delete_job"], {"job_id": job})
         return Published(published=published, duplicates=duplicates, unrouted=unrouted)
 
@@ -267,7 +241,7 @@ class PostgresSparkStore:
     ) -> tuple[int, int, int]:
         """Publish one page of staged rows (``after_seq < seq <= upto_seq``) and delete
         them, in one transaction: ``(rows in the page, published, unrouted)``."""
-        with self._tx() as conn:
+        with self._write() as conn:
             conn.execute(self._sql["publish_settings"])
             counted: list[tuple[int, str]] = []
             if repeated:
@@ -286,7 +260,8 @@ class PostgresSparkStore:
                 existing = {
                     (topic, key): (str(message_id), digest)
                     for topic, key, message_id, digest in conn.execute(
-                        self._core["dedupe_get"], {"topic": topics, "idempotency_key": taken_keys}
+                        self._sql["stage_dedupe_get"],
+                        {"topic": topics, "idempotency_key": taken_keys},
                     )
                 }
                 for topic, key, digest in zip(topics, taken_keys, hashes, strict=True):
@@ -300,14 +275,9 @@ class PostgresSparkStore:
             routed = 0
             if seqs:
                 if ordering_keys:
-                    conn.execute(self._core["key_lock"], {"keys": ordering_keys})
+                    conn.execute(self._sql["stage_key_lock"], {"keys": ordering_keys})
                 result = conn.execute(
-                    sql.Composed(
-                        [
-                            sql.SQL(self._sql["stage_page_insert"]),
-                            sql.SQL(self._core["message_insert_routing"]),
-                        ]
-                    ),
+                    self._sql["stage_page_insert"],
                     {
                         **page,
                         "seqs": seqs,
@@ -322,134 +292,15 @@ class PostgresSparkStore:
             conn.execute(self._sql["stage_delete_page"], {**page, "upto_seq": page["upto_seq"]})
         return int(size), len(seqs), routed
 
-    def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
-        deleted = 0
-        with self._tx() as conn:
-            if job is not None:
-                deleted += conn.execute(self._sql["stage_delete_job"], {"job_id": job}).rowcount
-            if older_than is not None:
-                deleted += conn.execute(
-                    self._sql["stage_delete_older"], {"older_than": older_than}
-                ).rowcount
-        return deleted
+    # --- the hooks of SqlStore --------------------------------------------------------------
 
-    # --- streaming ---------------------------------------------------------------------------
+    def _time(self, value: datetime | None) -> datetime | None:
+        return value  # None: the server's statement_timestamp()
 
-    def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
-        with self._tx() as conn:
-            conn.execute(
-                self._sql["stream_insert"],
-                {"stream": stream, "subscription": subscription, "now": None},
-            )
-            row = conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()
-        assert row is not None
-        return int(row[0]), int(row[1])
+    def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
+        return {"ids": [c.id for c in claimed], "tokens": [c.token for c in claimed]}
 
-    def stream_claim(
-        self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
-    ) -> int:
-        claimed = [
-            Lease.of(delivery)
-            for delivery in self._backend.message_claim_many(
-                subscription=subscription, limit=limit, lease=lease, worker=worker
-            )
-        ]
-        try:
-            with self._tx() as conn:
-                if not claimed:
-                    row = conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()
-                    assert row is not None
-                    return int(row[0])
-                row = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
-                assert row is not None
-                seq = int(row[0])
-                conn.execute(
-                    self._sql["stream_claim_snapshot"],
-                    {
-                        "stream": stream,
-                        "seq": seq,
-                        "now": None,
-                        "ids": [c.id for c in claimed],
-                        "tokens": [c.token for c in claimed],
-                    },
-                )
-        except BaseException:
-            # Not in any snapshot: give the messages back rather than wait out the lease.
-            if claimed:
-                with suppress(SqlbrokerError):
-                    self._backend.message_release_many(leases=claimed)
-            raise
-        return seq
-
-    def stream_read(
-        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
-    ) -> Columns:
-        params = {
-            "stream": stream,
-            "after_seq": after_seq,
-            "upto_seq": upto_seq,
-            "part": part,
-            "parts": parts,
-        }
-        with self._tx() as conn:
-            rows = conn.execute(self._sql["stream_read"], params).fetchall()
-        return columns_of(STREAM_COLUMNS, rows)
-
-    def _stream_leases(self, stream: str, upto_seq: int) -> list[Lease]:
-        with self._tx() as conn:
-            rows = conn.execute(
-                self._sql["stream_leases"], {"stream": stream, "upto_seq": upto_seq}
-            ).fetchall()
-        return [Lease(id=int(row[0]), token=str(row[1])) for row in rows]
-
-    def stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
-        leases = self._stream_leases(stream, upto_seq)
-        return len(self._backend.message_extend_leases(leases=leases, lease=lease)) if leases else 0
-
-    def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
-        leases = self._stream_leases(stream, upto_seq)
-        settlements = [Settlement.complete(lease) for lease in leases]
-        done = self._backend.message_settle_many(settlements=settlements)
-        # Forgetting the claims after the completion: a crash in between leaves claims
-        # whose leases are gone, which the next ack forgets.
-        with self._tx() as conn:
-            params = {"stream": stream, "upto_seq": upto_seq}
-            conn.execute(self._sql["stream_forget"], params)
-            conn.execute(self._sql["stream_acked"], params)
-        return StreamAck(acked=len(done), lost=len(leases) - len(done))
-
-    # --- archive pipeline --------------------------------------------------------------------
-
-    def export_commit(self, *, run: ExportRun) -> None:
-        with self._tx() as conn:
-            archived = self._export_drop_days(conn, run)
-            archived += conn.execute(
-                self._sql["export_delete_archive"],
-                {"cutoff": run.cutoff, "max_id": run.archive_max_id},
-            ).rowcount
-            dead = conn.execute(
-                self._sql["export_delete_dead"], {"cutoff": run.cutoff, "max_id": run.dead_max_id}
-            ).rowcount
-            if (archived, dead) != (run.archive_rows, run.dead_rows):
-                raise StorageError(
-                    f"export {run.run_id}: the database holds {archived} archive rows and"
-                    f" {dead} dead letters in the exported range, the Parquet files"
-                    f" {run.archive_rows} and {run.dead_rows}; nothing was deleted"
-                )
-            conn.execute(
-                self._sql["export_record"],
-                {
-                    "run_id": run.run_id,
-                    "cutoff": run.cutoff,
-                    "archive_max_id": run.archive_max_id,
-                    "dead_max_id": run.dead_max_id,
-                    "archive_rows": run.archive_rows,
-                    "dead_rows": run.dead_rows,
-                    "now": None,
-                },
-            )
-
-    def _export_drop_days(self, conn: Any, run: ExportRun) -> int:
+    def _export_drop(self, conn: Any, run: ExportRun) -> int:
         """Drop the archive's daily partitions that lie wholly before the cutoff and hold
         no row past the run's id watermark (a row that arrived after the export read);
         return how many exported rows went with them. The rest of the range (the default
@@ -483,8 +334,3 @@ class PostgresSparkStore:
             if row is not None and not row[0]:
                 dropped += rows
         return dropped
-
-    def export_done(self, *, run_id: str) -> bool:
-        with self._tx() as conn:
-            row = conn.execute(self._sql["export_get"], {"run_id": run_id}).fetchone()
-        return bool(row and row[0])

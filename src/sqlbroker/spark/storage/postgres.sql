@@ -295,7 +295,7 @@ SELECT (SELECT count(*) FROM page),
 -- name: stage_page_insert
 -- The reserved rows of a page as the batch (b) of the broker's publish statement, which
 -- stage_publish completes with the broker's own message_insert_routing (one home for the
--- routing rules): copies to every matching subscription, unrouted rows archived.
+-- routing rules, included): copies to every matching subscription, unrouted rows archived.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
 page AS MATERIALIZED (
 -- include: stage_page_rows
@@ -307,6 +307,7 @@ b AS (
     FROM t, page p
     JOIN unnest(%(seqs)s::integer[], %(ids)s::uuid[]) AS n(seq, message_id) ON n.seq = p.seq
 ),
+-- include: message_insert_routing
 
 -- ---------------------------------------------------------------------------------------
 -- The export's delete by partition (issue 25 item 5): whole days of the time-partitioned
@@ -343,3 +344,20 @@ SELECT ({schema}sqlbroker_archive_maintain(NULL, 0, %(drop_before)s))[2]
 -- name: export_partition_exists
 SELECT to_regclass(%(name)s) IS NOT NULL
 
+
+-- name: stream_claim_leases
+-- The broker's claim (message_claim of storage/postgres/queries.sql, included as it is),
+-- returning only what a stream keeps: ids and lease tokens, no row to decode.
+WITH claimed AS (
+-- include: message_claim
+)
+SELECT id, lease_token FROM claimed
+
+-- name: stream_promote
+-- include: message_promote_scheduled
+
+-- name: stage_dedupe_get
+-- include: dedupe_get
+
+-- name: stage_key_lock
+-- include: key_lock

@@ -10,38 +10,31 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, contextmanager
 from datetime import datetime
 from functools import cache
 from typing import Any
 
 import pyarrow as pa
 
-from sqlbroker.core.errors import DatabaseBusy, SchemaError, SqlbrokerError, StorageError
+from sqlbroker.core.errors import DatabaseBusy, SchemaError, StorageError
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.spark.storage.base import (
-    Columns,
-    ExportRun,
-    IdRange,
-    Published,
-    SparkRowFilter,
-    StreamAck,
-)
+from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
-    STREAM_COLUMNS,
+    SqlStore,
     StagedKeys,
     check_table,
     columns_of,
-    fill_columns,
+    id_bounds,
+    load_store_sql,
     publish_staged,
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult, Lease, Settlement
-from sqlbroker.storage.sql import load_blocks
+from sqlbroker.storage.base import InsertResult, Lease
 
 _NO_ID = -(2**63)
 _ANY_ID = 2**63 - 1
@@ -49,7 +42,7 @@ _ANY_ID = 2**63 - 1
 
 @cache
 def _queries() -> dict[str, str]:
-    return fill_columns(load_blocks("sqlbroker.spark.storage", "sqlite.sql"))
+    return load_store_sql("sqlite")
 
 
 @contextmanager
@@ -71,10 +64,7 @@ def _translated() -> Iterator[None]:
 
 def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> dict[str, Any]:
     """Bind parameters of a row filter and an id range ``(after_id, upto_id]``."""
-    if where.min_id is not None:
-        after_id = max(after_id, where.min_id - 1)
-    if where.max_id is not None:
-        upto_id = min(upto_id, where.max_id)
+    after_id, upto_id = id_bounds(where, after_id, upto_id)
     return {
         "subscription": where.subscription,
         "topic_regex": where.topic_regex,
@@ -85,14 +75,13 @@ def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> dict[str, Any
     }
 
 
-class SqliteSparkStore:
+class SqliteSparkStore(SqlStore):
     """:class:`~sqlbroker.spark.storage.base.SparkStore` on the broker's SQLite file."""
 
     def __init__(self, backend: Backend, *, path: str, busy_timeout: float) -> None:
-        self._backend = backend
+        super().__init__(backend, _queries())
         self._path = path
         self._busy_timeout = busy_timeout
-        self._sql = _queries()
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -108,16 +97,6 @@ class SqliteSparkStore:
     def _write(self) -> Iterator[sqlite3.Connection]:
         with self._backend.begin(timed=False) as tx, _translated():
             yield tx.connection
-
-    def _now(self) -> float:
-        return self._backend.now().timestamp()
-
-    def identity(self) -> str:
-        with self._read() as conn:
-            row = conn.execute(self._sql["identity_get"]).fetchone()
-        if row is None:
-            raise SchemaError("the database has no identity row: run `sqlbroker migrate`")
-        return str(row[0])
 
     # --- batch read --------------------------------------------------------------------------
 
@@ -157,7 +136,7 @@ class SqliteSparkStore:
             attempt=attempt,
             first_seq=first_seq,
             rows=rows,
-            now=self._now(),
+            now=self._time(None),
         )
         with self._write() as conn:
             conn.executemany(self._sql["stage_insert"], params)
@@ -215,128 +194,10 @@ class SqliteSparkStore:
             conn.execute(self._sql["stage_delete_job"], {"job_id": job})
         return published
 
-    def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
-        deleted = 0
-        with self._write() as conn:
-            if job is not None:
-                deleted += conn.execute(self._sql["stage_delete_job"], {"job_id": job}).rowcount
-            if older_than is not None:
-                deleted += conn.execute(
-                    self._sql["stage_delete_older"], {"older_than": older_than.timestamp()}
-                ).rowcount
-        return deleted
+    # --- the hooks of SqlStore --------------------------------------------------------------
 
-    # --- streaming ---------------------------------------------------------------------------
+    def _time(self, value: datetime | None) -> float:
+        return (self._backend.now() if value is None else value).timestamp()
 
-    def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
-        with self._write() as conn:
-            conn.execute(
-                self._sql["stream_insert"],
-                {"stream": stream, "subscription": subscription, "now": self._now()},
-            )
-            last, acked = conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()
-        return int(last), int(acked)
-
-    def stream_claim(
-        self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
-    ) -> int:
-        claimed = [
-            Lease.of(delivery)
-            for delivery in self._backend.message_claim_many(
-                subscription=subscription, limit=limit, lease=lease, worker=worker
-            )
-        ]
-        if not claimed:
-            with self._read() as conn:
-                return int(conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()[0])
-        try:
-            with self._write() as conn:
-                (seq,) = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
-                conn.execute(
-                    self._sql["stream_claim_snapshot"],
-                    {
-                        "stream": stream,
-                        "seq": seq,
-                        "now": self._now(),
-                        "claimed": json.dumps([[c.id, c.token] for c in claimed]),
-                    },
-                )
-        except BaseException:
-            # Not in any snapshot: give the messages back rather than wait out the lease.
-            with suppress(SqlbrokerError):
-                self._backend.message_release_many(leases=claimed)
-            raise
-        return int(seq)
-
-    def stream_read(
-        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
-    ) -> Columns:
-        params = {
-            "stream": stream,
-            "after_seq": after_seq,
-            "upto_seq": upto_seq,
-            "part": part,
-            "parts": parts,
-        }
-        with self._read() as conn:
-            rows = conn.execute(self._sql["stream_read"], params).fetchall()
-        return columns_of(STREAM_COLUMNS, rows)
-
-    def _stream_leases(self, stream: str, upto_seq: int) -> list[Lease]:
-        with self._read() as conn:
-            rows = conn.execute(
-                self._sql["stream_leases"], {"stream": stream, "upto_seq": upto_seq}
-            ).fetchall()
-        return [Lease(id=row[0], token=row[1]) for row in rows]
-
-    def stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
-        leases = self._stream_leases(stream, upto_seq)
-        return len(self._backend.message_extend_leases(leases=leases, lease=lease)) if leases else 0
-
-    def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
-        leases = self._stream_leases(stream, upto_seq)
-        done = self._backend.message_settle_many(
-            settlements=[Settlement.complete(lease) for lease in leases]
-        )
-        # Forgetting the claims after the completion: a crash in between leaves claims
-        # whose leases are gone, which the next ack forgets.
-        with self._write() as conn:
-            params = {"stream": stream, "upto_seq": upto_seq}
-            conn.execute(self._sql["stream_forget"], params)
-            conn.execute(self._sql["stream_acked"], params)
-        return StreamAck(acked=len(done), lost=len(leases) - len(done))
-
-    # --- archive pipeline --------------------------------------------------------------------
-
-    def export_commit(self, *, run: ExportRun) -> None:
-        cutoff = run.cutoff.timestamp()
-        with self._write() as conn:
-            archived = conn.execute(
-                self._sql["export_delete_archive"],
-                {"cutoff": cutoff, "max_id": run.archive_max_id},
-            ).rowcount
-            dead = conn.execute(
-                self._sql["export_delete_dead"], {"cutoff": cutoff, "max_id": run.dead_max_id}
-            ).rowcount
-            if (archived, dead) != (run.archive_rows, run.dead_rows):
-                raise StorageError(
-                    f"export {run.run_id}: the database holds {archived} archive rows and"
-                    f" {dead} dead letters in the exported range, the Parquet files"
-                    f" {run.archive_rows} and {run.dead_rows}; nothing was deleted"
-                )
-            conn.execute(
-                self._sql["export_record"],
-                {
-                    "run_id": run.run_id,
-                    "cutoff": cutoff,
-                    "archive_max_id": run.archive_max_id,
-                    "dead_max_id": run.dead_max_id,
-                    "archive_rows": run.archive_rows,
-                    "dead_rows": run.dead_rows,
-                    "now": self._now(),
-                },
-            )
-
-    def export_done(self, *, run_id: str) -> bool:
-        with self._read() as conn:
-            return bool(conn.execute(self._sql["export_get"], {"run_id": run_id}).fetchone()[0])
+    def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
+        return {"claimed": json.dumps([[c.id, c.token] for c in claimed])}

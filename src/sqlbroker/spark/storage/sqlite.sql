@@ -159,3 +159,11 @@ SELECT count(*) FROM sqlbroker_spark_export WHERE run_id = :run_id
 
 -- name: identity_get
 SELECT database_id FROM sqlbroker_identity
+
+-- name: stream_claim_leases
+-- The broker's claim (message_claim of storage/sqlite/queries.sql, included as it is:
+-- SQLite cannot wrap an UPDATE in a WITH); the stream keeps only its ids and lease tokens.
+-- include: message_claim
+
+-- name: stream_promote
+-- include: message_promote_scheduled
