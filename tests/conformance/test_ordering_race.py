@@ -6,10 +6,11 @@ from __future__ import annotations
 import threading
 
 import psycopg
+import pytest
 
 import sqlbroker
 
-PUBLISHES = 1500
+PUBLISHES = 1000
 
 HEADS = """
 SELECT count(*) FILTER (WHERE state <> 'blocked'), count(*)
@@ -17,8 +18,11 @@ FROM sqlbroker_message WHERE subscription = 'q' AND ordering_key = 'k'
 """
 
 
-def test_a_keyed_publish_racing_its_keys_completion_leaves_a_head(pg_url: str) -> None:
-    # A worker thread claims and completes the key's head as fast as it can while the main
+@pytest.mark.parametrize("batch", [1, 2], ids=["send", "send_many"])
+def test_a_keyed_publish_racing_its_keys_completion_leaves_a_head(
+    pg_url: str, batch: int
+) -> None:
+    # One message takes the keyed queue statement, a batch the routed one. A worker thread claims and completes the key's head as fast as it can while the main
     # thread publishes to the key: most publishes find the key with one copy, running, that
     # may be leaving. After each publish returns, with no completion half done (the lock),
     # the key has exactly one head whenever it has copies. reap() is never called.
@@ -45,7 +49,10 @@ def test_a_keyed_publish_racing_its_keys_completion_leaves_a_head(pg_url: str) -
         headless = []
         try:
             for n in range(PUBLISHES):
-                broker.send("q", {"n": n}, key="k")
+                if batch == 1:
+                    broker.send("q", {"n": n}, key="k")
+                else:
+                    broker.send_many("q", [{"n": n}] * batch, key="k")
                 with settling:
                     row = db.execute(HEADS).fetchone()
                 assert row is not None

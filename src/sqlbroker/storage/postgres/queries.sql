@@ -237,6 +237,20 @@ routes AS (
 -- The copy limit (core/limits.py, max_copies): past it nothing below is written and the
 -- caller raises LimitExceeded from the count.
 fits AS (SELECT count(*) AS copies, count(*) <= %(max_copies)s AS ok FROM routes),
+-- Per key of the batch in each of its subscriptions, the newest copy there, locked as in
+-- message_insert_keyed_one (see there why): a new copy starts blocked when one is found.
+held AS (
+    SELECT k.subscription, k.ordering_key
+    FROM (SELECT DISTINCT r.subscription, b.ordering_key
+          FROM b JOIN routes r ON r.seq = b.seq WHERE b.ordering_key IS NOT NULL) k
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {schema}sqlbroker_message o
+        WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
+        ORDER BY o.id DESC
+        LIMIT 1
+        FOR KEY SHARE
+    ) o
+),
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
@@ -244,8 +258,8 @@ ins AS (
     )
     SELECT b.message_id, r.subscription, b.topic,
            CASE WHEN b.ordering_key IS NOT NULL AND (
-                    EXISTS (SELECT 1 FROM {schema}sqlbroker_message o
-                            WHERE o.subscription = r.subscription AND o.ordering_key = b.ordering_key)
+                    EXISTS (SELECT 1 FROM held h
+                            WHERE h.subscription = r.subscription AND h.ordering_key = b.ordering_key)
                     OR row_number() OVER (PARTITION BY r.subscription, b.ordering_key ORDER BY b.seq) > 1
                 ) THEN 'blocked'
                 WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
