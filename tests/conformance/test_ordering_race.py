@@ -19,13 +19,12 @@ FROM sqlbroker_message WHERE subscription = 'q' AND ordering_key = 'k'
 
 
 @pytest.mark.parametrize("batch", [1, 2], ids=["send", "send_many"])
-def test_a_keyed_publish_racing_its_keys_completion_leaves_a_head(
-    pg_url: str, batch: int
-) -> None:
-    # One message takes the keyed queue statement, a batch the routed one. A worker thread claims and completes the key's head as fast as it can while the main
-    # thread publishes to the key: most publishes find the key with one copy, running, that
-    # may be leaving. After each publish returns, with no completion half done (the lock),
-    # the key has exactly one head whenever it has copies. reap() is never called.
+def test_a_keyed_publish_racing_its_keys_completion_leaves_a_head(pg_url: str, batch: int) -> None:
+    # One message takes the keyed queue statement, a batch the routed one. A worker thread
+    # claims and completes the key's head as fast as it can while the main thread publishes
+    # to the key: most publishes find the key with one copy, running, that may be leaving.
+    # After each publish returns, with no completion half done (the lock), the key has
+    # exactly one head whenever it has copies. reap() is never called.
     stop = threading.Event()
     settling = threading.Lock()
     completed: list[int] = []

@@ -748,7 +748,7 @@ WHERE m.id = nxt.id AND m.state = 'blocked'
 
 -- name: key_repair
 -- Keys left with blocked copies and no head (a crash between a head's removal and the
--- promotion, or a publish racing it) get their oldest blocked copy promoted.
+-- promotion) get their oldest blocked copy promoted.
 UPDATE {schema}sqlbroker_message m
 SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
                  THEN 'scheduled' ELSE 'available' END
