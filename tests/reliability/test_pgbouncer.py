@@ -81,6 +81,27 @@ def test_transaction_pooler_options_are_checked(pg_url: str) -> None:
         sqlbroker.Broker(pg_url, listen_url="sqlite:///x.db")
 
 
+def test_a_first_publish_in_a_caller_s_transaction_needs_no_second_server_session(
+    pg_url: str,
+) -> None:
+    """The check that a caller's connection reaches the broker's database reads the
+    broker's side first: read while the caller's transaction held the pooler's only
+    server session, it waited for a second one until the network timeout (two producers
+    behind a pool of two did so in CI)."""
+    pooler = pgbouncer.PgBouncer(pg_url, pool_mode="transaction", pool_size=1).start()
+    try:
+        url = pooler.url_for(pg_url)
+        with sqlbroker.Broker(url, pooler="transaction", network_timeout=3) as broker:
+            broker.subscribe("orders", ["orders"])
+        with sqlbroker.Broker(url, pooler="transaction", network_timeout=3) as broker:
+            with psycopg.connect(url, prepare_threshold=None) as conn:
+                sent = broker.send("orders", {"n": 1}, conn=conn)
+            [pending] = broker.pending("orders")
+            assert pending.message_id == sent
+    finally:
+        pooler.stop()
+
+
 def test_publish_claim_settle_schedules_sagas_and_results_through_pgbouncer(
     bouncer: pgbouncer.PgBouncer, pg_url: str
 ) -> None:

@@ -131,6 +131,11 @@ class CallerConnections:
         if raw in self._own:
             return
         theirs = self._identities.get(raw)
+        if theirs is None and self._identity is None:
+            # Ours first, while the caller's connection may still hold no server session:
+            # read after theirs, two callers' transactions behind a transaction pooler of
+            # two server sessions each waited for a third until the network timeout.
+            self._read_own_identity()
         if theirs is None:
             _status(raw)  # a failed transaction would refuse the read
             theirs = tuple(raw.execute(self._sql["connection_identity"]).fetchone() or ())
@@ -138,14 +143,19 @@ class CallerConnections:
         if theirs == self._identity:
             return
         # Ours is read again before refusing: a restart or a failover changes it.
+        self._read_own_identity()
+        self._refuse_other_database(theirs)
+
+    def _read_own_identity(self) -> None:
         with self._pool.connection(write=False) as own:
             self._identity = tuple(own.execute(self._sql["connection_identity"]).fetchone() or ())
-        self._refuse_other_database(theirs)
 
     async def _check_same_database_async(self, raw: AsyncConn) -> None:
         if raw in self._own:
             return
         theirs = self._identities.get(raw)
+        if theirs is None and self._identity is None:
+            await self._read_own_identity_async()  # ours first: see _check_same_database
         if theirs is None:
             _status(raw)
             cursor = await raw.execute(self._sql["connection_identity"])
@@ -153,6 +163,10 @@ class CallerConnections:
             self._identities[raw] = theirs
         if theirs == self._identity:
             return
+        await self._read_own_identity_async()
+        self._refuse_other_database(theirs)
+
+    async def _read_own_identity_async(self) -> None:
         # A connection of its own, not the loop's pool: a caller's loop (AsyncBroker's
         # publish) has none, and one opened here would outlive the loop.
         options = self._pool.options
@@ -165,7 +179,6 @@ class CallerConnections:
         async with own:
             cursor = await own.execute(self._sql["connection_identity"])
             self._identity = tuple(await cursor.fetchone() or ())
-        self._refuse_other_database(theirs)
 
     def _refuse_other_database(self, theirs: tuple[Any, ...]) -> None:
         ours = self._identity
