@@ -237,20 +237,6 @@ routes AS (
 -- The copy limit (core/limits.py, max_copies): past it nothing below is written and the
 -- caller raises LimitExceeded from the count.
 fits AS (SELECT count(*) AS copies, count(*) <= %(max_copies)s AS ok FROM routes),
--- Per key of the batch in each of its subscriptions, the newest copy there, locked as in
--- message_insert_keyed_one (see there why): a new copy starts blocked when one is found.
-held AS (
-    SELECT k.subscription, k.ordering_key
-    FROM (SELECT DISTINCT r.subscription, b.ordering_key
-          FROM b JOIN routes r ON r.seq = b.seq WHERE b.ordering_key IS NOT NULL) k
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM {schema}sqlbroker_message o
-        WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
-        ORDER BY o.id DESC
-        LIMIT 1
-        FOR KEY SHARE
-    ) o
-),
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
@@ -258,8 +244,8 @@ ins AS (
     )
     SELECT b.message_id, r.subscription, b.topic,
            CASE WHEN b.ordering_key IS NOT NULL AND (
-                    EXISTS (SELECT 1 FROM held h
-                            WHERE h.subscription = r.subscription AND h.ordering_key = b.ordering_key)
+                    EXISTS (SELECT 1 FROM {schema}sqlbroker_message o
+                            WHERE o.subscription = r.subscription AND o.ordering_key = b.ordering_key)
                     OR row_number() OVER (PARTITION BY r.subscription, b.ordering_key ORDER BY b.seq) > 1
                 ) THEN 'blocked'
                 WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
@@ -314,63 +300,6 @@ b AS (
     FROM t
 ),
 -- include: message_insert_direct
-
--- name: message_insert_keyed_one
--- A queue publish of one message with an ordering key (the key's lock is held: key_lock):
--- message_insert_queue_one plus the key's rule, without the routing, the window over a
--- batch's keys and the unrouted anti-join of message_insert_routing. The copy starts
--- blocked when its key has a copy in the queue. That copy is locked (FOR KEY SHARE, the
--- newest: most often a blocked one no worker claims): a copy whose removal is committing
--- is waited for and then skipped, so a copy is never blocked behind a head that is gone
--- whose promotion (key_promote, a statement of its own) cannot see this copy yet; and a
--- copy found stays until this transaction commits, so its removal's promotion sees this
--- copy. Same result columns as message_insert_routing.
-WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
-b AS (
-    SELECT coalesce(%(at)s::timestamptz,
-                    t.now + make_interval(secs => coalesce(%(delay)s::float8, 0))) AS ready_at,
-           t.now
-    FROM t
-),
-queue AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    SELECT %(subscription)s::text, t.now FROM t
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-queue_pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(queue_regex)s FROM queue
-),
-behind AS (
-    SELECT 1 FROM {schema}sqlbroker_message o
-    WHERE o.subscription = %(subscription)s::text AND o.ordering_key = %(ordering_key)s::text
-    ORDER BY o.id DESC
-    LIMIT 1
-    FOR KEY SHARE
-),
-ins AS (
-    INSERT INTO {schema}sqlbroker_message (
-        message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
-        payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
-    )
-    SELECT %(message_id)s::uuid, %(subscription)s::text, %(topic)s::text,
-           CASE WHEN EXISTS (SELECT 1 FROM behind) THEN 'blocked'
-                WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
-           %(priority)s::smallint, %(ordering_key)s::text, %(idempotency_key)s::text,
-           %(payload)s::bytea, %(content_type)s::text, %(headers)s::text,
-           %(max_attempts)s::integer, b.now, b.ready_at,
-           coalesce(%(expires)s::timestamptz, b.now + make_interval(secs => %(ttl)s::float8))
-    FROM b
-    WHERE (SELECT count(*) FROM queue) >= 0  -- the queue first, see message_insert_routing
-    RETURNING state
-)
-SELECT 0 AS unrouted,
-       (SELECT count(*) FROM (
-            SELECT pg_notify(%(channel)s, %(subscription)s::text)
-            WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'available')
-       ) n) AS notified,
-       (SELECT count(*) FROM ins) AS copies
 
 -- name: message_insert_direct
 -- (A fragment, included above.) The queue is created on first use, as in
@@ -744,7 +673,7 @@ WHERE m.id = nxt.id AND m.state = 'blocked'
 
 -- name: key_repair
 -- Keys left with blocked copies and no head (a crash between a head's removal and the
--- promotion) get their oldest blocked copy promoted.
+-- promotion, or a publish racing it) get their oldest blocked copy promoted.
 UPDATE {schema}sqlbroker_message m
 SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
                  THEN 'scheduled' ELSE 'available' END
