@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from datetime import datetime
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
 from sqlbroker.core.message import NewMessage, new_message_id
@@ -323,6 +323,13 @@ def publish_staged(
     return Published(published=published, duplicates=duplicates, unrouted=unrouted)
 
 
+class Driver(Protocol):
+    """What the shared store code uses of its dialect's own driver connection (psycopg's
+    or sqlite3's): statements, run by ``execute``."""
+
+    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+
+
 class SqlStore(ABC):
     """The operations of :class:`~sqlbroker.spark.storage.base.SparkStore` that are the
     same on both backends, written once over what a dialect supplies: its SQL blocks
@@ -334,11 +341,11 @@ class SqlStore(ABC):
         self._sql = sql
 
     @abstractmethod
-    def _read(self) -> AbstractContextManager[Any]:
+    def _read(self) -> AbstractContextManager[Driver]:
         """A connection for reads that take no write lock."""
 
     @abstractmethod
-    def _write(self) -> AbstractContextManager[Any]:
+    def _write(self) -> AbstractContextManager[Driver]:
         """The connection of a broker transaction (``Backend.begin(timed=False)``)."""
 
     @abstractmethod
@@ -350,7 +357,7 @@ class SqlStore(ABC):
     def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
         """The parameters that bind a claim's leases in ``stream_claim_snapshot``."""
 
-    def _export_drop(self, conn: Any, run: ExportRun) -> int:
+    def _export_drop(self, conn: Driver, run: ExportRun) -> int:
         """Rows of the run removed before its row delete (PostgreSQL drops whole days)."""
         return 0
 
@@ -430,7 +437,7 @@ class SqlStore(ABC):
                 self._backend.message_release_many(leases=claimed)
             raise
 
-    def _snapshot(self, conn: Any, stream: str, claimed: Sequence[Lease]) -> int:
+    def _snapshot(self, conn: Driver, stream: str, claimed: Sequence[Lease]) -> int:
         """Snapshot the claimed messages under the stream's next sequence number."""
         (seq,) = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
         params = {"stream": stream, "seq": seq, "now": self._time(None)}

@@ -34,6 +34,7 @@ from sqlbroker.spark.storage.base import (
 )
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
+    Driver,
     SqlStore,
     StagedKeys,
     check_table,
@@ -300,7 +301,7 @@ class PostgresSparkStore(SqlStore):
     def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
         return {"ids": [c.id for c in claimed], "tokens": [c.token for c in claimed]}
 
-    def _export_drop(self, conn: Any, run: ExportRun) -> int:
+    def _export_drop(self, conn: Driver, run: ExportRun) -> int:
         """Drop the archive's daily partitions that lie wholly before the cutoff and hold
         no row past the run's id watermark (a row that arrived after the export read);
         return how many exported rows went with them. The rest of the range (the default
