@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 PROMOTE_BATCH = 1000
 """Due delayed copies a claim promotes at most (the rest follow at the next claims)."""
 
+KEY_WAIT = 0.2
+KEY_WAIT_TRIES = 10
+"""How long (seconds, in that many tries) a promotion waits for a publisher holding its
+key's lock before leaving the key to the reaper's key repair (see _promote_heads)."""
+
 WORKER_LOST_REASON = "worker lost: the lease expired on the last attempt"
 WORKER_LOST_TYPE = "sqlbroker.WorkerLost"
 WORKER_LOST_MESSAGE = "the worker holding the message stopped acknowledging it"
@@ -49,14 +54,31 @@ def _leases(items: Sequence[Lease] | Sequence[Settlement]) -> dict[str, Any]:
     return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
 
 
-def _promote_heads(removed: Sequence[Any]) -> Plan[None]:
+def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
     """Rows ``(id, subscription, ordering_key, state)`` just left the hot table: each key
     whose head was among them gets its next copy. A crash before this statement (on
-    PostgreSQL it commits on its own) leaves the key headless until :func:`key_repair`."""
+    PostgreSQL it commits on its own) leaves the key headless until :func:`key_repair`.
+
+    Where publishers of a key hold its lock (PostgreSQL), the promotion takes the lock
+    first, in a statement of its own: a publish that began while the head was still there
+    (and so queued its copy blocked behind it) has committed before the promotion's
+    statement starts, so the promotion sees that copy. Run alone the lock is a barrier,
+    released at once; in a transaction it is held to the commit, and a later publisher
+    waits for the removal to be visible. The wait is bounded (:data:`KEY_WAIT`): a key
+    whose publisher holds its lock longer (a keyed publish in a long transaction of the
+    caller's) is left to :func:`key_repair` rather than holding up the worker."""
     heads = sorted(
         {(row[1], row[2]) for row in removed if row[2] is not None and row[3] != "blocked"}
     )
     if heads:
+        if settings.key_locks:
+            busy = sorted({key for _, key in heads})
+            for attempt in range(KEY_WAIT_TRIES):
+                if attempt:
+                    yield query("pause", seconds=KEY_WAIT / KEY_WAIT_TRIES)
+                busy = [row[0] for row in (yield query("key_try_lock", keys=busy))]
+                if not busy:
+                    break
         yield query(
             "key_promote",
             subscriptions=[subscription for subscription, _ in heads],
@@ -147,7 +169,7 @@ def message_settle_many(
                 done.extend(row[0] for row in rows)
                 if kind != "retry":
                     removed.extend(rows)
-    yield from _promote_heads(removed)
+    yield from _promote_heads(settings, removed)
     return sorted(done)
 
 
@@ -228,7 +250,7 @@ def message_cancel_many(settings: Settings, *, message_ids: Sequence[str]) -> Pl
         subscriptions = sorted({row[1] for row in flagged})
         yield query("notify_many", channel=settings.cancel_channel, payloads=subscriptions)
     rows = yield query("message_cancel", message_ids=list(message_ids))
-    yield from _promote_heads(rows)
+    yield from _promote_heads(settings, rows)
     return len(flagged) + len(rows)
 
 
@@ -237,7 +259,7 @@ def lease_release_expired(settings: Settings, *, limit: int) -> Plan[ReapResult]
     attempts are spent (reason ``worker lost``); a cancelled one is archived as cancelled
     (its worker was lost before it could)."""
     cancelled = yield query("lease_expired_cancelled", limit=limit)
-    yield from _promote_heads(cancelled)
+    yield from _promote_heads(settings, cancelled)
     dead = yield query(
         "lease_expired_dead",
         limit=limit,
@@ -246,7 +268,7 @@ def lease_release_expired(settings: Settings, *, limit: int) -> Plan[ReapResult]
         error_message=WORKER_LOST_MESSAGE,
         dead_channel=settings.dead_channel,
     )
-    yield from _promote_heads(dead)
+    yield from _promote_heads(settings, dead)
     released = yield query("lease_expired_release", limit=limit, last_error=WORKER_LOST_ERROR)
     return ReapResult(released=released.rowcount, dead=len(dead))
 
@@ -254,7 +276,7 @@ def lease_release_expired(settings: Settings, *, limit: int) -> Plan[ReapResult]
 def message_expire(settings: Settings, *, limit: int) -> Plan[int]:
     """Archive copies whose TTL passed, as expired; return how many."""
     rows = yield query("message_expire", limit=limit)
-    yield from _promote_heads(rows)
+    yield from _promote_heads(settings, rows)
     return len(rows)
 
 

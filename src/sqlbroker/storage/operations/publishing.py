@@ -122,13 +122,13 @@ def message_insert_many(
             check_copies(len(fresh), len(messages), max_copies)
             if known is None or subscription not in known:
                 existed = not (yield from queue_create(settings, name=subscription))
-        # A queue publish without ordering keys needs no routing.
-        block = (
-            "message_insert_queue"
-            if subscription is not None and not ordering_keys
-            else "message_insert"
-        )
-        routed = block == "message_insert"
+        # A queue publish needs no routing; one keyed message, no window over keys either.
+        block = "message_insert"
+        if subscription is not None and not ordering_keys:
+            block = "message_insert_queue"
+        elif subscription is not None and len(fresh) == 1:
+            block = "message_insert_keyed"  # its _one form: see _rows
+        routed = block != "message_insert_queue"
         if routed and subscription is None and max_copies is not None and not settings.array_params:
             # Run row by row, the statements cannot see the batch: count its copies first,
             # so that a refused fan-out writes nothing at all (nor holds the write lock).

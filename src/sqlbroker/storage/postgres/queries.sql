@@ -301,6 +301,55 @@ b AS (
 ),
 -- include: message_insert_direct
 
+-- name: message_insert_keyed_one
+-- A queue publish of one message with an ordering key (the key's lock is held: key_lock):
+-- message_insert_queue_one plus the key's rule, without the routing, the window over a
+-- batch's keys and the unrouted anti-join of message_insert_routing. The copy starts
+-- blocked when its key has a copy in the queue (a head whose removal commits meanwhile
+-- promotes this copy: key_promote takes the key's lock first). Same result columns as
+-- message_insert_routing.
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT coalesce(%(at)s::timestamptz,
+                    t.now + make_interval(secs => coalesce(%(delay)s::float8, 0))) AS ready_at,
+           t.now
+    FROM t
+),
+queue AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    SELECT %(subscription)s::text, t.now FROM t
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+queue_pattern AS (
+    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, %(queue_regex)s FROM queue
+),
+ins AS (
+    INSERT INTO {schema}sqlbroker_message (
+        message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
+        payload, content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+    )
+    SELECT %(message_id)s::uuid, %(subscription)s::text, %(topic)s::text,
+           CASE WHEN EXISTS (SELECT 1 FROM {schema}sqlbroker_message o
+                             WHERE o.subscription = %(subscription)s::text
+                               AND o.ordering_key = %(ordering_key)s::text) THEN 'blocked'
+                WHEN b.ready_at > b.now THEN 'scheduled' ELSE 'available' END,
+           %(priority)s::smallint, %(ordering_key)s::text, %(idempotency_key)s::text,
+           %(payload)s::bytea, %(content_type)s::text, %(headers)s::text,
+           %(max_attempts)s::integer, b.now, b.ready_at,
+           coalesce(%(expires)s::timestamptz, b.now + make_interval(secs => %(ttl)s::float8))
+    FROM b
+    WHERE (SELECT count(*) FROM queue) >= 0  -- the queue first, see message_insert_routing
+    RETURNING state
+)
+SELECT 0 AS unrouted,
+       (SELECT count(*) FROM (
+            SELECT pg_notify(%(channel)s, %(subscription)s::text)
+            WHERE EXISTS (SELECT 1 FROM ins WHERE state = 'available')
+       ) n) AS notified,
+       (SELECT count(*) FROM ins) AS copies
+
 -- name: message_insert_direct
 -- (A fragment, included above.) The queue is created on first use, as in
 -- message_insert_routing; its workers are notified (at commit) when a copy is claimable.
@@ -642,6 +691,16 @@ SELECT id, subscription, ordering_key, state FROM gone
 -- as its head. Sorted, so that two batches never wait on each other's keys.
 SELECT pg_advisory_xact_lock(hashtextextended(k, 2305843009213693951))
 FROM (SELECT DISTINCT unnest(%(keys)b::text[]) AS k ORDER BY 1) keys
+
+-- name: key_try_lock
+-- key_lock without waiting: the keys whose lock another transaction holds now. Run alone
+-- (autocommit) the locks taken are released at once: a barrier behind the key's publishers.
+SELECT k
+FROM (SELECT DISTINCT unnest(%(keys)b::text[]) AS k ORDER BY 1) keys
+WHERE NOT pg_try_advisory_xact_lock(hashtextextended(k, 2305843009213693951))
+
+-- name: pause
+SELECT pg_sleep(%(seconds)s::float8)
 
 -- name: key_promote
 -- After a key's head left, its oldest blocked copy becomes the head (unless a head exists).

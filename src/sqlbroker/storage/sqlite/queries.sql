@@ -470,5 +470,25 @@ INSERT INTO sqlbroker_message (
     coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
 )
 
+-- name: message_insert_keyed_one
+-- A queue publish of one message with an ordering key: message_insert_queue_one plus the
+-- key's rule (the copy starts blocked when its key has a copy in the queue; the database
+-- is locked, so no other writer runs in between). Same result columns as message_insert.
+INSERT INTO sqlbroker_message (
+    message_id, subscription, topic, state, priority, ordering_key, idempotency_key, payload,
+    content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+) VALUES (
+    :message_id, :subscription, :topic,
+    CASE WHEN EXISTS (SELECT 1 FROM sqlbroker_message o
+                      WHERE o.subscription = :subscription AND o.ordering_key = :ordering_key)
+             THEN 'blocked'
+         WHEN coalesce(:at, :now + coalesce(:delay, 0)) > :now THEN 'scheduled'
+         ELSE 'available' END,
+    :priority, :ordering_key, :idempotency_key, :payload, :content_type, :headers,
+    :max_attempts, :now, coalesce(:at, :now + coalesce(:delay, 0)),
+    coalesce(:expires, :now + :ttl)
+)
+RETURNING 0 AS unrouted, 0 AS notified, 1 AS copies
+
 -- name: now
 SELECT :now
