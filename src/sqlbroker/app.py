@@ -23,7 +23,16 @@ from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.results import Result
 from sqlbroker.core.sagas import Saga
 from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
-from sqlbroker.features.faces import Awaiting, Blocking, Call, Part, Plan, operation
+from sqlbroker.features.faces import (
+    Awaiting,
+    Blocking,
+    Call,
+    Offload,
+    Part,
+    Plan,
+    drive_async,
+    operation,
+)
 from sqlbroker.features.processed import AsyncOnce, Once
 from sqlbroker.features.sagas import warn_unhandled
 from sqlbroker.features.schedules import ScheduleRun
@@ -201,7 +210,8 @@ class _Base(BrokerBase):
 
 
 class _WorkerView(Part, Blocking):
-    """What the worker needs of either face, blocking (it runs these on its threads)."""
+    """What the worker needs of either face: blocking (the worker runs these on its
+    threads), but for the reaper's pass, which runs on the worker's loop."""
 
     def __init__(self, broker: BrokerBase) -> None:
         super().__init__(broker)
@@ -213,8 +223,10 @@ class _WorkerView(Part, Blocking):
     def backend(self) -> Backend:
         return self._ready()
 
-    def reap(self, *, limit: int = 1000) -> dict[str, int]:
-        return self._drive(inspection.reap(self._base, limit=limit))
+    async def reap_async(self, offload: Offload, *, limit: int = 1000) -> dict[str, int]:
+        """:meth:`reap` on the running loop, its blocking part (the sagas' sweep) through
+        ``offload``."""
+        return await drive_async(self.backend, inspection.reap(self._base, limit=limit), offload)
 
     def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any:
         return self._drive(publishing.subscribe(self._base, name, patterns, replace=replace))

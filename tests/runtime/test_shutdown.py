@@ -23,16 +23,16 @@ LIMIT = 20.0
 def _watch_final_beat(broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """An event set by the worker's last heartbeat, which follows its final write-back."""
     final_beat = threading.Event()
-    real = broker.backend.worker_beat
+    real = broker.backend.async_ops.worker_beat
 
-    def worker_beat(**kwargs: Any) -> Any:
+    async def worker_beat(**kwargs: Any) -> Any:
         try:
-            return real(**kwargs)
+            return await real(**kwargs)
         finally:
             if kwargs["beat"].stopping:
                 final_beat.set()
 
-    monkeypatch.setattr(broker.backend, "worker_beat", worker_beat)
+    monkeypatch.setattr(broker.backend.async_ops, "worker_beat", worker_beat)
     return final_beat
 
 
@@ -55,7 +55,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
     dead-letter hook it starts must still run before the worker returns."""
     final_beat = _watch_final_beat(broker, monkeypatch)
     hooked: list[str] = []
-    real_settle_many = broker.backend.message_settle_many
+    real_settle_many = broker.backend.async_ops.message_settle_many
     calls = 0
     in_flight = False
     drain_waits = threading.Event()
@@ -66,7 +66,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             drain_waits.set()
         return await real_flush(self)
 
-    def settle_many(**kwargs: Any) -> Any:
+    async def settle_many(**kwargs: Any) -> Any:
         nonlocal calls, in_flight
         calls += 1
         if calls == 1:
@@ -74,7 +74,8 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             broker.stop()
             # A fixed worker's final drain now waits for this flush; an unfixed one goes
             # on to its final heartbeat without it.
-            wait_until(
+            await asyncio.to_thread(
+                wait_until,
                 lambda: drain_waits.is_set() or final_beat.is_set(),
                 timeout=LIMIT,
                 what="the final drain or the final heartbeat",
@@ -82,9 +83,9 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             )
             if flush == "fails":
                 raise sqlbroker.ConnectionLost("injected", ambiguous=False)
-        return real_settle_many(**kwargs)
+        return await real_settle_many(**kwargs)
 
-    monkeypatch.setattr(broker.backend, "message_settle_many", settle_many)
+    monkeypatch.setattr(broker.backend.async_ops, "message_settle_many", settle_many)
     monkeypatch.setattr(WriteBack, "flush", watched_flush)
 
     async def on_dead_letter(msg: sqlbroker.Message, reason: str) -> None:
@@ -176,19 +177,19 @@ def test_an_ack_after_the_final_write_back_raises(
     held: list[sqlbroker.Message] = []
     got = threading.Event()
     late: list[BaseException | None] = []
-    real = broker.backend.worker_beat
+    real = broker.backend.async_ops.worker_beat
 
-    def worker_beat(**kwargs: Any) -> Any:
+    async def worker_beat(**kwargs: Any) -> Any:
         if kwargs["beat"].stopping and held:
             try:
-                held[0].ack()
+                await asyncio.to_thread(held[0].ack)
             except sqlbroker.SqlbrokerError as error:
                 late.append(error)
             else:
                 late.append(None)
-        return real(**kwargs)
+        return await real(**kwargs)
 
-    monkeypatch.setattr(broker.backend, "worker_beat", worker_beat)
+    monkeypatch.setattr(broker.backend.async_ops, "worker_beat", worker_beat)
 
     @broker.subscriber(queue="jobs", ack="manual")
     async def handle(msg: sqlbroker.Message) -> None:
@@ -257,13 +258,16 @@ def test_an_unstarted_delivery_whose_lease_was_lost_is_not_run(
     started = threading.Event()
     go = threading.Event()
     extending = threading.Lock()
-    real_extend = broker.backend.message_extend_leases
+    real_extend = broker.backend.async_ops.message_extend_leases
 
-    def extend(**kwargs: Any) -> Any:
-        with extending:  # never between the test's clock move and its claim
-            return real_extend(**kwargs)
+    async def extend(**kwargs: Any) -> Any:
+        await asyncio.to_thread(extending.acquire)  # never between the test's clock move
+        try:  # and its claim
+            return await real_extend(**kwargs)
+        finally:
+            extending.release()
 
-    monkeypatch.setattr(broker.backend, "message_extend_leases", extend)
+    monkeypatch.setattr(broker.backend.async_ops, "message_extend_leases", extend)
 
     @broker.subscriber(queue="jobs", concurrency=1, prefetch=1, lease=3.0)
     def handle(msg: sqlbroker.Message) -> None:

@@ -173,19 +173,19 @@ def test_a_side_task_that_dies_stops_the_worker_and_run_raises_worker_crashed(
 ) -> None:
     starts: list[int] = []
     finishes: list[int] = []
-    backend = broker.backend
-    real = getattr(backend, method)
+    ops = broker.backend.async_ops  # the worker's side tasks run on its loop
+    real = getattr(ops, method)
     calls = 0
 
-    def broken(**kwargs: Any) -> Any:
+    async def broken(**kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         # The reaper's first pass at start-up succeeds, so that a handler gets to start.
         if method == "lease_release_expired" and calls == 1:
-            return real(**kwargs)
+            return await real(**kwargs)
         raise RuntimeError(f"{method} is broken")
 
-    monkeypatch.setattr(backend, method, broken)
+    monkeypatch.setattr(ops, method, broken)
 
     @broker.subscriber(queue="jobs", concurrency=1, prefetch=2, lease=0.9)
     async def handle(msg: sqlbroker.Message) -> None:

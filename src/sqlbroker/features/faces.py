@@ -112,20 +112,25 @@ class Awaiting(Face):
     """The awaiting face: each operation is a coroutine, run on the caller's loop."""
 
     async def _drive(self, plan: Plan[T], checked: bool = True) -> T:
-        backend = await self._ready_async() if checked else self._backend
-        try:
-            effect = next(plan)
-            while True:
-                try:
-                    result = await run_call_async(backend, effect)
-                except Exception as error:
-                    effect = plan.throw(error)
-                else:
-                    effect = plan.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        finally:
-            plan.close()
+        return await drive_async(await self._ready_async() if checked else self._backend, plan)
+
+
+async def drive_async(backend: Backend, plan: Plan[T], offload: Offload | None = None) -> T:
+    """Run a face's plan on the running loop, each call as :func:`run_call_async` runs it
+    (its blocking ones through ``offload``: by default the loop's default executor)."""
+    try:
+        effect = next(plan)
+        while True:
+            try:
+                result = await run_call_async(backend, effect, offload)
+            except Exception as error:
+                effect = plan.throw(error)
+            else:
+                effect = plan.send(result)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        plan.close()
 
 
 def run_call(backend: Backend, effect: Call) -> Any:
@@ -138,13 +143,17 @@ def run_call(backend: Backend, effect: Call) -> Any:
         return getattr(tx, effect.name)(**effect.kwargs)
 
 
-async def run_call_async(backend: Backend, effect: Call) -> Any:
+Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
+"""Runs blocking work off the loop and awaits it (``asyncio.to_thread``, say)."""
+
+
+async def run_call_async(backend: Backend, effect: Call, offload: Offload | None = None) -> Any:
     """Run one call of a plan on the running loop. A caller's sync connection (sqlite3,
     psycopg's ``Connection``) is used on the calling thread, where its owner uses it."""
     if effect.awaiting is not None:
         return await effect.awaiting()
     if effect.blocking is not None:
-        return await asyncio.to_thread(effect.blocking)
+        return await (offload or asyncio.to_thread)(effect.blocking)
     conn = effect.conn
     if conn is not None and not caller.is_async(conn):
         return run_call(backend, effect)

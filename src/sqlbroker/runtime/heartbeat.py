@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlbroker.core.errors import SqlbrokerError
@@ -140,14 +140,12 @@ class Heartbeat:
         host: str,
         pid: int,
         subscriptions: Sequence[str],
-        run_blocking: Callable[..., Awaitable[object]],
         interval: float = DEFAULT_HEARTBEAT,
         retention: float = DEFAULT_RETENTION,
     ) -> None:
         self._backend = backend
         self._recorder = recorder
         self._beat = WorkerBeat(name=name, host=host, pid=pid, subscriptions=tuple(subscriptions))
-        self._run_blocking = run_blocking
         self._interval = interval
         self._retention = retention
         self._started = False
@@ -165,9 +163,7 @@ class Heartbeat:
             stopping=stopping,
         )
         try:
-            now = await self._run_blocking(
-                self._backend.worker_beat, beat=beat, minutes=rows, totals=totals
-            )
+            now = await self._backend.async_ops.worker_beat(beat=beat, minutes=rows, totals=totals)
         except SqlbrokerError as error:
             self._recorder.failed(rows)
             log.warning("heartbeat of %s failed: %s", beat.name, error)
@@ -185,8 +181,7 @@ class Heartbeat:
             return
         self._last_trim = clock
         try:
-            await self._run_blocking(
-                self._backend.metric_trim,
+            await self._backend.async_ops.metric_trim(
                 older_than=now - timedelta(seconds=self._retention),
                 limit=TRIM_LIMIT,
             )

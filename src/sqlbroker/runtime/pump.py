@@ -29,7 +29,6 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -62,7 +61,6 @@ from sqlbroker.storage.base import Lease
 
 log = logging.getLogger("sqlbroker.runtime")
 T = TypeVar("T")
-RunBlocking = Callable[..., Awaitable[Any]]
 PREFETCH_WAIT = 0.05
 MAX_AUTO_PREFETCH = 100
 _PACE_WEIGHT = 0.2
@@ -101,7 +99,6 @@ class Pump:
         lease: float,
         worker_name: str,
         writeback: WriteBack,
-        run_blocking: RunBlocking,
         handler_threads: Executor,
         poll_min: float,
         poll_max: float,
@@ -115,7 +112,6 @@ class Pump:
         self._lease = spec.lease or lease
         self._worker_name = worker_name
         self._writeback = writeback
-        self._run_blocking = run_blocking
         self._threads = handler_threads
         self._poll_min = poll_min
         self._poll_max = poll_max
@@ -458,8 +454,7 @@ class Pump:
             if not held:
                 continue
             try:
-                extended = await self._run_blocking(
-                    self._backend.message_extend_leases,
+                extended = await self._backend.async_ops.message_extend_leases(
                     leases=[Lease.of(d) for d in held],
                     lease=self._lease,
                 )
@@ -491,7 +486,7 @@ class Pump:
             if not held or stop.is_set():
                 continue
             try:
-                flagged = await self._run_blocking(self._backend.message_cancel_requested, ids=held)
+                flagged = await self._backend.async_ops.message_cancel_requested(ids=held)
             except SqlbrokerError as error:
                 log.warning("looking for cancels on %s failed: %s", self.name, error)
                 continue
@@ -565,8 +560,8 @@ class Pump:
         if not unstarted:
             return 0
         try:
-            await self._run_blocking(
-                self._backend.message_release_many, leases=[Lease.of(d) for d in unstarted]
+            await self._backend.async_ops.message_release_many(
+                leases=[Lease.of(d) for d in unstarted]
             )
         except SqlbrokerError as error:
             log.warning(

@@ -88,7 +88,9 @@ class BrokerLike(Protocol):
     @property
     def publish_defaults(self) -> PublishDefaults: ...
 
-    def reap(self, *, limit: int = 1000) -> dict[str, int]: ...
+    async def reap_async(
+        self, offload: Callable[[Callable[[], Any]], Awaitable[Any]], *, limit: int = 1000
+    ) -> dict[str, int]: ...
 
     def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any: ...
 
@@ -247,8 +249,7 @@ class Worker:
         try:
             await run_blocking(self._ensure_subscriptions)
             writeback = WriteBack(
-                backend,
-                run_blocking=run_blocking,
+                backend.async_ops.message_settle_many,
                 on_flushed=self._flushed,
                 max_items=self._write_batch,
                 backlog=self._write_backlog,
@@ -262,7 +263,6 @@ class Worker:
                     lease=self._broker.lease,
                     worker_name=self.name,
                     writeback=writeback,
-                    run_blocking=run_blocking,
                     handler_threads=handler_threads,
                     poll_min=poll_min,
                     poll_max=self._poll_max,
@@ -364,7 +364,6 @@ class Worker:
                 host=socket.gethostname(),
                 pid=os.getpid(),
                 subscriptions=list(self._pumps),
-                run_blocking=run_blocking,
                 interval=self._heartbeat_interval,
             )
             group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
@@ -372,9 +371,7 @@ class Worker:
                 scheduler = Scheduler(self._broker.run_due_schedules, poll_interval=self._poll_max)
                 group.create_task(self._guard("scheduler", scheduler.run(self._stop, run_blocking)))
             if until_idle:
-                group.create_task(
-                    self._guard("idle watch", self._watch_idle(writeback, run_blocking))
-                )
+                group.create_task(self._guard("idle watch", self._watch_idle(writeback)))
             group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
 
     async def _hints(self, backend: Backend) -> None:
@@ -521,7 +518,7 @@ class Worker:
     async def _reap(self, stop: asyncio.Event, run_blocking: Callable[..., Awaitable[Any]]) -> None:
         while not stop.is_set():
             try:
-                counts = await run_blocking(self._broker.reap)
+                counts = await self._broker.reap_async(run_blocking)
             except SqlbrokerError as error:
                 log.warning("reaper pass failed: %s", error)
             else:
@@ -533,9 +530,7 @@ class Worker:
                     log.info("reaper: %s", counts)
             await wait_any(stop, timeout=self._reap_interval * random.uniform(0.8, 1.2))
 
-    async def _watch_idle(
-        self, writeback: WriteBack, run_blocking: Callable[..., Awaitable[Any]]
-    ) -> None:
+    async def _watch_idle(self, writeback: WriteBack) -> None:
         assert self._stop is not None
         names = set(self._pumps)
         while not self._stop.is_set():
@@ -544,7 +539,7 @@ class Worker:
                 continue
             try:
                 # The gauges alone: rates and handler times would cost queries for nothing.
-                stats = await run_blocking(self._broker.backend.stats_collect)
+                stats = await self._broker.backend.async_ops.stats_collect()
             except SqlbrokerError:
                 continue
             remaining = sum(

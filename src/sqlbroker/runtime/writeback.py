@@ -34,7 +34,10 @@ from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.runtime.message import Outcome, settlement_of
-from sqlbroker.storage.backend import Backend
+
+Settle = Callable[..., Awaitable[list[int]]]
+"""How a sub-batch is written: the backend's ``async_ops.message_settle_many`` (on
+PostgreSQL the worker's loop's async connections; on SQLite the backend's own thread)."""
 
 log = logging.getLogger("sqlbroker.runtime")
 MAX_DOUBLINGS = 30
@@ -67,9 +70,8 @@ class WriteBack:
 
     def __init__(
         self,
-        backend: Backend,
+        settle: Settle,
         *,
-        run_blocking: Callable[..., Awaitable[Any]],
         on_flushed: Callable[[FlushReport], None],
         max_items: int = 500,
         backlog: int = 5000,
@@ -78,8 +80,7 @@ class WriteBack:
         quiet: float = 0.002,
     ) -> None:
         """``outstanding`` counts the copies claimed and not settled yet (the pumps')."""
-        self._backend = backend
-        self._run_blocking = run_blocking
+        self._settle = settle
         self._on_flushed = on_flushed
         self._max_items = max_items
         self._backlog = backlog
@@ -210,7 +211,7 @@ class WriteBack:
             while written < len(now):
                 chunk = now[written : written + self._max_items]
                 try:
-                    ids = await self._run_blocking(self._write, chunk)
+                    ids = await self._write(chunk)
                 except SqlbrokerError as error:
                     log.warning(
                         "write-back of %d outcomes failed, will retry: %s",
@@ -236,10 +237,10 @@ class WriteBack:
             self._on_flushed(report)
         return not kept
 
-    def _write(self, chunk: Sequence[Outcome]) -> set[int]:
+    async def _write(self, chunk: Sequence[Outcome]) -> set[int]:
         """Write one sub-batch; return the ids whose lease was still valid."""
         settlements = [settlement_of(outcome) for outcome in chunk]
-        return set(self._backend.message_settle_many(settlements=settlements))
+        return set(await self._settle(settlements=settlements))
 
 
 async def wait_any(
