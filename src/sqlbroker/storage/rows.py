@@ -71,10 +71,6 @@ def error_json(error: ErrorInfo | None) -> str | None:
     return encode_json({"type": error.type, "message": error.message})
 
 
-def batched(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[start : start + size] for start in range(0, len(items), size)]
-
-
 Row = Mapping[str, Any]
 """A result row addressable by column name (``sqlite3.Row`` or psycopg's ``dict_row``)."""
 
