@@ -33,7 +33,6 @@ import logging
 import uuid
 import warnings
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -186,7 +185,7 @@ class Sagas:
         first = saga.steps[0]
         message_id = self._send(tx, saga.name, first.name, new.id, 0)
         tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
-        self._update(tx, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
+        self._update(tx, new, SagaStatus.RUNNING, 0, None, message_id)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
@@ -242,10 +241,6 @@ class Sagas:
         separately, by the runtime's write-back)."""
         with self._backend.begin() as tx:
             return self.undo_failed(tx, saga_id, index, message_id, reason, attempt)
-
-    def lock(self, tx: Tx, saga_id: str) -> SagaInstance | None:
-        """The saga read under its lock inside ``tx`` (which holds it)."""
-        return tx.saga_get(id=saga_id, lock=True)
 
     @staticmethod
     def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
@@ -475,7 +470,7 @@ class Sagas:
     def _update(
         self,
         tx: Tx,
-        saga: SagaInstance,
+        saga: SagaInstance | NewSaga,
         status: SagaStatus,
         step: int,
         error: str | None,
@@ -483,9 +478,10 @@ class Sagas:
         *,
         restart: bool = False,
     ) -> None:
+        """Compare-and-set ``saga`` from its version (a saga just inserted is at 1)."""
         if not tx.saga_update(
             id=saga.id,
-            version=saga.version,
+            version=saga.version if isinstance(saga, SagaInstance) else 1,
             status=status,
             step=step,
             error=error,
@@ -540,25 +536,6 @@ def _same_json(left: Any, right: Any) -> bool:
 
 def _decimal(number: int | float) -> Decimal:
     return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
-
-
-def _fresh(new: NewSaga, saga: Saga) -> SagaInstance:
-    """The instance ``saga_insert`` just wrote (version 1), for the first compare-and-set."""
-    epoch = datetime.fromtimestamp(0, UTC)
-    return SagaInstance(
-        id=new.id,
-        name=saga.name,
-        status=SagaStatus.RUNNING,
-        data=None,
-        step=0,
-        version=1,
-        error=None,
-        message_id=None,
-        created_at=epoch,
-        updated_at=epoch,
-        deadline=None,
-        finished_at=None,
-    )
 
 
 def _checked_id(saga_id: object) -> str:

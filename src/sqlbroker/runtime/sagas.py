@@ -219,7 +219,7 @@ class _StepRunner:
             # The caller's connection adapted into the seam's Tx for our statements; the
             # step function runs outside those savepoints, on ``conn`` itself.
             with sagas.backend.begin(conn) as tx:
-                state = sagas.lock(tx, saga_id)
+                state = tx.saga_get(id=saga_id, lock=True)
                 verdict = self._verdict(state, index, msg)
                 if verdict == "skip":  # turned back since it was read: the action never runs
                     self._transition(sagas, tx, msg, "skip", saga_id, index, None)
