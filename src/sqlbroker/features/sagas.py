@@ -155,21 +155,16 @@ class Sagas:
         if self._checked is not None and saga.name not in self._checked:
             self._checked.add(saga.name)
             handled = self._handled() if self._handled is not None else ()
-            warn_unhandled(self._backend, saga, handled, when="started")
-        with self._backend.begin(conn) as tx:  # the caller's connection, adapted once
+            warn_unhandled(self.backend, saga, handled, when="started")
+        with self.backend.begin(conn) as tx:  # the caller's connection, adapted once
             self._start(tx, saga, new)
         return new.id
 
     @property
     def backend(self) -> Backend:
-        """The backend whose ``begin(conn)`` adapts a caller's connection into the ``Tx``
-        the transitions below run in."""
-        return self._ready()
-
-    @property
-    def _backend(self) -> Backend:
-        # The broker's backend, its schema checked (and migrated, if the broker was told
-        # to) before the first saga operation, as for every other operation.
+        """The broker's backend, its schema checked (and migrated, if the broker was told
+        to) as before every operation; its ``begin(conn)`` adapts a caller's connection
+        into the ``Tx`` the transitions below run in."""
         return self._ready()
 
     def _start(self, tx: Tx, saga: Saga, new: NewSaga) -> None:
@@ -189,7 +184,7 @@ class Sagas:
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
-        found = self._backend.saga_get(id=_checked_id(saga_id))
+        found = self.backend.saga_get(id=_checked_id(saga_id))
         if found is None:
             raise NotFound(f"no saga {saga_id!r}")
         return found
@@ -201,17 +196,17 @@ class Sagas:
         if status is not None:
             status = validate.member(status, SagaStatus, "status").value
         count = validate.integer(limit, "limit", minimum=1, maximum=MAX_LIST)
-        return self._backend.saga_list(name=name, status=status, limit=count)
+        return self.backend.saga_list(name=name, status=status, limit=count)
 
     def counts(self) -> dict[str, int]:
         """How many sagas there are in each status."""
-        return self._backend.saga_counts()
+        return self.backend.saga_counts()
 
     def cancel(self, saga_id: str, *, reason: str = "cancelled") -> bool:
         """Turn a running saga back: what is done gets compensated (the step in flight
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
-        with self._backend.begin() as tx:
+        with self.backend.begin() as tx:
             saga = tx.saga_get(id=_checked_id(saga_id), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
@@ -232,14 +227,14 @@ class Sagas:
 
     def find(self, saga_id: str) -> SagaInstance | None:
         """The saga with its steps, or ``None``."""
-        return self._backend.saga_get(id=saga_id)
+        return self.backend.saga_get(id=saga_id)
 
     def compensation_failed(
         self, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
         """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
         separately, by the runtime's write-back)."""
-        with self._backend.begin() as tx:
+        with self.backend.begin() as tx:
             return self.undo_failed(tx, saga_id, index, message_id, reason, attempt)
 
     @staticmethod
@@ -355,9 +350,9 @@ class Sagas:
         fails, a compensation fails the saga), or the deadline passed (a running saga turns
         back; a compensating one is marked ``failed``). Returns how many moved."""
         moved = 0
-        for due in self._backend.saga_due(limit=limit):
+        for due in self.backend.saga_due(limit=limit):
             try:
-                with self._backend.begin() as tx:
+                with self.backend.begin() as tx:
                     saga = tx.saga_get(id=due.id, lock=True)
                     if saga is None or saga.version != due.version or saga.status.terminal:
                         continue
