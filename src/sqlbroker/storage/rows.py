@@ -52,8 +52,6 @@ from sqlbroker.storage.columns import (
     utc,
     uuid_text,
 )
-from sqlbroker.storage.columns import headers_of as headers_of  # for features/schedules.py
-from sqlbroker.storage.columns import utc_or_none as utc_or_none
 
 
 def payload_hash(payload: bytes, content_type: str) -> str:
