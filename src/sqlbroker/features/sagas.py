@@ -44,6 +44,7 @@ from sqlbroker.core.sagas import (
     SagaConflict,
     SagaInstance,
     SagaStatus,
+    SagaStep,
     SagaWarning,
     StepStatus,
     saga_queue,
@@ -212,15 +213,7 @@ class Sagas:
                 raise NotFound(f"no saga {saga_id!r}")
             if saga.status != SagaStatus.RUNNING:
                 return False
-            self._update(
-                tx,
-                saga,
-                SagaStatus.COMPENSATING,
-                saga.step,
-                text,
-                saga.message_id,
-                restart=True,
-            )
+            self._switch(tx, saga, SagaStatus.COMPENSATING, text)
             return True
 
     # --- transitions driven by step messages (inside the message's transaction) ------------
@@ -376,49 +369,38 @@ class Sagas:
                 return
         if expired and saga.status == SagaStatus.RUNNING:
             log.warning("saga %s (%s) timed out at step %s", saga.id, saga.name, step.name)
-            self._update(
-                tx,
-                saga,
-                SagaStatus.COMPENSATING,
-                saga.step,
-                f"timed out at step {step.name}",
-                saga.message_id,
-                restart=True,
-            )
+            self._switch(tx, saga, SagaStatus.COMPENSATING, f"timed out at step {step.name}")
         elif expired:
             log.error("saga %s (%s): compensations timed out", saga.id, saga.name)
-            self._update(
-                tx,
-                saga,
-                SagaStatus.FAILED,
-                saga.step,
-                f"compensations timed out at step {step.name} (after: {saga.error})",
-                saga.message_id,
-            )
+            error = f"compensations timed out at step {step.name} (after: {saga.error})"
+            self._switch(tx, saga, SagaStatus.FAILED, error)
 
     # --- shared moves ------------------------------------------------------------------------
 
-    def _fail_step(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
+    def _switch(self, tx: Tx, saga: SagaInstance, status: SagaStatus, error: str) -> None:
+        """Move ``saga`` to ``status`` where it stands (its step, the message it awaits):
+        turned back while its step's action is out (``compensating``, a fresh deadline),
+        or ``failed``."""
+        restart = status == SagaStatus.COMPENSATING
+        self._update(tx, saga, status, saga.step, error, saga.message_id, restart=restart)
+
+    def _step_failed(
+        self, tx: Tx, saga: SagaInstance, status: StepStatus, reason: str, attempt: int
+    ) -> SagaStep:
+        """Mark the step the saga stands at ``status`` (failed, or its compensation failed)."""
         step = saga.steps[saga.step]
         tx.saga_step_update(
-            saga_id=saga.id,
-            index=step.index,
-            status=StepStatus.FAILED,
-            attempts=attempt,
-            error=reason,
+            saga_id=saga.id, index=step.index, status=status, attempts=attempt, error=reason
         )
+        return step
+
+    def _fail_step(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
+        step = self._step_failed(tx, saga, StepStatus.FAILED, reason, attempt)
         error = saga.error or f"step {step.name} failed: {reason}"
         self._turn_back(tx, self._relock(tx, saga.id), step.index - 1, error)
 
     def _fail_undo(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
-        step = saga.steps[saga.step]
-        tx.saga_step_update(
-            saga_id=saga.id,
-            index=step.index,
-            status=StepStatus.COMPENSATION_FAILED,
-            attempts=attempt,
-            error=reason,
-        )
+        step = self._step_failed(tx, saga, StepStatus.COMPENSATION_FAILED, reason, attempt)
         log.error(
             "saga %s (%s): the compensation of step %s failed: %s",
             saga.id,
