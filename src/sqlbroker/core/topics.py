@@ -179,18 +179,6 @@ def _segments_match(parts: tuple[str, ...], words: list[str]) -> bool:
     return end in positions
 
 
-def route_params(topic: str) -> dict[str, str]:
-    """What the routing statements' cheap tests compare patterns with: the topic, its first
-    word and a dot (``head``), and a dot and its last word (``tail``). A pattern that
-    matches starts with ``head``, ``*.`` or ``#.`` and ends with ``tail``, ``.*`` or
-    ``.#`` (or is the topic, ``*`` or ``#``)."""
-    return {
-        "topic": topic,
-        "head": topic.split(".", 1)[0] + ".",
-        "tail": "." + topic.rsplit(".", 1)[-1],
-    }
-
-
 @lru_cache(maxsize=65536)
 def _stored_parts(pattern: str) -> tuple[str, ...] | None:
     try:

@@ -33,7 +33,6 @@ import logging
 import uuid
 import warnings
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -45,6 +44,7 @@ from sqlbroker.core.sagas import (
     SagaConflict,
     SagaInstance,
     SagaStatus,
+    SagaStep,
     SagaWarning,
     StepStatus,
     saga_queue,
@@ -156,21 +156,16 @@ class Sagas:
         if self._checked is not None and saga.name not in self._checked:
             self._checked.add(saga.name)
             handled = self._handled() if self._handled is not None else ()
-            warn_unhandled(self._backend, saga, handled, when="started")
-        with self._backend.begin(conn) as tx:  # the caller's connection, adapted once
+            warn_unhandled(self.backend, saga, handled, when="started")
+        with self.backend.begin(conn) as tx:  # the caller's connection, adapted once
             self._start(tx, saga, new)
         return new.id
 
     @property
     def backend(self) -> Backend:
-        """The backend whose ``begin(conn)`` adapts a caller's connection into the ``Tx``
-        the transitions below run in."""
-        return self._ready()
-
-    @property
-    def _backend(self) -> Backend:
-        # The broker's backend, its schema checked (and migrated, if the broker was told
-        # to) before the first saga operation, as for every other operation.
+        """The broker's backend, its schema checked (and migrated, if the broker was told
+        to) as before every operation; its ``begin(conn)`` adapts a caller's connection
+        into the ``Tx`` the transitions below run in."""
         return self._ready()
 
     def _start(self, tx: Tx, saga: Saga, new: NewSaga) -> None:
@@ -186,11 +181,11 @@ class Sagas:
         first = saga.steps[0]
         message_id = self._send(tx, saga.name, first.name, new.id, 0)
         tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
-        self._update(tx, _fresh(new, saga), SagaStatus.RUNNING, 0, None, message_id)
+        self._update(tx, new, SagaStatus.RUNNING, 0, None, message_id)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
-        found = self._backend.saga_get(id=_checked_id(saga_id))
+        found = self.backend.saga_get(id=_checked_id(saga_id))
         if found is None:
             raise NotFound(f"no saga {saga_id!r}")
         return found
@@ -202,50 +197,38 @@ class Sagas:
         if status is not None:
             status = validate.member(status, SagaStatus, "status").value
         count = validate.integer(limit, "limit", minimum=1, maximum=MAX_LIST)
-        return self._backend.saga_list(name=name, status=status, limit=count)
+        return self.backend.saga_list(name=name, status=status, limit=count)
 
     def counts(self) -> dict[str, int]:
         """How many sagas there are in each status."""
-        return self._backend.saga_counts()
+        return self.backend.saga_counts()
 
     def cancel(self, saga_id: str, *, reason: str = "cancelled") -> bool:
         """Turn a running saga back: what is done gets compensated (the step in flight
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
-        with self._backend.begin() as tx:
+        with self.backend.begin() as tx:
             saga = tx.saga_get(id=_checked_id(saga_id), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
             if saga.status != SagaStatus.RUNNING:
                 return False
-            self._update(
-                tx,
-                saga,
-                SagaStatus.COMPENSATING,
-                saga.step,
-                text,
-                saga.message_id,
-                restart=True,
-            )
+            self._switch(tx, saga, SagaStatus.COMPENSATING, text)
             return True
 
     # --- transitions driven by step messages (inside the message's transaction) ------------
 
     def find(self, saga_id: str) -> SagaInstance | None:
         """The saga with its steps, or ``None``."""
-        return self._backend.saga_get(id=saga_id)
+        return self.backend.saga_get(id=saga_id)
 
     def compensation_failed(
         self, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
         """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
         separately, by the runtime's write-back)."""
-        with self._backend.begin() as tx:
+        with self.backend.begin() as tx:
             return self.undo_failed(tx, saga_id, index, message_id, reason, attempt)
-
-    def lock(self, tx: Tx, saga_id: str) -> SagaInstance | None:
-        """The saga read under its lock inside ``tx`` (which holds it)."""
-        return tx.saga_get(id=saga_id, lock=True)
 
     @staticmethod
     def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
@@ -360,9 +343,9 @@ class Sagas:
         fails, a compensation fails the saga), or the deadline passed (a running saga turns
         back; a compensating one is marked ``failed``). Returns how many moved."""
         moved = 0
-        for due in self._backend.saga_due(limit=limit):
+        for due in self.backend.saga_due(limit=limit):
             try:
-                with self._backend.begin() as tx:
+                with self.backend.begin() as tx:
                     saga = tx.saga_get(id=due.id, lock=True)
                     if saga is None or saga.version != due.version or saga.status.terminal:
                         continue
@@ -386,49 +369,38 @@ class Sagas:
                 return
         if expired and saga.status == SagaStatus.RUNNING:
             log.warning("saga %s (%s) timed out at step %s", saga.id, saga.name, step.name)
-            self._update(
-                tx,
-                saga,
-                SagaStatus.COMPENSATING,
-                saga.step,
-                f"timed out at step {step.name}",
-                saga.message_id,
-                restart=True,
-            )
+            self._switch(tx, saga, SagaStatus.COMPENSATING, f"timed out at step {step.name}")
         elif expired:
             log.error("saga %s (%s): compensations timed out", saga.id, saga.name)
-            self._update(
-                tx,
-                saga,
-                SagaStatus.FAILED,
-                saga.step,
-                f"compensations timed out at step {step.name} (after: {saga.error})",
-                saga.message_id,
-            )
+            error = f"compensations timed out at step {step.name} (after: {saga.error})"
+            self._switch(tx, saga, SagaStatus.FAILED, error)
 
     # --- shared moves ------------------------------------------------------------------------
 
-    def _fail_step(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
+    def _switch(self, tx: Tx, saga: SagaInstance, status: SagaStatus, error: str) -> None:
+        """Move ``saga`` to ``status`` where it stands (its step, the message it awaits):
+        turned back while its step's action is out (``compensating``, a fresh deadline),
+        or ``failed``."""
+        restart = status == SagaStatus.COMPENSATING
+        self._update(tx, saga, status, saga.step, error, saga.message_id, restart=restart)
+
+    def _step_failed(
+        self, tx: Tx, saga: SagaInstance, status: StepStatus, reason: str, attempt: int
+    ) -> SagaStep:
+        """Mark the step the saga stands at ``status`` (failed, or its compensation failed)."""
         step = saga.steps[saga.step]
         tx.saga_step_update(
-            saga_id=saga.id,
-            index=step.index,
-            status=StepStatus.FAILED,
-            attempts=attempt,
-            error=reason,
+            saga_id=saga.id, index=step.index, status=status, attempts=attempt, error=reason
         )
+        return step
+
+    def _fail_step(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
+        step = self._step_failed(tx, saga, StepStatus.FAILED, reason, attempt)
         error = saga.error or f"step {step.name} failed: {reason}"
         self._turn_back(tx, self._relock(tx, saga.id), step.index - 1, error)
 
     def _fail_undo(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
-        step = saga.steps[saga.step]
-        tx.saga_step_update(
-            saga_id=saga.id,
-            index=step.index,
-            status=StepStatus.COMPENSATION_FAILED,
-            attempts=attempt,
-            error=reason,
-        )
+        step = self._step_failed(tx, saga, StepStatus.COMPENSATION_FAILED, reason, attempt)
         log.error(
             "saga %s (%s): the compensation of step %s failed: %s",
             saga.id,
@@ -475,7 +447,7 @@ class Sagas:
     def _update(
         self,
         tx: Tx,
-        saga: SagaInstance,
+        saga: SagaInstance | NewSaga,
         status: SagaStatus,
         step: int,
         error: str | None,
@@ -483,9 +455,10 @@ class Sagas:
         *,
         restart: bool = False,
     ) -> None:
+        """Compare-and-set ``saga`` from its version (a saga just inserted is at 1)."""
         if not tx.saga_update(
             id=saga.id,
-            version=saga.version,
+            version=saga.version if isinstance(saga, SagaInstance) else 1,
             status=status,
             step=step,
             error=error,
@@ -540,25 +513,6 @@ def _same_json(left: Any, right: Any) -> bool:
 
 def _decimal(number: int | float) -> Decimal:
     return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
-
-
-def _fresh(new: NewSaga, saga: Saga) -> SagaInstance:
-    """The instance ``saga_insert`` just wrote (version 1), for the first compare-and-set."""
-    epoch = datetime.fromtimestamp(0, UTC)
-    return SagaInstance(
-        id=new.id,
-        name=saga.name,
-        status=SagaStatus.RUNNING,
-        data=None,
-        step=0,
-        version=1,
-        error=None,
-        message_id=None,
-        created_at=epoch,
-        updated_at=epoch,
-        deadline=None,
-        finished_at=None,
-    )
 
 
 def _checked_id(saga_id: object) -> str:

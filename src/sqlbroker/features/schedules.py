@@ -43,7 +43,8 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.rows import headers_of, payload_hash
+from sqlbroker.storage.columns import headers_of
+from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.schedules import ScheduleDefinition, ScheduleFire, ScheduleRecord
 
 log = logging.getLogger("sqlbroker.schedules")

@@ -144,14 +144,6 @@ class _StepRunner:
             conn=conn,
         )
 
-    def _target(self, msg: Message) -> tuple[str, int] | None:
-        payload = msg.payload if isinstance(msg.payload, dict) else {}
-        saga_id, index = payload.get("saga_id"), payload.get("step")
-        if not isinstance(saga_id, str) or not isinstance(index, int):
-            log.warning("%s: message %s is not a saga step; dropped", msg.subscription, msg.id)
-            return None
-        return saga_id, index
-
     def _output(self, output: Any) -> str | None:
         """The action's output as JSON text; a compensation's return value is not kept.
 
@@ -164,20 +156,29 @@ class _StepRunner:
         except InvalidPayload as error:
             raise BadOutput(error.field, f"cannot be stored: {error.problem}") from None
 
-    def handle(self, msg: Message) -> None:
-        """A plain step function, on the worker's handler thread."""
-        target = self._target(msg)
-        if target is None:
-            return
-        saga_id, index = target
+    def _due(self, msg: Message) -> tuple[str, int, SagaInstance] | None:
+        """The saga id, step index and saga whose function ``msg`` is to run; ``None`` when
+        it is not (not a step message, stale, or an action the saga turned back from before
+        it ran: recorded as skipped here)."""
+        payload = msg.payload if isinstance(msg.payload, dict) else {}
+        saga_id, index = payload.get("saga_id"), payload.get("step")
+        if not isinstance(saga_id, str) or not isinstance(index, int):
+            log.warning("%s: message %s is not a saga step; dropped", msg.subscription, msg.id)
+            return None
         state = self._sagas().find(saga_id)
         verdict = self._verdict(state, index, msg)
-        if verdict == "stale":
-            return
         if verdict == "skip":
             self._record(msg, "skip", saga_id, index, None)
+        if verdict != "run" or state is None:
+            return None
+        return saga_id, index, state
+
+    def handle(self, msg: Message) -> None:
+        """A plain step function, on the worker's handler thread."""
+        due = self._due(msg)
+        if due is None:
             return
-        assert state is not None
+        saga_id, index, state = due
         try:
             if self._transactional:
                 self._run_in_transaction(msg, saga_id, index)
@@ -192,18 +193,10 @@ class _StepRunner:
 
     async def handle_async(self, msg: Message) -> None:
         """A coroutine step function, on the loop; the bookkeeping on handler threads."""
-        target = self._target(msg)
-        if target is None:
+        due = await msg._off_loop(self._due, msg)
+        if due is None:
             return
-        saga_id, index = target
-        state = await msg._off_loop(self._sagas().find, saga_id)
-        verdict = self._verdict(state, index, msg)
-        if verdict == "stale":
-            return
-        if verdict == "skip":
-            await msg._off_loop(self._record, msg, "skip", saga_id, index, None)
-            return
-        assert state is not None
+        saga_id, index, state = due
         try:
             text = self._output(await self._function(self._context(state, msg)))
         except LeaseLost:
@@ -219,7 +212,7 @@ class _StepRunner:
             # The caller's connection adapted into the seam's Tx for our statements; the
             # step function runs outside those savepoints, on ``conn`` itself.
             with sagas.backend.begin(conn) as tx:
-                state = sagas.lock(tx, saga_id)
+                state = tx.saga_get(id=saga_id, lock=True)
                 verdict = self._verdict(state, index, msg)
                 if verdict == "skip":  # turned back since it was read: the action never runs
                     self._transition(sagas, tx, msg, "skip", saga_id, index, None)

@@ -52,8 +52,6 @@ from sqlbroker.storage.columns import (
     utc,
     uuid_text,
 )
-from sqlbroker.storage.columns import headers_of as headers_of  # for features/schedules.py
-from sqlbroker.storage.columns import utc_or_none as utc_or_none
 
 
 def payload_hash(payload: bytes, content_type: str) -> str:
@@ -69,10 +67,6 @@ def error_json(error: ErrorInfo | None) -> str | None:
     if error is None:
         return None
     return encode_json({"type": error.type, "message": error.message})
-
-
-def batched(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[start : start + size] for start in range(0, len(items), size)]
 
 
 Row = Mapping[str, Any]

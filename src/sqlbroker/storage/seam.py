@@ -90,7 +90,8 @@ class Settings:
 
 
 class Operation(Generic[P, T]):
-    """A plan exposed as a blocking method of :class:`Executor`."""
+    """A plan exposed as a method of every executor: blocking on an :class:`Executor`, a
+    coroutine on an :class:`AsyncExecutor` (whose ``execute`` is one)."""
 
     def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
         self.plan = plan
@@ -100,12 +101,14 @@ class Operation(Generic[P, T]):
     def __get__(self, executor: None, owner: type) -> Operation[P, T]: ...
     @overload
     def __get__(self, executor: Executor, owner: type) -> Callable[P, T]: ...
-    def __get__(self, executor: Executor | None, owner: type) -> Operation[P, T] | Callable[P, T]:
+    @overload
+    def __get__(self, executor: AsyncExecutor, owner: type) -> Callable[P, Awaitable[T]]: ...
+    def __get__(self, executor: Operations | None, owner: type) -> Any:
         if executor is None:
             return self
         plan, access = self.plan, self.access
 
-        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        def call(*args: P.args, **kwargs: P.kwargs) -> Any:
             settings = executor.settings
             return executor.execute(
                 plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
@@ -114,41 +117,15 @@ class Operation(Generic[P, T]):
         return call
 
 
-class AsyncOperation(Generic[P, T]):
-    """A plan exposed as a coroutine method of :class:`AsyncExecutor`."""
-
-    def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
-        self.plan = plan
-        self.access = access_of(plan)
-
-    @overload
-    def __get__(self, executor: None, owner: type) -> AsyncOperation[P, T]: ...
-    @overload
-    def __get__(self, executor: AsyncExecutor, owner: type) -> Callable[P, Awaitable[T]]: ...
-    def __get__(
-        self, executor: AsyncExecutor | None, owner: type
-    ) -> AsyncOperation[P, T] | Callable[P, Awaitable[T]]:
-        if executor is None:
-            return self
-        plan, access = self.plan, self.access
-
-        async def call(*args: P.args, **kwargs: P.kwargs) -> T:
-            settings = executor.settings
-            return await executor.execute(
-                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
-            )
-
-        return call
-
-
-class Executor(ABC):
-    """The queue operations, blocking. Subclasses say how a plan runs."""
+class Operations(ABC):
+    """The queue operations, declared once for :class:`Executor` and
+    :class:`AsyncExecutor`."""
 
     settings: Settings
 
     @abstractmethod
-    def execute(self, plan: Plan[T], access: Access) -> T:
-        """Run one operation's plan to its result, as ``access`` says."""
+    def execute(self, plan: Plan[Any], access: Access) -> Any:
+        """Run one operation's plan, as ``access`` says (its result, or a coroutine)."""
 
     # --- leased copies and the reaper ---------------------------------------------------
     message_claim_many = Operation(messages.message_claim_many)
@@ -266,129 +243,20 @@ class Executor(ABC):
     # --- end publishing ----------------------------------------------------------------------
 
 
-class AsyncExecutor(ABC):
-    """The queue operations as coroutines. Subclasses say how a plan runs."""
+class Executor(Operations):
+    """The queue operations, blocking. Subclasses say how a plan runs."""
 
-    settings: Settings
+    @abstractmethod
+    def execute(self, plan: Plan[T], access: Access) -> T:
+        """Run one operation's plan to its result, as ``access`` says."""
+
+
+class AsyncExecutor(Operations):
+    """The queue operations as coroutines. Subclasses say how a plan runs."""
 
     @abstractmethod
     async def execute(self, plan: Plan[T], access: Access) -> T:
         """Run one operation's plan to its result, as ``access`` says."""
-
-    # --- leased copies and the reaper ---------------------------------------------------
-    message_claim_many = AsyncOperation(messages.message_claim_many)
-    message_settle_many = AsyncOperation(messages.message_settle_many)
-    message_extend_leases = AsyncOperation(messages.message_extend_leases)
-    message_release_many = AsyncOperation(messages.message_release_many)
-    message_cancel_many = AsyncOperation(messages.message_cancel_many)
-    lease_release_expired = AsyncOperation(messages.lease_release_expired)
-    message_expire = AsyncOperation(messages.message_expire)
-    key_repair = AsyncOperation(messages.key_repair)
-    dedupe_trim = AsyncOperation(messages.dedupe_trim)
-
-    # --- flow control by an operator: pause, cancel running copies ---------------------
-    subscription_pause = AsyncOperation(control.subscription_pause)
-    message_cancel_requested = AsyncOperation(control.message_cancel_requested)
-
-    # --- flow limits -------------------------------------------------------------------------
-    flow_set = AsyncOperation(flow.flow_set)
-    flow_list = AsyncOperation(flow.flow_list)
-
-    # --- processed keys --------------------------------------------------------------------
-    processed_reserve = AsyncOperation(processed.reserve)
-    processed_confirm = AsyncOperation(processed.confirm)
-    processed_extend = AsyncOperation(processed.extend)
-    processed_release = AsyncOperation(processed.release)
-    processed_forget = AsyncOperation(processed.forget)
-    processed_trim = AsyncOperation(processed.trim)
-
-    # --- subscriptions -----------------------------------------------------------------
-    subscription_upsert = AsyncOperation(subscriptions.subscription_upsert)
-    subscription_list = AsyncOperation(subscriptions.subscription_list)
-
-    # --- stored results ----------------------------------------------------------------
-    result_lookup = AsyncOperation(results.result_lookup)
-    result_trim = AsyncOperation(results.result_trim)
-
-    # --- results by key ---------------------------------------------------------------
-    task_result_get_many = AsyncOperation(task_results.task_result_get_many)
-    task_result_set = AsyncOperation(task_results.task_result_set)
-    task_result_incr = AsyncOperation(task_results.task_result_incr)
-    task_result_expire = AsyncOperation(task_results.task_result_expire)
-    task_result_delete = AsyncOperation(task_results.task_result_delete)
-    task_result_trim = AsyncOperation(task_results.task_result_trim)
-
-    # --- retention --------------------------------------------------------------------
-    retention_set = AsyncOperation(retention.retention_set)
-    retention_list = AsyncOperation(retention.retention_list)
-    retention_bounds = AsyncOperation(retention.retention_bounds)
-    archive_partitions_maintain = AsyncOperation(retention.archive_partitions_maintain)
-    archive_trim = AsyncOperation(retention.archive_trim)
-    archive_trim_shorter = AsyncOperation(retention.archive_trim_shorter)
-    dead_trim = AsyncOperation(retention.dead_trim)
-    dead_trim_shorter = AsyncOperation(retention.dead_trim_shorter)
-
-    # --- listings, dead-letter admin, archive, stats -------------------------------------
-    message_list = AsyncOperation(admin.message_list)
-    dead_list = AsyncOperation(admin.dead_list)
-    dead_get = AsyncOperation(admin.dead_get)
-    dead_replay = AsyncOperation(admin.dead_replay)
-    dead_purge = AsyncOperation(admin.dead_purge)
-    archive_list = AsyncOperation(admin.archive_list)
-    stats_collect = AsyncOperation(admin.stats_collect)
-    table_counts = AsyncOperation(admin.table_counts)
-    # --- sagas ---------------------------------------------------------------------------
-    saga_insert = AsyncOperation(sagas.insert)
-    saga_get = AsyncOperation(sagas.get)
-    saga_update = AsyncOperation(sagas.update)
-    saga_step_update = AsyncOperation(sagas.step_update)
-    saga_list = AsyncOperation(sagas.list_)
-    saga_due = AsyncOperation(sagas.due)
-    saga_counts = AsyncOperation(sagas.counts)
-    # --- end sagas ---------------------------------------------------------------------------
-
-    # --- schedules -----------------------------------------------------------------------
-    schedule_upsert = AsyncOperation(schedules.upsert)
-    schedule_list = AsyncOperation(schedules.list_)
-    schedule_delete = AsyncOperation(schedules.delete)
-    schedule_set_paused = AsyncOperation(schedules.set_paused)
-    schedule_due = AsyncOperation(schedules.due)
-    schedule_advance_many = AsyncOperation(schedules.advance)
-    schedule_published = AsyncOperation(schedules.published)
-    # --- end schedules -----------------------------------------------------------------------
-
-    # --- security ------------------------------------------------------------------------
-    roles_grant = AsyncOperation(security.roles_grant)
-    roles_show = AsyncOperation(security.roles_show)
-    roles_tables = AsyncOperation(security.roles_tables)
-    tenant_enable = AsyncOperation(security.tenant_enable)
-    tenant_enabled = AsyncOperation(security.tenant_enabled)
-    tenant_set = AsyncOperation(security.tenant_set)
-    tenant_remove = AsyncOperation(security.tenant_remove)
-    tenant_list = AsyncOperation(security.tenant_list)
-    tenant_assign = AsyncOperation(security.tenant_assign)
-    # --- end security ------------------------------------------------------------------------
-
-    # --- observability -------------------------------------------------------------------
-    worker_beat = AsyncOperation(observability.worker_beat)
-    worker_list = AsyncOperation(observability.worker_list)
-    metric_minutes = AsyncOperation(observability.metric_minutes)
-    metric_totals = AsyncOperation(observability.metric_totals)
-    archive_rare_counts = AsyncOperation(observability.archive_rare_counts)
-    metric_trim = AsyncOperation(observability.metric_trim)
-    audit_list = AsyncOperation(observability.audit_list)
-    clock_now = AsyncOperation(observability.clock_now)
-    # --- end observability -------------------------------------------------------------------
-
-    # --- schema ------------------------------------------------------------------------------
-    schema_version = AsyncOperation(schema.schema_version)
-    # --- end schema --------------------------------------------------------------------------
-
-    # --- publishing ------------------------------------------------------------------------
-    message_insert_many = AsyncOperation(publishing.message_insert_many)
-    subscription_ensure = AsyncOperation(subscriptions.subscription_ensure)
-    subscription_delete = AsyncOperation(subscriptions.subscription_delete)
-    # --- end publishing ----------------------------------------------------------------------
 
 
 class Tx(Executor):
