@@ -176,17 +176,17 @@ def test_close_keeps_off_the_default_executor(backend_url: str) -> None:
 def test_first_use_and_migrate_keep_off_the_default_executor(
     empty_postgres: str,
 ) -> None:
-    """The first operation reads the schema version on the loop and migrates (a blocking
-    runner) on the backend's own threads; ``migrate()`` likewise."""
+    """The first operations (ten at once) read the schema version on the loop and migrate
+    (a blocking runner) on the backend's own threads; ``migrate()`` likewise."""
 
     async def scenario() -> int:
         asyncio.get_running_loop().set_default_executor(_CountingExecutor())
         before = _CountingExecutor.submitted
         async with sqlbroker.AsyncBroker(empty_postgres, migrate=True) as broker:
-            await broker.send("q", 1)
+            await asyncio.gather(*(broker.send("q", n) for n in range(10)))
             assert await broker.migrate() == []
         async with sqlbroker.AsyncBroker(empty_postgres) as broker:
-            assert len(await broker.pending("q")) == 1
+            assert len(await broker.pending("q")) == 10
         return _CountingExecutor.submitted - before
 
     assert asyncio.run(scenario()) == 0

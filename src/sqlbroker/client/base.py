@@ -158,17 +158,18 @@ class BrokerBase(Face):
         return self._backend
 
     async def _ready_async(self) -> Backend:
-        """:meth:`_ready` on the running loop: the version read by a coroutine, a
-        migration (blocking: the migration runners are) on the backend's own threads."""
+        """:meth:`_ready` on the running loop: the version read by a coroutine; a
+        migration (the runners are blocking) by :meth:`_ready` on the backend's own
+        threads, once however many coroutines ask."""
         if self._is_ready:
             return self._backend
         backend = self._backend
-        if self._migrate:
-            try:
-                backend.schema_files.check(await backend.async_ops.schema_version())
-            except SchemaError:
-                await backend.offload(backend.migrate)
-        backend.schema_files.check(await backend.async_ops.schema_version())
+        try:
+            backend.schema_files.check(await backend.async_ops.schema_version())
+        except SchemaError:
+            if not self._migrate:
+                raise
+            await backend.offload(self._ready)
         self._is_ready = True
         return backend
 

@@ -23,7 +23,6 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from sqlbroker.storage import caller
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.seam import AsyncExecutor
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -160,9 +159,7 @@ async def run_call_async(backend: Backend, effect: Call, offload: Offload | None
     if conn is not None:
         async with backend.begin_async(conn) as tx:
             return await getattr(tx, effect.name)(**effect.kwargs)
-    if hasattr(AsyncExecutor, effect.name):
-        return await getattr(backend.async_ops, effect.name)(**effect.kwargs)
-    return await backend.offload(functools.partial(getattr(backend, effect.name), **effect.kwargs))
+    return await getattr(backend.async_ops, effect.name)(**effect.kwargs)
 
 
 class Operation(Generic[S, P, T]):
