@@ -6,7 +6,6 @@ differ only in how an operation runs (a test compares them)."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -20,7 +19,6 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
 from sqlbroker.core.message import SubscriptionStats
 from sqlbroker.core.policies import RetryPolicy
-from sqlbroker.core.results import Result
 from sqlbroker.core.sagas import Saga
 from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
 from sqlbroker.features.faces import (
@@ -271,24 +269,6 @@ class Broker(_Base, Blocking):
         default = self._defaults.dedupe_window
         return Once(self, scope, key, lease=lease, window=default if window is None else window)
 
-    def result(
-        self,
-        message_id: str,
-        *,
-        wait: float | timedelta = 0.0,
-        subscription: str | None = None,
-    ) -> Result | None:
-        """The result of the message's copy: what its handler returned (``value``), or the
-        error of a dead-lettered copy, or how it otherwise finished (docs/results.md).
-
-        Returns ``None`` while the copy is not finished — after waiting up to ``wait``
-        seconds for it, woken by a notification (PostgreSQL) or the change watcher
-        (SQLite). A message fanned out to several subscriptions has one result per copy:
-        name one with ``subscription`` (``InvalidOption`` lists them otherwise). An unknown
-        message, or one whose records are gone, raises ``NotFound``. Values are kept for
-        the broker's ``result_ttl``."""
-        return self._results.get(message_id, wait=wait, subscription=subscription)
-
     def close(self) -> None:
         """Close the broker's connections; ``with Broker(...) as broker:`` calls it."""
         self._backend.close()
@@ -334,23 +314,11 @@ class AsyncBroker(_Base, Awaiting):
             self, scope, key, lease=lease, window=default if window is None else window
         )
 
-    async def result(
-        self,
-        message_id: str,
-        *,
-        wait: float | timedelta = 0.0,
-        subscription: str | None = None,
-    ) -> Result | None:
-        """See :meth:`Broker.result`: the wait sleeps on the event loop, and is cancelled
-        with the calling task."""
-        return await self._results.get_async(
-            message_id, wait=wait, subscription=subscription, run=asyncio.to_thread
-        )
-
     async def close(self) -> None:
-        """Close the broker's connections; ``async with AsyncBroker(...)`` calls it."""
-        await self._backend.close_async()
-        await asyncio.to_thread(self._backend.close)
+        """Close the broker's connections; ``async with AsyncBroker(...)`` calls it. The
+        running loop's are closed on the loop; what would block (the blocking pool,
+        SQLite's files) on the backend's own threads, never the loop's default executor."""
+        await self._backend.aclose()
 
     async def __aenter__(self) -> Self:
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -89,6 +89,147 @@ def test_async_administration_on_postgresql_runs_on_the_loop(pg_url: str) -> Non
             return _CountingExecutor.submitted - before
 
     assert asyncio.run(scenario()) == 0
+
+
+def _default_executor_jobs(
+    url: str, body: Callable[[sqlbroker.AsyncBroker], Awaitable[None]], **options: Any
+) -> int:
+    """The jobs ``body`` put on the loop's default executor, after a first operation has
+    checked the schema (see test_first_use_and_migrate_keep_off_the_default_executor)."""
+
+    async def scenario() -> int:
+        asyncio.get_running_loop().set_default_executor(_CountingExecutor())
+        broker = sqlbroker.AsyncBroker(url, migrate=True, **options)
+        try:
+            await broker.pending()
+            before = _CountingExecutor.submitted
+            await body(broker)
+            return _CountingExecutor.submitted - before
+        finally:
+            await broker.close()
+
+    return asyncio.run(scenario())
+
+
+def test_a_waiting_result_keeps_off_the_default_executor(backend_url: str) -> None:
+    """``result(wait=…)`` looks on the backend's coroutine operations and sleeps on the
+    loop, woken by the backend's one result source: no job for the loop's executor."""
+
+    async def body(broker: sqlbroker.AsyncBroker) -> None:
+        message_id = await broker.send("jobs", 21)
+        assert await broker.result(message_id) is None
+        assert await broker.result(message_id, wait=0.2) is None  # waits, then gives up
+        (delivery,) = await broker.claim("jobs")
+        waiting = asyncio.ensure_future(broker.result(message_id, wait=60))
+        await broker.complete(delivery, result=42)
+        found = await waiting
+        assert found is not None
+        assert found.value == 42
+
+    assert _default_executor_jobs(backend_url, body) == 0
+
+
+def test_run_due_schedules_keeps_off_the_default_executor(backend_url: str) -> None:
+    """A scheduler pass is coroutines end to end: the due scan and the fire (advance,
+    publish, point at the message) as one transaction of the backend's async operations."""
+    clock = sqlbroker.ManualClock()
+
+    async def body(broker: sqlbroker.AsyncBroker) -> None:
+        await broker.subscribe("seen", "ticks.#")
+        await broker.schedule("every-minute", "ticks.minute", {"n": 1}, every=60)
+        assert (await broker.run_due_schedules()).published == {}
+        clock.advance(60)
+        run = await broker.run_due_schedules()
+        assert [len(ids) for ids in run.published.values()] == [1]
+        assert [m.message_id for m in await broker.pending("seen")] == run.published["every-minute"]
+
+    assert _default_executor_jobs(backend_url, body, clock=clock) == 0
+
+
+def test_reap_keeps_off_the_default_executor(backend_url: str) -> None:
+    """The reaper's pass, its sagas' sweep (blocking by design) included, runs on the
+    backend's coroutines and own threads."""
+
+    async def body(broker: sqlbroker.AsyncBroker) -> None:
+        counts = await broker.reap()
+        assert counts["sagas_swept"] == 0
+        assert counts["released"] == 0
+
+    assert _default_executor_jobs(backend_url, body) == 0
+
+
+def test_close_keeps_off_the_default_executor(backend_url: str) -> None:
+    """``close()`` closes the loop's connections on the loop, and what blocks (the
+    blocking pool, opened here on purpose; SQLite's files) on the backend's own threads."""
+
+    async def body(broker: sqlbroker.AsyncBroker) -> None:
+        assert broker.backend.schema_version() > 0  # opens the blocking pool
+        await broker.send("q", 1)
+        await broker.close()
+
+    assert _default_executor_jobs(backend_url, body) == 0
+    with sqlbroker.Broker(backend_url) as check:
+        assert len(check.pending("q")) == 1
+
+
+@pytest.mark.postgres
+def test_first_use_and_migrate_keep_off_the_default_executor(
+    empty_postgres: str,
+) -> None:
+    """The first operations (ten at once) read the schema version on the loop and migrate
+    (a blocking runner) on the backend's own threads; ``migrate()`` likewise."""
+
+    async def scenario() -> int:
+        asyncio.get_running_loop().set_default_executor(_CountingExecutor())
+        before = _CountingExecutor.submitted
+        async with sqlbroker.AsyncBroker(empty_postgres, migrate=True) as broker:
+            await asyncio.gather(*(broker.send("q", n) for n in range(10)))
+            assert await broker.migrate() == []
+        async with sqlbroker.AsyncBroker(empty_postgres) as broker:
+            assert len(await broker.pending("q")) == 10
+        return _CountingExecutor.submitted - before
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_migrate_keeps_off_the_default_executor(backend_url: str) -> None:
+    async def body(broker: sqlbroker.AsyncBroker) -> None:
+        assert await broker.migrate() == []
+
+    assert _default_executor_jobs(backend_url, body) == 0
+
+
+def test_many_waiting_results_share_one_source(backend_url: str) -> None:
+    """Forty coroutines wait for their results while a worker runs on the same loop: each
+    gets its value, and (PostgreSQL) the connections stay those of the pools and the one
+    result listener, not one per waiter."""
+    application = f"sqlbroker-waiters-{uuid.uuid4().hex[:8]}"
+    options = {"application_name": application} if backend_url.startswith("postgres") else {}
+    seen: list[int] = []
+
+    async def scenario() -> list[Any]:
+        async with sqlbroker.AsyncBroker(
+            backend_url, migrate=True, pool_size=4, **options
+        ) as broker:
+
+            @broker.subscriber(queue="square", concurrency=4)
+            async def square(message: sqlbroker.Message) -> int:
+                return int(message.payload) ** 2
+
+            ids = await broker.send_many("square", list(range(40)))
+            waiting = [asyncio.ensure_future(broker.result(i, wait=120)) for i in ids]
+            for _ in range(1200):  # until each has looked once and sleeps on the hub
+                if len(broker.backend.result_hub._waiters) == len(ids):
+                    break
+                await asyncio.sleep(0.05)
+            if options:
+                seen.append(_connections(backend_url, application))
+            await broker.run_until_idle(timeout=120)
+            return await asyncio.gather(*waiting)
+
+    found = asyncio.run(scenario())
+    assert [r.value for r in found] == [n * n for n in range(40)]
+    assert all(count <= 2 * 4 + 2 for count in seen), seen
 
 
 def _connections(url: str, application: str) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sqlbroker.core.clock import ManualClock
+from sqlbroker.core.errors import IdempotencyConflict
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.schedules import Missed
 from sqlbroker.features.publishing import PublishDefaults, build_message
@@ -186,3 +187,30 @@ def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
         return seen
 
     assert asyncio.run(main()) == [{"tick": []}, ["tick"], True]
+
+
+def test_a_fire_is_one_transaction_for_coroutines_too(backend: Any) -> None:
+    """``schedule_fire_many`` is one operation on both executors: a publish that fails
+    (a tick whose key holds another payload) rolls the advance back, and a good fire
+    advances and publishes, from a coroutine."""
+    backend.subscription_upsert(name="seen", patterns=["#"], replace=False)
+    record = backend.schedule_upsert(definition=definition())
+    taken = build_message("t.tick", {"other": 1}, defaults=DEFAULTS, idempotency_key="k:1")
+    backend.message_insert_many(messages=[taken], subscription=None)
+    clash = tick_message("t.tick", "k:1")  # same key, another payload
+    good = tick_message("t.tick", "k:2")
+
+    async def main() -> dict[str, list[str]]:
+        try:
+            with pytest.raises(IdempotencyConflict):
+                await backend.async_ops.schedule_fire_many(fires=[fire_of(record, clash)])
+            assert backend.schedule_list(names=["tick"])[0].next_run_at == record.next_run_at
+            fired: dict[str, list[str]] = await backend.async_ops.schedule_fire_many(
+                fires=[fire_of(record, good)]
+            )
+            return fired
+        finally:
+            await backend.close_async()
+
+    assert asyncio.run(main()) == {"tick": [good.message_id]}
+    assert backend.schedule_list(names=["tick"])[0].last_message_id == good.message_id

@@ -5,7 +5,6 @@ configuration, the subscriber registry and every operation, each written once as
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
@@ -34,7 +33,6 @@ from sqlbroker.features.retention import (
     RetentionDefaults,
 )
 from sqlbroker.features.sagas import Sagas
-from sqlbroker.features.schedules import Schedules
 from sqlbroker.features.subscribers import SubscriberOptions, SubscriberSpec, make_spec
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.factory import open_backend
@@ -121,8 +119,7 @@ class BrokerBase(Face):
             except BaseException:
                 self._backend.close()
                 raise
-        self._results = Results(self._ready, ttl=self._result_ttl)
-        self._schedules = Schedules(self._ready, self._defaults)
+        self._results = Results(ttl=self._result_ttl)
         self._sagas_checked: set[str] = set()
         """Sagas whose handlers the first start checked (see ``Sagas``)."""
         self._publish_listeners: list[Callable[[str | None], None]] = []
@@ -161,13 +158,23 @@ class BrokerBase(Face):
         return self._backend
 
     async def _ready_async(self) -> Backend:
+        """:meth:`_ready` on the running loop: the version read by a coroutine; a
+        migration (the runners are blocking) by :meth:`_ready` on the backend's own
+        threads, once however many coroutines ask."""
         if self._is_ready:
             return self._backend
-        # Once per broker: the schema is read (and migrated) by the blocking backend.
-        return await asyncio.to_thread(self._ready)
+        backend = self._backend
+        try:
+            backend.schema_files.check(await backend.async_ops.schema_version())
+        except SchemaError:
+            if not self._migrate:
+                raise
+            await backend.offload(self._ready)
+        self._is_ready = True
+        return backend
 
-    def _migrated(self, applied: list[int]) -> list[int]:
-        self._backend.check_schema()
+    def _migrated(self, applied: list[int], version: int) -> list[int]:
+        self._backend.schema_files.check(version)
         self._is_ready = True
         return applied
 
@@ -300,6 +307,7 @@ class BrokerBase(Face):
     flow = operation(inspection.flow)
     set_flow = operation(inspection.set_flow)
     reap = operation(inspection.reap)
+    result = operation(inspection.result)
 
     schedule = operation(scheduling.schedule)
     unschedule = operation(scheduling.unschedule)

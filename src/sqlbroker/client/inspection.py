@@ -19,6 +19,7 @@ from sqlbroker.core.message import (
     SubscriptionStats,
 )
 from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
+from sqlbroker.core.results import Result
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import metrics
 from sqlbroker.features.faces import Plan, blocking, call
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 def migrate(broker: BrokerBase) -> Plan[list[int]]:
     """Apply pending schema migrations; safe when several processes migrate at once."""
     applied: list[int] = yield blocking(broker.backend.migrate)
-    return broker._migrated(applied)
+    return broker._migrated(applied, (yield call("schema_version")))
 
 
 def schema_version(broker: BrokerBase) -> Plan[int]:
@@ -157,6 +158,29 @@ def set_retention(
         yield from retention_set(
             broker._retention, subscription, archive=archive, dead=dead, reset=reset
         )
+    )
+
+
+def result(
+    broker: BrokerBase,
+    message_id: str,
+    *,
+    wait: float | timedelta = 0.0,
+    subscription: str | None = None,
+) -> Plan[Result | None]:
+    """The result of the message's copy: what its handler returned (``value``), or the
+    error of a dead-lettered copy, or how it otherwise finished (docs/results.md).
+
+    Returns ``None`` while the copy is not finished — after waiting up to ``wait``
+    seconds for it, woken by a notification (PostgreSQL) or the change watcher
+    (SQLite); on ``AsyncBroker`` the wait sleeps on the event loop and is cancelled with
+    the calling task. A message fanned out to several subscriptions has one result per
+    copy: name one with ``subscription`` (``InvalidOption`` lists them otherwise). An
+    unknown message, or one whose records are gone, raises ``NotFound``. Values are kept
+    for the broker's ``result_ttl``."""
+    hub = broker.backend.result_hub
+    return (
+        yield from broker._results.lookup(hub, message_id, wait=wait, subscription=subscription)
     )
 
 

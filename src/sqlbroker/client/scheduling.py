@@ -1,7 +1,5 @@
 """The schedules of both faces: define, list, pause and run them, as plans (see
-:mod:`sqlbroker.features.faces`) of :mod:`sqlbroker.features.schedules`. A scheduler pass
-is :class:`~sqlbroker.features.schedules.Schedules`'s (blocking: on a thread for the
-awaiting face)."""
+:mod:`sqlbroker.features.faces`) of :mod:`sqlbroker.features.schedules`."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Unpack
 
 from sqlbroker.core.schedules import Schedule
-from sqlbroker.features.faces import Plan, blocking
+from sqlbroker.features.faces import Plan
 from sqlbroker.features.schedules import (
     ScheduleOptions,
     ScheduleRun,
@@ -18,6 +16,7 @@ from sqlbroker.features.schedules import (
     schedule_list,
     schedule_pause,
     schedule_resume,
+    schedule_run_due,
 )
 
 if TYPE_CHECKING:
@@ -71,5 +70,4 @@ def resume_schedule(broker: BrokerBase, name: str) -> Plan[bool]:
 def run_due_schedules(broker: BrokerBase) -> Plan[ScheduleRun]:
     """One scheduler pass: publish every due tick and advance the schedules. Workers
     run this on their own; call it from scripts, cron jobs or tests."""
-    run: ScheduleRun = yield blocking(broker._schedules.run_due)
-    return run
+    return (yield from schedule_run_due(broker.publish_defaults))

@@ -13,7 +13,6 @@ same signatures by construction, and one home for each rule.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from abc import ABC, abstractmethod
@@ -24,7 +23,6 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from sqlbroker.storage import caller
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.seam import AsyncExecutor
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -36,7 +34,8 @@ class Call:
     """A storage operation a plan asks its face to run: ``name`` with ``kwargs``, inside
     the caller's transaction when ``conn`` is given. ``blocking`` runs a function instead:
     called as is by the blocking face; the awaiting face awaits ``awaiting()`` if given,
-    else runs ``blocking`` on a thread (a feature's multi-step work with no coroutine twin).
+    else runs ``blocking`` on the backend's own threads (``Backend.offload``: work with no
+    coroutine form, such as a migration or the sagas' sweep).
     """
 
     name: str
@@ -117,7 +116,7 @@ class Awaiting(Face):
 
 async def drive_async(backend: Backend, plan: Plan[T], offload: Offload | None = None) -> T:
     """Run a face's plan on the running loop, each call as :func:`run_call_async` runs it
-    (its blocking ones through ``offload``: by default the loop's default executor)."""
+    (its blocking ones through ``offload``: by default the backend's own threads)."""
     try:
         effect = next(plan)
         while True:
@@ -144,7 +143,7 @@ def run_call(backend: Backend, effect: Call) -> Any:
 
 
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
-"""Runs blocking work off the loop and awaits it (``asyncio.to_thread``, say)."""
+"""Runs blocking work off the loop and awaits it (``Backend.offload``, say)."""
 
 
 async def run_call_async(backend: Backend, effect: Call, offload: Offload | None = None) -> Any:
@@ -153,16 +152,14 @@ async def run_call_async(backend: Backend, effect: Call, offload: Offload | None
     if effect.awaiting is not None:
         return await effect.awaiting()
     if effect.blocking is not None:
-        return await (offload or asyncio.to_thread)(effect.blocking)
+        return await (offload or backend.offload)(effect.blocking)
     conn = effect.conn
     if conn is not None and not caller.is_async(conn):
         return run_call(backend, effect)
     if conn is not None:
         async with backend.begin_async(conn) as tx:
             return await getattr(tx, effect.name)(**effect.kwargs)
-    if hasattr(AsyncExecutor, effect.name):
-        return await getattr(backend.async_ops, effect.name)(**effect.kwargs)
-    return await asyncio.to_thread(getattr(backend, effect.name), **effect.kwargs)
+    return await getattr(backend.async_ops, effect.name)(**effect.kwargs)
 
 
 class Operation(Generic[S, P, T]):

@@ -1,11 +1,15 @@
-"""Stored results: ``broker.result(message_id, wait=…, subscription=…)``.
+"""Stored results: ``broker.result(message_id, wait=…, subscription=…)``, one plan for both
+faces (:meth:`Results.lookup`; see :mod:`sqlbroker.features.faces`).
 
-A lookup reads every trace of the message (``Backend.result_lookup``) and
+A lookup reads every trace of the message (``result_lookup``) and
 :func:`~sqlbroker.core.results.read_result` decides the copy's result. A waiting lookup
-sleeps on the backend's result watch (storage/result_hub.py: one per backend, however many
-wait) — PostgreSQL: LISTEN for the NOTIFY a stored value or a dead letter sends in its
-commit; SQLite: the ``PRAGMA data_version`` watcher — and looks again on each hint (at most
-every :data:`MIN_LOOK_GAP` seconds). Hints can be lost, and a copy that
+sleeps on a waiter of the backend's result hub (storage/result_hub.py: one source per
+backend, however many wait) — PostgreSQL: LISTEN for the NOTIFY a stored value or a dead
+letter sends in its commit; SQLite: the ``PRAGMA data_version`` watcher — and looks again
+on each hint (at most every :data:`MIN_LOOK_GAP` seconds). The blocking face sleeps on the
+waiter's thread event and ``time.sleep``; the awaiting face on the loop (an
+``asyncio.Event`` the source sets, ``asyncio.sleep``), its looks on the backend's coroutine
+operations: no thread of its own. Hints can be lost, and a copy that
 completes without a value (or expires, or is cancelled) sends none on PostgreSQL: a bounded
 fallback look every :data:`FALLBACK_POLL` seconds covers those. The watch is entered
 before the look that follows it, so a hint sent in between is not missed.
@@ -18,10 +22,10 @@ raises ``NotFound``; a message with copies in several subscriptions needs
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound
@@ -33,9 +37,9 @@ from sqlbroker.core.results import (
     vanished_result,
 )
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.storage.backend import Backend
+from sqlbroker.features.faces import Call, Plan, call
+from sqlbroker.storage.result_hub import ResultHub, Waiter
 
-T = TypeVar("T")
 DEFAULT_RESULT_TTL = 24 * 3600.0
 """How long a stored value is kept by default (the ``result_ttl`` broker option)."""
 MAX_WAIT = validate.MAX_LEASE
@@ -60,6 +64,10 @@ def check_arguments(
     return checked_id, seconds, name
 
 
+class _NeedNow(Exception):
+    """Raised by :meth:`_Look.read` given no ``now`` when it needs one."""
+
+
 class _Look:
     """The state of one waiting lookup: the copy it has seen pending, if any."""
 
@@ -69,7 +77,15 @@ class _Look:
         self.ttl = ttl
         self.seen: str | None = None
 
-    def read(self, records: list[ResultRecord], now: Callable[[], datetime]) -> Result | None:
+    def read(self, records: Sequence[ResultRecord], now: datetime | None) -> Result | None:
+        """The result in ``records``; raises :class:`_NeedNow` when it depends on the
+        time and ``now`` is ``None`` (most lookups do not: they save a statement)."""
+
+        def clock() -> datetime:
+            if now is None:
+                raise _NeedNow
+            return now
+
         try:
             name = result_subscription(self.message_id, records, self.subscription or self.seen)
         except NotFound:
@@ -77,16 +93,40 @@ class _Look:
                 raise
             # Seen pending, now gone without a trace: completed without a value, with
             # archive_completed=False.
-            return vanished_result(self.message_id, self.seen, now())
+            return vanished_result(self.message_id, self.seen, clock())
         found = read_result(
             self.message_id,
             records,
             name,
-            values_kept_since=lambda: now() - timedelta(seconds=self.ttl),
+            values_kept_since=lambda: clock() - timedelta(seconds=self.ttl),
         )
         if found is None:
             self.seen = name
         return found
+
+    def plan(self) -> Plan[Result | None]:
+        """One look: the message's traces (and the storage clock, when needed)."""
+        records: list[ResultRecord] = yield call("result_lookup", message_id=self.message_id)
+        try:
+            return self.read(records, None)
+        except _NeedNow:
+            return self.read(records, (yield call("clock_now")))
+
+
+def _hinted(waiter: Waiter, timeout: float) -> Call:
+    return Call(
+        "result_wait",
+        blocking=functools.partial(waiter.wait, timeout),
+        awaiting=functools.partial(waiter.wait_async, timeout),
+    )
+
+
+def _pause(seconds: float) -> Call:
+    return Call(
+        "result_pause",
+        blocking=functools.partial(time.sleep, seconds),
+        awaiting=functools.partial(asyncio.sleep, seconds),
+    )
 
 
 class Results:
@@ -94,69 +134,38 @@ class Results:
     lookups that ended without a hint — for the fallback look, or at the end of the wait
     (for tests and diagnosis)."""
 
-    def __init__(self, backend: Callable[[], Backend], *, ttl: float) -> None:
-        self._backend = backend
+    def __init__(self, *, ttl: float) -> None:
         self._ttl = ttl
         self.fallback_polls = 0
 
-    def get(
+    def lookup(
         self,
+        hub: ResultHub,
         message_id: str,
         *,
         wait: float | timedelta = 0.0,
         subscription: str | None = None,
-    ) -> Result | None:
+    ) -> Plan[Result | None]:
+        """``broker.result`` as a plan, hints from ``hub``: see the module's docstring."""
         checked_id, seconds, name = check_arguments(message_id, wait, subscription)
-        backend = self._backend()
         look = _Look(checked_id, name, self._ttl)
-        found = look.read(backend.result_lookup(message_id=checked_id), backend.now)
+        found = yield from look.plan()
         if found is not None or seconds == 0:
             return found
         deadline = time.monotonic() + seconds
-        with backend.result_watch(message_id=checked_id) as watch:
+        # The waiter is registered before the look that follows it, so that a hint sent in
+        # between is not missed.
+        waiter = hub.register(checked_id)
+        try:
+            yield Call("result_ready", blocking=waiter.ready, awaiting=waiter.ready_async)
             while True:
                 looked = time.monotonic()
-                found = look.read(backend.result_lookup(message_id=checked_id), backend.now)
+                found = yield from look.plan()
                 remaining = deadline - time.monotonic()
                 if found is not None or remaining <= 0:
                     return found
-                if not watch.wait(min(remaining, FALLBACK_POLL)):
+                if not (yield _hinted(waiter, min(remaining, FALLBACK_POLL))):
                     self.fallback_polls += 1
-                time.sleep(max(0.0, min(looked + MIN_LOOK_GAP, deadline) - time.monotonic()))
-
-    async def get_async(
-        self,
-        message_id: str,
-        *,
-        wait: float | timedelta = 0.0,
-        subscription: str | None = None,
-        run: Callable[..., Awaitable[Any]],
-    ) -> Result | None:
-        """:meth:`get` for coroutines: lookups run through ``run`` (the async broker's
-        database threads), the wait on the loop."""
-        checked_id, seconds, name = check_arguments(message_id, wait, subscription)
-        backend: Backend = await run(self._backend)
-        look = _Look(checked_id, name, self._ttl)
-
-        async def read() -> Result | None:
-            result: Result | None = await run(
-                lambda: look.read(backend.result_lookup(message_id=checked_id), backend.now)
-            )
-            return result
-
-        found = await read()
-        if found is not None or seconds == 0:
-            return found
-        deadline = time.monotonic() + seconds
-        async with backend.result_watch_async(message_id=checked_id) as watch:
-            while True:
-                looked = time.monotonic()
-                found = await read()
-                remaining = deadline - time.monotonic()
-                if found is not None or remaining <= 0:
-                    return found
-                if not await watch.wait(min(remaining, FALLBACK_POLL)):
-                    self.fallback_polls += 1
-                await asyncio.sleep(
-                    max(0.0, min(looked + MIN_LOOK_GAP, deadline) - time.monotonic())
-                )
+                yield _pause(max(0.0, min(looked + MIN_LOOK_GAP, deadline) - time.monotonic()))
+        finally:
+            hub.unregister(checked_id, waiter)

@@ -1,11 +1,11 @@
 """Durable schedules: definitions, their validation, cron ticks and one scheduler pass.
 
 ``broker.schedule(name, topic, payload, cron=… | every=…)`` stores a definition; any
-process calling :meth:`Schedules.run_due` (every worker does, see the runtime's scheduler
-task) publishes the due ticks. A tick is published exactly once however many schedulers
-run: each advances a schedule by compare-and-set on its next run, in the same transaction
-as the tick's publish, and the tick's message carries the idempotency key
-``schedule:<name>:<tick>`` as a second line of defence.
+process running :func:`schedule_run_due` (``broker.run_due_schedules()``; every worker
+does, see the runtime's scheduler task) publishes the due ticks. A tick is published
+exactly once however many schedulers run: each advances a schedule by compare-and-set on
+its next run, in the same transaction as the tick's publish, and the tick's message carries
+the idempotency key ``schedule:<name>:<tick>`` as a second line of defence.
 
 croniter is imported only for cron schedules, so ``every=`` works without it.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, Unpack
@@ -42,10 +42,14 @@ from sqlbroker.core.serde import decode_payload, encode_json
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.columns import headers_of
 from sqlbroker.storage.rows import payload_hash
-from sqlbroker.storage.schedules import ScheduleDefinition, ScheduleFire, ScheduleRecord
+from sqlbroker.storage.schedules import (
+    DueSchedules,
+    ScheduleDefinition,
+    ScheduleFire,
+    ScheduleRecord,
+)
 
 log = logging.getLogger("sqlbroker.schedules")
 
@@ -385,94 +389,88 @@ def schedule_resume(name: str) -> Plan[bool]:
     return resumed
 
 
-class Schedules:
-    """One scheduler pass over a backend (blocking: its publishes and advances are one
-    backend transaction, ``schedule_fire_many``, with no coroutine twin)."""
-
-    def __init__(self, backend: Callable[[], Backend], defaults: PublishDefaults) -> None:
-        self._backend = backend
-        self._defaults = defaults
-
-    def run_due(self) -> ScheduleRun:
-        """One scheduler pass: publish the due ticks of every due schedule, under each
-        schedule's missed policy, and advance them. Safe to run from any number of
-        processes at once: each tick is published once."""
-        backend = self._backend()
-        published: dict[str, list[str]] = {}
-        upcoming: list[datetime] = []
-        while True:
-            due = backend.schedule_due(limit=DUE_BATCH)
-            fires = []
-            for record in due.due:
-                try:
-                    fires.append(self._plan(record, due.now))
-                except Exception:
-                    # One schedule that cannot compute its ticks (a croniter failure, a
-                    # time zone gone from this host) must not stop the others.
-                    log.exception(
-                        "schedule %s: cannot plan its ticks",
-                        record.name,
-                        extra={"schedule": record.name},
-                    )
-            published.update(backend.schedule_fire_many(fires=fires))
-            # A fire lost to another scheduler advanced at least as far as planned here.
-            upcoming.extend(fire.next_run_at for fire in fires)
-            if due.next_run_at is not None:
-                upcoming.append(due.next_run_at)
-            if len(due.due) < DUE_BATCH or not fires:
-                return ScheduleRun(
-                    now=due.now,
-                    published=published,
-                    next_run_at=min(upcoming) if upcoming else None,
+def schedule_run_due(defaults: PublishDefaults) -> Plan[ScheduleRun]:
+    """One scheduler pass: publish the due ticks of every due schedule, under each
+    schedule's missed policy, and advance them (each batch one transaction,
+    ``schedule_fire_many``). Safe to run from any number of processes at once: each tick
+    is published once."""
+    published: dict[str, list[str]] = {}
+    upcoming: list[datetime] = []
+    while True:
+        due: DueSchedules = yield call("schedule_due", limit=DUE_BATCH)
+        fires = []
+        for record in due.due:
+            try:
+                fires.append(_fire(record, due.now, defaults))
+            except Exception:
+                # One schedule that cannot compute its ticks (a croniter failure, a
+                # time zone gone from this host) must not stop the others.
+                log.exception(
+                    "schedule %s: cannot plan its ticks",
+                    record.name,
+                    extra={"schedule": record.name},
                 )
+        if fires:
+            published.update((yield call("schedule_fire_many", fires=fires)))
+        # A fire lost to another scheduler advanced at least as far as planned here.
+        upcoming.extend(fire.next_run_at for fire in fires)
+        if due.next_run_at is not None:
+            upcoming.append(due.next_run_at)
+        if len(due.due) < DUE_BATCH or not fires:
+            return ScheduleRun(
+                now=due.now,
+                published=published,
+                next_run_at=min(upcoming) if upcoming else None,
+            )
 
-    def _plan(self, record: ScheduleRecord, now: datetime) -> ScheduleFire:
-        plan = plan_ticks(
-            ticks_of(record),
-            next_run_at=record.next_run_at,
-            now=now,
-            missed=record.missed,
-            grace=record.grace,
+
+def _fire(record: ScheduleRecord, now: datetime, defaults: PublishDefaults) -> ScheduleFire:
+    plan = plan_ticks(
+        ticks_of(record),
+        next_run_at=record.next_run_at,
+        now=now,
+        missed=record.missed,
+        grace=record.grace,
+    )
+    if plan.dropped:
+        # Dropping is the policy's job under latest and skip; under all it means the
+        # catch-up hit its bound, which deserves a warning.
+        log.log(
+            logging.WARNING if record.missed is Missed.ALL else logging.INFO,
+            "schedule %s: skipping missed ticks before %s (missed=%s)",
+            record.name,
+            tick_text(plan.ticks[0]) if plan.ticks else tick_text(plan.next_run_at),
+            record.missed.value,
+            extra={"schedule": record.name, "missed": record.missed.value},
         )
-        if plan.dropped:
-            # Dropping is the policy's job under latest and skip; under all it means the
-            # catch-up hit its bound, which deserves a warning.
-            log.log(
-                logging.WARNING if record.missed is Missed.ALL else logging.INFO,
-                "schedule %s: skipping missed ticks before %s (missed=%s)",
-                record.name,
-                tick_text(plan.ticks[0]) if plan.ticks else tick_text(plan.next_run_at),
-                record.missed.value,
-                extra={"schedule": record.name, "missed": record.missed.value},
+    own = headers_of(record.headers)
+    messages = []
+    for tick in plan.ticks:
+        when = tick_text(tick)
+        messages.append(
+            NewMessage(
+                message_id=new_message_id(),
+                topic=record.topic,
+                payload=record.payload,
+                content_type=record.content_type,
+                headers=encode_json({**own, SCHEDULE_HEADER: record.name, TICK_HEADER: when}),
+                priority=record.priority,
+                ordering_key=record.ordering_key,
+                idempotency_key=f"schedule:{record.name}:{when}",
+                payload_hash=payload_hash(record.payload, record.content_type),
+                delay=None,
+                available_at=None,
+                ttl=record.ttl,
+                expires_at=None,
+                max_attempts=record.max_attempts,
+                dedupe_window=defaults.dedupe_window,
             )
-        own = headers_of(record.headers)
-        messages = []
-        for tick in plan.ticks:
-            when = tick_text(tick)
-            messages.append(
-                NewMessage(
-                    message_id=new_message_id(),
-                    topic=record.topic,
-                    payload=record.payload,
-                    content_type=record.content_type,
-                    headers=encode_json({**own, SCHEDULE_HEADER: record.name, TICK_HEADER: when}),
-                    priority=record.priority,
-                    ordering_key=record.ordering_key,
-                    idempotency_key=f"schedule:{record.name}:{when}",
-                    payload_hash=payload_hash(record.payload, record.content_type),
-                    delay=None,
-                    available_at=None,
-                    ttl=record.ttl,
-                    expires_at=None,
-                    max_attempts=record.max_attempts,
-                    dedupe_window=self._defaults.dedupe_window,
-                )
-            )
-        return ScheduleFire(
-            name=record.name,
-            expected_next_run_at=record.next_run_at,
-            definition_hash=record.definition_hash,
-            next_run_at=plan.next_run_at,
-            last_run_at=plan.ticks[-1] if plan.ticks else None,
-            messages=messages,
         )
+    return ScheduleFire(
+        name=record.name,
+        expected_next_run_at=record.next_run_at,
+        definition_hash=record.definition_hash,
+        next_run_at=plan.next_run_at,
+        last_run_at=plan.ticks[-1] if plan.ticks else None,
+        messages=messages,
+    )

@@ -12,7 +12,7 @@ few rules written here hold for every backend.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -22,9 +22,9 @@ from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.schedules import ScheduleFire, fire_many
 from sqlbroker.storage.schema import SchemaFiles
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
+from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL
 
 T = TypeVar("T")
@@ -45,6 +45,8 @@ class Backend(Executor):
     """The dialect's schema (its migrations, what to tell an operator)."""
     result_hub: ResultHub
     """The one source of result hints every waiting ``broker.result`` shares."""
+    _threads: OwnThreads
+    """The backend's own threads (:meth:`offload`; SQLite's coroutines run on them)."""
     _url: DatabaseURL
 
     def __repr__(self) -> str:
@@ -86,6 +88,26 @@ class Backend(Executor):
     async def close_async(self) -> None:
         """Let go of what the backend holds for the running event loop."""
 
+    async def aclose(self) -> None:
+        """:meth:`close` from a coroutine: the running loop's connections closed on the
+        loop (:meth:`close_async`), then the rest — on the loop when nothing of it blocks,
+        else on the backend's own threads (:meth:`offload`)."""
+        await self.close_async()
+        if self._close_blocks():
+            await self.offload(self.close)
+        else:
+            self.close()
+
+    def _close_blocks(self) -> bool:
+        """Whether :meth:`close` would block (wait for threads, disk or network)."""
+        return True
+
+    def offload(self, fn: Callable[[], T]) -> Awaitable[T]:
+        """Run the blocking ``fn`` from a coroutine on the backend's own threads (never
+        on the loop's default executor, which is the application's): what has no
+        coroutine form (a migration, the sagas' sweep, closing SQLite's connections)."""
+        return self._threads.run(fn)
+
     @abstractmethod
     async def listen_async(
         self,
@@ -105,13 +127,6 @@ class Backend(Executor):
         """
 
     # --- rules every backend shares ---------------------------------------------------------
-    def schedule_fire_many(self, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
-        """In one transaction: for each fire, advance its schedule by compare-and-set on
-        (next run, definition, not paused) and, only when that succeeded, publish its
-        messages as ``message_insert_many`` would. Returns the published message ids
-        of each schedule that advanced; a fire that lost the race is left out."""
-        return fire_many(self, fires=fires)
-
     def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
         """Hints that copies of ``message_id`` may have finished, from one source per
         backend shared by every waiter (:attr:`result_hub`). PostgreSQL: LISTEN on the

@@ -1,11 +1,12 @@
 """One source of result hints per backend, shared by every waiting ``broker.result``.
 
-A waiting lookup registers a waiter for its message id and sleeps on it; one thread of the
-backend's (started on first use, stopped by ``close``) runs the backend's *source* — LISTEN
-on PostgreSQL, the ``PRAGMA data_version`` watcher on SQLite — and wakes the waiters of the
-message id it hears about, or every waiter for a hint about no message in particular (a
-dead letter, any SQLite commit, a reconnect after which notifications may have been lost).
-So a thousand waiting callers cost one connection, not a thousand.
+A waiting lookup registers a :class:`Waiter` for its message id and sleeps on it; one
+thread of the backend's (started on first use, stopped by ``close``) runs the backend's
+*source* — LISTEN on PostgreSQL, the ``PRAGMA data_version`` watcher on SQLite — and wakes
+the waiters of the message id it hears about, or every waiter for a hint about no message in
+particular (a dead letter, any SQLite commit, a (re)connect after which notifications may
+have been lost). So a thousand waiting callers cost one connection, not a thousand, and a
+coroutine waits on its own loop (the source hands the hint over), with no thread of its own.
 
 Hints are hints: the waiter looks the result up again after each, and a bounded fallback
 look (features/results.py) covers a lost one. A source that cannot connect leaves the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -30,39 +32,80 @@ READY_TIMEOUT = 10.0
 fallback look instead."""
 
 
-class _Waiter:
-    def __init__(self) -> None:
-        self._event = threading.Event()
+class Waiter:
+    """One waiting lookup's hints, for a blocking caller (:meth:`wait`) or a coroutine
+    (:meth:`wait_async`, on the loop that first awaits it)."""
+
+    def __init__(self, hub: ResultHub) -> None:
+        self._hub = hub
+        self._hinted = threading.Event()
+        self._on_loop: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
 
     def wake(self) -> None:
-        self._event.set()
+        self._hinted.set()
+        on_loop = self._on_loop  # read after the flag: see wait_async
+        if on_loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                on_loop[0].call_soon_threadsafe(on_loop[1].set)
 
-    def wait(self, timeout: float) -> bool:
-        woke = self._event.wait(timeout)
+    def _taken(self) -> bool:
         # Cleared before the caller looks again: a hint after this is not lost, and one
         # before it is covered by that look.
-        self._event.clear()
+        woke = self._hinted.is_set()
+        self._hinted.clear()
+        if self._on_loop is not None:
+            self._on_loop[1].clear()
         return woke
 
+    def wait(self, timeout: float) -> bool:
+        """Block until a hint (``True``) or ``timeout`` seconds (``False``)."""
+        self._hinted.wait(timeout)
+        return self._taken()
 
-class _AsyncWaiter:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._event = asyncio.Event()
+    async def wait_async(self, timeout: float) -> bool:
+        """:meth:`wait` on the running loop."""
+        if self._on_loop is None:
+            self._on_loop = (asyncio.get_running_loop(), asyncio.Event())
+        # A hint before the line above set the flag, which is read now; one after it
+        # also sets the loop's event.
+        if not self._hinted.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._on_loop[1].wait()
+        return self._taken()
 
-    def wake(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            self._loop.call_soon_threadsafe(self._event.set)
+    def ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Block until the source listens (or ``timeout`` seconds): a hint sent after this
+        is not missed."""
+        self._hub.ready.wait(timeout)
+        self._taken()
+
+    async def ready_async(self, timeout: float = READY_TIMEOUT) -> None:
+        """:meth:`ready` on the running loop (the source's ``ready`` wakes every waiter)."""
+        deadline = time.monotonic() + timeout
+        while not self._hub.ready.is_set() and (left := deadline - time.monotonic()) > 0:
+            await self.wait_async(left)
+        self._taken()
+
+
+class _Ready(threading.Event):
+    """The source's ``ready``: setting it wakes the waiters waiting for it."""
+
+    def __init__(self, hint: Hint) -> None:
+        super().__init__()
+        self._hint = hint
+
+    def set(self) -> None:
+        super().set()
+        self._hint(None)
+
+
+class _AsyncWatch:
+    def __init__(self, waiter: Waiter) -> None:
+        self._waiter = waiter
 
     async def wait(self, timeout: float) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                await self._event.wait()
-        except TimeoutError:
-            return False
-        finally:
-            self._event.clear()
-        return True
+        return await self._waiter.wait_async(timeout)
 
 
 class ResultHub:
@@ -70,9 +113,9 @@ class ResultHub:
         self._source = source
         self._name = name
         self._lock = threading.Lock()
-        self._waiters: dict[str, set[_Waiter | _AsyncWaiter]] = {}
+        self._waiters: dict[str, set[Waiter]] = {}
         self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
+        self.ready: threading.Event = _Ready(self.hint)
         self._stop = threading.Event()
 
     def hint(self, message_id: str | None) -> None:
@@ -84,19 +127,23 @@ class ResultHub:
         for waiter in woken:
             waiter.wake()
 
-    def _register(self, message_id: str, waiter: _Waiter | _AsyncWaiter) -> None:
+    def register(self, message_id: str) -> Waiter:
+        """A waiter for hints about ``message_id``, the source started if it is not yet;
+        :meth:`unregister` it when done."""
+        waiter = Waiter(self)
         with self._lock:
             self._waiters.setdefault(message_id, set()).add(waiter)
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
                     target=self._source,
-                    args=(self.hint, self._ready, self._stop),
+                    args=(self.hint, self.ready, self._stop),
                     name=self._name,
                     daemon=True,
                 )
                 self._thread.start()
+        return waiter
 
-    def _unregister(self, message_id: str, waiter: _Waiter | _AsyncWaiter) -> None:
+    def unregister(self, message_id: str, waiter: Waiter) -> None:
         with self._lock:
             waiters = self._waiters.get(message_id)
             if waiters is not None:
@@ -105,25 +152,22 @@ class ResultHub:
                     del self._waiters[message_id]
 
     @contextmanager
-    def watch(self, message_id: str) -> Iterator[_Waiter]:
-        waiter = _Waiter()
-        self._register(message_id, waiter)
+    def watch(self, message_id: str) -> Iterator[Waiter]:
+        waiter = self.register(message_id)
         try:
-            self._ready.wait(READY_TIMEOUT)
+            waiter.ready()
             yield waiter
         finally:
-            self._unregister(message_id, waiter)
+            self.unregister(message_id, waiter)
 
     @asynccontextmanager
-    async def watch_async(self, message_id: str) -> AsyncIterator[_AsyncWaiter]:
-        waiter = _AsyncWaiter(asyncio.get_running_loop())
-        self._register(message_id, waiter)
+    async def watch_async(self, message_id: str) -> AsyncIterator[_AsyncWatch]:
+        waiter = self.register(message_id)
         try:
-            if not self._ready.is_set():
-                await asyncio.to_thread(self._ready.wait, READY_TIMEOUT)
-            yield waiter
+            await waiter.ready_async()
+            yield _AsyncWatch(waiter)
         finally:
-            self._unregister(message_id, waiter)
+            self.unregister(message_id, waiter)
 
     def close(self) -> None:
         """Stop the source (it ends within its own pause; not joined)."""

@@ -9,13 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.schedules import Missed
-
-if TYPE_CHECKING:
-    from sqlbroker.storage.backend import Backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,21 +87,3 @@ class DueSchedules:
     now: datetime
     due: list[ScheduleRecord]
     next_run_at: datetime | None
-
-
-def fire_many(backend: Backend, *, fires: Sequence[ScheduleFire]) -> dict[str, list[str]]:
-    """``backend.schedule_fire_many``: in one transaction, advance each schedule by
-    compare-and-set and publish the messages of the fires that won (as
-    ``message_insert_many`` would); return the published ids of each, leaving out the
-    fires that lost the race."""
-    if not fires:
-        return {}
-    with backend.begin() as tx:
-        won = tx.schedule_advance_many(fires=fires)
-        messages = [message for fire in won for message in fire.messages]
-        ids = (
-            tx.message_insert_many(messages=messages, subscription=None).message_ids
-            if messages
-            else []
-        )
-        return tx.schedule_published(fires=won, message_ids=ids)

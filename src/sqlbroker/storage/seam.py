@@ -199,7 +199,7 @@ class Operations(ABC):
     saga_counts = Operation(sagas.counts)
     # --- end sagas ---------------------------------------------------------------------------
 
-    # --- schedules (features/schedules.py; schedule_fire_many: storage/schedules.py) -------
+    # --- schedules (features/schedules.py) -------------------------------------------------
     schedule_upsert = Operation(schedules.upsert)
     schedule_list = Operation(schedules.list_)
     schedule_delete = Operation(schedules.delete)
@@ -207,6 +207,7 @@ class Operations(ABC):
     schedule_due = Operation(schedules.due)
     schedule_advance_many = Operation(schedules.advance)
     schedule_published = Operation(schedules.published)
+    schedule_fire_many = Operation(schedules.fire_many)
     # --- end schedules -----------------------------------------------------------------------
 
     # --- security: roles and tenants (PostgreSQL; features/security.py) -----------------

@@ -1,9 +1,9 @@
 """Schedules: definitions, the due scan and the compare-and-set that fires a tick once
 (see :mod:`sqlbroker.features.schedules`; the types are in :mod:`sqlbroker.storage.schedules`).
 
-Firing is three steps in one transaction (:func:`sqlbroker.storage.schedules.fire_many`):
-:func:`advance` moves each schedule on by compare-and-set, the won ticks' messages are
-published, and :func:`published` points each schedule at the message of its last tick.
+Firing is three steps in one transaction (:func:`fire_many`): :func:`advance` moves each
+schedule on by compare-and-set, the won ticks' messages are published, and
+:func:`published` points each schedule at the message of its last tick.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from sqlbroker.core.schedules import Missed
 from sqlbroker.storage import columns as convert
 from sqlbroker.storage.columns import EPOCH, Columns, decode_headers, utc, utc_or_none
-from sqlbroker.storage.plan import Plan, named, query, reads
+from sqlbroker.storage.operations.publishing import message_insert_many
+from sqlbroker.storage.plan import Plan, atomic, named, query, reads
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
@@ -136,6 +137,23 @@ def published(
             yield query("schedule_last_message", name=fire.name, last_message_id=ids[-1])
         fired[fire.name] = ids
     return fired
+
+
+@atomic
+def fire_many(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[dict[str, list[str]]]:
+    """In one transaction: for each fire, advance its schedule by compare-and-set on
+    (next run, definition, not paused) and, only when that succeeded, publish its
+    messages as ``message_insert_many`` would. Returns the published message ids of each
+    schedule that advanced; a fire that lost the race is left out."""
+    if not fires:
+        return {}
+    won = yield from advance(settings, fires=fires)
+    messages = [message for fire in won for message in fire.messages]
+    ids: list[str] = []
+    if messages:
+        inserted = yield from message_insert_many(settings, messages=messages, subscription=None)
+        ids = inserted.message_ids
+    return (yield from published(settings, fires=won, message_ids=ids))
 
 
 def schedule_record_of(row: Any) -> ScheduleRecord:

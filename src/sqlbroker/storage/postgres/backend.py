@@ -39,6 +39,7 @@ from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schema import pending
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
+from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
 
 log = logging.getLogger("sqlbroker.storage")
@@ -90,6 +91,7 @@ class PostgresBackend(Backend):
             listen_url=None if listen_url is None else _listen_url(listen_url),
         )
         self._db = PostgresPool(self._options, sql=self._sql)
+        self._threads = OwnThreads(name="sqlbroker-pg", size=2)
         self.notify_channel = dialect.channel_name(schema)
         self._promotion = PromotionThrottle()
         # A claim's own commit: see message_claim in queries.sql.
@@ -195,7 +197,13 @@ class PostgresBackend(Backend):
 
     def close(self) -> None:
         self.result_hub.close()
+        self._threads.shutdown()
         self._db.close()
+
+    def _close_blocks(self) -> bool:
+        # The loops' pools close without waiting (libpq's PQfinish); the blocking pool
+        # joins its threads, so it is closed on a thread of ours — when it was opened.
+        return self._db.blocking_pool_open
 
     async def listen_async(
         self,

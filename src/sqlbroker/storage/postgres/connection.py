@@ -243,6 +243,11 @@ class PostgresPool:
         if pool is not None:
             await pool.close()
 
+    @property
+    def blocking_pool_open(self) -> bool:
+        """Whether the blocking pool (of threads) was opened and not closed since."""
+        return self._pool is not None
+
     def close(self) -> None:
         """Close the blocking pool and the connections of every loop's pool left open (a
         loop's own ``close_async`` closes its pool properly)."""

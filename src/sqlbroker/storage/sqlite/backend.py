@@ -36,7 +36,7 @@ from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
-from sqlbroker.storage.sqlite.threads import HeldTransaction, SqliteThreads
+from sqlbroker.storage.sqlite.threads import HeldTransaction, sqlite_threads
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -78,7 +78,7 @@ class SqliteBackend(Backend):
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
-        self._threads = SqliteThreads()
+        self._threads = sqlite_threads()
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
         self.settings = Settings(

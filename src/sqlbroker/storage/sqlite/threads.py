@@ -2,23 +2,22 @@
 
 ``sqlite3`` blocks: an event loop that called it directly would stall on the write lock, on
 ``busy_timeout`` and on the commit's fsync. The backend's coroutines therefore run their
-SQLite work on a small pool of named threads of their own (not the loop's default
-executor, which user code shares), created on first use and shut down on close.
+SQLite work on a small pool of named threads of their own
+(:class:`~sqlbroker.storage.threads.OwnThreads`: not the loop's default executor, which
+user code shares), created on first use and shut down on close.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
 import queue
 import sqlite3
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
+
+from sqlbroker.storage.threads import OwnThreads
 
 T = TypeVar("T")
 
@@ -26,33 +25,9 @@ THREADS = 4
 """At most this many of the backend's operations run at once (claims, held transactions)."""
 
 
-class SqliteThreads:
-    """A lazily created thread pool; safe to use from several event loops."""
-
-    def __init__(self) -> None:
-        self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def run(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        """Run ``fn`` on a thread of the pool, in a copy of the caller's context."""
-        loop = asyncio.get_running_loop()
-        call = functools.partial(contextvars.copy_context().run, fn)
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=THREADS, thread_name_prefix="sqlbroker-sqlite"
-                )
-            # Submitted under the lock, so that shutdown() cannot slip in between.
-            return loop.run_in_executor(self._executor, call)
-
-    def shutdown(self) -> None:
-        """Let the threads go once their work is done (without waiting for it: a
-        transaction still held ends when its coroutine leaves it); a later :meth:`run`
-        starts a new pool."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False)
+def sqlite_threads() -> OwnThreads:
+    """The SQLite backend's threads (at most :data:`THREADS`)."""
+    return OwnThreads(name="sqlbroker-sqlite", size=THREADS)
 
 
 class _Rollback(Exception):
@@ -79,7 +54,7 @@ class HeldTransaction:
 
     def __init__(
         self,
-        threads: SqliteThreads,
+        threads: OwnThreads,
         begin: Callable[[], AbstractContextManager[sqlite3.Connection]],
     ) -> None:
         self._loop = asyncio.get_running_loop()
