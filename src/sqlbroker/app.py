@@ -25,7 +25,6 @@ from sqlbroker.features.faces import (
     Awaiting,
     Blocking,
     Call,
-    Offload,
     Part,
     Plan,
     drive_async,
@@ -208,8 +207,9 @@ class _Base(BrokerBase):
 
 
 class _WorkerView(Part, Blocking):
-    """What the worker needs of either face: blocking (the worker runs these on its
-    threads), but for the reaper's pass, which runs on the worker's loop."""
+    """What the worker needs of either face: the reaper's and the scheduler's passes as
+    coroutines on the worker's loop; the set-up at its start, blocking (it runs on the
+    backend's own threads)."""
 
     def __init__(self, broker: BrokerBase) -> None:
         super().__init__(broker)
@@ -221,10 +221,8 @@ class _WorkerView(Part, Blocking):
     def backend(self) -> Backend:
         return self._ready()
 
-    async def reap_async(self, offload: Offload, *, limit: int = 1000) -> dict[str, int]:
-        """:meth:`reap` on the running loop, its blocking part (the sagas' sweep) through
-        ``offload``."""
-        return await drive_async(self.backend, inspection.reap(self._base, limit=limit), offload)
+    async def reap_async(self, *, limit: int = 1000) -> dict[str, int]:
+        return await drive_async(self.backend, inspection.reap(self._base, limit=limit))
 
     def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any:
         return self._drive(publishing.subscribe(self._base, name, patterns, replace=replace))
@@ -232,8 +230,8 @@ class _WorkerView(Part, Blocking):
     def stats(self) -> list[SubscriptionStats]:
         return self._drive(inspection.stats(self._base))
 
-    def run_due_schedules(self) -> ScheduleRun:
-        return self._drive(scheduling.run_due_schedules(self._base))
+    async def run_due_schedules_async(self) -> ScheduleRun:
+        return await drive_async(self.backend, scheduling.run_due_schedules(self._base))
 
 
 class Broker(_Base, Blocking):

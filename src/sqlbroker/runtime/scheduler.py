@@ -13,7 +13,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.features.schedules import ScheduleRun
@@ -26,18 +25,15 @@ MIN_WAIT = 0.005
 
 
 class Scheduler:
-    """Runs ``run_due`` (one scheduler pass, blocking) until stopped."""
+    """Runs scheduler passes (``run_due``) until stopped."""
 
-    def __init__(self, run_due: Callable[[], ScheduleRun], *, poll_interval: float) -> None:
-        self._run_due = run_due
+    def __init__(self, *, poll_interval: float) -> None:
         self._poll = poll_interval
 
-    def _pass(self) -> float:
-        """One pass; how long to wait before the next."""
-        try:
-            run = self._run_due()
-        except SqlbrokerError as error:
-            log.warning("scheduler pass failed: %s", error)
+    def _wait(self, run: ScheduleRun | SqlbrokerError) -> float:
+        """How long to wait after a pass (or its failure) before the next."""
+        if isinstance(run, SqlbrokerError):
+            log.warning("scheduler pass failed: %s", run)
             return self._poll
         if run.published:
             log.debug(
@@ -48,13 +44,20 @@ class Scheduler:
         wake_in = run.wake_in
         return self._poll if wake_in is None else min(self._poll, max(MIN_WAIT, wake_in))
 
-    async def run(self, stop: asyncio.Event, run_blocking: Callable[..., Awaitable[Any]]) -> None:
-        """The worker's side task: passes on the worker's database threads until ``stop``."""
+    async def run(self, stop: asyncio.Event, run_due: Callable[[], Awaitable[ScheduleRun]]) -> None:
+        """The worker's side task: passes on the worker's loop until ``stop``."""
         while not stop.is_set():
-            wait: float = await run_blocking(self._pass)
-            await wait_any(stop, timeout=wait)
+            try:
+                run: ScheduleRun | SqlbrokerError = await run_due()
+            except SqlbrokerError as error:
+                run = error
+            await wait_any(stop, timeout=self._wait(run))
 
-    def run_forever(self, stop: threading.Event) -> None:
+    def run_forever(self, stop: threading.Event, run_due: Callable[[], ScheduleRun]) -> None:
         """Blocking passes until ``stop`` is set (a process that only schedules)."""
         while not stop.is_set():
-            stop.wait(self._pass())
+            try:
+                run: ScheduleRun | SqlbrokerError = run_due()
+            except SqlbrokerError as error:
+                run = error
+            stop.wait(self._wait(run))

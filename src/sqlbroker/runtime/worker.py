@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import random
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol, TypedDict, Unpack
 
 from sqlbroker.core import validate
@@ -52,26 +50,6 @@ CANCEL_SAFETY_POLL = 5.0
 """The same where a notification announces each cancel (PostgreSQL's NOTIFY)."""
 
 
-async def _shut_down_off_loop(threads: ThreadPoolExecutor) -> None:
-    """Wait for ``threads`` to finish on a thread of its own: a database call still running
-    (its caller was cancelled) must not stall an application sharing the loop, nor take a
-    thread of the loop's default executor, which is the application's."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def finish() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def shut_down() -> None:
-        threads.shutdown(wait=True)
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-            loop.call_soon_threadsafe(finish)
-
-    threading.Thread(target=shut_down, name="sqlbroker-db-shutdown", daemon=True).start()
-    await done
-
-
 class WorkerCrashed(SqlbrokerError):
     """A task of the worker died unexpectedly; the worker stopped after draining."""
 
@@ -88,15 +66,13 @@ class BrokerLike(Protocol):
     @property
     def publish_defaults(self) -> PublishDefaults: ...
 
-    async def reap_async(
-        self, offload: Callable[[Callable[[], Any]], Awaitable[Any]], *, limit: int = 1000
-    ) -> dict[str, int]: ...
+    async def reap_async(self, *, limit: int = 1000) -> dict[str, int]: ...
 
     def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any: ...
 
     def stats(self) -> list[Any]: ...
 
-    def run_due_schedules(self) -> Any: ...
+    async def run_due_schedules_async(self) -> Any: ...
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -235,19 +211,13 @@ class Worker:
         if self._pending_stop is not None:
             self._request_stop(self._pending_stop)
         backend = self._broker.backend
-        db_threads = ThreadPoolExecutor(
-            max_workers=2 * len(self._specs) + 4, thread_name_prefix="sqlbroker-db"
-        )
         handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
-
-        def run_blocking(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Awaitable[Any]:
-            return loop.run_in_executor(db_threads, functools.partial(fn, *args, **kwargs))
 
         installed: list[signal.Signals] = []
         writeback: WriteBack | None = None
         stop_timer: asyncio.TimerHandle | None = None
         try:
-            await run_blocking(self._ensure_subscriptions)
+            await backend.offload(self._ensure_subscriptions)
             writeback = WriteBack(
                 backend.async_ops.message_settle_many,
                 on_flushed=self._flushed,
@@ -287,7 +257,7 @@ class Worker:
                     validate.seconds(timeout, "timeout"), self._request_stop, False
                 )
             supervisor = asyncio.ensure_future(
-                self._supervise(backend, writeback, run_blocking, until_idle=until_idle)
+                self._supervise(backend, writeback, until_idle=until_idle)
             )
             await self._until_stopped(supervisor)
         finally:
@@ -298,7 +268,6 @@ class Worker:
             if writeback is not None:
                 writeback.close()
             handler_threads.shutdown(wait=False, cancel_futures=True)
-            await _shut_down_off_loop(db_threads)
             with contextlib.suppress(Exception):
                 await backend.close_async()
             self._loop = None
@@ -328,7 +297,6 @@ class Worker:
         self,
         backend: Backend,
         writeback: WriteBack,
-        run_blocking: Callable[..., Awaitable[Any]],
         *,
         until_idle: bool,
     ) -> None:
@@ -356,7 +324,7 @@ class Worker:
             if self._listen:
                 group.create_task(self._guard("listener", self._hints(backend)))
             flusher = group.create_task(self._guard("write-back", writeback.run(side_stop)))
-            group.create_task(self._guard("reaper", self._reap(side_stop, run_blocking)))
+            group.create_task(self._guard("reaper", self._reap(side_stop)))
             heartbeat = Heartbeat(
                 backend,
                 self.recorder,
@@ -368,8 +336,9 @@ class Worker:
             )
             group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
             if self._schedules:
-                scheduler = Scheduler(self._broker.run_due_schedules, poll_interval=self._poll_max)
-                group.create_task(self._guard("scheduler", scheduler.run(self._stop, run_blocking)))
+                scheduler = Scheduler(poll_interval=self._poll_max)
+                passes = scheduler.run(self._stop, self._broker.run_due_schedules_async)
+                group.create_task(self._guard("scheduler", passes))
             if until_idle:
                 group.create_task(self._guard("idle watch", self._watch_idle(writeback)))
             group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
@@ -515,10 +484,10 @@ class Worker:
         for outcome in report.lost:
             self._pumps[outcome.delivery.subscription].flushed(outcome, lost=True)
 
-    async def _reap(self, stop: asyncio.Event, run_blocking: Callable[..., Awaitable[Any]]) -> None:
+    async def _reap(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                counts = await self._broker.reap_async(run_blocking)
+                counts = await self._broker.reap_async()
             except SqlbrokerError as error:
                 log.warning("reaper pass failed: %s", error)
             else:

@@ -144,7 +144,7 @@ def scheduler(session: Session, poll_interval: float, once: bool, log_level: str
     }
     try:
         log.info("scheduler running on %s", session.display_url)
-        Scheduler(broker.run_due_schedules, poll_interval=poll_interval).run_forever(stop)
+        Scheduler(poll_interval=poll_interval).run_forever(stop, broker.run_due_schedules)
         log.info("scheduler stopped")
     finally:
         for signum, handler in previous.items():
