@@ -292,3 +292,13 @@ def test_a_replacing_publish_still_wakes_the_workers(pg_url: str) -> None:
             broker.send("sync", 2, key="doc", replace=True)
             woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert woken == ["sync"]
+
+
+def test_prometheus_counts_the_replaced_publishes(broker: sqlbroker.Broker) -> None:
+    pytest.importorskip("prometheus_client")
+    from sqlbroker.interfaces.prometheus import exposition, registry_for
+
+    for n in range(3):
+        broker.send("sync", n, key="doc", replace=True)
+    text = exposition(registry_for(broker)).decode()
+    assert 'sqlbroker_messages_total{outcome="replaced",subscription="sync"} 2.0' in text
