@@ -18,17 +18,16 @@ Prints medians and the ratios to ``plain`` and ``keyed`` and writes ``--out``.md
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from report import Run, write
 
 import sqlbroker
 from pgserver import PostgresServer
@@ -73,10 +72,9 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=100)
     parser.add_argument("--out", default="bench/results/debounce_s16")
     args = parser.parse_args()
-    started = time.time()
-    load_before = os.getloadavg()
+    run = Run()
     report: dict[str, Any] = {
-        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "started": run.started_at,
         "rounds": args.rounds,
         "ops": args.ops,
         "backends": {},
@@ -101,16 +99,11 @@ def main() -> None:
                     f"   / plain {median / plain:5.2f}   / keyed {median / keyed:5.2f}"
                 )
             report["backends"][backend] = rows
-    report["seconds"] = round(time.time() - started)
-    report["load_average"] = {"start": load_before, "end": os.getloadavg()}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    report.update(run.stamp())
     lines = [
         "# What a replacing or debounced publish costs (`bench/debounce_cost.py`)",
         "",
-        f"{report['started']} · {report['seconds']} s · {os.cpu_count()} cores · load average"
-        f" {[round(x, 1) for x in load_before]} at the start,"
-        f" {[round(x, 1) for x in os.getloadavg()]} at the end · {args.rounds} rounds of"
+        f"{run.header(report)} · {args.rounds} rounds of"
         f" {args.ops} sends per mode, the modes interleaved. 100 ordering keys; in the"
         " replace and debounce modes every send after the first 100 replaces a pending copy.",
         "",
@@ -123,7 +116,7 @@ def main() -> None:
                 f"| {backend} | `{mode}` | {row['median_ms']:.3f} | {row['ratio_plain']:.2f}× |"
                 f" {row['ratio_keyed']:.2f}× |"
             )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write(args.out, report, lines)
 
 
 if __name__ == "__main__":

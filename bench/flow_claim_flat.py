@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
+from report import Run, write  # noqa: E402
 
 import sqlbroker  # noqa: E402
 from pgserver import PostgresServer  # noqa: E402
@@ -210,10 +209,9 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=40)
     parser.add_argument("--out", default="bench/results/flow_claim_s16")
     args = parser.parse_args()
-    started = time.time()
-    load_before = os.getloadavg()
+    run = Run()
     report: dict[str, Any] = {
-        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "started": run.started_at,
         "baseline": args.baseline,
         "rounds": args.rounds,
         "ops": args.ops,
@@ -232,20 +230,15 @@ def main() -> None:
                 "latency_ms": latency(url("latency"), statement, args.rounds, args.ops),
                 "drain_ms": drain(url("drain"), statement, args.rounds, args.ops),
             }
-    report["seconds"] = round(time.time() - started)
-    report["load_average"] = {"start": load_before, "end": os.getloadavg()}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(report, load_before))
+    report.update(run.stamp())
+    write(args.out, report, markdown(report, run))
 
 
-def markdown(report: dict[str, Any], load_before: tuple[float, float, float]) -> str:
+def markdown(report: dict[str, Any], run: Run) -> list[str]:
     lines = [
         "# Flow claims with keys piling up (`bench/flow_claim_flat.py`)",
         "",
-        f"{report['started']} · {report['seconds']} s · {os.cpu_count()} cores · load average"
-        f" {[round(x, 1) for x in load_before]} at the start,"
-        f" {[round(x, 1) for x in os.getloadavg()]} at the end · before = main's"
+        f"{run.header(report)} · before = main's"
         f" `message_claim_flow` ({report['baseline']}), after = this tree's, on one database,"
         f" alternating · {report['rounds']} rounds of {report['ops']} operations each.",
         "",
@@ -295,7 +288,7 @@ def markdown(report: dict[str, Any], load_before: tuple[float, float, float]) ->
         plain = found["drain_ms"]["plain"]
         for name, ms in found["drain_ms"].items():
             lines.append(f"| {backend} | `{name}` | {ms:.3f} | {ms / plain:.2f}× |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":

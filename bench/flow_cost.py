@@ -24,17 +24,16 @@ and writes ``--out``.md/.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from report import Run, write
 
 import sqlbroker
 from pgserver import PostgresServer
@@ -64,6 +63,7 @@ MODES: dict[str, tuple[dict[str, Any], bool]] = {
 def measure(url: str, rounds: int, ops: int) -> dict[str, list[float]]:
     backlog = rounds * ops * 10 + 100
     broker = sqlbroker.Broker(url, migrate=True)
+    broker.migrate()  # the backend's own operations below do not migrate a fresh database
     for mode, (limits, keyed) in MODES.items():
         queue = f"flow-{mode.replace('_', '-')}"
         broker.backend.subscription_ensure(name=queue)
@@ -97,10 +97,9 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=80)
     parser.add_argument("--out", default="bench/results/flow_s15")
     args = parser.parse_args()
-    started = time.time()
-    load_before = os.getloadavg()
+    run = Run()
     report: dict[str, Any] = {
-        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "started": run.started_at,
         "rounds": args.rounds,
         "ops": args.ops,
         "backends": {},
@@ -120,16 +119,11 @@ def main() -> None:
                     f"   / plain {median / plain:5.2f}"
                 )
             report["backends"][backend] = rows
-    report["seconds"] = round(time.time() - started)
-    report["load_average"] = {"start": load_before, "end": os.getloadavg()}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    report.update(run.stamp())
     lines = [
         "# What each flow limit costs a drain (`bench/flow_cost.py`)",
         "",
-        f"{report['started']} · {report['seconds']} s · {os.cpu_count()} cores · load average"
-        f" {[round(x, 1) for x in load_before]} at the start,"
-        f" {[round(x, 1) for x in os.getloadavg()]} at the end · {args.rounds} rounds of"
+        f"{run.header(report)} · {args.rounds} rounds of"
         f" {args.ops} operations per mode (claim 10 + complete them, both timed), the modes"
         " interleaved. Limits far above the achieved rate; the keyed modes drain 100 keys.",
         "",
@@ -139,7 +133,7 @@ def main() -> None:
     for backend, rows in report["backends"].items():
         for mode, row in rows.items():
             lines.append(f"| {backend} | `{mode}` | {row['median_ms']:.3f} | {row['ratio']:.2f}× |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write(args.out, report, lines)
 
 
 if __name__ == "__main__":

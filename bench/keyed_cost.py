@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from report import Run, write
 
 KEYS, PER_KEY = 100, 100
 
@@ -65,7 +66,7 @@ def main() -> None:
     from pgserver import PostgresServer
 
     trees = dict(item.split("=", 1) for item in args.tree)
-    started, load_before = time.time(), os.getloadavg()
+    run = Run()
     samples: dict[str, dict[str, dict[str, list[float]]]] = {}
     with tempfile.TemporaryDirectory() as directory, PostgresServer() as pg:
         urls: dict[tuple[str, str], str] = {}
@@ -98,9 +99,8 @@ def main() -> None:
                     for mode, values in got.items():
                         rows.setdefault(mode, []).extend(values)
     report: dict[str, Any] = {
-        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
-        "seconds": round(time.time() - started),
-        "load_average": {"start": load_before, "end": os.getloadavg()},
+        "started": run.started_at,
+        **run.stamp(),
         "rounds": args.rounds,
         "ops": args.ops,
         "results": {},
@@ -108,9 +108,7 @@ def main() -> None:
     lines = [
         "# What a keyed send costs (`bench/keyed_cost.py`)",
         "",
-        f"{report['started']} · {report['seconds']} s · {os.cpu_count()} cores · load average"
-        f" {[round(x, 1) for x in load_before]} at the start,"
-        f" {[round(x, 1) for x in os.getloadavg()]} at the end · {args.rounds} rounds of"
+        f"{run.header(report)} · {args.rounds} rounds of"
         f" {args.ops} sends per mode and tree, the trees in turn. Queues with a backlog of"
         f" {KEYS * PER_KEY:,} copies ({KEYS} keys × {PER_KEY} in the keyed one).",
         "",
@@ -131,9 +129,7 @@ def main() -> None:
             )
             lines.append(line)
             print(line)
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write(args.out, report, lines)
 
 
 if __name__ == "__main__":

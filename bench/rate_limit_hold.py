@@ -19,14 +19,11 @@ steady-state rate leaves it out (windows 2 onwards).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
+from report import Run, write  # noqa: E402
 
 import sqlbroker  # noqa: E402
 from pgserver import PostgresServer  # noqa: E402
@@ -120,10 +118,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--out", default="bench/results/rate_limit_s16")
     args = parser.parse_args()
-    started = time.time()
-    load_before = os.getloadavg()
+    run = Run()
     report: dict[str, Any] = {
-        "started": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
+        "started": run.started_at,
         "workers": args.workers,
         "concurrency": args.concurrency,
         "backends": {},
@@ -141,16 +138,11 @@ def main() -> None:
                 f" {[round(w, 1) for w in found['windows_per_s']]}",
                 flush=True,
             )
-    report["seconds"] = round(time.time() - started)
-    report["load_average"] = {"start": load_before, "end": os.getloadavg()}
-    out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    report.update(run.stamp())
     lines = [
         "# A rate limit held by 4 worker processes (`bench/rate_limit_hold.py`)",
         "",
-        f"{report['started']} · {report['seconds']} s · {os.cpu_count()} cores · load average"
-        f" {[round(x, 1) for x in load_before]} at the start,"
-        f" {[round(x, 1) for x in os.getloadavg()]} at the end · rate_limit {args.rate}/s,"
+        f"{run.header(report)} · rate_limit {args.rate}/s,"
         f" {args.workers} worker processes of {args.concurrency} handlers, {args.seconds:.0f} s"
         " from the first claim; claims counted by their `first_started_at` (database clock).",
         "",
@@ -165,7 +157,7 @@ def main() -> None:
             f" | {found['worst_window_error']:.1%}"
             f" | {', '.join(f'{w:.1f}' for w in found['windows_per_s'])} |"
         )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write(args.out, report, lines)
 
 
 if __name__ == "__main__":

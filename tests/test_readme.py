@@ -563,7 +563,11 @@ assert result.value == {"total": 25.0, "count": 2}
         prelude=BROKER_FROM_ENV,
         epilogue="""
 assert broker.archive("reports")[0].outcome == "cancelled"
-assert [e.action for e in broker.audit(limit=2)] == ["subscription.resume", "subscription.pause"]
+assert [e.action for e in broker.audit(limit=3)] == [
+    "message.cancel",
+    "subscription.resume",
+    "subscription.pause",
+]
 assert broker.stats()[0].paused is False
 """,
     ),

@@ -254,3 +254,51 @@ def test_the_cli_sends_with_replace_and_debounce(backend_url: str) -> None:
             assert (code, out, err.count("\n")) == (2, "", 1)
             assert err.startswith("error: debounce: ")
         assert broker.backend.table_counts() == before
+
+
+def _replaced(broker: sqlbroker.Broker) -> dict[str, int]:
+    return {s.subscription: s.replaced for s in broker.stats()}
+
+
+def test_stats_count_the_replaced_publishes_per_subscription(broker: sqlbroker.Broker) -> None:
+    broker.subscribe("index", "doc.*")
+    broker.subscribe("audit", "doc.*")
+    broker.publish("doc.updated", {"v": 0}, key="d1", replace=True)
+    broker.publish("doc.updated", {"v": 1}, key="d1", replace=True)  # replaces in both
+    broker.claim("audit", limit=1)
+    broker.publish("doc.updated", {"v": 2}, key="d1", debounce=30)  # index only: audit runs
+    broker.publish("doc.updated", {"v": 3}, key="d2", replace=True)  # nothing to replace
+    broker.send_many("sync", [{"v": n} for n in range(4)], key="doc", replace=True)
+    assert _replaced(broker) == {"audit": 1, "index": 2, "sync": 3}
+
+
+def test_the_cli_stats_show_the_replaced_publishes(backend_url: str) -> None:
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+        for n in range(3):
+            broker.send("sync", n, key="doc", replace=True)
+    result = CliRunner().invoke(cli, ["--url", backend_url, "stats", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"replaced": 2' in result.stdout
+
+
+@pytest.mark.postgres
+def test_a_replacing_publish_still_wakes_the_workers(pg_url: str) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    with sqlbroker.Broker(pg_url, migrate=True) as broker:
+        broker.send("sync", 1, key="doc", replace=True)
+        channel = broker.backend.notify_channel
+        with psycopg.connect(pg_url, autocommit=True) as listener:
+            listener.execute(f'LISTEN "{channel}"')
+            broker.send("sync", 2, key="doc", replace=True)
+            woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert woken == ["sync"]
+
+
+def test_prometheus_counts_the_replaced_publishes(broker: sqlbroker.Broker) -> None:
+    pytest.importorskip("prometheus_client")
+    from sqlbroker.interfaces.prometheus import exposition, registry_for
+
+    for n in range(3):
+        broker.send("sync", n, key="doc", replace=True)
+    text = exposition(registry_for(broker)).decode()
+    assert 'sqlbroker_messages_total{outcome="replaced",subscription="sync"} 2.0' in text

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -99,4 +101,47 @@ def test_the_cli_pauses_resumes_and_cancels(backend_url: str) -> None:
             assert err == message
     with sqlbroker.Broker(backend_url) as broker:
         actions = [(e.actor.split(":")[0], e.action) for e in broker.audit(limit=5)]
-    assert actions == [("cli", "subscription.resume"), ("cli", "subscription.pause")]
+    assert actions == [
+        ("cli", "message.cancel"),
+        ("cli", "subscription.resume"),
+        ("cli", "subscription.pause"),
+    ]
+
+
+def test_a_cancel_is_audited_with_the_copies_it_reached(broker: sqlbroker.Broker) -> None:
+    broker.subscribe("orders", "order.*")
+    broker.subscribe("emails", "order.*")
+    message_id = broker.publish("order.placed", 1)
+    (running,) = broker.claim("orders", limit=1)
+    assert broker.cancel(message_id, actor="ops", note="sent twice") == 2
+    assert broker.cancel(str(uuid.uuid4())) == 0  # reached nothing: nothing recorded
+    (entry,) = [e for e in broker.audit(limit=10) if e.action == "message.cancel"]
+    assert (entry.actor, entry.detail) == (
+        "ops",
+        {"message_ids": [message_id], "cancelled": 1, "flagged": 1, "note": "sent twice"},
+    )
+    assert running.message_id == message_id
+
+
+def test_the_async_cancel_is_audited_as_the_api_user(backend_url: str) -> None:
+    async def main() -> tuple[int, list[tuple[str, str]]]:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+            await broker.subscribe("orders", "order.*")
+            message_id = await broker.publish("order.placed", 1)
+            count = await broker.cancel(message_id)
+            audit = await broker.audit(limit=5)
+            return count, [(e.actor.split(":")[0], e.action) for e in audit]
+
+    assert asyncio.run(main()) == (1, [("api", "message.cancel")])
+
+
+@pytest.mark.parametrize("options", [{"actor": ""}, {"actor": 7}, {"note": " "}])
+def test_a_cancel_with_a_bad_actor_or_note_writes_nothing(
+    broker: sqlbroker.Broker, options: dict[str, Any]
+) -> None:
+    broker.subscribe("orders", "order.*")
+    message_id = broker.publish("order.placed", 1)
+    before = broker.backend.table_counts()
+    with pytest.raises(sqlbroker.ValidationError):
+        broker.cancel(message_id, **options)
+    assert broker.backend.table_counts() == before

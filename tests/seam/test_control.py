@@ -41,7 +41,7 @@ def test_a_cancelled_copy_whose_worker_was_lost_ends_cancelled(
 ) -> None:
     cancelled_id, lost_id = publish(backend, "jobs", 2)
     claim(backend, "jobs", 2)
-    assert backend.message_cancel_many(message_ids=[cancelled_id]) == 1
+    assert backend.message_cancel_many(message_ids=[cancelled_id], actor="ops") == 1
     clock.advance(31)
     result = backend.lease_release_expired(limit=10)
     assert (result.released, result.dead) == (1, 0)

@@ -84,7 +84,7 @@ def test_cancel_archives_copies_not_running_and_flags_running_ones(backend: Any)
     running_id, waiting_id = publish(backend, "jobs", 2)
     (running,) = claim(backend, "jobs", 1)
     assert backend.message_cancel_requested(ids=[running.id]) == []
-    assert backend.message_cancel_many(message_ids=[running_id, waiting_id]) == 2
+    assert backend.message_cancel_many(message_ids=[running_id, waiting_id], actor="ops") == 2
     assert states(backend, "jobs") == ["running"]
     assert backend.message_cancel_requested(ids=[running.id, running.id + 1000]) == [running.id]
     # The worker that ran it archives it as cancelled; a stale lease changes nothing.

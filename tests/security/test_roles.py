@@ -188,6 +188,28 @@ def test_a_worker_runs_handlers_sagas_and_heartbeats(db: SecuredDatabase) -> Non
         assert reader.workers()
 
 
+def test_the_operator_cancels_with_an_audit_trail_and_a_consumer_may_not(
+    db: SecuredDatabase,
+) -> None:
+    with db.broker(LOGINS["producer"]) as producer:
+        first, second = producer.send_many("orders", [1, 2])
+    with db.broker(LOGINS["consumer"]) as consumer, sqlbroker.Broker(db.admin_url) as admin:
+        (running,) = consumer.claim("orders", limit=1)
+        before = admin.backend.table_counts()
+        _refused(lambda: consumer.cancel(second))  # a consumer may not write the audit
+        assert admin.backend.table_counts() == before
+    with db.broker(LOGINS["operator"]) as operator:
+        assert operator.cancel(running.message_id, actor="ops", note="dup") == 1
+        assert operator.cancel(second) == 1
+        entries = [(e.action, e.detail) for e in operator.audit()]
+    assert entries[1] == (
+        "message.cancel",
+        {"message_ids": [running.message_id], "cancelled": 0, "flagged": 1, "note": "dup"},
+    )
+    assert entries[0][1]["cancelled"] == 1
+    assert first in (running.message_id, second)
+
+
 def test_the_operator_replays_and_purges_with_an_audit_trail(db: SecuredDatabase) -> None:
     with db.broker(LOGINS["producer"]) as producer:
         producer.send_many("orders", [1, 2])

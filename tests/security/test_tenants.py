@@ -564,3 +564,41 @@ def test_a_handed_over_subscription_takes_its_results_along(tenants: Tenants) ->
             globex.result(message_id)
         assert globex_app.AsyncResult(task.id).status == "PENDING"
         assert globex_app.AsyncResult(waiting.id).status == "PENDING"
+
+
+@pytest.mark.postgres
+def test_a_handed_over_subscription_takes_its_groups_and_chord_counters_along(
+    tenants: Tenants,
+) -> None:
+    """Assigning a queue to a tenant moves the group results and chord counters of the
+    groups its Celery tasks belong to (Celery keeps them beside the task results); another
+    queue's group stays, and another tenant sees none of them."""
+    from celery import Celery
+
+    from sqlbroker.contrib.celery import SCHEME
+
+    def celery_app(url: str) -> Celery:
+        return Celery("shop", broker=f"{SCHEME}+{url}", backend=f"{SCHEME}+{url}")
+
+    def group_of(app: Celery, queue: str) -> str:
+        group_id = str(uuid.uuid4())
+        parts = [app.send_task("shop.add", (n, n), queue=queue, group_id=group_id) for n in (1, 2)]
+        app.GroupResult(group_id, parts).save()
+        app.backend.incr(app.backend.get_key_for_chord(group_id))  # one part finished
+        return group_id
+
+    with celery_app(tenants.admin_url) as app:
+        moved, stayed = group_of(app, "legacy"), group_of(app, "elsewhere")
+        with sqlbroker.Broker(tenants.admin_url) as admin:
+            admin.claim("legacy")  # running, archived or dead: the same
+            assert security.assign_subscription(admin.backend, subscription="legacy", tenant="acme")
+
+    with celery_app(tenants.url(ACME)) as acme_app:
+        restored = acme_app.GroupResult.restore(moved)
+        assert restored is not None
+        assert len(restored.results) == 2
+        assert acme_app.backend.incr(acme_app.backend.get_key_for_chord(moved)) == 2
+        assert acme_app.GroupResult.restore(stayed) is None
+    with celery_app(tenants.url(GLOBEX)) as globex_app:
+        assert globex_app.GroupResult.restore(moved) is None
+        assert globex_app.backend.get(globex_app.backend.get_key_for_chord(moved)) is None

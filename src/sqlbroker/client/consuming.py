@@ -17,6 +17,7 @@ from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.policies import DEFAULT_RETRY, DeadLetterNow
 from sqlbroker.core.serde import encode_value
 from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.storage.base import Lease, Settlement
 from sqlbroker.storage.caller import CallerConnection
@@ -219,11 +220,16 @@ def release(broker: BrokerBase, deliveries: Delivery | Iterable[Delivery]) -> Pl
         raise_lost((d.id for d in items), done)
 
 
-def cancel(broker: BrokerBase, message_id: str) -> Plan[int]:
+def cancel(
+    broker: BrokerBase, message_id: str, *, actor: str | None = None, note: str | None = None
+) -> Plan[int]:
     """Cancel every copy of a message: copies not running are archived as cancelled
     now; a running copy's worker is told to stop its handler (within about a second;
-    docs/flow-control.md) and archives it as cancelled. Return how many copies were
-    cancelled or told to stop."""
+    docs/flow-control.md) and archives it as cancelled. Recorded in the audit trail
+    when it reached a copy (``actor`` defaults to ``api:<user>``). Return how many
+    copies were cancelled or told to stop."""
     canonical = validate.message_id(message_id)
-    cancelled: int = yield call("message_cancel_many", message_ids=[canonical])
+    who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+    why = None if note is None else validate.reason(note, "note")
+    cancelled: int = yield call("message_cancel_many", message_ids=[canonical], actor=who, note=why)
     return cancelled

@@ -84,7 +84,8 @@ def stats(
     broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
 ) -> Plan[list[SubscriptionStats]]:
     """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
-    expired copies, and — from what workers recorded over the last ``window`` seconds —
+    expired copies, publishes that replaced a pending copy (``replaced``, lifetime), and
+    — from what workers recorded over the last ``window`` seconds —
     completed, retried and dead-lettered per minute and handler time p50/p95, and whether
     flow limits hold claims back now (``throttled``)."""
     found = yield from metrics.subscription_stats(window=window)

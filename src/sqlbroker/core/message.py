@@ -376,3 +376,6 @@ class SubscriptionStats:
     or ``max_running`` copies running."""
     throttled_for: float = 0.0
     """Seconds until its rate limit lets the next claim through (0: now)."""
+    replaced: int = 0
+    """Publishes that took the place of a pending copy (``replace=True``, ``debounce=``),
+    since the database was created."""

@@ -1,8 +1,8 @@
 """Metrics from recorded facts: queue gauges joined with the per-minute counters workers
-write with their heartbeats, and the rare outcomes (expired, unrouted) counted in the
-archive. Every face — ``broker.stats()``, the CLI, Prometheus and the dashboard — reads
-through here, so they agree. Each reading is a plan (:mod:`sqlbroker.features.faces`), run
-by either face."""
+write with their heartbeats, the rare outcomes (expired, unrouted) counted in the
+archive, and the replaced publishes counted in the lifetime totals. Every face —
+``broker.stats()``, the CLI, Prometheus and the dashboard — reads through here, so they
+agree. Each reading is a plan (:mod:`sqlbroker.features.faces`), run by either face."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def subscription_stats(*, window: float | timedelta = RATE_WINDOW) -> Plan[list[
     rows: list[MinuteCounts] = yield call("metric_minutes", since=first_minute)
     rare: list[RareCount] = yield call("archive_rare_counts", since=since)
     expired = {r.subscription: r.total for r in rare if r.outcome == "expired"}
+    totals: dict[tuple[str, str], int] = yield call("metric_totals")
     per_minute = 60.0 / max((now - first_minute).total_seconds(), seconds)
     grouped: dict[str, list[MinuteCounts]] = defaultdict(list)
     for row in rows:
@@ -73,6 +74,7 @@ def subscription_stats(*, window: float | timedelta = RATE_WINDOW) -> Plan[list[
                 handler_p50=quantile(buckets, 0.5),
                 handler_p95=quantile(buckets, 0.95),
                 expired=expired.get(gauge.subscription, 0),
+                replaced=totals.get((gauge.subscription, "replaced"), 0),
             )
         )
     return result

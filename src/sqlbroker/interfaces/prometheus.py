@@ -137,7 +137,8 @@ class DatabaseCollector:
         yield throttled_for
         totals = core.CounterMetricFamily(
             "sqlbroker_messages",
-            "Outcomes written back by workers, since the database was created.",
+            "Outcomes written back by workers (and replaced publishes: outcome replaced),"
+            " since the database was created.",
             labels=["subscription", "outcome"],
         )
         for (subscription, outcome), count in sorted(backend.metric_totals().items()):

@@ -283,7 +283,7 @@ class Channel(virtual.Channel):
             if not ready:
                 return purged
             for copy in ready:
-                purged += broker.cancel(copy.message_id)
+                purged += broker.cancel(copy.message_id, note=f"celery purge of {queue}")
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         name = queue_name(queue)

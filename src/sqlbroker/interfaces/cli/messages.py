@@ -23,7 +23,7 @@ from sqlbroker.interfaces.cli.render import (
     print_table,
     table,
 )
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
 _PUBLISH_OPTIONS: list[Callable[[F], F]] = [
     click.option(
@@ -215,12 +215,14 @@ def claim(
 
 @click.command()
 @click.argument("message_id")
+@click.option("--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail.")
 @pass_session
-def cancel(session: Session, message_id: str) -> None:
+def cancel(session: Session, message_id: str, note: str | None) -> None:
     """Cancel the message MESSAGE_ID in every subscription.
 
     Copies not running are archived as cancelled at once; a running copy's worker stops
-    its handler (within about a second) and archives it as cancelled.
+    its handler (within about a second) and archives it as cancelled. The cancel is
+    recorded in the audit trail.
     """
-    count = session.broker().cancel(message_id)
+    count = session.broker().cancel(message_id, actor=cli_actor(), note=note)
     click.echo(f"cancelled {plural(count, 'copy', 'copies')} of message {message_id}")

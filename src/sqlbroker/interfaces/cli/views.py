@@ -59,6 +59,7 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
         "p50",
         "p95",
         "expired",
+        "replaced",
         "archive kept",
         "dead kept",
     ]
@@ -79,6 +80,7 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
             human_duration(s.handler_p50),
             human_duration(s.handler_p95),
             s.expired,
+            s.replaced,
             human_age(s.archive_retention),
             human_age(s.dead_retention),
         )
@@ -93,6 +95,7 @@ def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) 
         drop=[
             "dead kept",
             "archive kept",
+            "replaced",
             "expired",
             "retry/min",
             "dead/min",

@@ -26,7 +26,7 @@ from sqlbroker.storage.base import (
 )
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.flow import claim_copies
-from sqlbroker.storage.plan import Plan, Query, query, relaxed
+from sqlbroker.storage.plan import Plan, Query, atomic, query, relaxed
 from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
@@ -241,16 +241,31 @@ def message_release_many(settings: Settings, *, leases: Sequence[Lease]) -> Plan
     return sorted(row[0] for row in rows)
 
 
-def message_cancel_many(settings: Settings, *, message_ids: Sequence[str]) -> Plan[int]:
+@atomic
+def message_cancel_many(
+    settings: Settings, *, message_ids: Sequence[str], actor: str, note: str | None = None
+) -> Plan[int]:
     """Archive the copies of these messages that are not running as cancelled, and flag the
     running ones so that their workers stop the handlers (PostgreSQL wakes them with a
-    NOTIFY on the cancel channel). Return how many copies were cancelled or flagged."""
+    NOTIFY on the cancel channel); record who did it in the audit trail (action
+    ``message.cancel``) when it reached a copy. Return how many copies were cancelled or
+    flagged."""
     flagged = yield query("message_cancel_request", message_ids=list(message_ids))
     if flagged and settings.supports_notify:
         subscriptions = sorted({row[1] for row in flagged})
         yield query("notify_many", channel=settings.cancel_channel, payloads=subscriptions)
     rows = yield query("message_cancel", message_ids=list(message_ids))
     yield from _promote_heads(settings, rows)
+    if flagged or rows:
+        detail = {
+            "message_ids": list(message_ids),
+            "cancelled": len(rows),
+            "flagged": len(flagged),
+            "note": note,
+        }
+        yield query(
+            "audit_insert", actor=actor, action="message.cancel", detail=encode_json(detail)
+        )
     return len(flagged) + len(rows)
 
 

@@ -11,7 +11,8 @@
 -- claim that locked the pending copy first wins: the DELETE checks the state and attempts
 -- again once it has the row, skips a copy claimed since, and the new copy then stays
 -- blocked behind it. Only the columns a consumer may update are written (the message_id,
--- subscription and topic of a copy never change). Returns (replaced, notified).
+-- subscription and topic of a copy never change). Returns the subscription of each copy
+-- that took a pending copy's place (the caller counts them in the lifetime totals).
 WITH gone AS (
     DELETE FROM {schema}sqlbroker_message p
     USING {schema}sqlbroker_message f
@@ -46,9 +47,9 @@ took AS (
     FROM gone g
     WHERE f.message_id = %(message_id)s::uuid AND f.subscription = g.subscription
     RETURNING f.subscription, f.state
+),
+notified AS (
+    SELECT pg_notify(%(channel)s, s.subscription)
+    FROM (SELECT DISTINCT subscription FROM took WHERE state = 'available') s
 )
-SELECT (SELECT count(*) FROM took) AS replaced,
-       (SELECT count(*) FROM (
-            SELECT pg_notify(%(channel)s, s.subscription)
-            FROM (SELECT DISTINCT subscription FROM took WHERE state = 'available') s
-       ) n) AS notified
+SELECT t.subscription FROM took t, (SELECT count(*) FROM notified) n

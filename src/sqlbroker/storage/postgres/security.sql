@@ -331,9 +331,9 @@ SELECT login_role, tenant FROM {schema}sqlbroker_tenant ORDER BY tenant, login_r
 -- name: tenant_assign
 -- The subscription moves with everything it holds: its messages, and the dead letters,
 -- archive rows, stored results and metrics of its current tenant (schema 11: those rows
--- carry their tenant), and the Celery task results (schema 16) of the Celery tasks it holds
--- (see celery_tasks). Rows that an earlier holder of the name left behind stay that
--- holder's.
+-- carry their tenant), and the Celery results (schema 16) of the Celery tasks it holds:
+-- their task results, and the group results and chord counters of their groups (see
+-- celery_keys). Rows that an earlier holder of the name left behind stay that holder's.
 WITH old AS (
     SELECT name, tenant FROM {schema}sqlbroker_subscription
     WHERE name = %(subscription)s
@@ -360,12 +360,15 @@ results AS (
     UPDATE {schema}sqlbroker_result r SET tenant = %(tenant)s::text
     FROM old WHERE r.subscription = old.name AND r.tenant IS NOT DISTINCT FROM old.tenant
 ),
--- Celery's results are keyed by task id, not by queue: the ids are those of the Celery
--- tasks (Kombu messages, labelled "celery-task" by contrib/celery) the subscription holds
--- under its current tenant, ready, archived or dead. A result the new tenant already has
--- under the same key stays the old tenant's.
+-- Celery's results are keyed by task or group id, not by queue: the ids are those of the
+-- Celery tasks (Kombu messages, labelled "celery-task" by contrib/celery) the subscription
+-- holds under its current tenant, ready, archived or dead, and of their groups (a chord's
+-- header is a group): a task's result, its group's result and its chord's counter (Celery's
+-- keys, after any global key prefix). A group whose tasks went to several subscriptions
+-- moves with the first of them handed over. A result the new tenant already has under the
+-- same key stays the old tenant's.
 celery_tasks AS (
-    SELECT DISTINCT convert_from(t.payload, 'UTF8')::jsonb -> 'headers' ->> 'id' AS id
+    SELECT convert_from(t.payload, 'UTF8')::jsonb -> 'headers' AS headers
     FROM (
         SELECT m.payload, m.content_type, m.headers FROM {schema}sqlbroker_message m, old
         WHERE m.subscription = old.name
@@ -378,13 +381,20 @@ celery_tasks AS (
     ) t
     WHERE t.content_type = 'application/json' AND strpos(t.headers, '"celery-task"') > 0
 ),
+celery_keys AS (
+    SELECT 'celery-task-meta-' || (headers ->> 'id') AS key FROM celery_tasks
+    UNION
+    SELECT 'celery-taskset-meta-' || (headers ->> 'group') FROM celery_tasks
+    UNION
+    SELECT 'chord-unlock-' || (headers ->> 'group') FROM celery_tasks
+),
 task_results AS (
     UPDATE {schema}sqlbroker_task_result r SET tenant = coalesce(%(tenant)s::text, '')
-    FROM old, celery_tasks c
+    FROM old, celery_keys c
     WHERE r.tenant = coalesce(old.tenant, '')
       AND coalesce(old.tenant, '') <> coalesce(%(tenant)s::text, '')
-      AND strpos(r.key, 'celery-task-meta-') > 0
-      AND substr(r.key, strpos(r.key, 'celery-task-meta-') + 17) = c.id
+      AND substring(r.key FROM '(?:celery-task-meta-|celery-taskset-meta-|chord-unlock-).*$')
+          = c.key
       AND NOT EXISTS (
           SELECT 1 FROM {schema}sqlbroker_task_result n
           WHERE n.key = r.key AND n.tenant = coalesce(%(tenant)s::text, '')

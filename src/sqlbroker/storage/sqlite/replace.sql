@@ -6,7 +6,7 @@
 -- their key's pending copy of the same topic, which leaves. The write lock (BEGIN
 -- IMMEDIATE) serializes this with every other publisher and claim, so the new copy
 -- inherits from the pending one first and the pending one is deleted after, by the same
--- test. Returns (replaced, notified).
+-- test. Returns the subscription of each copy replaced (as PostgreSQL's).
 UPDATE sqlbroker_message AS f
 SET enqueued_at = p.enqueued_at,
     available_at = CASE
@@ -44,5 +44,5 @@ WHERE id IN (
       AND f.ordering_key IS NOT NULL
       AND p.topic = f.topic
       AND p.state <> 'running' AND p.attempts = 0 AND p.replay_count = 0
-);
-SELECT changes() AS replaced, 0 AS notified
+)
+RETURNING subscription

@@ -158,6 +158,7 @@ async function overview() {
       td(duration(s.handler_p50), "num"),
       td(duration(s.handler_p95), "num"),
       td(num(s.expired), "num"),
+      td(num(s.replaced), "num", { "data-testid": "replaced" }),
       td(sparkline(data.series[s.subscription] || [])),
     ],
   }));
@@ -180,7 +181,7 @@ async function overview() {
       { title: "running", num: 1 }, { title: "dead", num: 1 }, { title: "lag", num: 1 },
       { title: "done/min", num: 1 }, { title: "retry/min", num: 1 }, { title: "dead/min", num: 1 },
       { title: "p50", num: 1 }, { title: "p95", num: 1 }, { title: "expired", num: 1 },
-      { title: "completed, last 30 min" },
+      { title: "replaced", num: 1 }, { title: "completed, last 30 min" },
     ], rows, { testid: "subscriptions", empty: "no subscriptions yet" }),
     el("h2", {}, "Workers"),
     table([{ title: "worker" }, { title: "subscriptions" }, { title: "started" }, { title: "last heartbeat", num: 1 }, { title: "state" }],
