@@ -12,6 +12,7 @@ import base64
 import dataclasses
 import json
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -75,24 +76,38 @@ def _check_value(value: Any, field: str, where: str, depth: int, hint: str = _BY
 def _plain(value: Any, depth: int) -> bool:
     """The fast path: is ``value`` plain JSON? Builds no messages; a ``False`` sends the
     payload through :func:`_check_value` to say what is wrong. Strings are checked for NUL
-    only: a lone surrogate fails the UTF-8 encoding of the whole document."""
+    only: a lone surrogate fails the UTF-8 encoding of the whole document. The scalars of
+    a container are checked in its loop, without a call each."""
     if depth > MAX_DEPTH:
         return False
     kind = type(value)
-    if kind is str:
-        return "\x00" not in value
-    if value is None or kind is bool or kind is int:
-        return True
-    if kind is float:
-        return math.isfinite(value)
+    items: Iterable[Any]
     if kind is dict:
-        return all(
-            type(key) is str and "\x00" not in key and _plain(item, depth + 1)
-            for key, item in value.items()
-        )
-    if kind is list or kind is tuple:
-        return all(_plain(item, depth + 1) for item in value)
-    return False  # subclasses and anything else: the full check decides
+        for key in value:
+            if type(key) is not str or "\x00" in key:
+                return False
+        items = value.values()
+    elif kind is list or kind is tuple:
+        items = value
+    elif kind is str:
+        return "\x00" not in value
+    elif kind is float:
+        return math.isfinite(value)
+    else:
+        return value is None or kind is bool or kind is int  # subclasses: the full check
+    if depth == MAX_DEPTH:
+        return not value  # an item would nest one level too deep
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif not (item is None or kind is bool or kind is int or _plain(item, depth + 1)):
+            return False
+    return True
 
 
 def _refuse_constant(name: str) -> Any:
@@ -187,6 +202,20 @@ def encode_value(value: Any, *, limit: int = DEFAULT_PAYLOAD_LIMIT, field: str) 
     data = _encode_value(value, field, "the value", "")
     _check_size(data, field, limit)
     return data
+
+
+def encode_plain(value: Any, limit: int) -> bytes | None:
+    """The JSON encoding of ``value`` when it is plain JSON (see :func:`_plain`) of at most
+    ``limit`` bytes, else ``None``: :func:`encode_payload` then says what is wrong, or
+    takes it as bytes. The loop of a batch's payloads, without the checks of each call's
+    options."""
+    if not _plain(value, 0):
+        return None
+    try:
+        data = _encoder.encode(value).encode("utf-8")
+    except ValueError:  # UnicodeEncodeError among them
+        return None
+    return data if len(data) <= limit else None
 
 
 def _encode_value(value: Any, field: str, where: str, hint: str) -> bytes:
