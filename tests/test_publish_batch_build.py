@@ -5,6 +5,7 @@ payload with those options (its own id aside), and a bad payload is named by its
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 import uuid
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sqlbroker.core import serde
 from sqlbroker.core.errors import InvalidPayload
 from sqlbroker.core.message import new_message_id, new_message_ids
 from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message
@@ -89,3 +91,13 @@ def test_message_ids_are_time_ordered_version_7_uuids() -> None:
         assert (value.version, value.variant) == (7, uuid.RFC_4122)
         assert before <= value.int >> 80 <= after
     assert new_message_ids(0) == []
+
+
+@pytest.mark.parametrize("value", [PAYLOADS[0], {"é": "\u2028", "f": -0.0, "n": 10**30}, "x", 1e16])
+def test_the_encoding_is_the_same_without_the_c_encoder(
+    value: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = serde.encode_payload(value)
+    monkeypatch.setattr(serde, "_c_encoder", None)
+    assert serde.encode_payload(value) == fast
+    assert fast[0] == json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
