@@ -15,8 +15,14 @@ from typing import Any, TypedDict
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidDuration, InvalidHeaders, InvalidOption, InvalidTime
-from sqlbroker.core.message import NORMAL, NewMessage, new_message_id
-from sqlbroker.core.serde import encode_json, encode_payload
+from sqlbroker.core.message import (
+    NORMAL,
+    NewMessage,
+    message_copies,
+    new_message_id,
+    new_message_ids,
+)
+from sqlbroker.core.serde import JSON_CONTENT_TYPE, encode_json, encode_payload, encode_plain
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.rows import payload_hash
 
@@ -260,40 +266,23 @@ def _build_queue_batch(
     first = build_message(
         topic, payloads[0], defaults=defaults, field_prefix="messages[0].", **shared
     )
-    messages = [first]
     content_type = shared.get("content_type")
     limit = defaults.payload_limit
     keyed = first.idempotency_key is not None
+    json_only = content_type is None or content_type == JSON_CONTENT_TYPE
+    ids = new_message_ids(len(payloads) - 1)
+    rows = []
     for index in range(1, len(payloads)):
-        data, kind = encode_payload(
-            payloads[index],
-            content_type=content_type,
-            limit=limit,
-            field=f"messages[{index}].payload",
-        )
-        messages.append(
-            NewMessage(
-                message_id=new_message_id(),
-                topic=first.topic,
-                payload=data,
-                content_type=kind,
-                headers=first.headers,
-                priority=first.priority,
-                ordering_key=first.ordering_key,
-                idempotency_key=first.idempotency_key,
-                payload_hash=payload_hash(data, kind) if keyed else None,
-                delay=first.delay,
-                available_at=first.available_at,
-                ttl=first.ttl,
-                expires_at=first.expires_at,
-                max_attempts=first.max_attempts,
-                dedupe_window=first.dedupe_window,
-                replace=first.replace,
-                debounce=first.debounce,
-                debounce_max=first.debounce_max,
+        value = payloads[index]
+        data = encode_plain(value, limit) if json_only else None
+        if data is None:
+            data, kind = encode_payload(
+                value, content_type=content_type, limit=limit, field=f"messages[{index}].payload"
             )
-        )
-    return messages
+        else:
+            kind = JSON_CONTENT_TYPE
+        rows.append((ids[index - 1], data, kind, payload_hash(data, kind) if keyed else None))
+    return [first, *message_copies(first, rows)]
 
 
 def check_options(options: Mapping[str, Any]) -> None:

@@ -48,19 +48,24 @@ def _rows(
     *,
     read: bool = True,
     squeeze: frozenset[str] = frozenset(),
+    uniform: str | None = None,
     **shared: Any,
 ) -> Plan[Rows]:
     """``block`` over the arrays ``columns`` in one statement, or ``block_one`` once per
     row (see the module's docstring), its rows concatenated; ``shared`` goes to each.
     Unless they are ``read``, the runs of one row are one ``executemany``. A column named
     in ``squeeze`` whose values are all equal goes to the array statement as one value
-    (the block reads it as standing for every row)."""
+    (the block reads it as standing for every row); when every one of them is, the
+    ``uniform`` block (if given) runs instead, with those columns as scalars."""
     count = len(next(iter(columns.values())))
     if settings.array_params and count > 1:
-        arrays = {
-            name: values[:1] if name in squeeze and values.count(values[0]) == count else values
-            for name, values in columns.items()
-        }
+        same = {name for name in squeeze if columns[name].count(columns[name][0]) == count}
+        if uniform is not None and same == squeeze:
+            scalars = {
+                name: values[0] if name in squeeze else values for name, values in columns.items()
+            }
+            return (yield query(uniform, **scalars, **shared))
+        arrays = {name: values[:1] if name in same else values for name, values in columns.items()}
         return (yield query(block, **arrays, **shared))
     rows = [
         dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)
@@ -146,6 +151,7 @@ def message_insert_many(
             _columns(fresh),
             read=routed,
             squeeze=_SHARED_COLUMNS,
+            uniform=None if routed else "message_insert_queue_shared",
             subscription=subscription,
             queue_regex=None if subscription is None else pattern_regex(subscription),
             channel=settings.notify_channel,

@@ -284,6 +284,26 @@ SELECT (SELECT count(*) FROM unrouted) AS unrouted,
 -- include: message_batch
 -- include: message_insert_direct
 
+-- name: message_insert_queue_shared
+-- message_insert_queue for a batch whose columns other than message_id and payload hold
+-- one value for every message (a send_many: its options are shared): those come as
+-- scalar parameters, so only the two arrays are unnested and no row picks its values out
+-- of eleven arrays.
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT u.message_id, u.payload, u.seq, t.now, %(topic)s::text AS topic,
+           %(priority)s::smallint AS priority, %(idempotency_key)s::text AS idempotency_key,
+           %(content_type)s::text AS content_type, %(headers)s::text AS headers,
+           %(max_attempts)s::integer AS max_attempts,
+           coalesce(%(at)s::timestamptz,
+                    t.now + make_interval(secs => coalesce(%(delay)s::float8, 0))) AS ready_at,
+           coalesce(%(expires)s::timestamptz,
+                    t.now + make_interval(secs => %(ttl)s::float8)) AS expire_at
+    FROM t, unnest(%(message_id)b::uuid[], %(payload)b::bytea[])
+        WITH ORDINALITY AS u(message_id, payload, seq)
+),
+-- include: message_insert_direct
+
 -- name: message_insert_queue_one
 -- message_insert_queue for one message, with scalar parameters (a cached generic plan).
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
