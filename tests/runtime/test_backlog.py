@@ -76,13 +76,13 @@ def test_a_slow_database_pauses_the_claims_and_the_backlog_stays_bounded(
         held_sizes.append(len(self))
 
     monkeypatch.setattr(WriteBack, "add", watched_add)
-    real_settle = broker.backend.message_settle_many
+    real_settle = broker.backend.async_ops.message_settle_many
 
-    def watched_settle(**kwargs: Any) -> Any:
+    async def watched_settle(**kwargs: Any) -> Any:
         write_sizes.append(len(kwargs["settlements"]))
-        return real_settle(**kwargs)
+        return await real_settle(**kwargs)
 
-    monkeypatch.setattr(broker.backend, "message_settle_many", watched_settle)
+    monkeypatch.setattr(broker.backend.async_ops, "message_settle_many", watched_settle)
 
     def hold_the_lock() -> None:
         with lock():

@@ -38,11 +38,8 @@ def test_a_stale_outcome_and_its_reclaims_are_told_apart(
 
     reports: list[FlushReport] = []
 
-    async def run_blocking(function: Any, *args: Any) -> Any:
-        return function(*args)
-
     async def flush_all() -> None:
-        buffer = WriteBack(broker.backend, run_blocking=run_blocking, on_flushed=reports.append)
+        buffer = WriteBack(broker.backend, on_flushed=reports.append)
         buffer.add(Complete(stale))
         buffer.add(Complete(current))
         assert await buffer.drain(timeout=5)
@@ -93,14 +90,10 @@ def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Bro
     first, second = broker.claim("jobs", limit=2)
     written: set[int] = set()
 
-    async def run_blocking(function: Any, *args: Any) -> Any:
-        return function(*args)
-
     async def add_and_watch() -> None:
         loop = asyncio.get_running_loop()
         buffer = WriteBack(
             broker.backend,
-            run_blocking=run_blocking,
             on_flushed=lambda report: written.update(o.delivery.id for o in report.done),
             max_delay=window,
             quiet=5.0,
@@ -125,7 +118,7 @@ def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Bro
 
 
 def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
-    broker: sqlbroker.Broker,
+    broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One call per ``max_items`` outcomes, kinds mixed; a call that fails keeps its
     outcomes and those not tried yet, which the next flush writes."""
@@ -141,16 +134,19 @@ def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
     calls: list[list[str]] = []
     reports: list[FlushReport] = []
 
-    async def run_blocking(function: Any, chunk: Any) -> Any:
-        calls.append([type(o).__name__ for o in chunk])
+    kinds = {"complete": "Complete", "dead": "SendToDead", "retry": "RetryLater"}
+    settle = broker.backend.async_ops.message_settle_many
+
+    async def watched_settle(*, settlements: Any) -> Any:
+        calls.append([kinds.get(s.kind, "Cancelled") for s in settlements])
         if len(calls) == 2:
             raise sqlbroker.ConnectionLost("injected", ambiguous=False)
-        return function(chunk)
+        return await settle(settlements=settlements)
+
+    monkeypatch.setattr(broker.backend.async_ops, "message_settle_many", watched_settle)
 
     async def flush_twice() -> None:
-        buffer = WriteBack(
-            broker.backend, run_blocking=run_blocking, on_flushed=reports.append, max_items=2
-        )
+        buffer = WriteBack(broker.backend, on_flushed=reports.append, max_items=2)
         for outcome in outcomes:
             buffer.add(outcome)
         assert not await buffer.flush()

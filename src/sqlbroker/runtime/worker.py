@@ -248,7 +248,6 @@ class Worker:
             await run_blocking(self._ensure_subscriptions)
             writeback = WriteBack(
                 backend,
-                run_blocking=run_blocking,
                 on_flushed=self._flushed,
                 max_items=self._write_batch,
                 backlog=self._write_backlog,

@@ -17,7 +17,9 @@ instead of growing the buffer; each flush frees room as its sub-batches are writ
 
 Outcomes may be added from any thread (a manual ``ack`` from wherever the handler handed
 its message); flushes run on the event loop one at a time, so the final drain also waits
-for — and takes back what failed of — a flush the write-back task has in flight.
+for — and takes back what failed of — a flush the write-back task has in flight. A write
+is the backend's coroutine (:attr:`Backend.async_ops`): on PostgreSQL it runs on the
+loop's own connections, as the claims do, with no thread in between.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +71,6 @@ class WriteBack:
         self,
         backend: Backend,
         *,
-        run_blocking: Callable[..., Awaitable[Any]],
         on_flushed: Callable[[FlushReport], None],
         max_items: int = 500,
         backlog: int = 5000,
@@ -79,7 +80,6 @@ class WriteBack:
     ) -> None:
         """``outstanding`` counts the copies claimed and not settled yet (the pumps')."""
         self._backend = backend
-        self._run_blocking = run_blocking
         self._on_flushed = on_flushed
         self._max_items = max_items
         self._backlog = backlog
@@ -210,7 +210,7 @@ class WriteBack:
             while written < len(now):
                 chunk = now[written : written + self._max_items]
                 try:
-                    ids = await self._run_blocking(self._write, chunk)
+                    ids = await self._write(chunk)
                 except SqlbrokerError as error:
                     log.warning(
                         "write-back of %d outcomes failed, will retry: %s",
@@ -218,7 +218,6 @@ class WriteBack:
                         error,
                     )
                     break
-                assert isinstance(ids, set)
                 for outcome in chunk:
                     (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
                 written += len(chunk)
@@ -236,10 +235,10 @@ class WriteBack:
             self._on_flushed(report)
         return not kept
 
-    def _write(self, chunk: Sequence[Outcome]) -> set[int]:
+    async def _write(self, chunk: Sequence[Outcome]) -> set[int]:
         """Write one sub-batch; return the ids whose lease was still valid."""
         settlements = [settlement_of(outcome) for outcome in chunk]
-        return set(self._backend.message_settle_many(settlements=settlements))
+        return set(await self._backend.async_ops.message_settle_many(settlements=settlements))
 
 
 async def wait_any(
@@ -251,6 +250,8 @@ async def wait_any(
 
     The ``futures`` are left running; only the internal event waiters are cancelled.
     """
+    if any(event.is_set() for event in events) or any(f.done() for f in futures):
+        return  # no waiter tasks for what is already there: the hot loops' usual case
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
         await asyncio.wait(
