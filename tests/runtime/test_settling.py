@@ -179,19 +179,19 @@ def test_an_outcome_written_late_does_not_drop_the_lease_of_its_copys_next_claim
     calls: list[str] = []
     running: list[str] = []
     backend = broker.backend
-    real_settle_many = backend.message_settle_many
+    real_settle_many = backend.async_ops.message_settle_many
 
-    def settle_many(**kwargs: Any) -> Any:
+    async def settle_many(**kwargs: Any) -> Any:
         try:
-            return real_settle_many(**kwargs)
+            return await real_settle_many(**kwargs)
         finally:
             if not dead_written.is_set() and any(s.kind == "dead" for s in kwargs["settlements"]):
                 # Holds the flush's report after A's retry committed until A was claimed
-                # again.
-                reclaimed.wait(LIMIT)
+                # again (waited for off the loop, which claims A).
+                await asyncio.to_thread(reclaimed.wait, LIMIT)
                 dead_written.set()
 
-    monkeypatch.setattr(backend, "message_settle_many", settle_many)
+    monkeypatch.setattr(backend.async_ops, "message_settle_many", settle_many)
 
     def lease_kept_or_lost(message_id: str) -> None:
         """Return after two extensions of A's lease once the dead-letter write (and so

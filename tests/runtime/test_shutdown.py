@@ -55,7 +55,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
     dead-letter hook it starts must still run before the worker returns."""
     final_beat = _watch_final_beat(broker, monkeypatch)
     hooked: list[str] = []
-    real_settle_many = broker.backend.message_settle_many
+    real_settle_many = broker.backend.async_ops.message_settle_many
     calls = 0
     in_flight = False
     drain_waits = threading.Event()
@@ -66,15 +66,17 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             drain_waits.set()
         return await real_flush(self)
 
-    def settle_many(**kwargs: Any) -> Any:
+    async def settle_many(**kwargs: Any) -> Any:
         nonlocal calls, in_flight
         calls += 1
         if calls == 1:
             in_flight = True
             broker.stop()
             # A fixed worker's final drain now waits for this flush; an unfixed one goes
-            # on to its final heartbeat without it.
-            wait_until(
+            # on to its final heartbeat without it. (Waited for off the loop: the drain
+            # and the heartbeat run on it.)
+            await asyncio.to_thread(
+                wait_until,
                 lambda: drain_waits.is_set() or final_beat.is_set(),
                 timeout=LIMIT,
                 what="the final drain or the final heartbeat",
@@ -82,9 +84,9 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             )
             if flush == "fails":
                 raise sqlbroker.ConnectionLost("injected", ambiguous=False)
-        return real_settle_many(**kwargs)
+        return await real_settle_many(**kwargs)
 
-    monkeypatch.setattr(broker.backend, "message_settle_many", settle_many)
+    monkeypatch.setattr(broker.backend.async_ops, "message_settle_many", settle_many)
     monkeypatch.setattr(WriteBack, "flush", watched_flush)
 
     async def on_dead_letter(msg: sqlbroker.Message, reason: str) -> None:
@@ -98,6 +100,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
     message_id = broker.send("jobs", 1)
     broker.run(install_signal_handlers=False, timeout=LIMIT)
 
+    assert calls >= 1 + (flush == "fails")
     assert [dead.message_id for dead in broker.dead_letters.list()] == [message_id]
     assert broker.pending("jobs") == []
     assert hooked == [message_id]

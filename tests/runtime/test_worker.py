@@ -185,7 +185,13 @@ def test_a_side_task_that_dies_stops_the_worker_and_run_raises_worker_crashed(
             return real(**kwargs)
         raise RuntimeError(f"{method} is broken")
 
-    monkeypatch.setattr(backend, method, broken)
+    async def broken_async(**kwargs: Any) -> Any:
+        return broken(**kwargs)
+
+    if method == "message_settle_many":  # the write-back runs on the backend's coroutines
+        monkeypatch.setattr(backend.async_ops, method, broken_async)
+    else:
+        monkeypatch.setattr(backend, method, broken)
 
     @broker.subscriber(queue="jobs", concurrency=1, prefetch=2, lease=0.9)
     async def handle(msg: sqlbroker.Message) -> None:

@@ -125,7 +125,9 @@ class Pump:
         self._hinted = False
         self._hint_waiter: asyncio.Future[None] | None = None
         self._capacity = asyncio.Event()
-        self.idle = False
+        # The last claim found fewer copies than it asked for (none left, for all it
+        # knows): with nothing open the pump is idle, the worker's stats say for sure.
+        self._drained = False
         self._pace: float | None = None  # recent handler seconds (moving average)
         # Whether the last claim went through the subscription's flow limits: then copies
         # claimed ahead of free slots would hold the caps' slots idle in the buffer.
@@ -150,6 +152,13 @@ class Pump:
     @property
     def busy(self) -> bool:
         return bool(self._held)
+
+    @property
+    def idle(self) -> bool:
+        """The last claim came back short and every copy it claimed has its outcome: as
+        soon as that is written, ``run_until_idle`` may ask the database whether any is
+        left, without a further claim that finds nothing."""
+        return self._drained and not self._open
 
     @property
     def open(self) -> int:
@@ -214,6 +223,7 @@ class Pump:
                 self._queue.put_nowait(delivery)
             if len(found) >= min(capacity, limit_per_claim):
                 pause = self._poll_min
+                self._drained = False
                 continue
             if found or isinstance(found, Claimed):
                 self._flow_limited = isinstance(found, Claimed)
@@ -221,10 +231,10 @@ class Pump:
             if throttled is not None:
                 # A rate limit holds claims back until then: no hint can change that, so
                 # sleep through them instead of claiming nothing on every notification.
-                self.idle = False
+                self._drained = False
                 await wait_any(stop, timeout=min(throttled, self._poll_max))
                 continue
-            self.idle = not found and not self._open
+            self._drained = True
             pause = self._poll_min if found else min(pause * 2, self._poll_max)
             await self._sleep_until_hint(pause * random.uniform(0.75, 1.0))
 
