@@ -437,6 +437,10 @@ class Pump:
         self._capacity.set()
         if self._slot_waiter is not None:
             _resolve(self._slot_waiter)
+        if self._drained and not self._open:
+            # The last claim took all there was and it is settled: nothing will join
+            # these outcomes in the write-back's window.
+            self._writeback.hurry()
         # A copy settled in its own transaction frees the backlog's room without a write:
         # another subscription's pump may be waiting for it.
         self._writeback.roomy.set()

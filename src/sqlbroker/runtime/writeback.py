@@ -130,6 +130,12 @@ class WriteBack:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._wake, due)
 
+    def hurry(self) -> None:
+        """Write what is buffered without waiting for the window (on the loop): no more
+        outcomes are coming soon (a pump claimed all there was and settled it)."""
+        if self._items:
+            self._due.set()
+
     def _wake(self, due: bool) -> None:
         self._has_items.set()
         if due:
