@@ -285,6 +285,7 @@ class Pump:
         manual = self.spec.ack == "manual"
         settle = functools.partial(self._settle_from_any_thread, loop) if manual else None
         effects = functools.partial(self._effects, loop)
+        task = asyncio.current_task()  # each handler of this slot runs in it
         while not stop.is_set():
             try:
                 # With a backlog buffered, take it without a wait per message.
@@ -298,7 +299,7 @@ class Pump:
                 # back instead.
                 self._queue.put_nowait(delivery)
                 return
-            await self._handle(delivery, settle, effects)
+            await self._handle(delivery, settle, effects, task)
 
     def stop_idle(self) -> None:
         """After the stop: end the wait of every idle handler slot (busy ones see the stop
@@ -314,10 +315,10 @@ class Pump:
         delivery: Delivery,
         settle: Callable[[Outcome], None] | None,
         effects: Callable[[Message], EffectsTransaction],
+        task: asyncio.Task[Any] | None,
     ) -> None:
         manual = settle is not None
         message = Message(delivery, settle, effects, self._threads, self._result_limit)
-        task = asyncio.current_task()
         self._running[delivery.id] = (message, task)
         try:
             value = await self._observed_call(delivery, message)
