@@ -282,6 +282,7 @@ def _call_summary(calls: dict[str, dict[str, float]]) -> dict[str, Any]:
         ("async_ops.message_claim_many", "claim"),
         ("message_complete_many", "complete"),  # an older tree (bench/compare_trees.py)
         ("message_settle_many", "complete"),
+        ("async_ops.message_settle_many", "complete"),  # the write-back, on the loop
     )
     for name, short in names:
         stats = calls.get(name)
@@ -633,7 +634,12 @@ def consume(args: argparse.Namespace) -> None:
     if args.mode == "drain":
         calls = count_calls(
             broker,
-            ["async_ops.message_claim_many", "message_complete_many", "message_settle_many"],
+            [
+                "async_ops.message_claim_many",
+                "message_complete_many",
+                "message_settle_many",
+                "async_ops.message_settle_many",
+            ],
         )
 
         @broker.subscriber(queue=QUEUE, concurrency=args.concurrency, prefetch=args.prefetch)

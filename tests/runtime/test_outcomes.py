@@ -121,6 +121,28 @@ def test_a_handler_exceeding_its_timeout_fails_and_is_dead_lettered_when_attempt
         assert elapsed < 5, "the timed-out coroutine was not cancelled"
 
 
+def test_a_coroutine_that_outlives_its_timeout_before_it_first_waits_times_out_there(
+    broker: sqlbroker.Broker,
+) -> None:
+    """The timeout counts from the handler's start, also for a coroutine that ran past it
+    without waiting: its first wait (even ``sleep(0)``) ends it, as the timer armed at the
+    first wait (not at the start) must not push the deadline back."""
+    went_on: list[int] = []
+
+    @broker.subscriber(queue="busy", timeout=0.1, retry=sqlbroker.RetryPolicy(max_attempts=1))
+    async def busy(msg: sqlbroker.Message) -> None:
+        time.sleep(0.3)  # blocks the loop past the timeout, no wait
+        await asyncio.sleep(0)
+        went_on.append(msg.attempt)
+
+    broker.send("busy", 1)
+    run_until_idle(broker)
+
+    dead = only_dead_letter(broker, "busy")
+    assert "HandlerTimeout" in (dead.error_type or "")
+    assert went_on == []
+
+
 def test_a_sync_handler_stuck_past_its_timeout_does_not_hold_up_the_next_message(
     broker: sqlbroker.Broker,
 ) -> None:

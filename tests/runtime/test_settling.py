@@ -187,7 +187,7 @@ def test_an_outcome_written_late_does_not_drop_the_lease_of_its_copys_next_claim
         finally:
             if not dead_written.is_set() and any(s.kind == "dead" for s in kwargs["settlements"]):
                 # Holds the flush's report after A's retry committed until A was claimed
-                # again.
+                # again (waited for off the loop, which claims A).
                 await asyncio.to_thread(reclaimed.wait, LIMIT)
                 dead_written.set()
 

@@ -73,7 +73,8 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
             in_flight = True
             broker.stop()
             # A fixed worker's final drain now waits for this flush; an unfixed one goes
-            # on to its final heartbeat without it.
+            # on to its final heartbeat without it. (Waited for off the loop: the drain
+            # and the heartbeat run on it.)
             await asyncio.to_thread(
                 wait_until,
                 lambda: drain_waits.is_set() or final_beat.is_set(),
@@ -99,6 +100,7 @@ def test_the_final_write_back_waits_for_the_flush_in_flight(
     message_id = broker.send("jobs", 1)
     broker.run(install_signal_handlers=False, timeout=LIMIT)
 
+    assert calls >= 1 + (flush == "fails")
     assert [dead.message_id for dead in broker.dead_letters.list()] == [message_id]
     assert broker.pending("jobs") == []
     assert hooked == [message_id]

@@ -118,7 +118,7 @@ def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Bro
 
 
 def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
-    broker: sqlbroker.Broker,
+    broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One call per ``max_items`` outcomes, kinds mixed; a call that fails keeps its
     outcomes and those not tried yet, which the next flush writes."""

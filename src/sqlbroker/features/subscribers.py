@@ -6,6 +6,7 @@ into a pump. Nothing here runs handlers or touches the database.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ class SubscriberSpec:
     """The subscription's flow limits, set when the worker starts (``None``: the worker
     leaves those the subscription has, e.g. set with ``sqlbroker flow``)."""
 
-    @property
+    @functools.cached_property  # asked per message by the worker
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
             getattr(self.handler, "__call__", None)  # noqa: B004 - async callable objects

@@ -15,7 +15,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -40,17 +40,21 @@ class WorkerStopped(Exception):
 async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message) -> Any:
     """Run the handler; return what it returned (awaited, if it returned an awaitable)."""
     handler = spec.handler
-    scope = asyncio.timeout(spec.timeout)
+    loop = asyncio.get_running_loop()
+    deadline = None if spec.timeout is None else loop.time() + spec.timeout
+    # The timer is armed when the handler first waits (_ArmedOnWait): a timeout can only
+    # strike there anyway, and a handler that returns without waiting costs no timer.
+    scope = asyncio.timeout_at(None)
     try:
         async with scope:
             if spec.is_async:
                 result = handler(message)
             else:
-                loop = asyncio.get_running_loop()
+                scope.reschedule(deadline)
                 context = contextvars.copy_context()
                 result = await loop.run_in_executor(threads, context.run, handler, message)
             if inspect.isawaitable(result):
-                result = await result
+                result = await _ArmedOnWait(result, scope, deadline)
             return result
     except TimeoutError:
         if scope.expired():
@@ -60,6 +64,44 @@ async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message
                 f"the handler ran longer than its timeout of {spec.timeout:g} s"
             ) from None
         raise
+
+
+class _ArmedOnWait:
+    """Awaits ``awaitable`` as ``await`` would, and sets ``scope``'s deadline (unless it
+    has one) the first time the awaitable waits: the same deadline, measured from the
+    handler's start, without a timer per handler that never waits."""
+
+    __slots__ = ("_awaitable", "_deadline", "_scope")
+
+    def __init__(self, awaitable: Any, scope: asyncio.Timeout, deadline: float | None) -> None:
+        self._awaitable = awaitable
+        self._scope = scope
+        self._deadline = deadline
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps = self._awaitable.__await__()
+        try:
+            waiting = steps.send(None)
+        except StopIteration as done:
+            return done.value
+        if self._deadline is not None and self._scope.when() is None:
+            self._scope.reschedule(self._deadline)
+        while True:  # what ``yield from steps`` does, from its second step on
+            try:
+                sent = yield waiting
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as error:
+                try:
+                    waiting = steps.throw(error)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    waiting = steps.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 def completion(spec: SubscriberSpec, delivery: Delivery, value: Any, limit: int) -> Outcome:

@@ -79,9 +79,11 @@ class MetricsRecorder(WorkerObserver):
         row.handler_buckets[bucket_index(seconds)] += 1
 
     def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+        subscription, row = "", None  # a write's outcomes come mostly from one subscription
         for outcome in outcomes:
-            subscription = outcome.delivery.subscription
-            row = self._row(subscription)
+            if row is None or outcome.delivery.subscription != subscription:
+                subscription = outcome.delivery.subscription
+                row = self._row(subscription)
             if isinstance(outcome, Complete):
                 row.completed += 1
                 self._totals[(subscription, "completed")] += 1

@@ -120,8 +120,11 @@ class Pump:
         self._held: dict[int, Delivery] = {}  # by copy: a new claim replaces a lost lease
         self._hinted = False
         self._hint_waiter: asyncio.Future[None] | None = None
+        self._slot_waiter: asyncio.Future[None] | None = None
         self._capacity = asyncio.Event()
-        self.idle = False
+        # The last claim found fewer copies than it asked for (none left, for all it
+        # knows): with nothing open the pump is idle, the worker's stats say for sure.
+        self._drained = False
         self._pace: float | None = None  # recent handler seconds (moving average)
         # Whether the last claim went through the subscription's flow limits: then copies
         # claimed ahead of free slots would hold the caps' slots idle in the buffer.
@@ -148,6 +151,13 @@ class Pump:
         return bool(self._held)
 
     @property
+    def idle(self) -> bool:
+        """The last claim came back short and every copy it claimed has its outcome: as
+        soon as that is written, ``run_until_idle`` may ask the database whether any is
+        left, without a further claim that finds nothing."""
+        return self._drained and not self._open
+
+    @property
     def open(self) -> int:
         """How many claimed deliveries have no outcome yet."""
         return len(self._open)
@@ -166,8 +176,7 @@ class Pump:
             # wait until half the room is free: one claim then fetches a useful batch
             # instead of a row or two per round trip.
             if capacity <= 0 or (capacity < room // 2 and not self._queue.empty()):
-                self._capacity.clear()
-                await wait_any(self._capacity, stop)
+                await self._until_slot_freed()
                 continue
             # The write-back's backlog is full (a slow database): claim when a write frees it.
             capacity = min(capacity, self._writeback.room())
@@ -210,6 +219,7 @@ class Pump:
                 self._queue.put_nowait(delivery)
             if len(found) >= min(capacity, limit_per_claim):
                 pause = self._poll_min
+                self._drained = False
                 continue
             if found or isinstance(found, Claimed):
                 self._flow_limited = isinstance(found, Claimed)
@@ -217,12 +227,21 @@ class Pump:
             if throttled is not None:
                 # A rate limit holds claims back until then: no hint can change that, so
                 # sleep through them instead of claiming nothing on every notification.
-                self.idle = False
+                self._drained = False
                 await wait_any(stop, timeout=min(throttled, self._poll_max))
                 continue
-            self.idle = not found and not self._open
+            self._drained = True
             pause = self._poll_min if found else min(pause * 2, self._poll_max)
             await self._sleep_until_hint(pause * random.uniform(0.75, 1.0))
+
+    async def _until_slot_freed(self) -> None:
+        """Wait until a delivery is settled (:meth:`_free_slot`) or the stop
+        (:meth:`stop_idle`): one future, woken once per claim round on a busy pump."""
+        waiter = self._slot_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._slot_waiter = None
 
     async def _sleep_until_hint(self, seconds: float) -> None:
         """Sleep ``seconds`` or until :meth:`wake`: one future and one timer, the shortest
@@ -257,6 +276,12 @@ class Pump:
 
         An idle slot waits on the buffer alone, the cheapest wake-up a claim can give it;
         :meth:`stop_idle` ends that wait with a ``None`` per slot."""
+        loop = asyncio.get_running_loop()
+        # What every message of this slot gets: made once, not per message.
+        manual = self.spec.ack == "manual"
+        settle = functools.partial(self._settle_from_any_thread, loop) if manual else None
+        effects = functools.partial(self._effects, loop)
+        task = asyncio.current_task()  # each handler of this slot runs in it
         while not stop.is_set():
             try:
                 # With a backlog buffered, take it without a wait per message.
@@ -270,7 +295,7 @@ class Pump:
                 # back instead.
                 self._queue.put_nowait(delivery)
                 return
-            await self._handle(delivery)
+            await self._handle(delivery, settle, effects, task)
 
     def stop_idle(self) -> None:
         """After the stop: end the wait of every idle handler slot (busy ones see the stop
@@ -278,19 +303,18 @@ class Pump:
         for _ in range(self.spec.concurrency):
             self._queue.put_nowait(None)
         self.wake()  # and the fetch's sleep
+        if self._slot_waiter is not None:
+            _resolve(self._slot_waiter)  # or its wait for a free slot
 
-    async def _handle(self, delivery: Delivery) -> None:
-        manual = self.spec.ack == "manual"
-        loop = asyncio.get_running_loop()
-        settle = functools.partial(self._settle_from_any_thread, loop)
-        message = Message(
-            delivery,
-            settle if manual else None,
-            functools.partial(self._effects, loop),
-            self._threads,
-            self._result_limit,
-        )
-        task = asyncio.current_task()
+    async def _handle(
+        self,
+        delivery: Delivery,
+        settle: Callable[[Outcome], None] | None,
+        effects: Callable[[Message], EffectsTransaction],
+        task: asyncio.Task[Any] | None,
+    ) -> None:
+        manual = settle is not None
+        message = Message(delivery, settle, effects, self._threads, self._result_limit)
         self._running[delivery.id] = (message, task)
         try:
             value = await self._observed_call(delivery, message)
@@ -408,6 +432,12 @@ class Pump:
     def _free_slot(self, delivery: Delivery) -> None:
         self._open.discard(_key(delivery))
         self._capacity.set()
+        if self._slot_waiter is not None:
+            _resolve(self._slot_waiter)
+        if self._drained and not self._open:
+            # The last claim took all there was and it is settled: nothing will join
+            # these outcomes in the write-back's window.
+            self._writeback.hurry()
         # A copy settled in its own transaction frees the backlog's room without a write:
         # another subscription's pump may be waiting for it.
         self._writeback.roomy.set()

@@ -157,6 +157,7 @@ class Worker:
         self._crash: tuple[str, BaseException] | None = None
         self._pumps: dict[str, Pump] = {}
         self._signals = 0
+        self._written: asyncio.Event | None = None  # a flush was written (run_until_idle)
 
     # --- control -----------------------------------------------------------------------------
 
@@ -271,6 +272,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await backend.close_async()
             self._loop = None
+            self._written = None
         if self._crash is not None:
             name, error = self._crash
             raise WorkerCrashed(f"the worker's {name} task died: {error!r}") from error
@@ -475,6 +477,8 @@ class Worker:
             )
 
     def _flushed(self, report: FlushReport) -> None:
+        if self._written is not None:
+            self._written.set()
         if report.done:
             self._observers.outcomes_written(report.done)
         for outcome in report.done:
@@ -500,19 +504,29 @@ class Worker:
             await wait_any(stop, timeout=self._reap_interval * random.uniform(0.8, 1.2))
 
     async def _watch_idle(self, writeback: WriteBack) -> None:
+        """Stop once every pump is idle, nothing waits to be written and the database
+        has nothing left for the subscriptions. Looked at every tenth of a second, and at
+        once when a write-back lands (the last outcomes of a drain): a drain ends a write
+        and one query after its last handler, not a poll or two later. The database is
+        asked at most once per look, and after a "not yet" not again within 0.1 s."""
         assert self._stop is not None
         names = set(self._pumps)
+        written = self._written = asyncio.Event()
         while not self._stop.is_set():
-            await wait_any(self._stop, timeout=0.1)
+            await wait_any(self._stop, written, timeout=0.1)
+            written.clear()
             if any(pump.busy or not pump.idle for pump in self._pumps.values()) or len(writeback):
                 continue
             try:
                 # The gauges alone: rates and handler times would cost queries for nothing.
                 stats = await self._broker.backend.async_ops.stats_collect()
             except SqlbrokerError:
+                await wait_any(self._stop, timeout=0.1)
                 continue
             remaining = sum(
                 s.ready + s.scheduled + s.running for s in stats if s.subscription in names
             )
             if remaining == 0:
                 self._request_stop(False)
+            else:
+                await wait_any(self._stop, timeout=0.1)

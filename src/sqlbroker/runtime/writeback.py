@@ -17,7 +17,9 @@ instead of growing the buffer; each flush frees room as its sub-batches are writ
 
 Outcomes may be added from any thread (a manual ``ack`` from wherever the handler handed
 its message); flushes run on the event loop one at a time, so the final drain also waits
-for — and takes back what failed of — a flush the write-back task has in flight.
+for — and takes back what failed of — a flush the write-back task has in flight. A write
+is the backend's coroutine (:attr:`Backend.async_ops`): on PostgreSQL it runs on the
+loop's own connections, as the claims do, with no thread in between.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +133,12 @@ class WriteBack:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._wake, due)
 
+    def hurry(self) -> None:
+        """Write what is buffered without waiting for the window (on the loop): no more
+        outcomes are coming soon (a pump claimed all there was and settled it)."""
+        if self._items:
+            self._due.set()
+
     def _wake(self, due: bool) -> None:
         self._has_items.set()
         if due:
@@ -219,7 +227,6 @@ class WriteBack:
                         error,
                     )
                     break
-                assert isinstance(ids, set)
                 for outcome in chunk:
                     (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
                 written += len(chunk)
@@ -252,6 +259,8 @@ async def wait_any(
 
     The ``futures`` are left running; only the internal event waiters are cancelled.
     """
+    if any(event.is_set() for event in events) or any(f.done() for f in futures):
+        return  # no waiter tasks for what is already there: the hot loops' usual case
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
         await asyncio.wait(
