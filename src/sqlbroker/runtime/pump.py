@@ -29,6 +29,7 @@ import functools
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
