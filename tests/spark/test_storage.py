@@ -12,8 +12,9 @@ import pytest
 import sqlbroker
 from sqlbroker.core.errors import IdempotencyConflict, StorageError
 from sqlbroker.features.publishing import PublishDefaults, build_message
+from sqlbroker.spark.schema import arrow_schema, record_batch
 from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore, open_store
-from sqlbroker.spark.storage.columns import SPARK_COLUMNS
+from sqlbroker.spark.storage.columns import SPARK_COLUMNS, STREAM_COLUMNS
 
 DEFAULTS = PublishDefaults(max_attempts=5, dedupe_window=3600.0, payload_limit=262144)
 
@@ -135,6 +136,33 @@ def test_stream_claims_are_read_back_and_acked(broker: sqlbroker.Broker, backend
     assert len(broker.pending("s")) == 3
     assert store.stream_ack(stream="st", upto_seq=2).acked == 3
     assert broker.pending("s") == []
+
+
+def test_a_streams_executor_read_yields_the_snapshot_as_arrow(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """``stream_batches`` (PostgreSQL: through ADBC) reads what ``stream_read`` reads, value
+    for value, in the stream's Arrow schema; an empty partition yields no batch."""
+    broker.subscribe("s", "s.#")
+    broker.publish_many(
+        [{"topic": "s.x", "payload": {"n": n}, "headers": {"h": str(n)}} for n in range(9)]
+    )
+    store = _spark(broker, backend_url)
+    store.stream_open(stream="sa", subscription="s")
+    claim = {"stream": "sa", "subscription": "s", "lease": 60.0, "worker": "w"}
+    assert store.stream_claim(limit=5, **claim) == 1
+    assert store.stream_claim(limit=5, **claim) == 2
+    for part in range(2):
+        where = {"stream": "sa", "after_seq": 0, "upto_seq": 2, "part": part, "parts": 2}
+        batches = list(store.stream_batches(**where))
+        assert all(b.schema == arrow_schema(STREAM_COLUMNS) for b in batches)
+        arrow = pa.Table.from_batches(batches, schema=arrow_schema(STREAM_COLUMNS))
+        assert (
+            arrow.to_pydict()
+            == record_batch(store.stream_read(**where), STREAM_COLUMNS).to_pydict()
+        )
+        assert arrow.num_rows > 0
+    assert list(store.stream_batches(stream="sa", after_seq=2, upto_seq=3, part=0, parts=2)) == []
 
 
 def test_stream_claims_keep_the_brokers_flow_limits_and_pauses(

@@ -29,9 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from sqlbroker.app import Broker
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.spark import options as opt
-from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage import SparkStore
-from sqlbroker.spark.storage.columns import STREAM_COLUMNS
 
 DEFAULT_MAX_BATCH = 50_000
 """Large enough that Spark's fixed cost per micro-batch is small beside its rows; a trickle
@@ -200,9 +198,9 @@ class SubscriptionStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ClaimSlice)
-        broker, store = self.connection.open()
+        broker, store = self.connection.open()  # the identity check, before any row
         try:
-            columns = store.stream_read(
+            yield from store.stream_batches(
                 stream=self.stream,
                 after_seq=partition.after_seq,
                 upto_seq=partition.upto_seq,
@@ -211,5 +209,3 @@ class SubscriptionStreamReader(DataSourceStreamReader):
             )
         finally:
             broker.close()
-        if columns["id"]:
-            yield record_batch(columns, STREAM_COLUMNS)

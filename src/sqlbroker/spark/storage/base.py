@@ -138,6 +138,12 @@ class SparkStore(Protocol):
         """The snapshot of the claims ``after_seq < seq <= upto_seq`` whose delivery id is
         ``part`` modulo ``parts``, by sequence and delivery id, in ``STREAM_COLUMNS``."""
 
+    def stream_batches(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Iterator[pa.RecordBatch]:
+        """What :meth:`stream_read` reads, as Arrow batches of ``STREAM_COLUMNS`` (an
+        executor's read: PostgreSQL's rows arrive as Arrow, no Python object per value)."""
+
     def stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
         """Extend the leases of the unacked claims up to ``upto_seq``; return how many."""
 

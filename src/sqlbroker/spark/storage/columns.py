@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from datetime import datetime
 from importlib import resources
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
 from sqlbroker.core.message import NewMessage, new_message_id
@@ -27,6 +27,9 @@ from sqlbroker.storage.base import InsertResult, Lease, Settlement
 from sqlbroker.storage.operations.messages import PROMOTE_BATCH
 from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.sql import load_sql, parse_blocks
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
     "messages": (
@@ -452,6 +455,17 @@ class SqlStore(ABC):
         with self._read() as conn:
             rows = conn.execute(self._sql["stream_read"], {**params, "parts": parts}).fetchall()
         return columns_of(STREAM_COLUMNS, rows)
+
+    def stream_batches(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Iterator[pa.RecordBatch]:
+        from sqlbroker.spark.schema import record_batch  # which imports this module
+
+        columns = self.stream_read(
+            stream=stream, after_seq=after_seq, upto_seq=upto_seq, part=part, parts=parts
+        )
+        if columns["id"]:
+            yield record_batch(columns, STREAM_COLUMNS)
 
     def _stream_leases(self, stream: str, upto_seq: int) -> list[Lease]:
         with self._read() as conn:

@@ -34,6 +34,7 @@ from sqlbroker.spark.storage.base import (
 )
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
+    STREAM_COLUMNS,
     Driver,
     SqlStore,
     StagedKeys,
@@ -149,6 +150,20 @@ class PostgresSparkStore(SqlStore):
             for batch in cursor.fetch_record_batch():
                 for start in range(0, batch.num_rows, fetch):
                     yield batch.slice(start, fetch).cast(target)
+
+    # --- the stream's executor read ----------------------------------------------------------
+
+    def stream_batches(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Iterator[pa.RecordBatch]:
+        target = arrow_schema(STREAM_COLUMNS)
+        with self._arrow() as cursor:
+            cursor.execute(
+                self._sql["stream_read_arrow"], (stream, after_seq, upto_seq, parts, part)
+            )
+            for batch in cursor.fetch_record_batch():
+                if batch.num_rows:
+                    yield batch.cast(target)
 
     # --- idempotent batch write --------------------------------------------------------------
 

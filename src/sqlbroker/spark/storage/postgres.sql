@@ -361,3 +361,15 @@ SELECT id, lease_token FROM claimed
 
 -- name: stage_key_lock
 -- include: key_lock
+
+-- ---------------------------------------------------------------------------------------
+-- The stream's executor read through ADBC (issue 28 item 4): Arrow all the way, like the
+-- batch reads above, instead of a Python object per value.
+
+-- name: stream_read_arrow
+-- stream_read with positional parameters: $1 stream, $2/$3 the sequence range
+-- (after, upto], $4 parts, $5 part.
+SELECT {stream_columns}
+FROM {schema}sqlbroker_spark_claim
+WHERE stream = $1 AND seq > $2 AND seq <= $3 AND delivery_id % $4 = $5
+ORDER BY seq, delivery_id
