@@ -361,3 +361,17 @@ SELECT id, lease_token FROM claimed
 
 -- name: stage_key_lock
 -- include: key_lock
+
+-- ---------------------------------------------------------------------------------------
+-- The export's check against the database (issue 28 item 6): per topic, the rows that
+-- export_delete_* would remove now, counted here instead of read again through Spark.
+
+-- name: export_totals_archive
+SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}sqlbroker_archive
+WHERE finished_at < %(cutoff)s AND id <= %(max_id)s
+GROUP BY topic
+
+-- name: export_totals_dead
+SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}sqlbroker_dead
+WHERE dead_at < %(cutoff)s AND id <= %(max_id)s
+GROUP BY topic
