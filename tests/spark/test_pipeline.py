@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import sqlbroker
@@ -175,6 +176,45 @@ def test_a_database_that_changed_under_the_export_is_not_deleted_from(
         _exporter(spark, broker, root, step=purge_while_verifying).run(cutoff=cutoff)
     assert len(broker.archive(limit=1000)) == old["archive"] + 5
     assert len(broker.dead_letters.list()) == old["dead"] - 2
+    assert not (root / "_staging").exists()
+
+
+def test_files_that_differ_from_what_the_export_read_are_not_deleted_from(
+    spark: Any, history: tuple[sqlbroker.Broker, dict[str, int]], tmp_path: Path
+) -> None:
+    """Issue 28 item 6: the export reads the database once; the written files are read back
+    in full and checked against what that read saw (a hash of every row), not only against
+    the database's counts and ids. A staged file whose payload changed, every count and id
+    intact, deletes nothing and leaves no staging directory; the next run exports it all."""
+    import pyarrow.parquet as pq
+
+    broker, old = history
+    root = tmp_path / "export"
+    cutoff = broker.backend.now() - timedelta(days=1)
+
+    def tamper_while_verifying(step: str) -> None:
+        if step.startswith("verifying"):
+            path = sorted((root / "_staging").rglob("archive/**/*.parquet"))[0]
+            table = pq.read_table(path)
+            payloads = [b"tampered", *table.column("payload").to_pylist()[1:]]
+            index = table.schema.get_field_index("payload")
+            table = table.set_column(index, "payload", pa.array(payloads, pa.binary()))
+            pq.write_table(table, path, use_deprecated_int96_timestamps=True)
+            path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+
+    with pytest.raises(ExportMismatch, match=r"files and read differ.*nothing was deleted"):
+        _exporter(spark, broker, root, step=tamper_while_verifying).run(cutoff=cutoff)
+    assert len(broker.archive(limit=1000)) == old["archive"] + 5
+    assert len(broker.dead_letters.list()) == old["dead"]
+    assert not (root / "_staging").exists()
+
+    result = _exporter(spark, broker, root).run(cutoff=cutoff)
+    assert (result.archive_rows, result.dead_rows, result.deleted) == (old["archive"], 8, True)
+    assert sorted(_parquet_ids(spark, root, "archive")) == sorted(
+        set(_parquet_ids(spark, root, "archive"))
+    )
+    assert len(_parquet_ids(spark, root, "archive")) == old["archive"]
+    assert not (root / "_staging").exists()
 
 
 @pytest.mark.slow

@@ -7,12 +7,16 @@ Layout under the export root::
     dead/date=YYYY-MM-DD/topic=T/<run>-part-….parquet       dead letters
     _staging/<run>/…                                        a run not yet published
 
-A run writes into ``_staging/<run>``, compares per-partition counts and checksums of the
-written files with a fresh read of the database, deletes exactly the exported rows and
-records the run in one transaction, then moves its files into place. A run that dies before
-that transaction deleted nothing: the next run discards its staging directory and exports
-the rows again. A run that dies after it is recognised by its record, and the next run
-finishes moving its files. So no row is ever both deleted and missing from the Parquet.
+A run reads the database once: its Parquet write counts the rows it reads, with the sums
+of their ids and of a hash of each row, in the same Spark job. It writes into
+``_staging/<run>``, reads the written files back in full and checks them against that count
+(the files hold exactly what was read) and, topic by topic, against the range the delete
+will remove, counted in SQL (count, sum, smallest and largest id: the files hold exactly
+the database's rows). Then it deletes exactly the exported rows and records the run in one
+transaction (which counts the rows again), and moves its files into place. A run that dies
+before that transaction deleted nothing: the next run discards its staging directory and
+exports the rows again. A run that dies after it is recognised by its record, and the next
+run finishes moving its files. So no row is ever both deleted and missing from the Parquet.
 """
 
 from __future__ import annotations
@@ -76,19 +80,74 @@ class ExportResult:
         }
 
 
-def _checksums(frame: Any) -> dict[tuple[str, str], tuple[int, str]]:
-    """Per (date, topic): the row count and the sum of a 64-bit hash of each row."""
+def _row_hash() -> Any:
+    """A 64-bit hash of each row's exported content, as a number that sums without
+    overflowing."""
     from pyspark.sql import functions as F
 
-    hashed = frame.select(
-        F.col("date").cast("string").alias("date"),
-        F.col("topic"),
-        F.xxhash64(*[F.col(c) for c in CHECKSUM_COLUMNS]).cast("decimal(38,0)").alias("h"),
+    return F.xxhash64(*[F.col(c) for c in CHECKSUM_COLUMNS]).cast("decimal(38,0)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """Rows counted with the sum of their ids and of their row hashes."""
+
+    rows: int
+    id_sum: int
+    checksum: int
+
+
+def _observed(frame: Any, name: str) -> tuple[Any, Any]:
+    """``frame`` counted as an action (the Parquet write) passes its rows through, in that
+    same job: no second read of the database."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation(name)
+    observed = frame.observe(
+        observation,
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.col("id").cast("decimal(38,0)")).alias("id_sum"),
+        F.sum(_row_hash()).alias("checksum"),
     )
-    rows = hashed.groupBy("date", "topic").agg(F.count("*").alias("n"), F.sum("h").alias("s"))
-    return {(r["date"], r["topic"]): (int(r["n"]), str(r["s"])) for r in rows.collect()}
+    return observed, observation
 
 
+def _observed_totals(observation: Any) -> _Totals:
+    found = observation.get
+    return _Totals(
+        rows=int(found["rows"] or 0),
+        id_sum=int(found["id_sum"] or 0),
+        checksum=int(found["checksum"] or 0),
+    )
+
+
+def _file_totals(frame: Any) -> dict[tuple[str, str], tuple[_Totals, int, int]]:
+    """Per (date, topic) of the written files: their totals, smallest and largest id."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        frame.groupBy(F.col("date").cast("string").alias("date"), F.col("topic"))
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.col("id").cast("decimal(38,0)")).alias("ids"),
+            F.sum(_row_hash()).alias("h"),
+            F.min("id").alias("low"),
+            F.max("id").alias("high"),
+        )
+        .collect()
+    )
+    return {
+        (r["date"], r["topic"]): (
+            _Totals(rows=int(r["n"]), id_sum=int(r["ids"]), checksum=int(r["h"])),
+            int(r["low"]),
+            int(r["high"]),
+        )
+        for r in rows
+    }
+
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 CONCURRENT_WRITERS = "spark.sql.maxConcurrentOutputFileWriters"
 DEFAULT_WRITERS = 64
 """Parquet files a task of the export keeps open at once, one per (date, topic): up to this
@@ -182,20 +241,33 @@ class ArchiveExport:
             result.archive_rows = ranges["archive"][1]
             result.dead_rows = ranges["dead"][1]
             staging = f"{self.root}/_staging/{result.run_id}"
+            read: dict[str, _Totals] = {}
             for table, (max_id, count) in ranges.items():
                 if count:
                     self.step(f"writing {count} {table} rows to Parquet")
+                    frame, observation = _observed(
+                        _with_date(self._read(table, cutoff, max_id), table),
+                        f"sqlbroker export {result.run_id} {table}",
+                    )
                     with _setting(self.spark, CONCURRENT_WRITERS, str(self.writers)):
                         (
-                            _with_date(self._read(table, cutoff, max_id), table)
-                            .write.partitionBy("date", "topic")
+                            frame.write.partitionBy("date", "topic")
                             .mode("error")
                             .parquet(f"{staging}/{table}")
                         )
+                    read[table] = _observed_totals(observation)
             self.step("verifying counts and checksums against the database")
-            for table, (max_id, count) in ranges.items():
-                if count:
-                    result.partitions += self._verify(table, staging, cutoff, max_id, count)
+            try:
+                for table, (max_id, count) in ranges.items():
+                    if count:
+                        result.partitions += self._verify(
+                            store, table, staging, cutoff, max_id, count, read[table]
+                        )
+            except ExportMismatch:
+                # Nothing was deleted: the files are of no use, the next run exports anew.
+                self.files.delete(staging)
+                self._tidy()
+                raise
             if not delete:
                 self.files.delete(staging)
                 self._tidy()
@@ -220,25 +292,68 @@ class ArchiveExport:
             broker.close()
 
     def _verify(
-        self, table: str, staging: str, cutoff: datetime, max_id: int, count: int
+        self,
+        store: SparkStore,
+        table: str,
+        staging: str,
+        cutoff: datetime,
+        max_id: int,
+        count: int,
+        read: _Totals,
     ) -> list[PartitionCheck]:
+        """The written files, read back in full, hold exactly the rows the write read (count,
+        ids and row hashes) and, topic by topic, exactly the rows the database holds now in
+        the range the delete removes (count, sum, smallest and largest id)."""
         folder = f"{staging}/{table}"
         # No file at all (Spark cannot even infer a schema) is a mismatch like any other.
         parquet = any(name.endswith(".parquet") for name in self.files.files(folder))
-        written = _checksums(read_parquet(self.spark, folder)) if parquet else {}
-        database = _checksums(_with_date(self._read(table, cutoff, max_id), table))
-        total = sum(n for n, _ in written.values())
-        if written != database or total != count:
-            differing = sorted(set(written.items()) ^ set(database.items()))[:5]
+        written = self._read_back(table, folder) if parquet else {}
+        database = store.export_totals(table=table, cutoff=cutoff, max_id=max_id)
+        topics: dict[str, tuple[int, int, int, int]] = {}
+        for (_date, topic), (totals, low, high) in written.items():
+            n, ids, lowest, highest = topics.get(topic, (0, 0, low, high))
+            topics[topic] = (
+                n + totals.rows,
+                ids + totals.id_sum,
+                min(lowest, low),
+                max(highest, high),
+            )
+        files = _Totals(
+            rows=sum(t.rows for t, _, _ in written.values()),
+            id_sum=sum(t.id_sum for t, _, _ in written.values()),
+            checksum=sum(t.checksum for t, _, _ in written.values()),
+        )
+        expected = {t: (d.rows, d.id_sum, d.low, d.high) for t, d in database.items()}
+        if topics != expected or files != read or files.rows != count:
+            differing = sorted(set(topics.items()) ^ set(expected.items()))[:5]
             raise ExportMismatch(
-                f"the Parquet export of {table} differs from the database"
-                f" ({total} rows written, {count} expected; first differing partitions:"
-                f" {differing}); nothing was deleted"
+                f"the Parquet export of {table} differs from the database ({files.rows} rows"
+                f" written, {read.rows} read, {count} expected; files and read"
+                f" {'agree' if files == read else 'differ'}; first differing topics (rows, id"
+                f" sum, lowest, highest id): {differing}); nothing was deleted"
             )
         return [
-            PartitionCheck(table=table, date=date, topic=topic, rows=n, checksum=checksum)
-            for (date, topic), (n, checksum) in sorted(written.items())
+            PartitionCheck(
+                table=table, date=date, topic=topic, rows=totals.rows, checksum=str(totals.checksum)
+            )
+            for (date, topic), (totals, _, _) in sorted(written.items())
         ]
+
+    def _read_back(
+        self, table: str, folder: str
+    ) -> dict[tuple[str, str], tuple[_Totals, int, int]]:
+        from pyspark.errors import PySparkException
+
+        try:
+            # A few dozen rows out of the aggregation: one shuffle partition, not hundreds.
+            with _setting(self.spark, SHUFFLE_PARTITIONS, "1"):
+                return _file_totals(read_parquet(self.spark, folder))
+        except PySparkException as error:
+            first = (str(error).strip() or type(error).__name__).splitlines()[0]
+            raise ExportMismatch(
+                f"the Parquet export of {table} could not be read back ({first});"
+                " nothing was deleted"
+            ) from None
 
     def _recover(self, store: SparkStore, result: ExportResult) -> None:
         for path in self.files.children(f"{self.root}/_staging"):

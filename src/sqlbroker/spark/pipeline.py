@@ -51,6 +51,9 @@ def session(app: str = "sqlbroker-pipeline", master: str | None = None) -> Any:
     builder = SparkSession.builder.appName(app)
     if master is not None:
         builder = builder.master(master)
+        if master.startswith("local"):
+            # As on the default local[*]: no web UI to start for a run on this machine.
+            builder = builder.config("spark.ui.enabled", "false")
     else:
         # Starts the JVM as spark-submit would (PYSPARK_SUBMIT_ARGS, spark-defaults.conf),
         # or finds the one spark-submit started; its settings then show in SparkConf.

@@ -82,6 +82,17 @@ class ExportRun:
     dead_rows: int
 
 
+@dataclass(frozen=True, slots=True)
+class ExportTotals:
+    """What the database holds of one topic in an export's range: how many rows, the sum
+    of their ids, and their smallest and largest id."""
+
+    rows: int
+    id_sum: int
+    low: int
+    high: int
+
+
 class SparkStore(Protocol):
     """Storage operations of the Spark data source and the archive pipeline."""
 
@@ -159,3 +170,9 @@ class SparkStore(Protocol):
 
     def export_done(self, *, run_id: str) -> bool:
         """Whether the run's delete committed."""
+
+    def export_totals(
+        self, *, table: str, cutoff: datetime, max_id: int
+    ) -> dict[str, ExportTotals]:
+        """Per topic, the rows of ``table`` (``archive`` or ``dead``) that ``export_commit``
+        would delete now (older than ``cutoff``, ids up to ``max_id``), counted in SQL."""

@@ -18,6 +18,7 @@ from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
     Columns,
     ExportRun,
+    ExportTotals,
     Published,
     SparkRowFilter,
     StreamAck,
@@ -524,3 +525,18 @@ class SqlStore(ABC):
         with self._read() as conn:
             row = conn.execute(self._sql["export_get"], {"run_id": run_id}).fetchone()
         return bool(row and row[0])
+
+    # --- the export's check against the database (issue 28 item 6) -----------------------
+
+    def export_totals(
+        self, *, table: str, cutoff: datetime, max_id: int
+    ) -> dict[str, ExportTotals]:
+        if table not in ("archive", "dead"):
+            raise InvalidOption("table", f"must be archive or dead, not {table!r}")
+        params = {"cutoff": self._time(cutoff), "max_id": max_id}
+        with self._read() as conn:
+            rows = conn.execute(self._sql[f"export_totals_{table}"], params).fetchall()
+        return {
+            str(topic): ExportTotals(rows=int(n), id_sum=int(ids), low=int(low), high=int(high))
+            for topic, n, ids, low, high in rows
+        }

@@ -373,3 +373,17 @@ SELECT {stream_columns}
 FROM {schema}sqlbroker_spark_claim
 WHERE stream = $1 AND seq > $2 AND seq <= $3 AND delivery_id % $4 = $5
 ORDER BY seq, delivery_id
+
+-- ---------------------------------------------------------------------------------------
+-- The export's check against the database (issue 28 item 6): per topic, the rows that
+-- export_delete_* would remove now, counted here instead of read again through Spark.
+
+-- name: export_totals_archive
+SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}sqlbroker_archive
+WHERE finished_at < %(cutoff)s AND id <= %(max_id)s
+GROUP BY topic
+
+-- name: export_totals_dead
+SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}sqlbroker_dead
+WHERE dead_at < %(cutoff)s AND id <= %(max_id)s
+GROUP BY topic

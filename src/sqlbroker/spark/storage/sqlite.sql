@@ -167,3 +167,17 @@ SELECT database_id FROM sqlbroker_identity
 
 -- name: stream_promote
 -- include: message_promote_scheduled
+
+-- ---------------------------------------------------------------------------------------
+-- The export's check against the database (issue 28 item 6): per topic, the rows that
+-- export_delete_* would remove now, counted here instead of read again through Spark.
+
+-- name: export_totals_archive
+SELECT topic, count(*), sum(id), min(id), max(id) FROM sqlbroker_archive
+WHERE finished_at < :cutoff AND id <= :max_id
+GROUP BY topic
+
+-- name: export_totals_dead
+SELECT topic, count(*), sum(id), min(id), max(id) FROM sqlbroker_dead
+WHERE dead_at < :cutoff AND id <= :max_id
+GROUP BY topic
