@@ -20,6 +20,7 @@ from sqlbroker.spark.storage.base import (
     ExportRun,
     Published,
     SparkRowFilter,
+    StageRow,
     StreamAck,
 )
 from sqlbroker.storage.backend import Backend
@@ -193,7 +194,7 @@ def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
     return columns
 
 
-def content_hash(message: NewMessage) -> str:
+def content_hash(message: StageRow) -> str:
     """What makes two staged rows "the same message" for deterministic idempotency keys."""
     digest = hashlib.sha256()
     for part in (
@@ -210,7 +211,7 @@ def content_hash(message: NewMessage) -> str:
 
 
 def stage_params(
-    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage], now: Any
+    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow], now: Any
 ) -> list[dict[str, Any]]:
     return [
         {
