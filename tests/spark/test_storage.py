@@ -331,3 +331,57 @@ def test_the_export_removes_whole_days_of_the_partitioned_archive(pg_url: str) -
             True,
         ]
         assert len(broker.archive(limit=100)) == 2
+
+
+def _pattern_tests(plan: dict[str, Any]) -> int:
+    """How many (row, pattern) pairs the routing join of a plan tested."""
+    found = 0
+    if "pattern" in plan.get("Join Filter", ""):
+        tested = plan["Actual Rows"] + plan.get("Rows Removed by Join Filter", 0)
+        found += tested * plan["Actual Loops"]
+    for child in plan.get("Plans", []):
+        found += _pattern_tests(child)
+    return found
+
+
+def test_a_staged_page_is_routed_once_per_topic(pg_url: str) -> None:
+    """Issue 28 item 5: the routing of a page (the broker's message_insert_routing) tests
+    each distinct topic against each pattern once, not every row: a page of 5,000 rows of
+    one topic ran the pattern test (two regexes) 5,000 times, half of the statement."""
+    import psycopg
+
+    from sqlbroker.spark.storage.postgres import PostgresSparkStore
+
+    with sqlbroker.Broker(pg_url, migrate=True) as broker:
+        for name, pattern in (("orders", "orders.#"), ("paid", "*.paid"), ("all", "#")):
+            broker.subscribe(name, pattern)
+        store = _spark(broker, pg_url)
+        assert isinstance(store, PostgresSparkStore)
+        rows = [
+            build_message(f"orders.{'paid' if n % 2 else 'created'}", {"n": n}, defaults=DEFAULTS)
+            for n in range(300)
+        ]
+        store.stage_insert(job="j", partition=0, attempt=1, first_seq=0, rows=rows)
+        sql = store._sql
+        page = {
+            **{"job_id": "j", "partition_id": 0, "attempt": 1, "after_seq": -1},
+            **{"upto_seq": 299, "key_prefix": "t:", "now": None, "key_seqs": [], "keys": []},
+        }
+        with psycopg.connect(pg_url) as conn:
+            conn.execute(sql["publish_settings"])
+            reserved = conn.execute(sql["stage_page_reserve"], page).fetchone()
+            assert reserved is not None
+            assert len(reserved[1]) == 300
+            insert = psycopg.ClientCursor(conn).mogrify(
+                sql["stage_page_insert"],
+                {
+                    **page,
+                    **{"seqs": reserved[1], "ids": reserved[2], "subscription": None},
+                    **{"queue_regex": None, "channel": "c", "max_copies": 10**6},
+                },
+            )
+            (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + insert).fetchone()[0]
+            copies = conn.execute("SELECT count(*) FROM sqlbroker_message").fetchone()
+            conn.rollback()
+    assert copies == (300 + 150 + 300,)
+    assert 0 < _pattern_tests(plan["Plan"]) <= 2 * 3
