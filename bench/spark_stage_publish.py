@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
 
-def child(url: str, rows: int) -> dict[str, float]:
+def child(url: str, rows: int, connections: int) -> dict[str, float]:
     import uuid
 
     import sqlbroker
@@ -59,8 +59,13 @@ def child(url: str, rows: int) -> dict[str, float]:
                     job=job, partition=part, attempt=part, first_seq=start, rows=chunk
                 )
         staged = time.perf_counter()
+        parallel = {"connections": connections} if connections > 1 else {}
         result = store.stage_publish(
-            job=job, winners=[(p, p) for p in range(4)], key_prefix=f"b:{job}:", chunk=5_000
+            job=job,
+            winners=[(p, p) for p in range(4)],
+            key_prefix=f"b:{job}:",
+            chunk=5_000,
+            **parallel,
         )
         published = time.perf_counter()
     assert result.published == rows
@@ -72,11 +77,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40_000)
     parser.add_argument("--before", help="the src/ directory of the old tree")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--connections", type=int, default=1, help="the publish's connections (this tree only)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "spark_stage_publish"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.child:
-        print(json.dumps(child(arguments.child, arguments.rows)), flush=True)
+        print(json.dumps(child(arguments.child, arguments.rows, arguments.connections)), flush=True)
         return
     sys.path.insert(0, str(REPO / "tests"))
     from pgserver import PostgresServer
@@ -100,6 +108,8 @@ def main() -> None:
                         str(arguments.rows),
                         "--child",
                         str(server.url(f"stage_{number}")),
+                        "--connections",
+                        str(arguments.connections if variant == "after" else 1),
                     ],
                     env={**os.environ, "PYTHONPATH": src},
                     capture_output=True,

@@ -215,6 +215,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--before", help="the src/ directory of the old tree")
+    parser.add_argument("--rounds", type=int, default=1, help="before/after, interleaved")
     parser.add_argument("--out", default=str(RESULTS / "spark_write"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
@@ -235,8 +236,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sqlbroker-spark-write-"))
     server = None
     try:
+        number = 0
         for backend in arguments.backends.split(","):
-            for index, (variant, src) in enumerate(variants.items()):
+            for _round, (variant, src) in (
+                (r, item) for r in range(arguments.rounds) for item in variants.items()
+            ):
+                number += 1
+                index = number
                 if backend == "sqlite":
                     url = f"sqlite:///{work}/write-{variant}.db"
                 else:
@@ -245,7 +251,7 @@ def main() -> None:
                     server.create_database(f"write_{index}")
                     url = str(server.url(f"write_{index}"))
                 print(f"[{backend} {variant}] writing {arguments.rows:,} rows", flush=True)
-                run = {"backend": backend, "variant": variant}
+                run = {"backend": backend, "variant": variant, "load_start": os.getloadavg()[0]}
                 run.update(run_variant(url, src, arguments.rows))
                 print(json.dumps(run), flush=True)
                 results["runs"].append(run)
@@ -262,16 +268,20 @@ def main() -> None:
         f" at end {', '.join(f'{x:.1f}' for x in results['load_average_end'])} (2 cores,"
         " shared with other work: compare only rows of this run)",
         "",
-        "| backend | tree | write (s) | msg/s | peak Python RSS (MiB) | other publisher:"
-        " longest publish (s) | p99 (s) | DatabaseBusy |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | tree | write (s) | msg/s | CPU µs/row: Spark job | CPU µs/row: PostgreSQL"
+        " | peak Python RSS (MiB) | other publisher: longest publish (s) | p99 (s) |"
+        " DatabaseBusy | load (1 min) at start |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in results["runs"]:
         other = run["other_publisher"]
+        database = run["database_cpu_s"]
         lines.append(
             f"| {run['backend']} | {run['variant']} | {run['write_s']} |"
-            f" {run['write_msg_per_s']:,} | {run['peak_python_rss_mib']:,} | {other['max_s']} |"
-            f" {other['p99_s']} | {other['busy_errors']} |"
+            f" {run['write_msg_per_s']:,} | {run['spark_cpu_s'] * 1e6 / arguments.rows:.0f} |"
+            f" {'–' if database is None else f'{database * 1e6 / arguments.rows:.0f}'} |"
+            f" {run['peak_python_rss_mib']:,} | {other['max_s']} |"
+            f" {other['p99_s']} | {other['busy_errors']} | {run['load_start']:.1f} |"
         )
     lines += [
         "",

@@ -194,6 +194,72 @@ def test_a_row_with_an_invalid_value_fails_the_job_with_a_clear_error(
     assert broker.pending("everything") == []
 
 
+def test_arrow_batches_and_rows_give_the_same_messages(
+    spark: Any, sqlite_broker: sqlbroker.Broker
+) -> None:
+    """Issue 28 item 5: a DataFrame of numbers, booleans, strings and binary reaches the
+    tasks as Arrow batches (no ``Row`` per row); any other column type as ``Row``s. Both
+    make the same JSON payloads (NaN as null, binary as base64, keys and priorities from
+    their columns) and refuse the same bad values."""
+    from pyspark.sql.types import StructType
+
+    from sqlbroker.spark.write import MessageArrowWriter, MessageWriter, message_writer
+
+    broker = sqlite_broker
+    broker.subscribe("simple", "simple.#")
+    broker.subscribe("mixed", "mixed.#")
+    simple = spark.createDataFrame(
+        [
+            (1, 10, 0.5, float("nan"), "zürich ✓", True, bytearray(b"\x00\xff"), "k1", 1),
+            (2, -(2**40), -1.25, 1e300, "", False, None, None, None),
+            (3, None, None, None, None, None, bytearray(b""), "k1", 9),
+        ],
+        "i INT, l BIGINT, f FLOAT, d DOUBLE, s STRING, b BOOLEAN, bin BINARY, key STRING, p INT",
+    )
+    mixed = simple.selectExpr("*", "TIMESTAMP '2024-05-01 12:00:00' AS at")
+    options = {"url": broker.url, "key_column": "key", "priority_column": "p"}
+    chosen = {
+        name: message_writer({**options, "topic": f"{name}.rows"}, frame.schema)
+        for name, frame in (("simple", simple), ("mixed", mixed))
+    }
+    assert isinstance(chosen["simple"], MessageArrowWriter)
+    assert isinstance(chosen["mixed"], MessageWriter)
+    empty = message_writer({"url": broker.url, "topic": "t"}, StructType())
+    assert isinstance(empty, MessageWriter)
+
+    _write(simple, broker.url, topic="simple.rows", key_column="key", priority_column="p")
+    _write(mixed, broker.url, topic="mixed.rows", key_column="key", priority_column="p")
+    found = {}
+    for name in ("simple", "mixed"):
+        pending = broker.pending(name, limit=10)
+        found[name] = (
+            sorted(((m.key, m.priority) for m in pending), key=str),
+            sorted(_payloads(broker, name), key=lambda p: p["i"]),
+        )
+    assert found["simple"][0] == found["mixed"][0]
+    assert found["simple"][0] == sorted([("k1", 1), ("k1", 9), (None, 2)], key=str)
+    assert [{k: v for k, v in p.items() if k != "at"} for p in found["mixed"][1]] == found[
+        "simple"
+    ][1]
+    first = found["simple"][1][0]
+    assert first == {
+        "i": 1,
+        "l": 10,
+        "f": 0.5,
+        "d": None,
+        "s": "zürich ✓",
+        "b": True,
+        "bin": "AP8=",
+    }
+    assert found["mixed"][1][0]["at"].startswith("2024-05-01T12:00")
+
+    bad = spark.createDataFrame([(1, float("inf"))], "i INT, d DOUBLE")
+    for frame in (bad, bad.selectExpr("*", "CURRENT_DATE() AS day")):
+        with pytest.raises(Exception, match="payload"):
+            _write(frame, broker.url, topic="simple.bad")
+    assert broker.pending("simple") == []
+
+
 def test_read_tables_with_filters(spark: Any, broker: sqlbroker.Broker) -> None:
     broker.subscribe("alpha", "a.#")
     broker.subscribe("beta", "b.#")

@@ -82,6 +82,57 @@ def test_the_publish_commits_chunk_by_chunk_and_a_rerun_publishes_the_rest(
     assert len(broker.pending("orders", limit=100)) == 1 + 7
 
 
+def test_partitions_publish_on_parallel_connections_exactly_once(
+    broker: sqlbroker.Broker, backend_url: str
+) -> None:
+    """Issue 28 item 5: with ``connections=2`` PostgreSQL publishes the pages of different
+    partitions in parallel transactions (SQLite, one writer, one after another): every row
+    once, a re-run all duplicates; contents staged twice are still counted in partition
+    order (one connection then); a conflict in one lane stops the publish with the broker's
+    error."""
+    broker.subscribe("orders", "orders.#")
+    store = _spark(broker, backend_url)
+
+    def rows(partition: int) -> list[Any]:
+        return [
+            build_message("orders.created", {"n": partition * 10 + n}, defaults=DEFAULTS)
+            for n in range(5)
+        ]
+
+    for job in ("j1", "j2"):
+        for partition in range(4):
+            store.stage_insert(
+                job=job, partition=partition, attempt=partition, first_seq=0, rows=rows(partition)
+            )
+    winners = [(p, p) for p in range(4)]
+    first = store.stage_publish(job="j1", winners=winners, key_prefix="p:", chunk=2, connections=2)
+    assert (first.published, first.duplicates) == (20, 0)
+    claimed = broker.claim("orders", limit=100)
+    expected = [p * 10 + n for p in range(4) for n in range(5)]
+    assert sorted(d.payload["n"] for d in claimed) == expected
+    again = store.stage_publish(job="j2", winners=winners, key_prefix="p:", chunk=2, connections=2)
+    assert (again.published, again.duplicates) == (0, 20)
+
+    for job in ("s1", "s2"):
+        same = _messages(3, same=True)
+        store.stage_insert(job=job, partition=0, attempt=1, first_seq=0, rows=same)
+        store.stage_insert(job=job, partition=1, attempt=2, first_seq=0, rows=same[:2])
+    pairs = [(0, 1), (1, 2)]
+    result = store.stage_publish(job="s1", winners=pairs, key_prefix="s:", chunk=2, connections=2)
+    assert (result.published, result.duplicates) == (5, 0)
+    rerun = store.stage_publish(job="s2", winners=pairs, key_prefix="s:", chunk=2, connections=2)
+    assert (rerun.published, rerun.duplicates) == (0, 5)
+
+    broker.publish("orders.created", {"taken": True}, idempotency_key="taken")
+    clash = build_message("orders.created", {"n": 1}, defaults=DEFAULTS, idempotency_key="taken")
+    store.stage_insert(job="k", partition=0, attempt=1, first_seq=0, rows=rows(5))
+    store.stage_insert(job="k", partition=1, attempt=2, first_seq=0, rows=[clash])
+    with pytest.raises(IdempotencyConflict):
+        store.stage_publish(job="k", winners=pairs, key_prefix="k:", chunk=2, connections=2)
+    store.stage_discard(job="k", older_than=None)
+    assert store.stage_discard(job=None, older_than=broker.backend.now() + timedelta(1)) == 0
+
+
 def test_an_aborted_job_leaves_nothing(broker: sqlbroker.Broker, backend_url: str) -> None:
     store = _spark(broker, backend_url)
     store.stage_insert(job="j", partition=0, attempt=1, first_seq=0, rows=_messages(4))
@@ -308,3 +359,57 @@ def test_the_export_removes_whole_days_of_the_partitioned_archive(pg_url: str) -
             True,
         ]
         assert len(broker.archive(limit=100)) == 2
+
+
+def _pattern_tests(plan: dict[str, Any]) -> int:
+    """How many (row, pattern) pairs the routing join of a plan tested."""
+    found = 0
+    if "pattern" in plan.get("Join Filter", ""):
+        tested = plan["Actual Rows"] + plan.get("Rows Removed by Join Filter", 0)
+        found += tested * plan["Actual Loops"]
+    for child in plan.get("Plans", []):
+        found += _pattern_tests(child)
+    return found
+
+
+def test_a_staged_page_is_routed_once_per_topic(pg_url: str) -> None:
+    """Issue 28 item 5: the routing of a page (the broker's message_insert_routing) tests
+    each distinct topic against each pattern once, not every row: a page of 5,000 rows of
+    one topic ran the pattern test (two regexes) 5,000 times, half of the statement."""
+    import psycopg
+
+    from sqlbroker.spark.storage.postgres import PostgresSparkStore
+
+    with sqlbroker.Broker(pg_url, migrate=True) as broker:
+        for name, pattern in (("orders", "orders.#"), ("paid", "*.paid"), ("all", "#")):
+            broker.subscribe(name, pattern)
+        store = _spark(broker, pg_url)
+        assert isinstance(store, PostgresSparkStore)
+        rows = [
+            build_message(f"orders.{'paid' if n % 2 else 'created'}", {"n": n}, defaults=DEFAULTS)
+            for n in range(300)
+        ]
+        store.stage_insert(job="j", partition=0, attempt=1, first_seq=0, rows=rows)
+        sql = store._sql
+        page = {
+            **{"job_id": "j", "partition_id": 0, "attempt": 1, "after_seq": -1},
+            **{"upto_seq": 299, "key_prefix": "t:", "now": None, "key_seqs": [], "keys": []},
+        }
+        with psycopg.connect(pg_url) as conn:
+            conn.execute(sql["publish_settings"])
+            reserved = conn.execute(sql["stage_page_reserve"], page).fetchone()
+            assert reserved is not None
+            assert len(reserved[1]) == 300
+            insert = psycopg.ClientCursor(conn).mogrify(
+                sql["stage_page_insert"],
+                {
+                    **page,
+                    **{"seqs": reserved[1], "ids": reserved[2], "subscription": None},
+                    **{"queue_regex": None, "channel": "c", "max_copies": 10**6},
+                },
+            )
+            (plan,) = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + insert).fetchone()[0]
+            copies = conn.execute("SELECT count(*) FROM sqlbroker_message").fetchone()
+            conn.rollback()
+    assert copies == (300 + 150 + 300,)
+    assert 0 < _pattern_tests(plan["Plan"]) <= 2 * 3

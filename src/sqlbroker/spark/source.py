@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 from sqlbroker.spark import options as opt
 from sqlbroker.spark.schema import TABLE_SCHEMAS
 from sqlbroker.spark.storage import SparkRowFilter
-from sqlbroker.spark.write import MessageWriter
+from sqlbroker.spark.write import message_writer
 
 DEFAULT_PARTITIONS = 4
 DEFAULT_FETCH = 10_000
@@ -124,7 +124,7 @@ class SqlbrokerDataSource(DataSource):
         return MessagesReader(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return MessageWriter(dict(self.options), schema)
+        return message_writer(dict(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from sqlbroker.spark.stream import SubscriptionStreamReader

@@ -15,22 +15,52 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pyspark import TaskContext
 from pyspark.sql import Row
-from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from sqlbroker.client.base import DEFAULT_DEDUPE_WINDOW, DEFAULT_MAX_ATTEMPTS
+from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, InvalidPayload
-from sqlbroker.core.message import NORMAL, NewMessage
+from sqlbroker.core.message import NORMAL
+from sqlbroker.core.serde import encode_payload
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.features.publishing import PublishDefaults, build_message
+from sqlbroker.features.publishing import PublishDefaults
 from sqlbroker.spark import options as opt
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STAGE_CHUNK = 5_000
 PUBLISH_CHUNK = 5_000
+PUBLISH_CONNECTIONS = 2
+_TOPIC_CACHE = 4096  # validated topics a task remembers (a topic column's distinct values)
+_ARROW_TYPES = (
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+)
+"""Column types whose Python values are the same from an Arrow batch as from a ``Row``."""
 STALE_STAGE = timedelta(days=7)
 _COLUMN_OPTIONS = (
     "topic_column",
@@ -50,8 +80,26 @@ class StagedPartition(WriterCommitMessage):
     rows: int
 
 
+class StagedRow(NamedTuple):
+    """A validated row as a task stages it: what ``build_message`` checks and encodes,
+    without the message id (the publish makes those). A ``StageRow`` of the stores."""
+
+    topic: str
+    payload: bytes
+    content_type: str
+    headers: str | None
+    priority: int
+    ordering_key: str | None
+    idempotency_key: str | None
+    max_attempts: int
+    dedupe_window: float
+
+
 def jsonable(value: Any) -> Any:
     """A Spark value as plain JSON: times as ISO 8601, decimals as strings, bytes as base64."""
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or value is None:
+        return value
     if isinstance(value, Row):
         return {k: jsonable(v) for k, v in value.asDict(recursive=False).items()}
     if isinstance(value, Mapping):
@@ -113,18 +161,38 @@ class MessageWriter(DataSourceWriter):
         self.publish_chunk = opt.integer(
             options, "publish_chunk", PUBLISH_CHUNK, minimum=1, maximum=100_000
         )
+        self.publish_connections = opt.integer(
+            options, "publish_connections", PUBLISH_CONNECTIONS, minimum=1, maximum=16
+        )
         self.key_prefix = "spark:" + (opt.text(options, "write_id") or "") + ":"
         self.job = uuid.uuid4().hex
         self.excluded = {c for c in self.columns.values() if c is not None}
+        self.names = schema.fieldNames()
+        self.arrow = bool(self.names) and all(
+            isinstance(field.dataType, _ARROW_TYPES) for field in schema.fields
+        )
+        self._topics: set[str] = set()
         # Last: the options are all valid before the database is opened.
         self.connection = self.connection.bind()
 
     # --- on the executors --------------------------------------------------------------------
 
-    def _message(self, row: Row) -> NewMessage:
-        values = row.asDict(recursive=False)
+    def _topic(self, value: object) -> str:
+        if type(value) is str and value in self._topics:
+            return value
+        topic = validate_topic(value, "topic")
+        if len(self._topics) < _TOPIC_CACHE:
+            self._topics.add(topic)
+        return topic
+
+    def _staged(self, values: dict[str, Any]) -> StagedRow:
+        """One row validated as ``Broker.publish`` validates a message (``build_message``'s
+        checks, in its order: topic, payload, key, idempotency key, priority)."""
         column = self.columns
-        topic = values[column["topic_column"]] if column["topic_column"] else self.topic
+        topic = (
+            self._topic(values[column["topic_column"]]) if column["topic_column"] else self.topic
+        )
+        assert topic is not None  # the options give topic or topic_column
         if column["payload_column"]:
             raw = values[column["payload_column"]]
             if self.text_payload and raw is not None:
@@ -140,31 +208,45 @@ class MessageWriter(DataSourceWriter):
                 payload = jsonable(raw)
         else:
             payload = {k: jsonable(v) for k, v in values.items() if k not in self.excluded}
-        priority = values[column["priority_column"]] if column["priority_column"] else None
-        return build_message(
-            topic,
+        data, kind = encode_payload(
             payload,
-            defaults=self.defaults,
-            key=values[column["key_column"]] if column["key_column"] else None,
-            priority=NORMAL if priority is None else priority,
-            idempotency_key=(
-                values[column["idempotency_key_column"]]
-                if column["idempotency_key_column"]
-                else None
-            ),
             content_type=self.content_type if self.binary_payload else None,
+            limit=self.defaults.payload_limit,
+            field="payload",
+        )
+        key = validate.key(values[column["key_column"]], "key") if column["key_column"] else None
+        idempotency_key = (
+            validate.key(values[column["idempotency_key_column"]], "idempotency_key")
+            if column["idempotency_key_column"]
+            else None
+        )
+        priority = values[column["priority_column"]] if column["priority_column"] else None
+        return StagedRow(
+            topic=topic,
+            payload=data,
+            content_type=kind,
+            headers=None,
+            priority=validate.priority(NORMAL if priority is None else priority, "priority"),
+            ordering_key=key,
+            idempotency_key=idempotency_key,
+            max_attempts=self.defaults.max_attempts,
+            dedupe_window=self.defaults.dedupe_window,
         )
 
     def write(self, iterator: Iterator[Row]) -> StagedPartition:
+        return self.stage(row.asDict(recursive=False) for row in iterator)
+
+    def stage(self, rows: Iterator[dict[str, Any]]) -> StagedPartition:
+        """Validate and stage a task's rows (column name -> value) under its attempt."""
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.taskAttemptId() if context else 0
         broker, store = self.connection.open()
         staged = 0
         try:
-            chunk: list[NewMessage] = []
-            for row in iterator:
-                chunk.append(self._message(row))
+            chunk: list[StagedRow] = []
+            for row in rows:
+                chunk.append(self._staged(row))
                 if len(chunk) >= self.stage_batch:
                     staged += store.stage_insert(
                         job=self.job,
@@ -195,6 +277,8 @@ class MessageWriter(DataSourceWriter):
                 winners=winners,
                 key_prefix=self.key_prefix,
                 chunk=self.publish_chunk,
+                # Ordering keys keep the order of the partitions: one connection.
+                connections=1 if self.columns["key_column"] else self.publish_connections,
             )
             # Jobs whose driver died between staging and commit leave rows behind.
             store.stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
@@ -207,3 +291,35 @@ class MessageWriter(DataSourceWriter):
             store.stage_discard(job=self.job, older_than=None)
         finally:
             broker.close()
+
+
+class MessageArrowWriter(DataSourceArrowWriter):
+    """:class:`MessageWriter` for a DataFrame whose columns are all numbers, booleans,
+    strings or binary: the tasks take Spark's Arrow batches as they come, a column at a
+    time, instead of a ``Row`` object per row (the same values, validated the same way)."""
+
+    def __init__(self, writer: MessageWriter) -> None:
+        self.writer = writer
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPartition:
+        names = self.writer.names
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for batch in iterator:
+                columns = [column.to_pylist() for column in batch.columns]
+                for values in zip(*columns, strict=True):
+                    yield dict(zip(names, values, strict=True))
+
+        return self.writer.stage(rows())
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.writer.commit(messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.writer.abort(messages)
+
+
+def message_writer(options: dict[str, str], schema: StructType) -> DataSourceWriter:
+    """The writer of ``df.write.format("sqlbroker")`` for a DataFrame of ``schema``."""
+    writer = MessageWriter(options, schema)
+    return MessageArrowWriter(writer) if writer.arrow else writer

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlbroker.core.message import NewMessage
-
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -93,6 +91,30 @@ class ExportTotals:
     high: int
 
 
+class StageRow(Protocol):
+    """What a store stages of a validated row: a ``NewMessage`` or the write's lighter
+    ``StagedRow`` (no message id: the publish makes those)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def content_type(self) -> str: ...
+    @property
+    def headers(self) -> str | None: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def ordering_key(self) -> str | None: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def dedupe_window(self) -> float: ...
+
+
 class SparkStore(Protocol):
     """Storage operations of the Spark data source and the archive pipeline."""
 
@@ -113,12 +135,18 @@ class SparkStore(Protocol):
 
     # --- idempotent batch write ------------------------------------------------------------
     def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
     ) -> int:
         """Stage validated messages of one task attempt (numbered from ``first_seq``)."""
 
     def stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+        self,
+        *,
+        job: str,
+        winners: Sequence[tuple[int, int]],
+        key_prefix: str,
+        chunk: int,
+        connections: int = 1,
     ) -> Published:
         """Publish the staged rows of the winning ``(partition, attempt)`` pairs, then delete
         every staged row of the job.
@@ -128,7 +156,12 @@ class SparkStore(Protocol):
         holds one chunk at a time. A row without an idempotency key gets ``key_prefix`` +
         its content hash + its occurrence among identical rows of the job (in partition and
         row order), so a re-run of the same job publishes nothing new within the dedupe
-        window, and a commit that failed part-way publishes, re-run, exactly the rest."""
+        window, and a commit that failed part-way publishes, re-run, exactly the rest.
+
+        ``connections`` > 1 lets PostgreSQL publish the pages of different partitions in
+        parallel transactions when no content was staged twice (else one connection, to
+        count them in order). Rows with ordering keys then lose their order across
+        partitions: pass 1 for them. SQLite has one writer and ignores it."""
 
     def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
         """Delete the staged rows of ``job``, or of any job staged before ``older_than``."""

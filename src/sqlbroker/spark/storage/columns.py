@@ -21,6 +21,7 @@ from sqlbroker.spark.storage.base import (
     ExportTotals,
     Published,
     SparkRowFilter,
+    StageRow,
     StreamAck,
 )
 from sqlbroker.storage.backend import Backend
@@ -197,7 +198,7 @@ def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
     return columns
 
 
-def content_hash(message: NewMessage) -> str:
+def content_hash(message: StageRow) -> str:
     """What makes two staged rows "the same message" for deterministic idempotency keys."""
     digest = hashlib.sha256()
     for part in (
@@ -214,7 +215,7 @@ def content_hash(message: NewMessage) -> str:
 
 
 def stage_params(
-    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage], now: Any
+    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow], now: Any
 ) -> list[dict[str, Any]]:
     return [
         {

@@ -9,7 +9,9 @@ durability), so row-level security sees the same tenant on every path.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cache
@@ -24,13 +26,13 @@ from sqlbroker.core.errors import (
     SchemaError,
     StorageError,
 )
-from sqlbroker.core.message import NewMessage
 from sqlbroker.spark.schema import arrow_schema
 from sqlbroker.spark.storage.base import (
     ExportRun,
     IdRange,
     Published,
     SparkRowFilter,
+    StageRow,
 )
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
@@ -168,7 +170,7 @@ class PostgresSparkStore(SqlStore):
     # --- idempotent batch write --------------------------------------------------------------
 
     def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
     ) -> int:
         staged_at = self._backend.now()
         with self._write() as conn:
@@ -216,7 +218,13 @@ class PostgresSparkStore(SqlStore):
         return len(rows)
 
     def stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+        self,
+        *,
+        job: str,
+        winners: Sequence[tuple[int, int]],
+        key_prefix: str,
+        chunk: int,
+        connections: int = 1,
     ) -> Published:
         with self._write() as conn:
             repeated = conn.execute(
@@ -228,10 +236,79 @@ class PostgresSparkStore(SqlStore):
                 },
             ).fetchall()
         keys = StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated])
+        ordered = sorted(winners)
+        # Repeated contents are counted in partition order (StagedKeys): one connection.
+        lanes = 1 if repeated else max(1, min(connections, len(ordered)))
+        if lanes == 1:
+            published = self._publish_lane(
+                job, ordered, keys, key_prefix, chunk, repeated=bool(repeated)
+            )
+        else:
+            published = self._publish_lanes(
+                job, [ordered[lane::lanes] for lane in range(lanes)], keys, key_prefix, chunk
+            )
+        with self._write() as conn:  # what the losing attempts staged
+            conn.execute(self._sql["stage_delete_job"], {"job_id": job})
+        return published
+
+    def _publish_lanes(
+        self,
+        job: str,
+        lanes: list[list[tuple[int, int]]],
+        keys: StagedKeys,
+        key_prefix: str,
+        chunk: int,
+    ) -> Published:
+        """The winners' pages on one pooled connection per lane, in parallel (PostgreSQL
+        does the work: the threads only send statements). The first failure stops every
+        lane after its current page and is raised; committed pages stay published, as a
+        sequential publish that fails part-way leaves them (a re-run publishes the rest)."""
+        stop = threading.Event()
+        with ThreadPoolExecutor(len(lanes), thread_name_prefix="sqlbroker-publish") as pool:
+            futures = [
+                pool.submit(
+                    self._publish_lane,
+                    job,
+                    lane,
+                    keys,
+                    key_prefix,
+                    chunk,
+                    repeated=False,
+                    stop=stop,
+                )
+                for lane in lanes
+            ]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):
+                stop.set()
+            wait(futures)
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+        results = [f.result() for f in futures]
+        return Published(
+            published=sum(r.published for r in results),
+            duplicates=sum(r.duplicates for r in results),
+            unrouted=sum(r.unrouted for r in results),
+        )
+
+    def _publish_lane(
+        self,
+        job: str,
+        winners: Sequence[tuple[int, int]],
+        keys: StagedKeys,
+        key_prefix: str,
+        chunk: int,
+        *,
+        repeated: bool,
+        stop: threading.Event | None = None,
+    ) -> Published:
+        """Publish the pages of ``winners`` one after another, in partition order."""
         published = duplicates = unrouted = 0
-        for partition, attempt in sorted(winners):
+        for partition, attempt in winners:
             after = -1
-            while True:
+            while stop is None or not stop.is_set():
                 page = {
                     "job_id": job,
                     "partition_id": partition,
@@ -241,15 +318,13 @@ class PostgresSparkStore(SqlStore):
                     "key_prefix": key_prefix,
                     "now": None,
                 }
-                size, fresh, routed = self._publish_page(page, keys, repeated=bool(repeated))
+                size, fresh, routed = self._publish_page(page, keys, repeated=repeated)
                 published += fresh
                 duplicates += size - fresh
                 unrouted += routed
                 if size < chunk:
                     break
                 after += chunk
-        with self._write() as conn:  # what the losing attempts staged
-            conn.execute(self._sql["stage_delete_job"], {"job_id": job})
         return Published(published=published, duplicates=duplicates, unrouted=unrouted)
 
     def _publish_page(

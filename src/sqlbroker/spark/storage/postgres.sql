@@ -68,13 +68,16 @@ INSERT INTO {schema}sqlbroker_spark_stage (
 )
 
 -- name: stage_repeated
--- The contents without a key that the winning attempts staged more than once.
-SELECT s.topic, s.content_hash
+-- The contents without a key that the winning attempts staged more than once. The content
+-- hash covers the topic (content_hash in columns.py), so it alone is grouped, bytewise:
+-- every staged row of the write is sorted here, and the database's collation (strcoll)
+-- took twice as long.
+SELECT min(s.topic), s.content_hash COLLATE "C"
 FROM {schema}sqlbroker_spark_stage s
 JOIN unnest(%(partitions)s::integer[], %(attempts)s::bigint[]) AS w(partition_id, attempt)
   ON w.partition_id = s.partition_id AND w.attempt = s.attempt
 WHERE s.job_id = %(job_id)s AND s.idempotency_key IS NULL
-GROUP BY s.topic, s.content_hash
+GROUP BY 2
 HAVING count(*) > 1
 
 -- name: stage_page
@@ -240,7 +243,7 @@ hashed AS (
                              || p.payload), 'hex') AS payload_hash
         FROM page p
     ) h
-    WINDOW w AS (PARTITION BY h.topic, h.idempotency_key ORDER BY h.seq)
+    WINDOW w AS (PARTITION BY h.topic COLLATE "C", h.idempotency_key COLLATE "C" ORDER BY h.seq)
 ),
 first AS MATERIALIZED (
     SELECT seq, topic, idempotency_key, ordering_key, dedupe_window, payload_hash,

@@ -21,7 +21,7 @@ from sqlbroker.core.errors import DatabaseBusy, SchemaError, StorageError
 from sqlbroker.core.message import NewMessage
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
+from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter, StageRow
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
     SqlStore,
@@ -128,7 +128,7 @@ class SqliteSparkStore(SqlStore):
     # --- idempotent batch write --------------------------------------------------------------
 
     def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[NewMessage]
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
     ) -> int:
         params = stage_params(
             job=job,
@@ -143,7 +143,13 @@ class SqliteSparkStore(SqlStore):
         return len(params)
 
     def stage_publish(
-        self, *, job: str, winners: Sequence[tuple[int, int]], key_prefix: str, chunk: int
+        self,
+        *,
+        job: str,
+        winners: Sequence[tuple[int, int]],
+        key_prefix: str,
+        chunk: int,
+        connections: int = 1,  # one writer: the pages go one after another
     ) -> Published:
         # Pages are read on a connection of our own, outside the write lock: only the
         # publish of each page holds it.

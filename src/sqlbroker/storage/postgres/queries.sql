@@ -206,8 +206,12 @@ queue_pattern AS (
 routes AS (
     SELECT b.seq, %(subscription)s::text AS subscription FROM b WHERE %(subscription)s::text IS NOT NULL
     UNION ALL
-    SELECT DISTINCT t.seq, p.subscription
-    FROM (SELECT b.seq, b.topic, split_part(b.topic, '.', 1) || '.' AS head,
+    SELECT b.seq, m.subscription
+    FROM b
+    JOIN (
+    -- Each distinct topic of the batch is matched once (a batch of one topic: once).
+    SELECT DISTINCT t.topic, p.subscription
+    FROM (SELECT DISTINCT b.topic, split_part(b.topic, '.', 1) || '.' AS head,
                  '.' || reverse(split_part(reverse(b.topic), '.', 1)) AS tail
           FROM b) t
     JOIN {schema}sqlbroker_subscription_pattern p ON CASE
@@ -232,6 +236,7 @@ routes AS (
                  '.' || regexp_replace(p.pattern, '#(\.#)+', '#', 'g'),
                  '.', '\.'), '\.*', '\.[^.]+'), '\.#', '(\.[^.]+)*') || '$')
     END
+    ) m ON m.topic = b.topic
     WHERE %(subscription)s::text IS NULL
 ),
 -- The copy limit (core/limits.py, max_copies): past it nothing below is written and the
