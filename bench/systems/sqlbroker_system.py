@@ -603,22 +603,20 @@ def count_calls(broker: Broker, names: list[str]) -> dict[str, dict[str, float]]
             stats["rows"] += len(found)
             return found
 
-        if inspect.iscoroutinefunction(original):
+        def counted(*a: Any, _original: Any = original, _stats: Any = stats, **k: Any) -> Any:
+            # An operation of the backend's async executor returns a coroutine (the same
+            # descriptor serves both executors), an older tree's was a coroutine function.
+            started = time.perf_counter()
+            result = _original(*a, **k)
+            if not inspect.isawaitable(result):
+                return tally(result, started, _stats)
 
-            async def counted_async(
-                *a: Any, _original: Any = original, _stats: Any = stats, **k: Any
-            ) -> Any:
-                started = time.perf_counter()
-                return tally(await _original(*a, **k), started, _stats)
+            async def finish(result: Any = result) -> Any:
+                return tally(await result, started, _stats)
 
-            setattr(owner, attribute, counted_async)
-        else:
+            return finish()
 
-            def counted(*a: Any, _original: Any = original, _stats: Any = stats, **k: Any) -> Any:
-                started = time.perf_counter()
-                return tally(_original(*a, **k), started, _stats)
-
-            setattr(owner, attribute, counted)
+        setattr(owner, attribute, counted)
     return counts
 
 
