@@ -59,31 +59,42 @@ def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
     whose head was among them gets its next copy. A crash before this statement (on
     PostgreSQL it commits on its own) leaves the key headless until :func:`key_repair`.
 
-    Where publishers of a key hold its lock (PostgreSQL), the promotion takes the lock
-    first, in a statement of its own: a publish that began while the head was still there
-    (and so queued its copy blocked behind it) has committed before the promotion's
-    statement starts, so the promotion sees that copy. Run alone the lock is a barrier,
-    released at once; in a transaction it is held to the commit, and a later publisher
-    waits for the removal to be visible. The wait is bounded (:data:`KEY_WAIT`): a key
-    whose publisher holds its lock longer (a keyed publish in a long transaction of the
-    caller's) is left to :func:`key_repair` rather than holding up the worker."""
+    Where publishers of a key hold its lock (PostgreSQL), a key whose promotion found no
+    copy to promote may have one being published right now, queued blocked behind the head
+    its publisher still saw, that the promotion could not see yet. For those keys only the
+    lock is taken, in a statement of its own, and the promotion runs again: the publisher
+    has committed by then, so the second promotion sees its copy. Run alone the lock is a
+    barrier, released at once; in a transaction it is held to the commit, and a later
+    publisher waits for the removal to be visible. The wait is bounded (:data:`KEY_WAIT`):
+    a key whose publisher holds its lock longer (a keyed publish in a long transaction of
+    the caller's) is left to :func:`key_repair` rather than holding up the worker."""
     heads = sorted(
         {(row[1], row[2]) for row in removed if row[2] is not None and row[3] != "blocked"}
     )
-    if heads:
-        if settings.key_locks:
-            busy = sorted({key for _, key in heads})
-            for attempt in range(KEY_WAIT_TRIES):
-                if attempt:
-                    yield query("pause", seconds=KEY_WAIT / KEY_WAIT_TRIES)
-                busy = [row[0] for row in (yield query("key_try_lock", keys=busy))]
-                if not busy:
-                    break
-        yield query(
-            "key_promote",
-            subscriptions=[subscription for subscription, _ in heads],
-            keys=[key for _, key in heads],
-        )
+    if not heads:
+        return
+    promoted = yield from _promote(heads)
+    empty = sorted(set(heads) - promoted) if settings.key_locks else []
+    if not empty:
+        return
+    busy = sorted({key for _, key in empty})
+    for attempt in range(KEY_WAIT_TRIES):
+        if attempt:
+            yield query("pause", seconds=KEY_WAIT / KEY_WAIT_TRIES)
+        busy = [row[0] for row in (yield query("key_try_lock", keys=busy))]
+        if not busy:
+            break
+    yield from _promote(empty)
+
+
+def _promote(heads: Sequence[tuple[str, str]]) -> Plan[set[tuple[str, str]]]:
+    """``key_promote`` for these ``(subscription, key)`` pairs; the pairs it promoted."""
+    rows = yield query(
+        "key_promote",
+        subscriptions=[subscription for subscription, _ in heads],
+        keys=[key for _, key in heads],
+    )
+    return {(row[0], row[1]) for row in rows}
 
 
 @relaxed

@@ -331,8 +331,8 @@ b AS (
 -- message_insert_queue_one plus the key's rule, without the routing, the window over a
 -- batch's keys and the unrouted anti-join of message_insert_routing. The copy starts
 -- blocked when its key has a copy in the queue (a head whose removal commits meanwhile
--- promotes this copy: key_promote takes the key's lock first). Same result columns as
--- message_insert_routing.
+-- promotes this copy: a promotion that finds none takes the key's lock and looks again).
+-- Same result columns as message_insert_routing.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
 b AS (
     SELECT coalesce(%(at)s::timestamptz,
@@ -754,6 +754,7 @@ FROM (
 -- The state again on the row itself: a concurrent statement may have promoted and claimed
 -- the copy since this statement's snapshot, and only this condition is checked again.
 WHERE m.id = nxt.id AND m.state = 'blocked'
+RETURNING m.subscription, m.ordering_key
 
 -- name: key_repair
 -- Keys left with blocked copies and no head (a crash between a head's removal and the

@@ -127,6 +127,7 @@ WHERE id IN (
           AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
     )
 )
+RETURNING subscription, ordering_key
 
 -- name: key_repair
 -- Keys left with blocked copies and no head (only possible after an interrupted
