@@ -187,7 +187,6 @@ class WriteBack:
                 return False
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
-        return True
 
     async def flush(self) -> bool:
         """One write of everything buffered; ``False`` when the database failed.
