@@ -16,7 +16,7 @@ Invariants:
 - claimed-but-unstarted deliveries are released on shutdown without counting the attempt,
   and so are the started ones a stop gives up (grace period exceeded): a stop is no failure;
 - a delivery whose message was cancelled while held (``Broker.cancel`` flags it, and
-  :meth:`Pump.watch_cancels` finds the flag) ends ``Cancelled`` whatever its handler does:
+  :meth:`Pump.watch_cancels` finds the flag) ends cancelled whatever its handler does:
   a coroutine handler is cancelled, a plain function sees ``msg.cancelled``, an unstarted
   one is not started.
 """
@@ -38,6 +38,7 @@ from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.flow import Claimed
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.effects import EffectsTransaction
 from sqlbroker.runtime.events import WorkerObserver
@@ -48,17 +49,9 @@ from sqlbroker.runtime.handling import (
     failure_outcome,
     report_dead_letter,
 )
-from sqlbroker.runtime.message import (
-    Cancelled,
-    Complete,
-    Message,
-    Outcome,
-    RetryLater,
-    SendToDead,
-)
+from sqlbroker.runtime.message import Message
 from sqlbroker.runtime.writeback import WriteBack, retry_pause, wait_any
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import Lease
 
 log = logging.getLogger("sqlbroker.runtime")
 T = TypeVar("T")
@@ -310,7 +303,7 @@ class Pump:
     async def _handle(
         self,
         delivery: Delivery,
-        settle: Callable[[Outcome], None] | None,
+        settle: Callable[[Settlement], None] | None,
         effects: Callable[[Message], EffectsTransaction],
         task: asyncio.Task[Any] | None,
     ) -> None:
@@ -324,7 +317,7 @@ class Pump:
                 # Our cancel request reached the handler: the copy ends cancelled; a stop
                 # of the worker that came as well goes on.
                 if message._take_over(uncommitted=True):
-                    self._settle(Cancelled(delivery))
+                    self._settle(Settlement.cancel(delivery))
                 if task is not None and task.cancelling():
                     raise
                 return
@@ -336,14 +329,14 @@ class Pump:
                 # Our stop is not the message's failure: give its attempt back (a snooze),
                 # or every deploy that outlasts the grace period would spend one.
                 info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
-                self._settle(RetryLater(delivery, 0.0, info, snooze=True))
+                self._settle(Settlement.retry(delivery, 0.0, info, snooze=True))
             raise
         except BaseException as error:
             # SystemExit, KeyboardInterrupt and the like from user code fail the message
             # too: the worker's own stops come as cancellation.
             self._uncancel(delivery, task)
             if message.cancelled and message._take_over(uncommitted=True):
-                self._settle(Cancelled(delivery))
+                self._settle(Settlement.cancel(delivery))
             else:
                 self._failed(message, error)
         else:
@@ -352,7 +345,7 @@ class Pump:
             self._uncancel(delivery, task)
             if message.cancelled:
                 if message._take_over(uncommitted=False):
-                    self._settle(Cancelled(delivery))
+                    self._settle(Settlement.cancel(delivery))
             elif not manual and message._take_over(uncommitted=False):
                 self._settle(completion(self.spec, delivery, value, self._result_limit))
         finally:
@@ -389,17 +382,19 @@ class Pump:
             self._pace = seconds if pace is None else pace + _PACE_WEIGHT * (seconds - pace)
             self._observer.handler_finished(delivery, seconds=seconds, error=error)
 
-    def _settle_from_any_thread(self, loop: asyncio.AbstractEventLoop, outcome: Outcome) -> None:
+    def _settle_from_any_thread(
+        self, loop: asyncio.AbstractEventLoop, settlement: Settlement
+    ) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
         a handler may hand its message to any thread; the pump's state is the loop's."""
         if _running(loop):
-            self._settle(outcome)
+            self._settle(settlement)
             return
         # Thread-safe, and raises once the worker's final write-back began: a late ack
         # must fail loudly rather than land in a buffer nobody writes.
-        self._writeback.add(outcome)
+        self._writeback.add(settlement)
         with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
-            loop.call_soon_threadsafe(self._free_slot, outcome.delivery)
+            loop.call_soon_threadsafe(self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
         return EffectsTransaction(
@@ -422,16 +417,17 @@ class Pump:
                 loop.call_soon_threadsafe(self._committed, delivery)
 
     def _committed(self, delivery: Delivery) -> None:
-        self._free_slot(delivery)
-        self._forget(delivery)
-        self._observer.outcomes_written([Complete(delivery)])
+        settlement = Settlement.complete(delivery)
+        self._free_slot(settlement.lease)
+        self._forget(settlement.lease)
+        self._observer.outcomes_written([settlement])
 
-    def _settle(self, outcome: Outcome) -> None:
-        self._writeback.add(outcome)
-        self._free_slot(outcome.delivery)
+    def _settle(self, settlement: Settlement) -> None:
+        self._writeback.add(settlement)
+        self._free_slot(settlement.lease)
 
-    def _free_slot(self, delivery: Delivery) -> None:
-        self._open.discard(_key(delivery))
+    def _free_slot(self, lease: LeaseKey) -> None:
+        self._open.discard(lease)
         self._capacity.set()
         if self._slot_waiter is not None:
             _resolve(self._slot_waiter)
@@ -443,11 +439,11 @@ class Pump:
         # another subscription's pump may be waiting for it.
         self._writeback.roomy.set()
 
-    def _forget(self, delivery: Delivery) -> None:
-        """Stop extending ``delivery``'s lease — unless its copy was claimed again since."""
-        held = self._held.get(delivery.id)
-        if held is not None and held.lease_token == delivery.lease_token:
-            del self._held[delivery.id]
+    def _forget(self, lease: Lease) -> None:
+        """Stop extending ``lease`` — unless its copy was claimed again since."""
+        held = self._held.get(lease.id)
+        if held is not None and held.lease_token == lease.token:
+            del self._held[lease.id]
 
     async def settled(self) -> None:
         """Return once every claimed delivery has its outcome: after the stop, the ones
@@ -458,10 +454,10 @@ class Pump:
 
     # --- after the write-back ----------------------------------------------------------------
 
-    def flushed(self, outcome: Outcome, *, lost: bool) -> None:
-        """Called by the worker when ``outcome`` was written back (or its lease was lost)."""
-        delivery = outcome.delivery
-        self._forget(delivery)
+    def flushed(self, settlement: Settlement, delivery: Delivery, *, lost: bool) -> None:
+        """Called by the worker when ``settlement`` of ``delivery`` was written back (or its
+        lease was lost)."""
+        self._forget(settlement.lease)
         if lost:
             log.warning(
                 "%s: the lease on delivery %d (message %s) was lost before its outcome was"
@@ -471,8 +467,10 @@ class Pump:
                 delivery.message_id,
             )
             return
-        if isinstance(outcome, SendToDead):
-            report_dead_letter(self.spec, outcome, self._threads, self.background)
+        if settlement.kind == "dead":
+            report_dead_letter(
+                self.spec, delivery, settlement.reason, self._threads, self.background
+            )
 
     # --- leases ------------------------------------------------------------------------------
 
@@ -550,7 +548,7 @@ class Pump:
         waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
         for item in waiting:
             if item is not None and item.id == delivery_id:
-                self._settle(Cancelled(item))
+                self._settle(Settlement.cancel(item))
             else:
                 self._queue.put_nowait(item)
 
@@ -565,9 +563,9 @@ class Pump:
             else:
                 self._queue.put_nowait(item)
         for key, delivery in lost.items():
-            self._forget(delivery)
+            self._forget(Lease.of(delivery))
             if key in unstarted:
-                self._free_slot(delivery)
+                self._free_slot(key)
             log.warning(
                 "%s: lost the lease on delivery %d (message %s) %s",
                 self.name,
@@ -603,6 +601,6 @@ class Pump:
                 error,
             )
         for delivery in unstarted:
-            self._free_slot(delivery)
-            self._forget(delivery)
+            self._free_slot(_key(delivery))
+            self._forget(Lease.of(delivery))
         return len(unstarted)
