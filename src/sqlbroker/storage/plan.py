@@ -22,11 +22,13 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Query:
     """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
     its rows are addressable by column name (``row["id"]``), else by position. With
-    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread."""
+    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread.
+    (Not ``frozen``: nothing changes it, and a frozen dataclass costs a call per field to
+    make; one is made for every statement.)"""
 
     block: str
     params: Mapping[str, Any]
