@@ -22,13 +22,13 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Not frozen: nothing changes a Query, and a frozen dataclass costs a call per field to
+# make (one is made for every statement).
 @dataclass(slots=True)
 class Query:
     """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
     its rows are addressable by column name (``row["id"]``), else by position. With
-    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread.
-    (Not ``frozen``: nothing changes it, and a frozen dataclass costs a call per field to
-    make; one is made for every statement.)"""
+    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread."""
 
     block: str
     params: Mapping[str, Any]

@@ -69,6 +69,10 @@ def schema_sql(schema: str | None = None) -> str:
     return SCHEMA.script(prefix, preamble)
 
 
+Statements = Mapping[str, bytes]
+"""The blocks :func:`run` takes: :func:`encoded`."""
+
+
 def encoded(sql: Mapping[str, str]) -> dict[str, bytes]:
     """The blocks as the bytes psycopg sends: given ``str``, it encodes the text on every
     execute and hashes the new bytes to look up its parse (a few microseconds for a
@@ -88,13 +92,9 @@ def _rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 
 
 def run(
-    conn: psycopg.Connection[TupleRow],
-    sql: Mapping[str, bytes],
-    plan: Plan[T],
-    now: datetime | None,
+    conn: psycopg.Connection[TupleRow], sql: Statements, plan: Plan[T], now: datetime | None
 ) -> T:
-    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds); ``sql``:
-    the blocks :func:`encoded`."""
+    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
 
     def step(query: Query) -> Rows:
         cursor: psycopg.Cursor[Any] = (
@@ -112,7 +112,7 @@ def run(
 
 async def run_async(
     conn: psycopg.AsyncConnection[TupleRow],
-    sql: Mapping[str, bytes],
+    sql: Statements,
     plan: Plan[T],
     now: datetime | None,
 ) -> T:
