@@ -13,7 +13,8 @@ overrides the database's own).
 
 A statement whose rows the plan does not read may go :func:`ahead` of the next one: the
 dialect may then send both in one round trip (PostgreSQL: a pipeline, in which they also
-commit together); the plan is sent back empty ``Rows`` for it.
+commit together), and the plan must not read the ``Rows`` sent back for it (PostgreSQL's
+are empty).
 """
 
 from __future__ import annotations

@@ -114,8 +114,12 @@ def run(
 
 
 def _send(
-    conn: psycopg.Connection[TupleRow], sql: Mapping[str, str], held: list[Query], now: Any
+    conn: psycopg.Connection[TupleRow],
+    sql: Mapping[str, str | bytes],
+    held: list[Query],
+    now: datetime | None,
 ) -> None:
+    """Run the queries held back, in order, and forget them."""
     for query in held:
         conn.execute(sql[query.block], _params(query, now))
     held.clear()
@@ -156,7 +160,10 @@ async def run_async(
 
 
 async def _send_async(
-    conn: psycopg.AsyncConnection[TupleRow], sql: Mapping[str, str], held: list[Query], now: Any
+    conn: psycopg.AsyncConnection[TupleRow],
+    sql: Mapping[str, str | bytes],
+    held: list[Query],
+    now: datetime | None,
 ) -> None:
     for query in held:
         await conn.execute(sql[query.block], _params(query, now))
