@@ -116,7 +116,8 @@ def send_many(
 
 def _known(options: PublishOptions) -> PublishOptions:
     """``options``, refused if a key is not a publish option (``**options`` takes any)."""
-    validate.known_options(options, PUBLISH_OPTIONS, "publish")
+    if options:
+        validate.known_options(options, PUBLISH_OPTIONS, "publish")
     return options
 
 

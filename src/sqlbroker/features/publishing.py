@@ -98,9 +98,8 @@ def build_message(
     field_prefix: str = "",
 ) -> NewMessage:
     """Validate one publish and encode it."""
-
-    def name(field: str) -> str:
-        return f"{field_prefix}{field}"
+    # A bound method, not a function of ours: a publish names every field it checks.
+    name: Callable[[str], str] = f"{field_prefix}{{}}".format
 
     topic_text = validate_topic(topic, name("topic"))
     if content_type is not None and not isinstance(content_type, str):
@@ -114,8 +113,12 @@ def build_message(
         raise InvalidOption(name("expires_at"), "give ttl or expires_at, not both")
     delay_s = validate.optional_seconds(delay, name("delay"))
     ordering_key = validate.key(key, name("key"))
-    replacing, debounce_s, debounce_max_s = _replace_options(
-        replace, debounce, debounce_max, keyed=ordering_key is not None, name=name
+    replacing, debounce_s, debounce_max_s = (
+        (False, None, None)  # the defaults, nothing to check
+        if replace is False and debounce is None and debounce_max is None
+        else _replace_options(
+            replace, debounce, debounce_max, keyed=ordering_key is not None, name=name
+        )
     )
     if debounce_s is not None:
         if delay is not None or at is not None:

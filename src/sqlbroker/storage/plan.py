@@ -27,7 +27,9 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: nothing changes a Query, and a frozen dataclass costs a call per field to
+# make (one is made for every statement).
+@dataclass(slots=True)
 class Query:
     """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
     its rows are addressable by column name (``row["id"]``), else by position. With
