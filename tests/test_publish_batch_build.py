@@ -17,7 +17,7 @@ import pytest
 
 from sqlbroker.core import serde
 from sqlbroker.core.errors import InvalidPayload
-from sqlbroker.core.message import new_message_id, new_message_ids
+from sqlbroker.core.message import NewMessage, message_column, new_message_id, new_message_ids
 from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message
 
 DEFAULTS = PublishDefaults(max_attempts=5, dedupe_window=60.0, payload_limit=1024)
@@ -78,6 +78,23 @@ def test_a_bad_payload_of_a_queue_batch_is_named_by_its_index(bad: Any, problem:
     with pytest.raises(InvalidPayload, match=problem) as raised:
         build_batch([{"ok": 1}, {"ok": 2}, bad], defaults=DEFAULTS, topic="jobs")
     assert raised.value.field == "messages[2].payload"
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_a_queue_batch_reads_by_column_what_its_messages_hold(options: dict[str, Any]) -> None:
+    # Storage reads a send_many batch column by column, without making its messages.
+    payloads = [p for p in PAYLOADS if isinstance(p, bytes | bytearray)] if options else PAYLOADS
+    if options.get("content_type") == "application/json":
+        payloads = [b'{"a": 1}', b"[2]"]
+    batch = build_batch(payloads, defaults=DEFAULTS, topic="jobs", options=options)
+    messages = list(batch)
+    assert [batch[i] for i in range(len(batch))] == messages == batch[:]
+    assert batch[-1] == messages[-1]
+    assert batch[1:][0] == messages[1]
+    for field in NewMessage.__slots__:
+        assert message_column(batch, field) == [getattr(m, field) for m in messages]
+        assert message_column(messages, field) == message_column(batch, field)
+    assert message_column(batch, "message_id") is not message_column(batch, "message_id")
 
 
 def test_message_ids_are_time_ordered_version_7_uuids() -> None:

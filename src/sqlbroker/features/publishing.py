@@ -18,7 +18,7 @@ from sqlbroker.core.errors import InvalidDuration, InvalidHeaders, InvalidOption
 from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
-    message_copies,
+    SharedBatch,
     new_message_id,
     new_message_ids,
 )
@@ -214,7 +214,7 @@ def build_batch(
     defaults: PublishDefaults,
     topic: str | None = None,
     options: Mapping[str, Any] | None = None,
-) -> list[NewMessage]:
+) -> Sequence[NewMessage]:
     """Validate a batch: mappings with ``topic``/``payload`` and publish options, or (with
     ``topic`` given, for queues) bare payloads sharing ``options``."""
     if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
@@ -257,7 +257,7 @@ def _build_queue_batch(
     defaults: PublishDefaults,
     topic: str,
     options: Mapping[str, Any] | None,
-) -> list[NewMessage]:
+) -> SharedBatch:
     """Bare payloads sharing one set of options: the options are validated once, with the
     first message; every further message only encodes its payload (and gets its own id and,
     with an idempotency key, its own payload hash). Errors name the same fields as
@@ -270,8 +270,9 @@ def _build_queue_batch(
     limit = defaults.payload_limit
     keyed = first.idempotency_key is not None
     json_only = content_type is None or content_type == JSON_CONTENT_TYPE
-    ids = new_message_ids(len(payloads) - 1)
-    rows = []
+    ids = [first.message_id, *new_message_ids(len(payloads) - 1)]
+    datas = [first.payload]
+    kinds = [first.content_type]
     for index in range(1, len(payloads)):
         value = payloads[index]
         data = encode_plain(value, limit) if json_only else None
@@ -281,8 +282,12 @@ def _build_queue_batch(
             )
         else:
             kind = JSON_CONTENT_TYPE
-        rows.append((ids[index - 1], data, kind, payload_hash(data, kind) if keyed else None))
-    return [first, *message_copies(first, rows)]
+        datas.append(data)
+        kinds.append(kind)
+    hashes: list[str | None] = [None] * len(datas)
+    if keyed:
+        hashes = [payload_hash(data, kind) for data, kind in zip(datas, kinds, strict=True)]
+    return SharedBatch(first, ids, datas, kinds, hashes)
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -292,8 +297,8 @@ def check_options(options: Mapping[str, Any]) -> None:
 
 
 def with_headers(
-    messages: list[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
-) -> list[NewMessage]:
+    messages: Sequence[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
+) -> Sequence[NewMessage]:
     """``messages`` with the headers the hooks return added where a message does not set
     them already; the hooks are called once for the whole batch. What a hook returns is
     held to the rules of user headers (``InvalidHeaders`` before anything is written), and
