@@ -57,15 +57,21 @@ def new_message_ids(count: int) -> list[str]:
     """``count`` ids of :func:`new_message_id`'s kind, made together: one clock reading
     (their 48-bit millisecond prefix) and one read of 74 random bits each, laid out as
     RFC 9562's version 7."""
-    millis = (time.time_ns() // 1_000_000 & (1 << 48) - 1).to_bytes(6, "big")
-    rand = bytearray(os.urandom(10 * count))
-    ids = []
-    for start in range(0, 10 * count, 10):
-        rand[start] = 0x70 | rand[start] & 0x0F  # the version: 7
-        rand[start + 2] = 0x80 | rand[start + 2] & 0x3F  # the variant: 0b10
-        digits = (millis + rand[start : start + 10]).hex()
-        ids.append(f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}")
-    return ids
+    millis = (time.time_ns() // 1_000_000 & (1 << 48) - 1).to_bytes(6, "big").hex()
+    head = f"{millis[:8]}-{millis[8:]}-7"  # the version: 7
+    # Twenty random hex digits per id, of which 18 and 2 bits of one more are used: the
+    # variant digit is 0b10 and that digit's two low bits.
+    digits = os.urandom(10 * count).hex()
+    variant = _VARIANT
+    return [
+        f"{head}{digits[i : i + 3]}-{variant[digits[i + 3]]}{digits[i + 4 : i + 7]}"
+        f"-{digits[i + 7 : i + 19]}"
+        for i in range(0, 20 * count, 20)
+    ]
+
+
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+"""A random hex digit to the variant digit (0b10) with its two low bits."""
 
 
 def storable_text(text: str) -> str:
