@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from sqlbroker.core.clock import ManualClock
-from sqlbroker.core.message import NewMessage
+from sqlbroker.core.message import NewMessage, SharedBatch
+from sqlbroker.features.publishing import PublishDefaults, build_batch
 
 from .support import claim, new_message
 
@@ -100,3 +101,21 @@ def test_a_shared_batch_wakes_the_workers_only_with_a_claimable_copy(
         heard = [(n.channel, n.payload) for n in listener.notifies(timeout=5, stop_after=1)]
         heard += [(n.channel, n.payload) for n in listener.notifies(timeout=0.5)]
     assert heard == [(channel, "now")]
+
+
+def test_a_shared_batch_is_claimed_in_the_order_it_was_sent(
+    backend: Any, clock: ManualClock
+) -> None:
+    # A SharedBatch (send_many's), read by column: its copies go in in its order.
+    count = 40
+    batch = build_batch(
+        [{"n": n} for n in range(count)],
+        defaults=PublishDefaults(max_attempts=5, dedupe_window=60.0, payload_limit=1024),
+        topic="ordered",
+    )
+    assert isinstance(batch, SharedBatch)
+    sent = backend.message_insert_many(messages=batch, subscription="ordered").message_ids
+    assert sent == [m.message_id for m in batch]
+    delivered = claim(backend, "ordered", limit=count)
+    assert [d.message_id for d in delivered] == sent
+    assert [d.payload for d in delivered] == [{"n": n} for n in range(count)]
