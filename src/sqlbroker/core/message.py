@@ -247,6 +247,31 @@ class SharedBatch(Sequence[NewMessage]):
         return [getattr(self.template, name)] * self._count
 
 
+def message_like(
+    template: NewMessage,
+    message_id: str,
+    payload: bytes,
+    content_type: str,
+    payload_hash: str | None,
+) -> NewMessage:
+    """``template`` with the four fields a message has of its own (:data:`_OWN`)
+    replaced: :func:`dataclasses.replace` at a fraction of its cost (no ``__init__``)."""
+    message: NewMessage = object.__new__(NewMessage)
+    for name, setter in _SHARED_SETTERS:
+        setter(message, getattr(template, name))
+    for setter, value in zip(
+        _OWN_SETTERS, (message_id, payload, content_type, payload_hash), strict=True
+    ):
+        setter(message, value)
+    return message
+
+
+_OWN_SETTERS = [getattr(NewMessage, name).__set__ for name in _OWN]
+_SHARED_SETTERS = [
+    (name, getattr(NewMessage, name).__set__) for name in NewMessage.__slots__ if name not in _OWN
+]
+
+
 def message_column(messages: Sequence[NewMessage], name: str) -> list[Any]:
     """Field ``name`` of every message of ``messages``, in order: of a
     :class:`SharedBatch` without making its messages."""

@@ -19,6 +19,7 @@ from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
     SharedBatch,
+    message_like,
     new_message_id,
     new_message_ids,
 )
@@ -230,7 +231,26 @@ def build_batch(
     if topic is not None:
         return _build_queue_batch(materialized, defaults=defaults, topic=topic, options=options)
     messages: list[NewMessage] = []
+    # A message with nothing but a topic and a payload (the common item) is the first such
+    # message of its topic with a payload and an id of its own: its topic is checked once.
+    bare: dict[str, NewMessage] = {}
+    ids = new_message_ids(len(materialized))
+    limit = defaults.payload_limit
     for index, item in enumerate(materialized):
+        topic = item.get("topic") if type(item) is dict and len(item) == 2 else None
+        if type(topic) is str and "payload" in item:
+            template = bare.get(topic)
+            if template is not None:
+                value = item["payload"]
+                data = encode_plain(value, limit)
+                if data is None:
+                    data, kind = encode_payload(
+                        value, limit=limit, field=f"messages[{index}].payload"
+                    )
+                else:
+                    kind = JSON_CONTENT_TYPE
+                messages.append(message_like(template, ids[index], data, kind, None))
+                continue
         prefix = f"messages[{index}]."
         if not isinstance(item, Mapping):
             raise InvalidOption(
@@ -247,6 +267,8 @@ def build_batch(
         message = build_message(
             item["topic"], item["payload"], defaults=defaults, field_prefix=prefix, **fields
         )
+        if not fields and type(item["topic"]) is str:
+            bare.setdefault(item["topic"], message)
         messages.append(message)
     return messages
 
