@@ -134,3 +134,27 @@ def test_a_routed_batch_runs_without_jit_compilation(backend: Any, backend_url: 
     with psycopg.connect(backend.conninfo, **backend.connection_kwargs()) as conn:
         row = conn.execute("SHOW jit").fetchone()
     assert row == ("off",)
+
+
+@pytest.mark.parametrize("case", [*CASES, "keyed"])
+def test_a_routed_shared_batch_stores_what_single_publishes_and_a_mixed_batch_store(
+    backend: Any, clock: ManualClock, case: str
+) -> None:
+    # Routed (publish_many, or a queue batch with a key): the shared form with scalar
+    # options against one message at a time and the form over arrays.
+    fields = {"ordering_key": "k"} if case == "keyed" else CASES[case]
+    for name in ("shared", "single", "mixed"):
+        backend.subscription_upsert(name=name, patterns=[f"{name}.*"], replace=False)
+    backend.message_insert_many(messages=_batch("shared.t", clock, fields, 3), subscription=None)
+    for message in _batch("single.t", clock, fields, 3):
+        backend.message_insert_many(messages=[message], subscription=None)
+    mixed = _batch("mixed.t", clock, fields, 3)
+    odd = dataclasses.replace(_batch("mixed.t", clock, fields, 1)[0], priority=9)
+    backend.message_insert_many(messages=[*mixed, odd], subscription=None)
+
+    expected = _stored(backend, "single")
+    assert len(expected) == 3
+    assert _stored(backend, "shared") == expected
+    assert _stored(backend, "mixed")[:3] == expected
+    if case == "keyed":
+        assert [row[1] for row in expected] == ["available", "blocked", "blocked"]

@@ -162,7 +162,7 @@ def message_insert_many(
             _columns(fresh),
             read=routed,
             squeeze=_SHARED_COLUMNS,
-            uniform=None if routed else "message_insert_queue_shared",
+            uniform="message_insert_shared" if routed else "message_insert_queue_shared",
             subscription=subscription,
             queue_regex=None if subscription is None else pattern_regex(subscription),
             channel=settings.notify_channel,

@@ -340,6 +340,27 @@ SELECT 0 AS unrouted,
             WHERE t.state = 'available'
        ) n) AS notified
 
+-- name: message_insert_shared
+-- message_insert for a batch whose columns other than message_id and payload hold one
+-- value for every message (publish_many of one topic without options, send_many with a
+-- key): those come as scalar parameters, as in message_insert_queue_shared, instead of
+-- each row picking its values out of eleven arrays (a tenth of the statement's time).
+WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
+b AS (
+    SELECT u.message_id, u.payload, u.seq, t.now, %(topic)s::text AS topic,
+           %(priority)s::smallint AS priority, %(ordering_key)s::text AS ordering_key,
+           %(idempotency_key)s::text AS idempotency_key,
+           %(content_type)s::text AS content_type, %(headers)s::text AS headers,
+           %(max_attempts)s::integer AS max_attempts,
+           coalesce(%(at)s::timestamptz,
+                    t.now + make_interval(secs => coalesce(%(delay)s::float8, 0))) AS ready_at,
+           coalesce(%(expires)s::timestamptz,
+                    t.now + make_interval(secs => %(ttl)s::float8)) AS expire_at
+    FROM t, unnest(%(message_id)b::uuid[], %(payload)b::bytea[])
+        WITH ORDINALITY AS u(message_id, payload, seq)
+),
+-- include: message_insert_routing
+
 -- name: message_insert_queue_one
 -- message_insert_queue for one message, with scalar parameters (a cached generic plan).
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now),
