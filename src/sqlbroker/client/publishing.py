@@ -122,7 +122,7 @@ def _known(options: PublishOptions) -> PublishOptions:
 
 
 def _insert(
-    broker: BrokerBase, messages: list[NewMessage], queue: str | None, conn: CallerConnection
+    broker: BrokerBase, messages: Sequence[NewMessage], queue: str | None, conn: CallerConnection
 ) -> Plan[list[str]]:
     hooks = broker._header_hooks
     result = yield call(
