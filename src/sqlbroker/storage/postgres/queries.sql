@@ -491,7 +491,10 @@ WITH claim_ids AS MATERIALIZED (
                         AND (s.paused OR s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL
                              OR s.rate_count IS NOT NULL OR s.key_rate_count IS NOT NULL OR s.fair))
     ORDER BY priority, available_at, id
-    LIMIT %(limit)s
+    -- The limit as a sub-select: its value is unknown to every plan, so that the generic
+    -- plan costs what a custom one does and the prepared statement keeps it (a custom plan
+    -- each time cost 0.15-0.2 ms of planning per claim, a third of the claim's server time).
+    LIMIT (SELECT %(limit)s::integer)
     FOR UPDATE SKIP LOCKED
 )
 -- include: message_claim_lease
@@ -507,8 +510,11 @@ SET state = 'running',
     first_started_at = coalesce(m.first_started_at, coalesce(%(now)s::timestamptz, statement_timestamp())),
     worker = %(worker)s,
     max_attempts = coalesce(%(max_attempts)s::integer, m.max_attempts)
-FROM claim_ids
-WHERE m.id = claim_ids.id AND set_config('synchronous_commit', %(claim_commit)s, true) IS NOT NULL
+-- By primary key from the array of the ids (one InitPlan): whatever the row estimate of
+-- `claim_ids`, every plan probes the key, where a join planned without the limit's value
+-- hashes the whole table (5-10x slower). The setting is made once per statement.
+WHERE m.id = ANY (ARRAY(SELECT id FROM claim_ids))
+  AND (SELECT set_config('synchronous_commit', %(claim_commit)s, true)) IS NOT NULL
 RETURNING m.id, m.message_id::text, m.subscription, m.topic, m.payload, m.content_type, m.headers,
           m.priority, m.ordering_key, m.idempotency_key, m.attempts, m.max_attempts,
           m.replay_count, m.enqueued_at, m.available_at, m.expires_at, m.lease_token::text,
