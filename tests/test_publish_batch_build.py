@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from sqlbroker.core import serde
-from sqlbroker.core.errors import InvalidPayload
-from sqlbroker.core.message import new_message_id, new_message_ids
+from sqlbroker.core.errors import InvalidPayload, ValidationError
+from sqlbroker.core.message import NewMessage, message_column, new_message_id, new_message_ids
 from sqlbroker.features.publishing import PublishDefaults, build_batch, build_message
 
 DEFAULTS = PublishDefaults(max_attempts=5, dedupe_window=60.0, payload_limit=1024)
@@ -78,6 +78,60 @@ def test_a_bad_payload_of_a_queue_batch_is_named_by_its_index(bad: Any, problem:
     with pytest.raises(InvalidPayload, match=problem) as raised:
         build_batch([{"ok": 1}, {"ok": 2}, bad], defaults=DEFAULTS, topic="jobs")
     assert raised.value.field == "messages[2].payload"
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_a_queue_batch_reads_by_column_what_its_messages_hold(options: dict[str, Any]) -> None:
+    # Storage reads a send_many batch column by column, without making its messages.
+    payloads = [p for p in PAYLOADS if isinstance(p, bytes | bytearray)] if options else PAYLOADS
+    if options.get("content_type") == "application/json":
+        payloads = [b'{"a": 1}', b"[2]"]
+    batch = build_batch(payloads, defaults=DEFAULTS, topic="jobs", options=options)
+    messages = list(batch)
+    assert [batch[i] for i in range(len(batch))] == messages == batch[:]
+    assert batch[-1] == messages[-1]
+    assert batch[1:][0] == messages[1]
+    for field in NewMessage.__slots__:
+        assert message_column(batch, field) == [getattr(m, field) for m in messages]
+        assert message_column(messages, field) == message_column(batch, field)
+    assert message_column(batch, "message_id") is not message_column(batch, "message_id")
+
+
+def test_each_message_of_a_publish_batch_is_what_build_message_makes() -> None:
+    # Items of only a topic and a payload take their topic's first such message as it is,
+    # with their own payload and id; any other item is built alone.
+    items: list[dict[str, Any]] = []
+    for n, payload in enumerate(PAYLOADS * 2):
+        items.append({"topic": "orders.created", "payload": payload})
+        items.append({"topic": f"t{n % 3}", "payload": payload})
+        items.append({"topic": "orders.created", "payload": payload, "priority": 7})
+    batch = build_batch(items, defaults=DEFAULTS)
+    assert len({m.message_id for m in batch}) == len(items)
+    for message, item in zip(batch, items, strict=True):
+        fields = {k: v for k, v in item.items() if k not in ("topic", "payload")}
+        alone = build_message(item["topic"], item["payload"], defaults=DEFAULTS, **fields)
+        assert dataclasses.replace(alone, message_id=message.message_id) == message
+        assert uuid.UUID(message.message_id).version == 7
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "problem"),
+    [
+        ({"topic": "jobs", "payload": math.nan}, "messages[2].payload", "NaN"),
+        ({"topic": "jobs", "payload": {"big": "x" * 2000}}, "messages[2].payload", "limit"),
+        ({"topic": "jobs..x", "payload": 1}, "messages[2].topic", ""),
+        ({"topic": ["jobs"], "payload": 1}, "messages[2].topic", ""),
+        ({"topic": "jobs", "payload": 1, "nope": 1}, "messages[2]", "unknown"),
+        ({"topic": "jobs"}, "messages[2]", "needs both"),
+    ],
+)
+def test_a_bad_item_of_a_publish_batch_is_named_by_its_index(
+    bad: dict[str, Any], field: str, problem: str
+) -> None:
+    items = [{"topic": "jobs", "payload": 1}, {"topic": "jobs", "payload": 2}, bad]
+    with pytest.raises(ValidationError, match=problem or None) as raised:
+        build_batch(items, defaults=DEFAULTS)
+    assert raised.value.field == field
 
 
 def test_message_ids_are_time_ordered_version_7_uuids() -> None:

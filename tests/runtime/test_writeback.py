@@ -117,6 +117,41 @@ def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Bro
     assert sorted(m.payload for m in broker.archive("jobs")) == [1, 2]
 
 
+def test_an_outcome_after_a_quiet_spell_waits_while_other_claims_are_open(
+    broker: sqlbroker.Broker,
+) -> None:
+    """A drain whose claims come back slowly has a quiet spell before each batch's first
+    outcome, with the rest of the batch still open: those outcomes wait for the window
+    (one write for several batches), not a write per batch."""
+    broker.send_many("jobs", [1, 2])
+    first, second = broker.claim("jobs", limit=2)
+    written: list[set[int]] = []
+    open_copies = {first.id, second.id}
+
+    async def add_and_watch() -> None:
+        buffer = WriteBack(
+            broker.backend.async_ops.message_settle_many,
+            on_flushed=lambda report: written.append({o.delivery.id for o in report.done}),
+            max_delay=60.0,  # longer than the test: only a due write happens before the drain
+            quiet=0.0,
+            outstanding=lambda: len(open_copies),
+        )
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(buffer.run(stop))
+        buffer.add(Settlement.complete(first))  # after a quiet spell, the second copy still open
+        open_copies.discard(first.id)
+        await asyncio.sleep(0.1)
+        buffer.add(Settlement.complete(second))
+        open_copies.discard(second.id)
+        stop.set()
+        await task
+        assert await buffer.drain(timeout=5)
+
+    asyncio.run(add_and_watch())
+    assert written == [{first.id, second.id}], "the first outcome did not wait for the window"
+    assert sorted(m.payload for m in broker.archive("jobs")) == [1, 2]
+
+
 def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
     broker: sqlbroker.Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import psycopg
+import pytest
 from tests.seam.support import claim, new_message, publish
 
 from sqlbroker.core.clock import ManualClock
@@ -164,3 +166,41 @@ def test_the_async_claim_runs_the_same_plan(backend: Any) -> None:
 
     assert len(asyncio.run(main())) == 2
     assert states(backend, "jobs") == ["available"] * 3
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_claim_takes_its_promotion_of_due_delayed_copies_along_on_postgresql(
+    backend: Any, backend_url: str, clock: ManualClock, face: str
+) -> None:
+    """The promotion a claim runs first (when due) travels with the claim: one round trip,
+    so one implicit transaction — both rows it changed carry the same transaction id.
+    Sent on its own, it cost a worker's wake-up a round trip in front of the claim."""
+    if not backend_url.startswith("postgresql"):
+        pytest.skip("SQLite has no round trips to save: a write runs in one transaction")
+    publish(backend, "jobs", 2)
+    delayed, ready = claim(backend, "jobs", 2)
+    backend.message_settle_many(
+        settlements=[
+            Settlement.retry(Lease.of(delayed), 10),  # scheduled, due in 10 s
+            Settlement.retry(Lease.of(ready), 0),  # available at once: claimed first
+        ]
+    )
+    clock.advance(11)  # the delayed copy is due, and so is the claim's promotion
+    if face == "sync":
+        (claimed,) = claim(backend, "jobs", 1)
+    else:
+        (claimed,) = asyncio.run(
+            backend.async_ops.message_claim_many(
+                subscription="jobs", limit=1, lease=30, worker="seam-test"
+            )
+        )
+    assert claimed.id == ready.id
+    with psycopg.connect(backend_url, autocommit=True) as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT id, xmin::text FROM sqlbroker_message WHERE id = ANY(%s)",
+                [[delayed.id, ready.id]],
+            ).fetchall()
+        )
+    assert states(backend, "jobs") == ["available", "running"]  # promoted, claimed
+    assert rows[delayed.id] == rows[ready.id]

@@ -116,12 +116,13 @@ def send_many(
 
 def _known(options: PublishOptions) -> PublishOptions:
     """``options``, refused if a key is not a publish option (``**options`` takes any)."""
-    validate.known_options(options, PUBLISH_OPTIONS, "publish")
+    if options:
+        validate.known_options(options, PUBLISH_OPTIONS, "publish")
     return options
 
 
 def _insert(
-    broker: BrokerBase, messages: list[NewMessage], queue: str | None, conn: CallerConnection
+    broker: BrokerBase, messages: Sequence[NewMessage], queue: str | None, conn: CallerConnection
 ) -> Plan[list[str]]:
     hooks = broker._header_hooks
     result = yield call(

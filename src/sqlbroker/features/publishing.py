@@ -18,7 +18,8 @@ from sqlbroker.core.errors import InvalidDuration, InvalidHeaders, InvalidOption
 from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
-    message_copies,
+    SharedBatch,
+    message_like,
     new_message_id,
     new_message_ids,
 )
@@ -98,9 +99,8 @@ def build_message(
     field_prefix: str = "",
 ) -> NewMessage:
     """Validate one publish and encode it."""
-
-    def name(field: str) -> str:
-        return f"{field_prefix}{field}"
+    # A bound method, not a function of ours: a publish names every field it checks.
+    name: Callable[[str], str] = f"{field_prefix}{{}}".format
 
     topic_text = validate_topic(topic, name("topic"))
     if content_type is not None and not isinstance(content_type, str):
@@ -114,8 +114,12 @@ def build_message(
         raise InvalidOption(name("expires_at"), "give ttl or expires_at, not both")
     delay_s = validate.optional_seconds(delay, name("delay"))
     ordering_key = validate.key(key, name("key"))
-    replacing, debounce_s, debounce_max_s = _replace_options(
-        replace, debounce, debounce_max, keyed=ordering_key is not None, name=name
+    replacing, debounce_s, debounce_max_s = (
+        (False, None, None)  # the defaults, nothing to check
+        if replace is False and debounce is None and debounce_max is None
+        else _replace_options(
+            replace, debounce, debounce_max, keyed=ordering_key is not None, name=name
+        )
     )
     if debounce_s is not None:
         if delay is not None or at is not None:
@@ -214,7 +218,7 @@ def build_batch(
     defaults: PublishDefaults,
     topic: str | None = None,
     options: Mapping[str, Any] | None = None,
-) -> list[NewMessage]:
+) -> Sequence[NewMessage]:
     """Validate a batch: mappings with ``topic``/``payload`` and publish options, or (with
     ``topic`` given, for queues) bare payloads sharing ``options``."""
     if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
@@ -230,7 +234,26 @@ def build_batch(
     if topic is not None:
         return _build_queue_batch(materialized, defaults=defaults, topic=topic, options=options)
     messages: list[NewMessage] = []
+    # A message with nothing but a topic and a payload (the common item) is the first such
+    # message of its topic with a payload and an id of its own: its topic is checked once.
+    bare: dict[str, NewMessage] = {}
+    ids = new_message_ids(len(materialized))
+    limit = defaults.payload_limit
     for index, item in enumerate(materialized):
+        topic = item.get("topic") if type(item) is dict and len(item) == 2 else None
+        if type(topic) is str and "payload" in item:
+            template = bare.get(topic)
+            if template is not None:
+                value = item["payload"]
+                data = encode_plain(value, limit)
+                if data is None:
+                    data, kind = encode_payload(
+                        value, limit=limit, field=f"messages[{index}].payload"
+                    )
+                else:
+                    kind = JSON_CONTENT_TYPE
+                messages.append(message_like(template, ids[index], data, kind, None))
+                continue
         prefix = f"messages[{index}]."
         if not isinstance(item, Mapping):
             raise InvalidOption(
@@ -247,6 +270,8 @@ def build_batch(
         message = build_message(
             item["topic"], item["payload"], defaults=defaults, field_prefix=prefix, **fields
         )
+        if not fields and type(item["topic"]) is str:
+            bare.setdefault(item["topic"], message)
         messages.append(message)
     return messages
 
@@ -257,7 +282,7 @@ def _build_queue_batch(
     defaults: PublishDefaults,
     topic: str,
     options: Mapping[str, Any] | None,
-) -> list[NewMessage]:
+) -> SharedBatch:
     """Bare payloads sharing one set of options: the options are validated once, with the
     first message; every further message only encodes its payload (and gets its own id and,
     with an idempotency key, its own payload hash). Errors name the same fields as
@@ -270,8 +295,9 @@ def _build_queue_batch(
     limit = defaults.payload_limit
     keyed = first.idempotency_key is not None
     json_only = content_type is None or content_type == JSON_CONTENT_TYPE
-    ids = new_message_ids(len(payloads) - 1)
-    rows = []
+    ids = [first.message_id, *new_message_ids(len(payloads) - 1)]
+    datas = [first.payload]
+    kinds = [first.content_type]
     for index in range(1, len(payloads)):
         value = payloads[index]
         data = encode_plain(value, limit) if json_only else None
@@ -281,8 +307,12 @@ def _build_queue_batch(
             )
         else:
             kind = JSON_CONTENT_TYPE
-        rows.append((ids[index - 1], data, kind, payload_hash(data, kind) if keyed else None))
-    return [first, *message_copies(first, rows)]
+        datas.append(data)
+        kinds.append(kind)
+    hashes: list[str | None] = [None] * len(datas)
+    if keyed:
+        hashes = [payload_hash(data, kind) for data, kind in zip(datas, kinds, strict=True)]
+    return SharedBatch(first, ids, datas, kinds, hashes)
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -292,8 +322,8 @@ def check_options(options: Mapping[str, Any]) -> None:
 
 
 def with_headers(
-    messages: list[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
-) -> list[NewMessage]:
+    messages: Sequence[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
+) -> Sequence[NewMessage]:
     """``messages`` with the headers the hooks return added where a message does not set
     them already; the hooks are called once for the whole batch. What a hook returns is
     held to the rules of user headers (``InvalidHeaders`` before anything is written), and

@@ -3,12 +3,13 @@
 Outcomes (settlements) accumulate and are written, mixed, by one ``message_settle_many``
 per ``max_items`` (one statement on PostgreSQL) when ``max_items`` are waiting or
 ``max_delay`` seconds have passed since the first one. An outcome that follows
-``quiet`` seconds without any is written at once: at a low rate the window would gather
-nothing but delay, and its write (a durable commit) would then overlap the next message's
-publish and claim on the same disk and cores. A failed write keeps its items and is tried
-again with backoff; :meth:`WriteBack.drain` empties the buffer on shutdown, after which the
-buffer takes nothing more. A delivery whose lease was lost meanwhile is reported, not
-retried: another consumer owns it now.
+``quiet`` seconds without any is written at once when no other claimed copy is open: at a
+low rate the window would gather nothing but delay, and its write (a durable commit) would
+then overlap the next message's publish and claim on the same disk and cores; with others
+open (a slow drain: each claim's round trip is a quiet spell) more outcomes are coming.
+A failed write keeps its items and is tried again with backoff; :meth:`WriteBack.drain`
+empties the buffer on shutdown, after which the buffer takes nothing more. A delivery
+whose lease was lost meanwhile is reported, not retried: another consumer owns it now.
 
 The buffer is bounded: outcomes buffered or being written, plus the copies the pumps have
 claimed and not settled yet (each ends as at most one outcome), stay within ``backlog``.
@@ -125,7 +126,14 @@ class WriteBack:
                 )
             self._items.append(outcome)
             count = len(self._items)
-            due = count >= self._max_items or (count == 1 and now - self._last_added >= self._quiet)
+            # After a quiet spell an outcome is written at once, unless other claimed copies
+            # are still open (this one's delivery counts until its slot is freed): a drain
+            # whose claims come back slowly has the rest of the batch coming, and a write
+            # per claim would cost a statement per batch (the worker's CPU and the
+            # server's), where the window gathers several batches.
+            due = count >= self._max_items or (
+                count == 1 and now - self._last_added >= self._quiet and self._outstanding() <= 1
+            )
             self._last_added = now
         if threading.get_ident() == self._loop_thread:
             self._wake(due)

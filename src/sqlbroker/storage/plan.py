@@ -10,6 +10,11 @@ those); the dialect encodes them (SQLite: times as Unix seconds, sequences as JS
 PostgreSQL: as they are). Every statement also receives ``now``: the operation's clock
 reading, the same for all its statements (``None`` on PostgreSQL unless a test clock
 overrides the database's own).
+
+A statement whose rows the plan does not read may go :func:`ahead` of the next one: the
+dialect may then send both in one round trip (PostgreSQL: a pipeline, in which they also
+commit together), and the plan must not read the ``Rows`` sent back for it (PostgreSQL's
+are empty).
 """
 
 from __future__ import annotations
@@ -22,16 +27,20 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: nothing changes a Query, and a frozen dataclass costs a call per field to
+# make (one is made for every statement).
+@dataclass(slots=True)
 class Query:
     """One statement of a plan: the SQL block ``block`` with ``params``. With ``named``
     its rows are addressable by column name (``row["id"]``), else by position. With
-    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread."""
+    ``each`` it runs once per mapping of it (merged over ``params``), its rows unread.
+    With ``ahead`` its rows are not read either (see :func:`ahead`)."""
 
     block: str
     params: Mapping[str, Any]
     named: bool = False
     each: Sequence[Mapping[str, Any]] = ()
+    ahead: bool = False
 
 
 class Rows(list[Any]):
@@ -76,6 +85,12 @@ def each(block: str, rows: Sequence[Mapping[str, Any]], /, **params: Any) -> Que
     """A one-statement block run once per row of ``rows`` (the driver's ``executemany``),
     returning no rows, only the total ``rowcount``."""
     return Query(block, params, each=rows)
+
+
+def ahead(block: str, /, **params: Any) -> Query:
+    """A statement sent with the plan's next one when the dialect can (its rows unread):
+    a claim's promotion of due delayed copies costs no round trip of its own."""
+    return Query(block, params, ahead=True)
 
 
 def named(block: str, /, **params: Any) -> Query:

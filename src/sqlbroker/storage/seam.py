@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 from sqlbroker.core.clock import Clock, DatabaseClock
 from sqlbroker.core.limits import Limits
@@ -91,11 +91,18 @@ class Settings:
 
 class Operation(Generic[P, T]):
     """A plan exposed as a method of every executor: blocking on an :class:`Executor`, a
-    coroutine on an :class:`AsyncExecutor` (whose ``execute`` is one)."""
+    coroutine on an :class:`AsyncExecutor` (whose ``execute`` is one).
+
+    A long-lived executor's method (``keeps_methods``) is made on its first use and kept in
+    the executor's ``__dict__`` (this descriptor has no ``__set__``, so the kept one
+    answers from then on): a call then costs no lookup here and no new function."""
 
     def __init__(self, plan: Callable[Concatenate[Settings, P], Plan[T]]) -> None:
         self.plan = plan
         self.access = access_of(plan)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
     @overload
     def __get__(self, executor: None, owner: type) -> Operation[P, T]: ...
@@ -106,14 +113,21 @@ class Operation(Generic[P, T]):
     def __get__(self, executor: Operations | None, owner: type) -> Any:
         if executor is None:
             return self
-        plan, access = self.plan, self.access
+        plan, access, execute = self.plan, self.access, executor.execute
+        call: Callable[..., Any]
+        if access.atomic_when is None:
 
-        def call(*args: P.args, **kwargs: P.kwargs) -> Any:
-            settings = executor.settings
-            return executor.execute(
-                plan(settings, *args, **kwargs), access.of_call(settings, kwargs)
-            )
+            def call(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return execute(plan(executor.settings, *args, **kwargs), access)
 
+        else:
+
+            def call(*args: P.args, **kwargs: P.kwargs) -> Any:
+                settings = executor.settings
+                return execute(plan(settings, *args, **kwargs), access.of_call(settings, kwargs))
+
+        if executor.keeps_methods:
+            vars(executor)[self.name] = call
         return call
 
 
@@ -122,6 +136,8 @@ class Operations(ABC):
     :class:`AsyncExecutor`."""
 
     settings: Settings
+    keeps_methods: ClassVar[bool] = True
+    """Whether an operation's method is kept once made (see :class:`Operation`)."""
 
     @abstractmethod
     def execute(self, plan: Plan[Any], access: Access) -> Any:
@@ -266,6 +282,8 @@ class Tx(Executor):
     ``connection`` is the driver connection it runs on, for the caller's own statements in
     the same transaction (a handler's effects, an outbox's writes)."""
 
+    keeps_methods = False  # it lives for one block: a kept method would hold it in a cycle
+
     def __init__(self, settings: Settings, run: Run, connection: Any) -> None:
         self.settings = settings
         self._run = run
@@ -279,6 +297,8 @@ class Tx(Executor):
 class AsyncTx(AsyncExecutor):
     """The operations inside one transaction, for coroutines (see ``Backend.begin_async``);
     ``connection`` as for :class:`Tx`."""
+
+    keeps_methods = False  # as for Tx
 
     def __init__(
         self, settings: Settings, run: Callable[[Plan[Any]], Awaitable[Any]], connection: Any

@@ -1,7 +1,10 @@
 """Named SQL blocks loaded once from a backend's ``.sql`` file.
 
 A file holds blocks introduced by ``-- name: block_name``. The only substitution is
-``{schema}``, replaced by an already-validated, quoted schema qualifier (or nothing).
+``{schema}``, replaced by an already-validated, quoted schema qualifier (or nothing). A
+loaded block carries no comments, blank lines or indentation (:func:`compact`): psycopg
+caches its parsing of a statement's text only up to 4,096 bytes, and the comments of the
+longest blocks are most of their length.
 """
 
 from __future__ import annotations
@@ -12,6 +15,86 @@ from importlib import resources
 
 _HEADER = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"^-- include: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+_CODE_END = re.compile(r"--|/\*|'|\"|\$")
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+_IDENTIFIER_CHAR = re.compile(r"[A-Za-z0-9_$]")
+_LAYOUT = re.compile(r"[ \t]*\n\s*")
+
+
+def compact(sql: str) -> str:
+    """``sql`` without its comments (``-- …`` and ``/* … */``, not nested), its lines
+    without indentation or trailing blanks, and no empty line; the text of string literals
+    (``'…'``, ``E'…'``), quoted identifiers (``"…"``) and dollar-quoted bodies
+    (``$$…$$``, ``$tag$…$tag$``) is kept exactly, a ``--`` in them included."""
+    parts: list[str] = []
+    code: list[str] = []  # the code since the last literal, comments removed
+    position = 0
+
+    def literal(start: int, end: int) -> None:
+        parts.append(_LAYOUT.sub("\n", "".join(code)))
+        code.clear()
+        parts.append(sql[start:end])
+
+    while (found := _CODE_END.search(sql, position)) is not None:
+        start = found.start()
+        code.append(sql[position:start])
+        token = found.group()
+        if token == "--":
+            end = sql.find("\n", start)
+            position = len(sql) if end < 0 else end
+        elif token == "/*":
+            end = sql.find("*/", start + 2)
+            if end < 0:
+                raise ValueError("SQL block comment without its end")
+            position = end + 2
+            code.append(" ")
+        elif token == "$":
+            tag = _DOLLAR_TAG.match(sql, start)
+            if tag is None or (start and _IDENTIFIER_CHAR.match(sql[start - 1])):
+                code.append("$")  # a parameter ($1) or part of an identifier
+                position = start + 1
+                continue
+            end = sql.find(tag.group(), tag.end())
+            if end < 0:
+                raise ValueError(f"SQL dollar-quoted body without its closing {tag.group()}")
+            position = end + len(tag.group())
+            literal(start, position)
+        else:
+            escapes = token == "'" and _escape_prefix(sql, start)
+            end = start + 1
+            while True:
+                end = sql.find(token, end)
+                if end < 0:
+                    raise ValueError(f"SQL literal without its closing {token}")
+                if escapes and _escaped(sql, end):
+                    end += 1
+                    continue
+                break
+            position = end + 1
+            literal(start, position)
+    code.append(sql[position:])
+    parts.append(_LAYOUT.sub("\n", "".join(code)))
+    return "".join(parts).strip()
+
+
+def _escape_prefix(sql: str, start: int) -> bool:
+    """Whether the string literal at ``start`` is PostgreSQL's ``E'…'`` (backslashes
+    escape)."""
+    return (
+        start > 0
+        and sql[start - 1] in "Ee"
+        and (start == 1 or not _IDENTIFIER_CHAR.match(sql[start - 2]))
+    )
+
+
+def _escaped(sql: str, index: int) -> bool:
+    """Whether the character at ``index`` follows an odd number of backslashes."""
+    backslashes = 0
+    while sql[index - 1 - backslashes] == "\\":
+        backslashes += 1
+    return backslashes % 2 == 1
 
 
 def _raw_blocks(text: str) -> dict[str, str]:
@@ -50,7 +133,7 @@ def _read(package: str, filename: str) -> str:
 
 def load_blocks(package: str, filename: str, *, schema: str = "") -> dict[str, str]:
     blocks = parse_blocks(_read(package, filename))
-    return {name: body.replace("{schema}", schema) for name, body in blocks.items()}
+    return {name: compact(body).replace("{schema}", schema) for name, body in blocks.items()}
 
 
 def load_sql(package: str, *, schema: str = "") -> dict[str, str]:
@@ -68,7 +151,7 @@ def load_sql(package: str, *, schema: str = "") -> dict[str, str]:
     blocks: dict[str, str] = {}
     for _, text in texts:
         blocks.update(parse_blocks(text, shared=raw))
-    return {name: body.replace("{schema}", schema) for name, body in blocks.items()}
+    return {name: compact(body).replace("{schema}", schema) for name, body in blocks.items()}
 
 
 def load_migrations(package: str, *, schema: str = "") -> list[tuple[int, str, str]]:

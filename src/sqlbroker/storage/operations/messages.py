@@ -20,7 +20,7 @@ from sqlbroker.core.settlements import SETTLE_KINDS, Lease, Settlement
 from sqlbroker.storage.base import ReapResult, storable_reason, undecodable_deaths
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.flow import claim_copies
-from sqlbroker.storage.plan import Plan, Query, atomic, query, relaxed
+from sqlbroker.storage.plan import Plan, Query, ahead, atomic, query, relaxed
 from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
@@ -110,7 +110,10 @@ def message_claim_many(
     does not decode is dead-lettered (reason ``undecodable``) instead of being returned."""
     injected = settings.clock.now()
     if settings.promotion.due(subscription, None if injected is None else injected.timestamp()):
-        yield query("message_promote_scheduled", subscription=subscription, limit=PROMOTE_BATCH)
+        # In the claim's round trip (PostgreSQL: one pipeline, one implicit transaction,
+        # so the claim sees the copies it made due): on its own it was a round trip and
+        # a durable commit in front of every fifth claim or so of a worker's wake-ups.
+        yield ahead("message_promote_scheduled", subscription=subscription, limit=PROMOTE_BATCH)
     params: dict[str, Any] = {
         "limit": limit,
         "lease": lease,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.errors import IdempotencyConflict
 from sqlbroker.core.limits import check_copies
-from sqlbroker.core.message import NewMessage
+from sqlbroker.core.message import NewMessage, message_column
 from sqlbroker.core.topics import pattern_regex
 from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.operations.subscriptions import queue_create
@@ -35,10 +35,17 @@ UNLIMITED = 2**62
 """``max_copies`` when the caller sets none (the broker's own bulk paths)."""
 
 
-def _float_or_none(value: float | None) -> float | None:
+def _floats(values: list[float | None]) -> list[float | None]:
     # PostgreSQL binds arrays in binary (``%(name)b``), and a binary array must not mix
     # int and float.
-    return None if value is None else float(value)
+    if values.count(None) == len(values):
+        return values
+    return [None if value is None else float(value) for value in values]
+
+
+def _any_set(values: list[Any]) -> bool:
+    """Whether any of ``values`` is not ``None``."""
+    return values.count(None) != len(values)
 
 
 def _rows(
@@ -88,8 +95,10 @@ def _needs_transaction(
     """Whether a publish takes more than one statement: keys to reserve or lock, or a
     queue this process has not seen exist (a single statement is its own transaction)."""
     known = settings.known_queues
-    return (subscription is not None and (known is None or subscription not in known)) or any(
-        m.idempotency_key is not None or m.ordering_key is not None for m in messages
+    return (
+        (subscription is not None and (known is None or subscription not in known))
+        or _any_set(message_column(messages, "idempotency_key"))
+        or _any_set(message_column(messages, "ordering_key"))
     )
 
 
@@ -113,12 +122,14 @@ def message_insert_many(
     ordering key already has a copy in its subscription starts ``blocked`` behind it. A
     message marked ``replace`` (or ``debounce``) then takes the place of its key's pending
     copy of the same topic where there is one (:func:`_replace_pending`)."""
-    ordering_keys = sorted({m.ordering_key for m in messages if m.ordering_key is not None})
+    ordering_keys = sorted(set(message_column(messages, "ordering_key")) - {None})
     if ordering_keys and settings.key_locks:
         yield query("key_lock", keys=ordering_keys)
-    keyed = [m for m in messages if m.idempotency_key is not None]
-    originals = (yield from _dedupe(settings, keyed)) if keyed else {}
-    fresh = [m for m in messages if m.message_id not in originals]
+    originals: dict[str, str] = {}
+    if _any_set(message_column(messages, "idempotency_key")):
+        keyed = [m for m in messages if m.idempotency_key is not None]
+        originals = yield from _dedupe(settings, keyed)
+    fresh = [m for m in messages if m.message_id not in originals] if originals else messages
     unrouted = replaced = 0
     if fresh:
         known = settings.known_queues
@@ -137,7 +148,7 @@ def message_insert_many(
         if routed and subscription is None and max_copies is not None and not settings.array_params:
             # Run row by row, the statements cannot see the batch: count its copies first,
             # so that a refused fan-out writes nothing at all (nor holds the write lock).
-            topics = Counter(m.topic for m in fresh)
+            topics = Counter(message_column(fresh, "topic"))
             ((copies,),) = yield query(
                 "message_copies",
                 topics=list(topics),
@@ -151,7 +162,7 @@ def message_insert_many(
             _columns(fresh),
             read=routed,
             squeeze=_SHARED_COLUMNS,
-            uniform=None if routed else "message_insert_queue_shared",
+            uniform="message_insert_shared" if routed else "message_insert_queue_shared",
             subscription=subscription,
             queue_regex=None if subscription is None else pattern_regex(subscription),
             channel=settings.notify_channel,
@@ -164,9 +175,10 @@ def message_insert_many(
         if existed and subscription is not None and known is not None:
             known.add(subscription)
         took: Counter[str] = Counter()
-        for message in fresh:
-            if message.replace:
-                took.update((yield from _replace_pending(settings, message)))
+        if any(message_column(fresh, "replace")):
+            for message in fresh:
+                if message.replace:
+                    took.update((yield from _replace_pending(settings, message)))
         if took:
             # Counted in the lifetime totals (stats().replaced), in one statement in one
             # order of rows, as a worker's heartbeat adds its own.
@@ -178,8 +190,9 @@ def message_insert_many(
                 deltas=[took[name] for name in names],
             )
             replaced = sum(took.values())
+    ids = message_column(messages, "message_id")
     return InsertResult(
-        message_ids=[originals.get(m.message_id, m.message_id) for m in messages],
+        message_ids=[originals.get(i, i) for i in ids] if originals else ids,
         duplicates=len(originals),
         unrouted=unrouted,
         replaced=replaced,
@@ -208,22 +221,29 @@ def _replace_pending(settings: Settings, message: NewMessage) -> Plan[list[str]]
     return [row[0] for row in rows]
 
 
+_FIELDS = {
+    "message_id": "message_id",
+    "topic": "topic",
+    "priority": "priority",
+    "ordering_key": "ordering_key",
+    "idempotency_key": "idempotency_key",
+    "payload": "payload",
+    "content_type": "content_type",
+    "headers": "headers",
+    "max_attempts": "max_attempts",
+    "at": "available_at",
+    "delay": "delay",
+    "expires": "expires_at",
+    "ttl": "ttl",
+}
+"""The insert's parameters and the message field each takes its values from."""
+
+
 def _columns(messages: Sequence[NewMessage]) -> dict[str, list[Any]]:
-    return {
-        "message_id": [m.message_id for m in messages],
-        "topic": [m.topic for m in messages],
-        "priority": [m.priority for m in messages],
-        "ordering_key": [m.ordering_key for m in messages],
-        "idempotency_key": [m.idempotency_key for m in messages],
-        "payload": [m.payload for m in messages],
-        "content_type": [m.content_type for m in messages],
-        "headers": [m.headers for m in messages],
-        "max_attempts": [m.max_attempts for m in messages],
-        "at": [m.available_at for m in messages],
-        "delay": [_float_or_none(m.delay) for m in messages],
-        "expires": [m.expires_at for m in messages],
-        "ttl": [_float_or_none(m.ttl) for m in messages],
-    }
+    columns = {param: message_column(messages, field) for param, field in _FIELDS.items()}
+    for param in ("delay", "ttl"):
+        columns[param] = _floats(columns[param])
+    return columns
 
 
 def _dedupe(settings: Settings, keyed: Sequence[NewMessage]) -> Plan[dict[str, str]]:

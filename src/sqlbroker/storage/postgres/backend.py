@@ -78,6 +78,7 @@ class PostgresBackend(Backend):
         self._schema = schema
         self._qualifier = dialect.qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", schema=self._qualifier)
+        self._statements = dialect.encoded(self._sql)
         self._options = SessionOptions(
             url,
             pool_size=pool_size,
@@ -153,17 +154,17 @@ class PostgresBackend(Backend):
         any other in autocommit, each of its statements committing on its own."""
         if access.atomic:
             with self._db.transaction() as conn:
-                return dialect.run(conn, self._sql, plan, self._clock.now())
+                return dialect.run(conn, self._statements, plan, self._clock.now())
         with self._db.connection(write=not access.read_only) as conn:
-            return dialect.run(conn, self._sql, plan, self._clock.now())
+            return dialect.run(conn, self._statements, plan, self._clock.now())
 
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` on the running loop's async pool."""
         if access.atomic:
             async with self._db.transaction_async() as conn:
-                return await dialect.run_async(conn, self._sql, plan, self._clock.now())
+                return await dialect.run_async(conn, self._statements, plan, self._clock.now())
         async with self._db.connection_async(write=not access.read_only) as conn:
-            return await dialect.run_async(conn, self._sql, plan, self._clock.now())
+            return await dialect.run_async(conn, self._statements, plan, self._clock.now())
 
     @contextlib.contextmanager
     def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
@@ -174,7 +175,7 @@ class PostgresBackend(Backend):
             yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
-        return dialect.run(conn, self._sql, plan, self._clock.now())
+        return dialect.run(conn, self._statements, plan, self._clock.now())
 
     @contextlib.asynccontextmanager
     async def begin_async(
@@ -185,7 +186,7 @@ class PostgresBackend(Backend):
         async with self._db.transaction_async(conn, watched=timed) as raw:
 
             async def run(plan: Plan[Any]) -> Any:
-                return await dialect.run_async(raw, self._sql, plan, self._clock.now())
+                return await dialect.run_async(raw, self._statements, plan, self._clock.now())
 
             yield AsyncTx(self._tx_settings, run, raw)
 

@@ -25,7 +25,6 @@ from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.postgres.errors import connect_failure, translate
 from sqlbroker.storage.postgres.joining import CallerConnections
 from sqlbroker.storage.postgres.liveness import (
-    Watchdog,
     Watcher,
     check_idle,
     drain,
@@ -174,7 +173,7 @@ class PostgresPool:
         # network_timeout (a peer gone silent with its TCP session kept alive in between,
         # where keepalives see nothing wrong) is shut down, so the call fails and the pool
         # replaces it instead of the worker waiting for ever.
-        watchdog = Watchdog(conn, self.network_timeout) if watched else None
+        watchdog = pool.watcher.watch(conn) if watched else None
         try:
             try:
                 yield conn
@@ -184,7 +183,7 @@ class PostgresPool:
                 raise translate(error, self.options, write=write, conn=conn) from None
             finally:
                 if watchdog is not None:
-                    watchdog.cancel()
+                    pool.watcher.release(conn)
                 await pool.putconn(conn)
         except ConnectionLost:
             if watchdog is not None and watchdog.fired:
@@ -233,6 +232,7 @@ class PostgresPool:
                     kwargs=self.options.connection_kwargs(),
                     size=self.options.pool_size,
                     timeout=self.options.connect_timeout,
+                    network_timeout=self.network_timeout,
                 )
             return pool
 

@@ -54,11 +54,11 @@ class Watchdog:
 
 
 class Watch:
-    """One checked-out sync connection under a :class:`Watcher`."""
+    """One checked-out connection under a :class:`Watcher` or a :class:`LoopWatcher`."""
 
     __slots__ = ("conn", "deadline", "fired", "seconds")
 
-    def __init__(self, conn: Conn, seconds: float) -> None:
+    def __init__(self, conn: Conn | AsyncConn, seconds: float) -> None:
         self.conn = conn
         self.seconds = seconds
         self.deadline = time.monotonic() + seconds
@@ -101,13 +101,46 @@ class Watcher:
 
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self._seconds / 10)):
-            now = time.monotonic()
             with self._lock:
-                late = [w for w in self._out.values() if w.deadline <= now and not w.fired]
-                for watch in late:
-                    watch.fired = True
-            for watch in late:
-                sever(watch.conn)
+                _sever_late(self._out)
+
+
+def _sever_late(out: dict[int, Watch]) -> None:
+    """Shut down the connections of ``out`` past their deadline (each once)."""
+    now = time.monotonic()
+    late = [watch for watch in out.values() if watch.deadline <= now and not watch.fired]
+    for watch in late:
+        watch.fired = True
+        sever(watch.conn)
+
+
+class LoopWatcher:
+    """:class:`Watchdog` for the connections of one event loop's pool: while any is
+    checked out, one timer of the loop looks at them every tenth of ``seconds`` (at most
+    every second) and shuts down those out for longer. A checkout costs a dict insert and
+    a pop, not a timer (a timer per checkout, cancelled at once, also fills the loop's
+    heap: each later timer then costs more comparisons)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._every = min(1.0, seconds / 10)
+        self._out: dict[int, Watch] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def watch(self, conn: AsyncConn) -> Watch:
+        watch = self._out[id(conn)] = Watch(conn, self._seconds)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._every, self._look)
+        return watch
+
+    def release(self, conn: AsyncConn) -> None:
+        self._out.pop(id(conn), None)
+
+    def _look(self) -> None:
+        _sever_late(self._out)
+        self._timer = (
+            asyncio.get_running_loop().call_later(self._every, self._look) if self._out else None
+        )
 
 
 def sever(conn: Conn | AsyncConn) -> None:

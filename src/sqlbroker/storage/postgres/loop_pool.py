@@ -22,7 +22,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import PoolTimeout
 
-from sqlbroker.storage.postgres.liveness import sound
+from sqlbroker.storage.postgres.liveness import LoopWatcher, sound
 
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 
@@ -38,7 +38,10 @@ class LoopPool:
         kwargs: dict[str, Any],
         size: int,
         timeout: float,
+        network_timeout: float,
     ) -> None:
+        self.watcher = LoopWatcher(network_timeout)
+        """Shuts down a connection checked out and silent for ``network_timeout``."""
         self._conninfo = conninfo
         self._kwargs = kwargs
         self._timeout = timeout

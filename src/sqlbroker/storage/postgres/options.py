@@ -153,8 +153,12 @@ class SessionOptions:
         # TimeZone UTC: psycopg then returns times as datetime.UTC, which the claim's row
         # conversion takes as is (another zone costs an astimezone per column and row). No
         # statement depends on the session's zone: times are timestamptz, shown in UTC.
+        # jit off: JIT compiles a plan whose estimate passes jit_above_cost on every run
+        # (the code is not cached), and sqlbroker's statements are short: a routed batch
+        # of 500 (message_insert, estimated at millions) ran 19 ms and compiled for 200+.
         ours = (
             f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
+            " -c jit=off"
             f" -c lock_timeout={_milliseconds(self.lock_timeout)}"
             f" -c statement_timeout={_milliseconds(self.statement_timeout)}"
         )

@@ -75,6 +75,7 @@ class SqliteBackend(Backend):
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
         self._sql = load_sql("sqlbroker.storage.sqlite")
+        self._statements = dialect.split(self._sql)
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
@@ -97,10 +98,10 @@ class SqliteBackend(Backend):
         """Run one operation in a write transaction of its own (a read in none)."""
         if access.read_only:
             with self._db.read() as conn:
-                return dialect.run(conn, self._sql, plan, self._now())
+                return dialect.run(conn, self._statements, plan, self._now())
         flush = self._flush_claims or not access.relaxed
         with self._db.write(flush=flush) as conn:
-            return dialect.run(conn, self._sql, plan, self._now())
+            return dialect.run(conn, self._statements, plan, self._now())
 
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` on one of the backend's threads."""
@@ -116,7 +117,7 @@ class SqliteBackend(Backend):
             yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
-        return dialect.run(conn, self._sql, plan, self._now())
+        return dialect.run(conn, self._statements, plan, self._now())
 
     @contextlib.asynccontextmanager
     async def begin_async(

@@ -52,28 +52,34 @@ def statements(script: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def run(conn: sqlite3.Connection, sql: Mapping[str, str], plan: Plan[T], now: float) -> T:
-    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds)."""
+def split(sql: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """The statements of each block (:func:`statements`), split once for :func:`run`."""
+    return {name: statements(body) for name, body in sql.items()}
+
+
+def _encoded(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v if type(v) in _PLAIN else encode(v) for k, v in params.items()}
+
+
+def run(
+    conn: sqlite3.Connection, sql: Mapping[str, tuple[str, ...]], plan: Plan[T], now: float
+) -> T:
+    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds); ``sql``:
+    each block's statements (:func:`split`)."""
 
     def step(query: Query) -> Rows:
-        params = {name: encode(value) for name, value in query.params.items()}
+        params = _encoded(query.params)
         params["now"] = now
+        block = sql[query.block]
         if query.each:
+            (statement,) = block
             cursor = conn.executemany(
-                sql[query.block],
-                [
-                    {
-                        **params,
-                        **{k: v if type(v) in _PLAIN else encode(v) for k, v in row.items()},
-                    }
-                    for row in query.each
-                ],
+                statement, [{**params, **_encoded(row)} for row in query.each]
             )
             return Rows([], cursor.rowcount)
-        *before, last = statements(sql[query.block])
-        for statement in before:
+        for statement in block[:-1]:
             conn.execute(statement, params)
-        cursor = conn.execute(last, params)
+        cursor = conn.execute(block[-1], params)
         return Rows(cursor.fetchall(), cursor.rowcount)
 
     return drive(plan, step)
