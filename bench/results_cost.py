@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import sqlbroker  # noqa: E402
 from pgserver import PostgresServer  # noqa: E402
+from sqlbroker.core.settlements import Lease, Settlement  # noqa: E402
 from sqlbroker.storage.backend import Backend  # noqa: E402
-from sqlbroker.storage.base import Lease, Settlement  # noqa: E402
 from sqlbroker.storage.sql import parse_blocks  # noqa: E402
 
 VALUE = b'{"total":123,"status":"ok","lines":[1]}'

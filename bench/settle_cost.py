@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import sqlbroker  # noqa: E402
 from pgserver import PostgresServer  # noqa: E402
+from sqlbroker.core.settlements import SETTLE_KINDS, Lease, Settlement  # noqa: E402
 from sqlbroker.storage.backend import Backend  # noqa: E402
-from sqlbroker.storage.base import SETTLE_KINDS, Lease, Settlement  # noqa: E402
 
 VARIANTS = ("per_kind", "one_call")
 

@@ -82,7 +82,7 @@ def spark_session() -> Any:
 def drain(url: str, rows: int) -> float:
     """Claim and complete everything (1 % dead-lettered); return the seconds it took."""
     import sqlbroker
-    from sqlbroker.storage.base import Lease, Settlement
+    from sqlbroker.core.settlements import Lease, Settlement
 
     started = time.perf_counter()
     with sqlbroker.Broker(url) as broker:

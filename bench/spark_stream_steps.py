@@ -44,8 +44,8 @@ def fill(url: str, rows: int) -> None:
 
 
 def drain(url: str, batch: int, page: int, parts: int) -> list[dict[str, Any]]:
+    from sqlbroker.core.settlements import Settlement
     from sqlbroker.spark import options as opt
-    from sqlbroker.storage.base import Settlement
 
     connection = opt.Connection.of({"url": url}).bind()
     broker, store = connection.open()

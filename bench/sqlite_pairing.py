@@ -15,7 +15,7 @@ import time
 sys.path.insert(0, sys.argv[1])
 
 from sqlbroker import Broker
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 
 ROUNDS, BATCH = 7, 500
 broker = Broker(f"sqlite:///{tempfile.mkdtemp()}/pairing.db")

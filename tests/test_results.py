@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 import sqlbroker
 from runtime.support import run_until_idle, wait_until
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.features import results as results_feature
 from sqlbroker.interfaces.cli.app import cli
-from sqlbroker.storage.base import Lease, Settlement
 
 
 def _result_rows(broker: sqlbroker.Broker) -> int:

@@ -9,7 +9,7 @@ import json
 import sqlbroker
 from helpers import claim_one
 from sqlbroker.core.message import ErrorInfo
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 
 NASTY = "bad\x00byte \ud800 and \udc80 end"
 STORED = "bad\\x00byte \\ud800 and \\udc80 end"

@@ -9,7 +9,7 @@ import threading
 
 import sqlbroker
 from helpers import RefusingExecutor, claim_one
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 
 
 def test_async_operations_keep_off_the_default_executor(broker: sqlbroker.Broker) -> None:

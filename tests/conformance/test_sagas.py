@@ -11,7 +11,7 @@ import pytest
 import sqlbroker
 from sqlbroker import Saga, SagaConflict, SagaStatus, Step, StepStatus
 from sqlbroker.core.message import Delivery
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 
 # Driven by hand, with no handlers anywhere: the start's warning says so each time.
 pytestmark = pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import sqlbroker
 from runtime.support import run_until_idle, wait_until
 from sqlbroker.core.message import Delivery
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.events import WorkerObserver
-from sqlbroker.runtime.message import Outcome
 
 
 class Recording(WorkerObserver):
@@ -24,8 +24,8 @@ class Recording(WorkerObserver):
         assert seconds >= 0
         self.finished.append((str(delivery.payload), error is not None))
 
-    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
-        self.written.extend(type(o).__name__ for o in outcomes)
+    def outcomes_written(self, outcomes: Sequence[Settlement]) -> None:
+        self.written.extend(o.kind for o in outcomes)
 
 
 class Broken(WorkerObserver):
@@ -67,7 +67,7 @@ def test_a_worker_run_is_counted_and_its_heartbeat_says_it_stopped(
     (worker,) = broker.workers()
     assert worker.subscriptions == ("jobs",)
     assert worker.stopped_at is not None
-    assert sorted(recording.written) == ["Complete"] * 4 + ["RetryLater"] * 2 + ["SendToDead"]
+    assert sorted(recording.written) == ["complete"] * 4 + ["dead"] + ["retry"] * 2
     assert sorted(recording.finished) == sorted(
         [(p, False) for p in ("ok1", "ok2", "ok3", "flaky")]
         + [("flaky", True), ("doomed", True), ("doomed", True)]

@@ -42,8 +42,8 @@ from typing import Any
 
 import sqlbroker
 from sqlbroker.core.message import Delivery
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.events import WorkerObserver
-from sqlbroker.runtime.message import Complete, Outcome, RetryLater
 
 Event = dict[str, Any]
 
@@ -128,14 +128,6 @@ def _tag(payload: Any) -> str | None:
     return payload.get("tag") if isinstance(payload, dict) else None
 
 
-def _kind(outcome: Outcome) -> str:
-    if isinstance(outcome, Complete):
-        return "complete"
-    if isinstance(outcome, RetryLater):
-        return "retry"
-    return "dead"
-
-
 class HistoryObserver(WorkerObserver):
     """A worker observer that records deliveries and their committed or refused outcomes:
     ``broker.add_observer(HistoryObserver(writer))``."""
@@ -178,13 +170,15 @@ class HistoryObserver(WorkerObserver):
             "handled", delivery, error=None if error is None else f"{type(error).__name__}"
         )
 
-    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+    def outcomes_written(self, outcomes: Sequence[Settlement]) -> None:
         for outcome in outcomes:
-            self._record("settled", outcome.delivery, kind=_kind(outcome))
+            assert outcome.delivery is not None
+            self._record("settled", outcome.delivery, kind=outcome.kind)
 
-    def outcomes_lost(self, outcomes: Sequence[Outcome]) -> None:
+    def outcomes_lost(self, outcomes: Sequence[Settlement]) -> None:
         for outcome in outcomes:
-            self._record("settle_lost", outcome.delivery, kind=_kind(outcome))
+            assert outcome.delivery is not None
+            self._record("settle_lost", outcome.delivery, kind=outcome.kind)
 
 
 def read_histories(directory: str | os.PathLike[str]) -> list[Event]:

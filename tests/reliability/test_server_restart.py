@@ -272,11 +272,11 @@ def test_a_wake_up_ends_the_claim_backoff_once_the_database_is_back(
     so a resume by the backoff's end cannot be mistaken for one by a wake-up), and
     resumes on the first wake-up once the server is back: the handler runs within half
     of that backoff."""
-    from sqlbroker.runtime import pump
+    from sqlbroker.runtime import fetching
 
     backoff = 60.0
-    monkeypatch.setattr(pump, "CLAIM_RETRY_FIRST", backoff)
-    monkeypatch.setattr(pump, "CLAIM_RETRY_CAP", backoff)
+    monkeypatch.setattr(fetching, "CLAIM_RETRY_FIRST", backoff)
+    monkeypatch.setattr(fetching, "CLAIM_RETRY_CAP", backoff)
     url = own_server.start()
     failures: list[str] = []
 

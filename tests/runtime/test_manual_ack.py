@@ -12,7 +12,7 @@ import pytest
 
 import sqlbroker
 from runtime.support import assert_all_completed_once, run_until_idle, wait_until
-from sqlbroker.core.policies import RetryAfter
+from sqlbroker.core.settlements import Settlement
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
@@ -272,9 +272,9 @@ def test_broker_retry_asks_the_retry_policy_whether_attempts_are_spent(
     policy = sqlbroker.RetryPolicy(max_attempts=2)
     assert policy.spent(1, max_attempts=5) is None
     assert policy.spent(2, max_attempts=5) == "max attempts exhausted (2 of 2)"
-    assert policy.decide_retry(1, after=3.0, max_attempts=5) == RetryAfter(3.0)
     broker.send("jobs", {"n": 1}, max_attempts=2)
     (first,) = broker.claim("jobs")
+    assert policy.decide_retry(first, after=3.0) == Settlement.retry(first, 3.0)
     broker.retry(first, error="once")
     (second,) = broker.claim("jobs")
     assert second.attempt == 2

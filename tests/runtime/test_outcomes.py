@@ -14,6 +14,8 @@ import pytest
 
 import sqlbroker
 from runtime.support import assert_all_completed_once, run_until_idle
+from sqlbroker.core.message import ErrorInfo
+from sqlbroker.core.settlements import Settlement
 
 
 def only_dead_letter(
@@ -300,3 +302,48 @@ def test_non_retryable_errors_dead_letter_at_once(
     assert dead.attempts == 1
     assert dead.reason == reason
     assert dead.error_type == type(error).__name__
+
+
+class _Quota(Exception):
+    """An error a custom policy treats as its own."""
+
+
+class _CustomPolicy(sqlbroker.RetryPolicy):
+    """What a user's subclass overrides: the backoff, and the decision itself (returning
+    the delivery's settlement, or leaving it to the base class)."""
+
+    def backoff(self, attempt: int) -> float:
+        return 0.01
+
+    def decide(self, delivery: sqlbroker.Delivery, error: BaseException) -> Settlement:
+        if isinstance(error, _Quota) and delivery.attempt >= 2:
+            return Settlement.dead(delivery, "over quota twice", ErrorInfo.from_exception(error))
+        return super().decide(delivery, error)
+
+
+def test_a_retry_policy_subclass_decides_the_settlement(broker: sqlbroker.Broker) -> None:
+    """A subclass of ``RetryPolicy`` steers a worker's failures through ``backoff`` and
+    ``decide``, which returns the delivery's ``Settlement``, as the base class does."""
+    attempts: list[tuple[str, int]] = []
+
+    @broker.subscriber(queue="jobs", retry=_CustomPolicy(max_attempts=3))
+    def handle(msg: sqlbroker.Message) -> None:
+        attempts.append((msg.payload, msg.attempt))
+        raise _Quota() if msg.payload == "quota" else ValueError("bad")
+
+    broker.send_many("jobs", ["quota", "value"])
+    run_until_idle(broker)
+
+    dead = {d.payload: d for d in broker.dead_letters.list(subscription="jobs")}
+    assert (dead["quota"].reason, dead["quota"].attempts) == ("over quota twice", 2)
+    assert (dead["value"].reason, dead["value"].attempts) == (
+        "max attempts exhausted (3 of 3): ValueError",
+        3,
+    )
+    assert sorted(attempts) == [
+        ("quota", 1),
+        ("quota", 2),
+        ("value", 1),
+        ("value", 2),
+        ("value", 3),
+    ]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
-from sqlbroker.runtime.message import Cancelled, Complete, RetryLater, SendToDead
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, retry_pause
 
 
@@ -40,8 +40,8 @@ def test_a_stale_outcome_and_its_reclaims_are_told_apart(
 
     async def flush_all() -> None:
         buffer = WriteBack(broker.backend.async_ops.message_settle_many, on_flushed=reports.append)
-        buffer.add(Complete(stale))
-        buffer.add(Complete(current))
+        buffer.add(Settlement.complete(stale))
+        buffer.add(Settlement.complete(current))
         assert await buffer.drain(timeout=5)
 
     asyncio.run(flush_all())
@@ -100,12 +100,12 @@ def test_an_outcome_after_a_quiet_spell_is_written_at_once(broker: sqlbroker.Bro
         )
         stop = asyncio.Event()
         task = asyncio.ensure_future(buffer.run(stop))
-        buffer.add(Complete(first))  # nothing came before it
+        buffer.add(Settlement.complete(first))  # nothing came before it
         deadline = loop.time() + 30
         while first.id not in written and loop.time() < deadline:
             await asyncio.sleep(0.01)
         assert first.id in written, "the first outcome waited for the window"
-        buffer.add(Complete(second))  # close behind the first
+        buffer.add(Settlement.complete(second))  # close behind the first
         await asyncio.sleep(0.5)
         assert second.id not in written, "the second outcome did not wait for the window"
         stop.set()
@@ -138,10 +138,10 @@ def test_an_outcome_after_a_quiet_spell_waits_while_other_claims_are_open(
         )
         stop = asyncio.Event()
         task = asyncio.ensure_future(buffer.run(stop))
-        buffer.add(Complete(first))  # after a quiet spell, the second copy still open
+        buffer.add(Settlement.complete(first))  # after a quiet spell, the second copy still open
         open_copies.discard(first.id)
         await asyncio.sleep(0.1)
-        buffer.add(Complete(second))
+        buffer.add(Settlement.complete(second))
         open_copies.discard(second.id)
         stop.set()
         await task
@@ -160,11 +160,11 @@ def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
     broker.send_many("jobs", list(range(5)))
     claimed = broker.claim("jobs", limit=5)
     outcomes = [
-        Complete(claimed[0]),
-        SendToDead(claimed[1], "poison", None),
-        Complete(claimed[2], b"2"),
-        RetryLater(claimed[3], 60.0, None),
-        Cancelled(claimed[4]),
+        Settlement.complete(claimed[0]),
+        Settlement.dead(claimed[1], "poison", None),
+        Settlement.complete(claimed[2], b"2"),
+        Settlement.retry(claimed[3], 60.0, None),
+        Settlement.cancel(claimed[4]),
     ]
     calls: list[list[str]] = []
     reports: list[FlushReport] = []

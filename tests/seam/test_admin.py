@@ -9,7 +9,8 @@ from typing import Any
 from tests.seam.support import claim, publish
 
 from sqlbroker.core.message import Outcome, State
-from sqlbroker.storage.base import DeadFilter, Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
+from sqlbroker.storage.base import DeadFilter
 
 
 def kill(backend: Any, queue: str, count: int, reason: str = "poison") -> list[int]:

@@ -10,7 +10,7 @@ from tests.seam.support import claim, new_message, publish
 
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.flow import Claimed, FlowLimits, Rate, flow_limits
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 
 
 def limit(backend: Any, name: str, **options: object) -> None:

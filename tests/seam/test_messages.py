@@ -12,7 +12,8 @@ from tests.seam.support import claim, new_message, publish
 
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.message import ErrorInfo, State
-from sqlbroker.storage.base import DeadFilter, Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
+from sqlbroker.storage.base import DeadFilter
 
 
 def states(backend: Any, queue: str) -> list[str]:

@@ -13,7 +13,7 @@ from tests.seam.support import claim, publish
 
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.message import ErrorInfo
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 
 ERROR = ErrorInfo(type="KeyError", message="k", traceback="tb")
 

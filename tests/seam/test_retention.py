@@ -10,7 +10,8 @@ from typing import Any
 from tests.seam.support import claim, publish
 
 from sqlbroker.core.clock import ManualClock
-from sqlbroker.storage.base import DeadFilter, Lease, RetentionBounds, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
+from sqlbroker.storage.base import DeadFilter, RetentionBounds
 
 DAY = 86400.0
 

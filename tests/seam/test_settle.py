@@ -13,7 +13,8 @@ from tests.seam.support import claim, publish
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import ErrorInfo
-from sqlbroker.storage.base import DeadFilter, Lease, Settlement
+from sqlbroker.core.settlements import Lease, Settlement
+from sqlbroker.storage.base import DeadFilter
 
 ERROR = ErrorInfo(type="KeyError", message="k", traceback="tb")
 

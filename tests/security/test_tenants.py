@@ -18,8 +18,9 @@ import pytest
 
 import sqlbroker
 from pgserver import quote_ident
+from sqlbroker.core.settlements import Lease
 from sqlbroker.features import security
-from sqlbroker.storage.base import Lease, TenantRole
+from sqlbroker.storage.base import TenantRole
 from sqlbroker.storage.sql import load_blocks, load_migrations
 
 ACME, GLOBEX = "ten_acme_login", "ten_globex_login"

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, LeaseLost
 from sqlbroker.core.message import Delivery, ErrorInfo
-from sqlbroker.core.policies import DEFAULT_RETRY, DeadLetterNow
+from sqlbroker.core.policies import DEFAULT_RETRY
 from sqlbroker.core.serde import encode_value
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, call
-from sqlbroker.storage.base import Lease, Settlement
 from sqlbroker.storage.caller import CallerConnection
 
 if TYPE_CHECKING:
@@ -65,24 +65,11 @@ def raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
         raise LeaseLost(lost)
 
 
-def retry_settlement(
-    item: Delivery, *, after: float | timedelta, error: BaseException | str | None
-) -> Settlement:
-    """What :func:`retry` writes: the retry, or the dead letter when the retry policy says
-    the delivery's attempts are spent."""
-    delay = validate.seconds(after, "after")
-    info = ErrorInfo.coerce(error)
-    decision = DEFAULT_RETRY.decide_retry(item.attempt, after=delay, max_attempts=item.max_attempts)
-    if isinstance(decision, DeadLetterNow):
-        return Settlement.dead(Lease.of(item), decision.reason, info)
-    return Settlement.retry(Lease.of(item), decision.delay, info)
-
-
 def completions(items: list[Delivery], values: Sequence[bytes | None] | None) -> list[Settlement]:
     """The complete settlements of ``items``, with their encoded results (``None``: none)."""
     if values is None:
-        return [Settlement.complete(Lease.of(d)) for d in items]
-    return [Settlement.complete(Lease.of(d), v) for d, v in zip(items, values, strict=True)]
+        return [Settlement.complete(d) for d in items]
+    return [Settlement.complete(d, v) for d, v in zip(items, values, strict=True)]
 
 
 TAKE_BACK_EVERY = 1.0
@@ -183,7 +170,8 @@ def retry(
     are spent (the retry policy's rule, :meth:`~sqlbroker.RetryPolicy.spent`) it is
     dead-lettered instead (reason ``max attempts exhausted``)."""
     item = _one(delivery)
-    settlement = retry_settlement(item, after=after, error=error)
+    delay = validate.seconds(after, "after")
+    settlement = DEFAULT_RETRY.decide_retry(item, after=delay, error=ErrorInfo.coerce(error))
     raise_lost([item.id], (yield call("message_settle_many", settlements=[settlement])))
 
 
@@ -196,7 +184,7 @@ def dead_letter(
 ) -> Plan[None]:
     """Move a delivery to the dead letters now, keeping the whole message and why."""
     item = _one(delivery)
-    settlement = Settlement.dead(Lease.of(item), validate.reason(reason), ErrorInfo.coerce(error))
+    settlement = Settlement.dead(item, validate.reason(reason), ErrorInfo.coerce(error))
     raise_lost([item.id], (yield call("message_settle_many", settlements=[settlement])))
 
 

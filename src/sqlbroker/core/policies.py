@@ -1,9 +1,10 @@
 """Retry and dead-letter decisions, and the exceptions a handler raises to steer them.
 
-A :class:`RetryPolicy` is a small object with one decision method: given the attempt that
-just failed and its error, :meth:`RetryPolicy.decide` says retry after how long, or
-dead-letter and why. Backoff is exponential with full jitter (a uniformly random delay
-between zero and the capped exponential), which spreads retries of a failed dependency.
+A :class:`RetryPolicy` is a small object with one decision method: given the delivery whose
+attempt just failed and its error, :meth:`RetryPolicy.decide` returns its
+:class:`~sqlbroker.core.settlements.Settlement`: a retry after how long, or a dead letter
+and why. Backoff is exponential with full jitter (a uniformly random delay between zero
+and the capped exponential), which spreads retries of a failed dependency.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from datetime import timedelta
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.settlements import Settlement
 
 
 class Reject(Exception):
@@ -36,23 +39,6 @@ class Retry(Exception):
         self.after = validate.seconds(after, "after")
         self.reason = reason
         super().__init__(reason)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryAfter:
-    """Decision: try again after ``delay`` seconds."""
-
-    delay: float
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetterNow:
-    """Decision: move to the dead letters with ``reason``."""
-
-    reason: str
-
-
-Decision = RetryAfter | DeadLetterNow
 
 
 @dataclass(frozen=True)
@@ -96,28 +82,34 @@ class RetryPolicy:
         ceiling = min(self.cap, self.base * 2 ** min(max(attempt - 1, 0), 60))
         return ceiling if self.jitter == "none" else self.rng.uniform(0, ceiling)
 
-    def decide(self, attempt: int, error: BaseException, *, max_attempts: int) -> Decision:
-        """Retry or dead-letter after failed attempt ``attempt`` of a message that allows
-        ``max_attempts`` (this policy's own limit wins when it is set)."""
+    def decide(self, delivery: Delivery, error: BaseException) -> Settlement:
+        """How ``delivery``'s attempt that failed with ``error`` ends: a retry after the
+        backoff (a snooze for ``Retry``), or a dead letter with its reason. The delivery's
+        own ``max_attempts`` applies unless this policy sets its own."""
+        info = ErrorInfo.from_exception(error)
         if isinstance(error, Reject):
-            return DeadLetterNow(error.reason)
+            return Settlement.dead(delivery, error.reason, info)
         if isinstance(error, Retry):
-            return RetryAfter(error.after)
+            return Settlement.retry(delivery, error.after, info, snooze=True)
         kind = type(error).__name__
         if self.dead_on and isinstance(error, self.dead_on):
-            return DeadLetterNow(f"non-retryable error: {kind}")
+            return Settlement.dead(delivery, f"non-retryable error: {kind}", info)
         if not isinstance(error, self.retry_on):
-            return DeadLetterNow(f"error not in retry_on: {kind}")
-        spent = self.spent(attempt, max_attempts=max_attempts)
+            return Settlement.dead(delivery, f"error not in retry_on: {kind}", info)
+        spent = self.spent(delivery.attempt, max_attempts=delivery.max_attempts)
         if spent is not None:
-            return DeadLetterNow(f"{spent}: {kind}")
-        return RetryAfter(self.backoff(attempt))
+            return Settlement.dead(delivery, f"{spent}: {kind}", info)
+        return Settlement.retry(delivery, self.backoff(delivery.attempt), info)
 
-    def decide_retry(self, attempt: int, *, after: float, max_attempts: int) -> Decision:
-        """A retry asked for by name (``Broker.retry``, ``msg.nack``) after attempt
-        ``attempt``: after ``after`` seconds, unless the attempts are spent."""
-        spent = self.spent(attempt, max_attempts=max_attempts)
-        return RetryAfter(after) if spent is None else DeadLetterNow(spent)
+    def decide_retry(
+        self, delivery: Delivery, *, after: float, error: ErrorInfo | None = None
+    ) -> Settlement:
+        """A retry asked for by name (``Broker.retry``, ``msg.nack``): after ``after``
+        seconds, or a dead letter when ``delivery``'s attempts are spent."""
+        spent = self.spent(delivery.attempt, max_attempts=delivery.max_attempts)
+        if spent is None:
+            return Settlement.retry(delivery, after, error)
+        return Settlement.dead(delivery, spent, error)
 
     def spent(self, attempt: int, *, max_attempts: int) -> str | None:
         """Why failed attempt ``attempt`` was the last one (``None``: it was not). The one

@@ -41,7 +41,7 @@ class SubscriberSpec:
     is_queue: bool
     concurrency: int
     prefetch: int | None
-    """Extra claims ahead of free slots; ``None`` lets the pump size it (see runtime.pump)."""
+    """Extra claims ahead of free slots; ``None`` lets the pump size it (see runtime.fetching)."""
     lease: float | None
     timeout: float | None
     retry: RetryPolicy

@@ -21,8 +21,8 @@ from typing import Any
 
 from sqlbroker.core.errors import LeaseLost, SqlbrokerError
 from sqlbroker.core.message import Delivery
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import Lease, Settlement
 from sqlbroker.storage.seam import AsyncTx, Tx
 
 
@@ -90,7 +90,7 @@ class EffectsTransaction:
         return False
 
     def _settlement(self) -> Settlement:
-        return Settlement.complete(Lease.of(self._delivery))
+        return Settlement.complete(self._delivery)
 
     # --- async ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 
 from sqlbroker.core.message import Delivery
-from sqlbroker.runtime.message import Outcome
+from sqlbroker.core.settlements import Settlement
 
 log = logging.getLogger("sqlbroker.runtime")
 
@@ -36,10 +36,11 @@ class WorkerObserver:
     ) -> None:
         """The handler returned (``error`` is ``None``) or raised, after ``seconds``."""
 
-    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
-        """These outcomes were committed by the write-back (lost leases are not included)."""
+    def outcomes_written(self, outcomes: Sequence[Settlement]) -> None:
+        """These settlements (each with its ``delivery``) were committed by the write-back
+        (lost leases are not included)."""
 
-    def outcomes_lost(self, outcomes: Sequence[Outcome]) -> None:
+    def outcomes_lost(self, outcomes: Sequence[Settlement]) -> None:
         """These outcomes were refused because their leases had been lost (expired and
         perhaps claimed by another consumer): nothing of them was written."""
 
@@ -83,14 +84,14 @@ class Observers(WorkerObserver):
             except Exception:
                 log.exception("observer %r failed on handler_finished", observer)
 
-    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+    def outcomes_written(self, outcomes: Sequence[Settlement]) -> None:
         for observer in self._observers:
             try:
                 observer.outcomes_written(outcomes)
             except Exception:
                 log.exception("observer %r failed on outcomes_written", observer)
 
-    def outcomes_lost(self, outcomes: Sequence[Outcome]) -> None:
+    def outcomes_lost(self, outcomes: Sequence[Settlement]) -> None:
         for observer in self._observers:
             try:
                 observer.outcomes_lost(outcomes)

@@ -3,8 +3,8 @@
 - :func:`call_handler` runs a handler under its subscriber's timeout: a coroutine function on
   the loop, a plain function on the handler threads with the caller's context;
 - :func:`completion` turns a handler's return value into a complete that stores it;
-- :func:`failure_outcome` turns a handler's exception into a retry or a dead letter by the
-  subscriber's retry policy (``Retry`` raised by the handler snoozes without a decision);
+- :func:`failure_outcome` turns a handler's exception into a retry or a dead letter: the
+  subscriber's retry policy decides, and the retry is logged;
 - :func:`report_dead_letter` logs a dead letter once it is written and runs the subscriber's
   ``on_dead_letter`` hook, whose failures are logged and never reach the worker.
 """
@@ -21,10 +21,10 @@ from typing import Any
 
 from sqlbroker.core.errors import InvalidPayload
 from sqlbroker.core.message import Delivery, ErrorInfo
-from sqlbroker.core.policies import DeadLetterNow, Retry
 from sqlbroker.core.serde import encode_value
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.features.subscribers import SubscriberSpec
-from sqlbroker.runtime.message import Complete, Message, Outcome, RetryLater, SendToDead
+from sqlbroker.runtime.message import Message
 
 log = logging.getLogger("sqlbroker.runtime")
 
@@ -104,15 +104,15 @@ class _ArmedOnWait:
                     return done.value
 
 
-def completion(spec: SubscriberSpec, delivery: Delivery, value: Any, limit: int) -> Outcome:
+def completion(spec: SubscriberSpec, delivery: Delivery, value: Any, limit: int) -> Settlement:
     """A returned handler's outcome: complete, with its return value encoded by the rules
     of a JSON payload (``None`` stores nothing). A value that cannot be stored — not JSON,
     or over ``limit`` bytes — dead-letters the copy at once: running the handler again
     would return it again."""
     if value is None:
-        return Complete(delivery)
+        return Settlement.complete(delivery)
     try:
-        return Complete(delivery, encode_value(value, limit=limit, field="result"))
+        return Settlement.complete(delivery, encode_value(value, limit=limit, field="result"))
     except InvalidPayload as error:
         log.error(
             "%s: the handler's return value for message %s cannot be stored: %s",
@@ -121,67 +121,62 @@ def completion(spec: SubscriberSpec, delivery: Delivery, value: Any, limit: int)
             error,
             extra={"subscription": spec.name, "message_id": delivery.message_id},
         )
-        return SendToDead(
+        return Settlement.dead(
             delivery,
             f"the handler's return value cannot be stored: {error}",
             ErrorInfo.from_exception(error),
         )
 
 
-def failure_outcome(spec: SubscriberSpec, delivery: Delivery, error: BaseException) -> Outcome:
-    info = ErrorInfo.from_exception(error)
-    if isinstance(error, Retry):
-        return RetryLater(delivery, error.after, info, snooze=True)
-    decision = spec.retry.decide(delivery.attempt, error, max_attempts=delivery.max_attempts)
-    if isinstance(decision, DeadLetterNow):
-        return SendToDead(delivery, decision.reason, info)
-    log.info(
-        "%s attempt %d of message %s failed (%s: %s); retrying in %.2f s",
-        spec.name,
-        delivery.attempt,
-        delivery.message_id,
-        info.type,
-        info.message,
-        decision.delay,
-        extra={
-            "subscription": spec.name,
-            "message_id": delivery.message_id,
-            "delivery_id": delivery.id,
-            "attempt": delivery.attempt,
-            "error_type": info.type,
-            "retry_in": decision.delay,
-        },
-    )
-    return RetryLater(delivery, decision.delay, info)
+def failure_outcome(spec: SubscriberSpec, delivery: Delivery, error: BaseException) -> Settlement:
+    settlement = spec.retry.decide(delivery, error)
+    info = settlement.error
+    if settlement.kind == "retry" and not settlement.snooze and info is not None:
+        log.info(
+            "%s attempt %d of message %s failed (%s: %s); retrying in %.2f s",
+            spec.name,
+            delivery.attempt,
+            delivery.message_id,
+            info.type,
+            info.message,
+            settlement.after,
+            extra={
+                "subscription": spec.name,
+                "message_id": delivery.message_id,
+                "delivery_id": delivery.id,
+                "attempt": delivery.attempt,
+                "error_type": info.type,
+                "retry_in": settlement.after,
+            },
+        )
+    return settlement
 
 
 def report_dead_letter(
     spec: SubscriberSpec,
-    outcome: SendToDead,
+    delivery: Delivery,
+    reason: str,
     threads: Executor,
     background: set[asyncio.Task[Any]],
 ) -> None:
     """Log the written dead letter and start the hook as a task kept in ``background``."""
-    delivery = outcome.delivery
     log.warning(
         "%s: message %s dead-lettered after %d attempt(s): %s",
         spec.name,
         delivery.message_id,
         delivery.attempt,
-        outcome.reason,
+        reason,
         extra={
             "subscription": spec.name,
             "message_id": delivery.message_id,
             "delivery_id": delivery.id,
             "attempt": delivery.attempt,
-            "reason": outcome.reason,
+            "reason": reason,
         },
     )
     hook = spec.on_dead_letter
     if hook is not None:
-        task = asyncio.ensure_future(
-            _run_hook(spec.name, hook, threads, Message(delivery), outcome.reason)
-        )
+        task = asyncio.ensure_future(_run_hook(spec.name, hook, threads, Message(delivery), reason))
         background.add(task)
         task.add_done_callback(background.discard)
 

@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.observability import MinuteCounts, WorkerBeat, bucket_index
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.events import WorkerObserver
-from sqlbroker.runtime.message import Complete, Outcome, RetryLater, SendToDead
 from sqlbroker.runtime.writeback import wait_any
 from sqlbroker.storage.backend import Backend
 
@@ -78,19 +78,22 @@ class MetricsRecorder(WorkerObserver):
         row.handler_seconds += seconds
         row.handler_buckets[bucket_index(seconds)] += 1
 
-    def outcomes_written(self, outcomes: Sequence[Outcome]) -> None:
+    def outcomes_written(self, outcomes: Sequence[Settlement]) -> None:
         subscription, row = "", None  # a write's outcomes come mostly from one subscription
         for outcome in outcomes:
-            if row is None or outcome.delivery.subscription != subscription:
-                subscription = outcome.delivery.subscription
+            delivery = outcome.delivery
+            if delivery is None:  # not the worker's: the runtime settles deliveries
+                continue
+            if row is None or delivery.subscription != subscription:
+                subscription = delivery.subscription
                 row = self._row(subscription)
-            if isinstance(outcome, Complete):
+            if outcome.kind == "complete":
                 row.completed += 1
                 self._totals[(subscription, "completed")] += 1
-            elif isinstance(outcome, RetryLater):
+            elif outcome.kind == "retry":
                 row.retried += 1
                 self._totals[(subscription, "retried")] += 1
-            elif isinstance(outcome, SendToDead):
+            elif outcome.kind == "dead":
                 row.dead += 1
                 self._totals[(subscription, "dead")] += 1
 

@@ -1,8 +1,6 @@
-"""The message a handler receives, and the outcomes the pump writes back.
-
-An outcome is the pump's record of how a delivery ended (it keeps the delivery, for the
-hooks and the lease bookkeeping); what reaches storage is its :class:`Settlement`
-(:func:`settlement_of`), the one type every settling path writes."""
+"""The message a handler receives. How it ends is a
+:class:`~sqlbroker.core.settlements.Settlement` (its ``delivery`` kept for the pump's
+hooks and lease bookkeeping), the one type every settling path writes."""
 
 from __future__ import annotations
 
@@ -12,66 +10,18 @@ import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
-from sqlbroker.core.policies import DEFAULT_RETRY, DeadLetterNow
+from sqlbroker.core.policies import DEFAULT_RETRY
 from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT, encode_value
-from sqlbroker.storage.base import Lease, Settlement
+from sqlbroker.core.settlements import Settlement
 
 if TYPE_CHECKING:
     from sqlbroker.runtime.effects import EffectsTransaction
-
-
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """Complete the copy; ``value`` is the handler's return value, encoded (``None``:
-    it returned ``None``, and nothing is stored)."""
-
-    delivery: Delivery
-    value: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryLater:
-    delivery: Delivery
-    after: float
-    error: ErrorInfo | None
-    snooze: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SendToDead:
-    delivery: Delivery
-    reason: str
-    error: ErrorInfo | None
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    """Archive the copy as cancelled: its message was cancelled while it ran
-    (``Broker.cancel``), whatever the handler did after."""
-
-    delivery: Delivery
-
-
-Outcome = Complete | RetryLater | SendToDead | Cancelled
-
-
-def settlement_of(outcome: Outcome) -> Settlement:
-    """What storage writes for ``outcome``."""
-    lease = Lease.of(outcome.delivery)
-    if isinstance(outcome, Complete):
-        return Settlement.complete(lease, outcome.value)
-    if isinstance(outcome, RetryLater):
-        return Settlement.retry(lease, outcome.after, outcome.error, snooze=outcome.snooze)
-    if isinstance(outcome, SendToDead):
-        return Settlement.dead(lease, outcome.reason, outcome.error)
-    return Settlement.cancel(lease)
 
 
 T = TypeVar("T")
@@ -108,7 +58,7 @@ class Message:
     def __init__(
         self,
         delivery: Delivery,
-        settle: Callable[[Outcome], None] | None = None,
+        settle: Callable[[Settlement], None] | None = None,
         effects: Callable[[Message], EffectsTransaction] | None = None,
         threads: Executor | None = None,
         result_limit: int = DEFAULT_PAYLOAD_LIMIT,
@@ -286,7 +236,7 @@ class Message:
             self._state = _SETTLED
             return True
 
-    def _finish(self, outcome: Outcome) -> None:
+    def _finish(self, settlement: Settlement) -> None:
         if self._settle is None:
             raise SqlbrokerError("ack/nack/reject are for subscribers with ack='manual'")
         with self._lock:
@@ -294,9 +244,9 @@ class Message:
                 raise AlreadySettled(f"message {self.id} was already settled")
             self._state = _SETTLED
         if self.cancelled:
-            outcome = Cancelled(self._delivery)
+            settlement = Settlement.cancel(self._delivery)
         try:
-            self._settle(outcome)
+            self._settle(settlement)
         except BaseException:
             # Not taken (the worker has stopped): the message is not settled.
             with self._lock:
@@ -312,7 +262,7 @@ class Message:
             if result is None
             else encode_value(result, limit=self._result_limit, field="result")
         )
-        self._finish(Complete(self._delivery, value))
+        self._finish(Settlement.complete(self._delivery, value))
 
     def nack(
         self, *, after: float | timedelta = 0.0, error: BaseException | str | None = None
@@ -321,17 +271,13 @@ class Message:
         attempts are spent (the retry policy's rule) it is dead-lettered instead, with
         reason ``max attempts exhausted``, as a handler's exception would be."""
         delay = validate.seconds(after, "after")
-        info = ErrorInfo.coerce(error)
-        delivery = self._delivery
         # The claim stored the subscriber's limit in the copy: the default policy applies it.
-        decision = DEFAULT_RETRY.decide_retry(
-            delivery.attempt, after=delay, max_attempts=delivery.max_attempts
+        settlement = DEFAULT_RETRY.decide_retry(
+            self._delivery, after=delay, error=ErrorInfo.coerce(error)
         )
-        if isinstance(decision, DeadLetterNow):
-            self._finish(SendToDead(delivery, decision.reason, info))
-        else:
-            self._finish(RetryLater(delivery, decision.delay, info))
+        self._finish(settlement)
 
     def reject(self, reason: str, *, error: BaseException | str | None = None) -> None:
         """Dead-letter the message now."""
-        self._finish(SendToDead(self._delivery, validate.reason(reason), ErrorInfo.coerce(error)))
+        info = ErrorInfo.coerce(error)
+        self._finish(Settlement.dead(self._delivery, validate.reason(reason), info))

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost, SqlbrokerError
-from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
+from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import Saga, SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.runtime.message import Message
@@ -254,14 +254,13 @@ class _StepRunner:
         next attempt, or, on the attempt it would dead-letter, turn the saga back (an
         action: the message is acked with the transition) or mark it failed and raise (a
         compensation: the message goes to the dead letters)."""
-        decision = (
-            DeadLetterNow(str(error))
-            if isinstance(error, BadOutput | DamagedSaga)
-            else self._retry.decide(msg.attempt, error, max_attempts=msg.max_attempts)
-        )
-        if not isinstance(decision, DeadLetterNow):
-            raise error
-        reason = decision.reason
+        if isinstance(error, BadOutput | DamagedSaga):
+            reason = str(error)
+        else:
+            settlement = self._retry.decide(msg.delivery, error)
+            if settlement.kind != "dead":
+                raise error
+            reason = settlement.reason
         if str(error) != reason:
             reason = f"{reason} ({type(error).__name__}: {error})"
         if not self._undo:

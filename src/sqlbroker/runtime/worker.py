@@ -479,14 +479,16 @@ class Worker:
     def _flushed(self, report: FlushReport) -> None:
         if self._written is not None:
             self._written.set()
-        if report.done:
-            self._observers.outcomes_written(report.done)
-        for outcome in report.done:
-            self._pumps[outcome.delivery.subscription].flushed(outcome, lost=False)
-        if report.lost:
-            self._observers.outcomes_lost(report.lost)
-        for outcome in report.lost:
-            self._pumps[outcome.delivery.subscription].flushed(outcome, lost=True)
+        for settlements, lost in ((report.done, False), (report.lost, True)):
+            if settlements:
+                observe = (
+                    self._observers.outcomes_lost if lost else self._observers.outcomes_written
+                )
+                observe(settlements)
+            for settlement in settlements:
+                delivery = settlement.delivery
+                if delivery is not None:  # always: the worker settles deliveries
+                    self._pumps[delivery.subscription].flushed(settlement, delivery, lost=lost)
 
     async def _reap(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

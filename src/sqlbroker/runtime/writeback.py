@@ -1,6 +1,6 @@
 """Batched write-back of outcomes: completes, retries, dead-letters and cancels.
 
-Outcomes accumulate and are written as settlements, mixed, by one ``message_settle_many``
+Outcomes (settlements) accumulate and are written, mixed, by one ``message_settle_many``
 per ``max_items`` (one statement on PostgreSQL) when ``max_items`` are waiting or
 ``max_delay`` seconds have passed since the first one. An outcome that follows
 ``quiet`` seconds without any is written at once when no other claimed copy is open: at a
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
-from sqlbroker.runtime.message import Outcome, settlement_of
+from sqlbroker.core.settlements import Settlement
 
 Settle = Callable[..., Awaitable[list[int]]]
 """How a sub-batch is written: the backend's ``async_ops.message_settle_many`` (on
@@ -60,8 +60,8 @@ def retry_pause(failures: int, *, first: float, cap: float) -> float:
 class FlushReport:
     """What one write did, for the pump's bookkeeping and hooks."""
 
-    done: list[Outcome] = field(default_factory=list)
-    lost: list[Outcome] = field(default_factory=list)
+    done: list[Settlement] = field(default_factory=list)
+    lost: list[Settlement] = field(default_factory=list)
 
 
 class WriteBackClosed(SqlbrokerError):
@@ -97,7 +97,7 @@ class WriteBack:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._mutex = threading.Lock()  # guards _items and _closed against other threads
-        self._items: list[Outcome] = []
+        self._items: list[Settlement] = []
         self._closed = False
         self._flushing = asyncio.Lock()
         self._has_items = asyncio.Event()
@@ -112,16 +112,17 @@ class WriteBack:
         unsettled claims passing ``backlog``."""
         return self._backlog - len(self) - self._outstanding()
 
-    def add(self, outcome: Outcome) -> None:
+    def add(self, outcome: Settlement) -> None:
         """Buffer ``outcome``; safe from any thread. Raises :class:`WriteBackClosed` once
         the final drain began: nothing would write it, and the caller must know."""
         now = time.monotonic()
         with self._mutex:
             if self._closed:
-                delivery = outcome.delivery
+                held = outcome.delivery
+                named = f"message {held.message_id}" if held else f"copy {outcome.lease.id}"
                 raise WriteBackClosed(
-                    f"the worker has stopped; message {delivery.message_id} will be"
-                    " delivered again when its lease expires"
+                    f"the worker has stopped; {named} will be delivered again when its lease"
+                    " expires"
                 )
             self._items.append(outcome)
             count = len(self._items)
@@ -216,11 +217,11 @@ class WriteBack:
         self._due.clear()
         report = FlushReport()
         seen: set[int] = set()
-        now: list[Outcome] = []
-        later: list[Outcome] = []
+        now: list[Settlement] = []
+        later: list[Settlement] = []
         for outcome in batch:
-            (later if outcome.delivery.id in seen else now).append(outcome)
-            seen.add(outcome.delivery.id)
+            (later if outcome.lease.id in seen else now).append(outcome)
+            seen.add(outcome.lease.id)
         written = 0  # now[:written] are written; the rest go back (a failure, a cancel)
         try:
             while written < len(now):
@@ -235,7 +236,7 @@ class WriteBack:
                     )
                     break
                 for outcome in chunk:
-                    (report.done if outcome.delivery.id in ids else report.lost).append(outcome)
+                    (report.done if outcome.lease.id in ids else report.lost).append(outcome)
                 written += len(chunk)
                 with self._mutex:
                     self._writing -= len(chunk)
@@ -251,10 +252,9 @@ class WriteBack:
             self._on_flushed(report)
         return not kept
 
-    async def _write(self, chunk: Sequence[Outcome]) -> set[int]:
+    async def _write(self, chunk: Sequence[Settlement]) -> set[int]:
         """Write one sub-batch; return the ids whose lease was still valid."""
-        settlements = [settlement_of(outcome) for outcome in chunk]
-        return set(await self._settle(settlements=settlements))
+        return set(await self._settle(settlements=chunk))
 
 
 async def wait_any(

@@ -3,8 +3,9 @@ once over a thin dialect per database. Each dialect owns its SQL (``.sql`` files
 blocks) and its numbered migrations; above this package nothing speaks SQL.
 """
 
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import DeadFilter, Lease, ReapResult, Settlement
+from sqlbroker.storage.base import DeadFilter, ReapResult
 from sqlbroker.storage.factory import open_backend
 
 __all__ = [

@@ -1,7 +1,7 @@
-"""What crosses the storage seam besides core's types: leases and the requests made
-under them, filters, and the small results of maintenance operations. The operations
-themselves are in :mod:`sqlbroker.storage.operations`; what a backend is, in
-:mod:`sqlbroker.storage.backend`.
+"""What crosses the storage seam besides core's types (settlements and their leases are
+:mod:`sqlbroker.core.settlements`'): filters, and the small results of maintenance
+operations. The operations themselves are in :mod:`sqlbroker.storage.operations`; what a
+backend is, in :mod:`sqlbroker.storage.backend`.
 """
 
 from __future__ import annotations
@@ -10,79 +10,14 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple, Protocol
+from typing import Protocol
 
-from sqlbroker.core.message import (
-    Delivery,
-    ErrorInfo,
-    storable_text,
-)
+from sqlbroker.core.message import storable_text
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.core.validate import MAX_REASON
 from sqlbroker.storage.rows import UndecodableRow
 
 log = logging.getLogger("sqlbroker.storage")
-
-
-class Lease(NamedTuple):
-    """Proof of a claim: the delivery's id and the token its claim issued (a named tuple,
-    as :class:`Settlement`: one is built per settled copy)."""
-
-    id: int
-    token: str
-
-    @classmethod
-    def of(cls, delivery: Delivery) -> Lease:
-        return cls(delivery.id, delivery.lease_token)
-
-
-SettleKind = Literal["complete", "retry", "dead", "cancel"]
-SETTLE_KINDS: tuple[SettleKind, ...] = ("complete", "retry", "dead", "cancel")
-
-
-class Settlement(NamedTuple):
-    """How one leased copy's attempt ends: the one type that carries an outcome from the
-    worker, the broker's ``complete``/``retry``/``dead_letter`` and the claim's
-    undecodable rows into storage (``message_settle_many``, which checks it).
-
-    - ``complete``: archived as completed; ``value`` is the handler's encoded result
-      (``None``: nothing stored);
-    - ``retry``: back to the queue after ``after`` seconds; a ``snooze`` gives the attempt
-      back. Whether a failure is retried or dead-lettered is the retry policy's decision
-      (:class:`~sqlbroker.RetryPolicy`), made before a settlement is built;
-    - ``dead``: to the dead letters with ``reason`` (made storable and cut to
-      ``MAX_REASON`` characters when written: a handler's ``Reject(reason)`` is not
-      validated on the way);
-    - ``cancel``: archived as cancelled (its message was cancelled while it ran).
-
-    A named tuple: the write-back builds one per outcome, five times faster than a frozen
-    dataclass.
-    """
-
-    kind: SettleKind
-    lease: Lease
-    value: bytes | None = None
-    after: float = 0.0
-    snooze: bool = False
-    reason: str = ""
-    error: ErrorInfo | None = None
-
-    @classmethod
-    def complete(cls, lease: Lease, value: bytes | None = None) -> Settlement:
-        return cls("complete", lease, value)
-
-    @classmethod
-    def retry(
-        cls, lease: Lease, after: float, error: ErrorInfo | None = None, *, snooze: bool = False
-    ) -> Settlement:
-        return cls("retry", lease, after=after, snooze=snooze, error=error)
-
-    @classmethod
-    def dead(cls, lease: Lease, reason: str, error: ErrorInfo | None = None) -> Settlement:
-        return cls("dead", lease, reason=reason, error=error)
-
-    @classmethod
-    def cancel(cls, lease: Lease) -> Settlement:
-        return cls("cancel", lease)
 
 
 def storable_reason(reason: str) -> str:

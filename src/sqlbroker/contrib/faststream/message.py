@@ -24,7 +24,7 @@ from typing import Any
 from faststream import BaseMiddleware, StreamMessage
 from faststream.message import decode_message
 
-from sqlbroker.core.policies import DeadLetterNow, RetryPolicy
+from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.serde import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
 from sqlbroker.runtime import Message
 
@@ -84,11 +84,11 @@ class SqlMessage(StreamMessage[Message]):
         if self._open():
             raw = self.raw_message
             error = self.error or _Nacked("nacked by the handler")
-            decision = self.retry.decide(raw.attempt, error, max_attempts=raw.max_attempts)
-            if isinstance(decision, DeadLetterNow):
-                raw.reject(_dead_reason(decision.reason, self.error), error=self.error)
+            settlement = self.retry.decide(raw.delivery, error)
+            if settlement.kind == "dead":
+                raw.reject(_dead_reason(settlement.reason, self.error), error=self.error)
             else:
-                raw.nack(after=decision.delay if delay is None else delay, error=self.error)
+                raw.nack(after=settlement.after if delay is None else delay, error=self.error)
         await super().nack()
 
     async def reject(self, *, reason: str | None = None) -> None:

@@ -28,6 +28,7 @@ from faststream._internal.testing.broker import TestBroker, change_producer
 from faststream.exceptions import SubscriberNotFound
 
 from sqlbroker import Delivery, Message
+from sqlbroker.core.settlements import Settlement
 from sqlbroker.core.topics import pattern_matches
 
 from .broker import SqlBroker
@@ -99,17 +100,15 @@ class FakeProducer(SqlProducer):
 
 class RecordedOutcome:
     """The settlement a test message got: ``kind`` is ``complete``, ``retry`` or
-    ``dead``; ``outcome`` is sqlbroker's own record of it."""
+    ``dead``; ``outcome`` is sqlbroker's own record of it (a ``Settlement``)."""
 
     def __init__(self) -> None:
         self.kind: str | None = None
-        self.outcome: Any = None
+        self.outcome: Settlement | None = None
 
-    def __call__(self, outcome: Any) -> None:
+    def __call__(self, outcome: Settlement) -> None:
         self.outcome = outcome
-        self.kind = {"Complete": "complete", "RetryLater": "retry", "SendToDead": "dead"}.get(
-            type(outcome).__name__
-        )
+        self.kind = outcome.kind
 
 
 def fake_message(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
 from sqlbroker.core.message import NewMessage, new_message_id
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
     Columns,
@@ -25,7 +26,7 @@ from sqlbroker.spark.storage.base import (
     StreamAck,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult, Lease, Settlement
+from sqlbroker.storage.base import InsertResult
 from sqlbroker.storage.operations.messages import PROMOTE_BATCH
 from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.sql import load_sql, parse_blocks

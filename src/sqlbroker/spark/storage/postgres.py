@@ -26,6 +26,7 @@ from sqlbroker.core.errors import (
     SchemaError,
     StorageError,
 )
+from sqlbroker.core.settlements import Lease
 from sqlbroker.spark.schema import arrow_schema
 from sqlbroker.spark.storage.base import (
     ExportRun,
@@ -47,7 +48,6 @@ from sqlbroker.spark.storage.columns import (
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import Lease
 from sqlbroker.storage.postgres.dialect import channel_name
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from sqlbroker.core.errors import DatabaseBusy, SchemaError, StorageError
 from sqlbroker.core.message import NewMessage
+from sqlbroker.core.settlements import Lease
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter, StageRow
@@ -34,7 +35,7 @@ from sqlbroker.spark.storage.columns import (
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult, Lease
+from sqlbroker.storage.base import InsertResult
 
 _NO_ID = -(2**63)
 _ANY_ID = 2**63 - 1

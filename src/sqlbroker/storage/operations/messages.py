@@ -16,14 +16,8 @@ from typing import TYPE_CHECKING, Any
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.serde import encode_json
-from sqlbroker.storage.base import (
-    SETTLE_KINDS,
-    Lease,
-    ReapResult,
-    Settlement,
-    storable_reason,
-    undecodable_deaths,
-)
+from sqlbroker.core.settlements import SETTLE_KINDS, Lease, Settlement
+from sqlbroker.storage.base import ReapResult, storable_reason, undecodable_deaths
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import Plan, Query, ahead, atomic, query, relaxed

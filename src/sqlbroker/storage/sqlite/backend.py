@@ -158,7 +158,7 @@ class SqliteBackend(Backend):
         on_hint: Callable[[str | None], None],
         on_cancel: Callable[[str], None] | None = None,
     ) -> None:
-        # Cancels are not announced here: workers look for them (runtime/pump.py).
+        # Cancels are not announced here: workers look for them (runtime/executing.py).
         # sqlite3 blocks: the watch runs in a thread of its own and hands hints to the loop.
         loop = asyncio.get_running_loop()
         stop = threading.Event()

@@ -1,0 +1,235 @@
+"""A pump's handler slots: each runs one handler at a time and settles its delivery by
+the outcome (manual acks come from any thread, acks in the handler's own transaction
+commit there); a cancel found for a held copy cancels its handler or skips it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.message import Delivery, ErrorInfo
+from sqlbroker.core.settlements import Settlement
+from sqlbroker.runtime.effects import EffectsTransaction
+from sqlbroker.runtime.handling import WorkerStopped, call_handler, completion, failure_outcome
+from sqlbroker.runtime.holding import Holding
+from sqlbroker.runtime.message import Message
+from sqlbroker.runtime.writeback import wait_any
+
+log = logging.getLogger("sqlbroker.runtime")
+_PACE_WEIGHT = 0.2
+
+
+def _running(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+class Executing(Holding):
+    async def execute(self, stop: asyncio.Event) -> None:
+        """Run handlers one at a time until ``stop``; the current one always finishes.
+
+        An idle slot waits on the buffer alone, the cheapest wake-up a claim can give it;
+        :meth:`stop_idle` ends that wait with a ``None`` per slot."""
+        loop = asyncio.get_running_loop()
+        # What every message of this slot gets: made once, not per message.
+        manual = self.spec.ack == "manual"
+        settle = functools.partial(self._settle_from_any_thread, loop) if manual else None
+        effects = functools.partial(self._effects, loop)
+        task = asyncio.current_task()  # each handler of this slot runs in it
+        while not stop.is_set():
+            try:
+                # With a backlog buffered, take it without a wait per message.
+                delivery = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                delivery = await self._queue.get()
+            if delivery is None:
+                return
+            if stop.is_set():
+                # A claim woke this slot just before the stop: release_unstarted hands it
+                # back instead.
+                self._queue.put_nowait(delivery)
+                return
+            await self._handle(delivery, settle, effects, task)
+
+    async def _handle(
+        self,
+        delivery: Delivery,
+        settle: Callable[[Settlement], None] | None,
+        effects: Callable[[Message], EffectsTransaction],
+        task: asyncio.Task[Any] | None,
+    ) -> None:
+        manual = settle is not None
+        message = Message(delivery, settle, effects, self._threads, self._result_limit)
+        self._running[delivery.id] = (message, task)
+        try:
+            value = await self._observed_call(delivery, message)
+        except asyncio.CancelledError as error:
+            if self._uncancel(delivery, task):
+                # Our cancel request reached the handler: the copy ends cancelled; a stop
+                # of the worker that came as well goes on.
+                if message._take_over(uncommitted=True):
+                    self._settle(Settlement.cancel(delivery))
+                if task is not None and task.cancelling():
+                    raise
+                return
+            if task is None or not task.cancelling():
+                # The handler raised it itself: a failure like any other, not our stop.
+                self._failed(message, error)
+                return
+            if message._take_over(uncommitted=True):
+                # Our stop is not the message's failure: give its attempt back (a snooze),
+                # or every deploy that outlasts the grace period would spend one.
+                info = ErrorInfo.from_exception(WorkerStopped("the worker stopped at once"))
+                self._settle(Settlement.retry(delivery, 0.0, info, snooze=True))
+            raise
+        except BaseException as error:
+            # SystemExit, KeyboardInterrupt and the like from user code fail the message
+            # too: the worker's own stops come as cancellation.
+            self._uncancel(delivery, task)
+            if message.cancelled and message._take_over(uncommitted=True):
+                self._settle(Settlement.cancel(delivery))
+            else:
+                self._failed(message, error)
+        else:
+            # A handler that swallowed our cancellation, or a plain function that went on,
+            # still ends cancelled: the message was cancelled.
+            self._uncancel(delivery, task)
+            if message.cancelled:
+                if message._take_over(uncommitted=False):
+                    self._settle(Settlement.cancel(delivery))
+            elif not manual and message._take_over(uncommitted=False):
+                self._settle(completion(self.spec, delivery, value, self._result_limit))
+        finally:
+            self._running.pop(delivery.id, None)
+
+    def _uncancel(self, delivery: Delivery, task: asyncio.Task[Any] | None) -> bool:
+        """Take back the cancellation :meth:`_cancel_running` gave the handler's task, if
+        it did; ``True`` then."""
+        if delivery.id not in self._cancelled_tasks:
+            return False
+        self._cancelled_tasks.discard(delivery.id)
+        if task is not None:
+            task.uncancel()
+        return True
+
+    def _failed(self, message: Message, error: BaseException) -> None:
+        if message._take_over(uncommitted=True):
+            self._settle(failure_outcome(self.spec, message.delivery, error))
+        else:
+            log.warning("handler for %s raised after settling %s: %r", self.name, message, error)
+
+    async def _observed_call(self, delivery: Delivery, message: Message) -> Any:
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            with self._observer.handler_scope(delivery):
+                return await call_handler(self.spec, self._threads, message)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            seconds = time.monotonic() - started
+            pace = self._pace
+            self._pace = seconds if pace is None else pace + _PACE_WEIGHT * (seconds - pace)
+            self._observer.handler_finished(delivery, seconds=seconds, error=error)
+
+    def _settle_from_any_thread(
+        self, loop: asyncio.AbstractEventLoop, settlement: Settlement
+    ) -> None:
+        """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
+        a handler may hand its message to any thread; the pump's state is the loop's."""
+        if _running(loop):
+            self._settle(settlement)
+            return
+        # Thread-safe, and raises once the worker's final write-back began: a late ack
+        # must fail loudly rather than land in a buffer nobody writes.
+        self._writeback.add(settlement)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
+            loop.call_soon_threadsafe(self._free_slot, settlement.lease)
+
+    def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
+        return EffectsTransaction(
+            self._backend,
+            message.delivery,
+            claim=message._begin_settling,
+            unclaim=message._abort_settling,
+            committed=functools.partial(self._committed_from_any_thread, loop, message),
+        )
+
+    def _committed_from_any_thread(self, loop: asyncio.AbstractEventLoop, message: Message) -> None:
+        """The message was completed in the handler's own transaction: nothing is left to
+        write back, only the slot and the lease to let go."""
+        message._end_settling()
+        delivery = message.delivery
+        if _running(loop):
+            self._committed(delivery)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
+                loop.call_soon_threadsafe(self._committed, delivery)
+
+    def _committed(self, delivery: Delivery) -> None:
+        settlement = Settlement.complete(delivery)
+        self._free_slot(settlement.lease)
+        self._forget(settlement.lease)
+        self._observer.outcomes_written([settlement])
+
+    def cancel_hint(self) -> None:
+        """A running copy of this subscription was cancelled somewhere: look now."""
+        self._cancels.set()
+
+    async def watch_cancels(self, stop: asyncio.Event, *, interval: float) -> None:
+        """Until ``stop``: every ``interval`` seconds, or at once after :meth:`cancel_hint`,
+        ask which held copies have a cancel request (one query, and none while nothing is
+        held), and cancel their handlers."""
+        while not stop.is_set():
+            await wait_any(self._cancels, stop, timeout=interval)
+            self._cancels.clear()
+            held = list(self._held)
+            if not held or stop.is_set():
+                continue
+            try:
+                flagged = await self._backend.async_ops.message_cancel_requested(ids=held)
+            except SqlbrokerError as error:
+                log.warning("looking for cancels on %s failed: %s", self.name, error)
+                continue
+            for delivery_id in flagged:
+                self._cancel_running(delivery_id)
+
+    def _cancel_running(self, delivery_id: int) -> None:
+        running = self._running.get(delivery_id)
+        if running is None:
+            self._cancel_unstarted(delivery_id)
+            return
+        message, task = running
+        if message.cancelled:
+            return
+        log.info(
+            "%s: message %s was cancelled; stopping its handler",
+            self.name,
+            message.id,
+            extra={"subscription": self.name, "message_id": message.id},
+        )
+        message._request_cancel()
+        if self.spec.is_async and task is not None:
+            # The task is suspended inside the handler (it is in _running, and this runs
+            # on the same loop): the CancelledError lands there, and _handle takes it back.
+            self._cancelled_tasks.add(delivery_id)
+            task.cancel()
+
+    def _cancel_unstarted(self, delivery_id: int) -> None:
+        """A cancelled copy still in the buffer is taken out and settled cancelled now."""
+        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+        for item in waiting:
+            if item is not None and item.id == delivery_id:
+                self._settle(Settlement.cancel(item))
+            else:
+                self._queue.put_nowait(item)
