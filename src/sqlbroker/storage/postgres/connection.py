@@ -54,6 +54,9 @@ class PostgresPool:
         self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool] = (
             weakref.WeakKeyDictionary()
         )
+        self._recent: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopPool] | None = None
+        """The last loop that asked for its pool, and that pool: its next call takes no
+        lock and makes no weak reference (the one of a ``WeakKeyDictionary`` lookup)."""
         self._pool_lock = threading.Lock()
         self._closed = False
         self._watcher = Watcher(self.network_timeout)
@@ -217,6 +220,9 @@ class PostgresPool:
         loops that have closed are finished here: ``asyncio.run(broker.send(…))`` one call
         after another leaves at most one loop's connections open."""
         loop = asyncio.get_running_loop()
+        recent = self._recent
+        if recent is not None and recent[0]() is loop and not self._closed:
+            return recent[1]
         with self._pool_lock:
             if self._closed:
                 raise StorageError("the broker is closed")
@@ -234,11 +240,13 @@ class PostgresPool:
                     timeout=self.options.connect_timeout,
                     network_timeout=self.network_timeout,
                 )
+            self._recent = (weakref.ref(loop), pool)
             return pool
 
     async def close_async(self) -> None:
         """Close the calling loop's async pool (the worker calls this before its loop ends)."""
         with self._pool_lock:
+            self._recent = None
             pool = self._async_pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()
@@ -253,6 +261,7 @@ class PostgresPool:
         loop's own ``close_async`` closes its pool properly)."""
         with self._pool_lock:
             self._closed = True
+            self._recent = None
             pool, self._pool = self._pool, None
             stale = list(self._async_pools.values())
             self._async_pools.clear()
