@@ -181,22 +181,22 @@ def message_insert_many(
             check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
         if existed and subscription is not None and known is not None:
             known.add(subscription)
-        took: Counter[str] = Counter()
         if any(message_column(fresh, "replace")):
+            took: Counter[str] = Counter()
             for message in fresh:
                 if message.replace:
                     took.update((yield from _replace_pending(settings, message)))
-        if took:
-            # Counted in the lifetime totals (stats().replaced), in one statement in one
-            # order of rows, as a worker's heartbeat adds its own.
-            names = sorted(took)
-            yield query(
-                "metric_total_add_many",
-                subscriptions=names,
-                outcomes=["replaced"] * len(names),
-                deltas=[took[name] for name in names],
-            )
-            replaced = sum(took.values())
+            if took:
+                # Counted in the lifetime totals (stats().replaced), in one statement in one
+                # order of rows, as a worker's heartbeat adds its own.
+                names = sorted(took)
+                yield query(
+                    "metric_total_add_many",
+                    subscriptions=names,
+                    outcomes=["replaced"] * len(names),
+                    deltas=[took[name] for name in names],
+                )
+                replaced = sum(took.values())
     ids = message_column(messages, "message_id")
     return InsertResult(
         message_ids=[originals.get(i, i) for i in ids] if originals else ids,
