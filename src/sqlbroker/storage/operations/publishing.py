@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.errors import IdempotencyConflict
@@ -156,40 +157,46 @@ def message_insert_many(
                 subscription=None,
             )
             check_copies(copies, len(messages), max_copies)
-        rows = yield from _rows(
-            settings,
-            block,
-            _columns(fresh),
-            read=routed,
-            squeeze=_SHARED_COLUMNS,
-            uniform="message_insert_shared" if routed else "message_insert_queue_shared",
-            subscription=subscription,
-            queue_regex=None if subscription is None else pattern_regex(subscription),
-            channel=settings.notify_channel,
-            max_copies=UNLIMITED if max_copies is None else max_copies,
-        )
+        shared = {
+            "subscription": subscription,
+            "queue_regex": None if subscription is None else pattern_regex(subscription),
+            "channel": settings.notify_channel,
+            "max_copies": UNLIMITED if max_copies is None else max_copies,
+        }
+        if len(fresh) == 1:  # what _rows runs for one row, without the columns
+            rows = yield query(_ONE[block], **_row(fresh[0]), **shared)
+        else:
+            rows = yield from _rows(
+                settings,
+                block,
+                _columns(fresh),
+                read=routed,
+                squeeze=_SHARED_COLUMNS,
+                uniform="message_insert_shared" if routed else "message_insert_queue_shared",
+                **shared,
+            )
         if routed:
             unrouted = sum(int(row[0]) for row in rows)
             # Past the limit a statement writes nothing; raising rolls back the others.
             check_copies(sum(int(row[2]) for row in rows), len(messages), max_copies)
         if existed and subscription is not None and known is not None:
             known.add(subscription)
-        took: Counter[str] = Counter()
         if any(message_column(fresh, "replace")):
+            took: Counter[str] = Counter()
             for message in fresh:
                 if message.replace:
                     took.update((yield from _replace_pending(settings, message)))
-        if took:
-            # Counted in the lifetime totals (stats().replaced), in one statement in one
-            # order of rows, as a worker's heartbeat adds its own.
-            names = sorted(took)
-            yield query(
-                "metric_total_add_many",
-                subscriptions=names,
-                outcomes=["replaced"] * len(names),
-                deltas=[took[name] for name in names],
-            )
-            replaced = sum(took.values())
+            if took:
+                # Counted in the lifetime totals (stats().replaced), in one statement in one
+                # order of rows, as a worker's heartbeat adds its own.
+                names = sorted(took)
+                yield query(
+                    "metric_total_add_many",
+                    subscriptions=names,
+                    outcomes=["replaced"] * len(names),
+                    deltas=[took[name] for name in names],
+                )
+                replaced = sum(took.values())
     ids = message_column(messages, "message_id")
     return InsertResult(
         message_ids=[originals.get(i, i) for i in ids] if originals else ids,
@@ -237,6 +244,23 @@ _FIELDS = {
     "ttl": "ttl",
 }
 """The insert's parameters and the message field each takes its values from."""
+
+
+_ONE = {
+    block: f"{block}_one"
+    for block in ("message_insert", "message_insert_queue", "message_insert_keyed")
+}
+_FIELD_VALUES = attrgetter(*_FIELDS.values())
+
+
+def _row(message: NewMessage) -> dict[str, Any]:
+    """The parameters of ``message`` for the ``_one`` form of an insert: its row of
+    :func:`_columns`."""
+    row = dict(zip(_FIELDS, _FIELD_VALUES(message), strict=True))
+    for param in ("delay", "ttl"):
+        if row[param] is not None:
+            row[param] = float(row[param])
+    return row
 
 
 def _columns(messages: Sequence[NewMessage]) -> dict[str, list[Any]]:

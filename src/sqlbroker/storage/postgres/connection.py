@@ -11,6 +11,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -25,6 +26,7 @@ from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.postgres.errors import connect_failure, translate
 from sqlbroker.storage.postgres.joining import CallerConnections
 from sqlbroker.storage.postgres.liveness import (
+    Watch,
     Watcher,
     check_idle,
     drain,
@@ -54,6 +56,9 @@ class PostgresPool:
         self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool] = (
             weakref.WeakKeyDictionary()
         )
+        self._recent: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopPool] | None = None
+        """The last loop that asked for its pool, and that pool: its next call takes no
+        lock and makes no weak reference (the one of a ``WeakKeyDictionary`` lookup)."""
         self._pool_lock = threading.Lock()
         self._closed = False
         self._watcher = Watcher(self.network_timeout)
@@ -156,43 +161,9 @@ class PostgresPool:
         with self._callers.joined(conn) as raw:
             yield raw
 
-    @asynccontextmanager
-    async def connection_async(
-        self, *, write: bool, watched: bool = True
-    ) -> AsyncIterator[AsyncConn]:
+    def connection_async(self, *, write: bool, watched: bool = True) -> AsyncCheckout:
         """:meth:`connection` from the running loop's async pool, opened on first use."""
-        pool = self._loop_pool()
-        try:
-            conn = await pool.getconn()  # a sound one: see LoopPool
-        except psycopg.OperationalError as error:  # PoolTimeout among them
-            if not isinstance(error, PoolTimeout):
-                await pool.check()
-            raise self.not_connected(error, write=write) from None
-        self._callers.own(conn)
-        # The worker's claims and acks run here: a connection that gives no answer within
-        # network_timeout (a peer gone silent with its TCP session kept alive in between,
-        # where keepalives see nothing wrong) is shut down, so the call fails and the pool
-        # replaces it instead of the worker waiting for ever.
-        watchdog = pool.watcher.watch(conn) if watched else None
-        try:
-            try:
-                yield conn
-            except psycopg.Error as error:
-                if watchdog is not None and watchdog.fired:
-                    raise watchdog.lost(write=write) from None
-                raise translate(error, self.options, write=write, conn=conn) from None
-            finally:
-                if watchdog is not None:
-                    pool.watcher.release(conn)
-                await pool.putconn(conn)
-        except ConnectionLost:
-            if watchdog is not None and watchdog.fired:
-                # Its idle siblings most likely went silent with it, and testing them
-                # would wait on the same silence: replace them all.
-                await pool.drain()
-            else:
-                await pool.check()
-            raise
+        return AsyncCheckout(self, write=write, watched=watched)
 
     @asynccontextmanager
     async def transaction_async(
@@ -217,6 +188,9 @@ class PostgresPool:
         loops that have closed are finished here: ``asyncio.run(broker.send(…))`` one call
         after another leaves at most one loop's connections open."""
         loop = asyncio.get_running_loop()
+        recent = self._recent
+        if recent is not None and recent[0]() is loop and not self._closed:
+            return recent[1]
         with self._pool_lock:
             if self._closed:
                 raise StorageError("the broker is closed")
@@ -234,11 +208,13 @@ class PostgresPool:
                     timeout=self.options.connect_timeout,
                     network_timeout=self.network_timeout,
                 )
+            self._recent = (weakref.ref(loop), pool)
             return pool
 
     async def close_async(self) -> None:
         """Close the calling loop's async pool (the worker calls this before its loop ends)."""
         with self._pool_lock:
+            self._recent = None
             pool = self._async_pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()
@@ -253,6 +229,7 @@ class PostgresPool:
         loop's own ``close_async`` closes its pool properly)."""
         with self._pool_lock:
             self._closed = True
+            self._recent = None
             pool, self._pool = self._pool, None
             stale = list(self._async_pools.values())
             self._async_pools.clear()
@@ -261,3 +238,64 @@ class PostgresPool:
         self._watcher.close()
         if pool is not None:
             pool.close()
+
+
+class AsyncCheckout:
+    """``async with pool.connection_async(...) as conn``: a connection of the running
+    loop's pool, given back when the block ends. A class, not an ``asynccontextmanager``:
+    that makes an async generator (which the loop registers in a weak set) and two
+    coroutines more on every operation of an ``AsyncBroker``."""
+
+    __slots__ = ("_conn", "_db", "_pool", "_watchdog", "_watched", "_write")
+
+    def __init__(self, db: PostgresPool, *, write: bool, watched: bool) -> None:
+        self._db = db
+        self._write = write
+        self._watched = watched
+
+    async def __aenter__(self) -> AsyncConn:
+        db, write = self._db, self._write
+        pool = self._pool = db._loop_pool()
+        try:
+            conn = await pool.getconn()  # a sound one: see LoopPool
+        except psycopg.OperationalError as error:  # PoolTimeout among them
+            if not isinstance(error, PoolTimeout):
+                await pool.check()
+            raise db.not_connected(error, write=write) from None
+        db._callers.own(conn)
+        # The worker's claims and acks run here: a connection that gives no answer within
+        # network_timeout (a peer gone silent with its TCP session kept alive in between,
+        # where keepalives see nothing wrong) is shut down, so the call fails and the pool
+        # replaces it instead of the worker waiting for ever.
+        self._watchdog = pool.watcher.watch(conn) if self._watched else None
+        self._conn = conn
+        return conn
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: Any
+    ) -> None:
+        pool, conn, watchdog, write = self._pool, self._conn, self._watchdog, self._write
+        try:
+            try:
+                if isinstance(error, psycopg.Error):
+                    if watchdog is not None and watchdog.fired:
+                        raise watchdog.lost(write=write) from None
+                    raise translate(error, self._db.options, write=write, conn=conn) from None
+            finally:
+                if watchdog is not None:
+                    pool.watcher.release(conn)
+                await pool.putconn(conn)
+        except ConnectionLost:
+            await self._lost(pool, watchdog)
+            raise
+        if isinstance(error, ConnectionLost):
+            await self._lost(pool, watchdog)
+
+    @staticmethod
+    async def _lost(pool: LoopPool, watchdog: Watch | None) -> None:
+        if watchdog is not None and watchdog.fired:
+            # Its idle siblings most likely went silent with it, and testing them
+            # would wait on the same silence: replace them all.
+            await pool.drain()
+        else:
+            await pool.check()
