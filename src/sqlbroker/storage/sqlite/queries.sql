@@ -305,10 +305,14 @@ RETURNING id, subscription, ordering_key, state
 
 -- name: leased_delete
 -- (A fragment, included below.) The copies of the valid leases (:ids with :tokens) leave
--- the hot table, returning what promote_heads needs.
+-- the hot table, returning what promote_heads needs. The valid leases are one list of ids,
+-- looked up by primary key, that SQLite builds once per statement (a row value
+-- `(id, lease_token) IN (...)` built the pairing twice: a third of a complete's work).
 DELETE FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
+WHERE state = 'running' AND id IN (SELECT m.id FROM json_each(:ids) i
+       CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+       JOIN sqlbroker_message m ON m.id = i.value AND m.lease_token = t.value
+       WHERE m.state = 'running')
 RETURNING id, subscription, ordering_key, state
 
 -- name: leased_archive_completed
@@ -322,8 +326,10 @@ SELECT id, message_id, subscription, topic, 'completed', priority, ordering_key,
        idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
        enqueued_at, first_started_at, :now
 FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-                            CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
+WHERE state = 'running' AND id IN (SELECT m.id FROM json_each(:ids) i
+       CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+       JOIN sqlbroker_message m ON m.id = i.value AND m.lease_token = t.value
+       WHERE m.state = 'running')
 
 -- name: message_complete
 -- Two statements, as in message_dead: the copies of valid leases are archived, then deleted.
