@@ -156,7 +156,8 @@ def complete(
     if not items:
         return
     done = yield call("message_settle_many", conn=conn, settlements=completions(items, values))
-    raise_lost((d.id for d in items), done)
+    if len(done) != len(items):
+        raise_lost([d.id for d in items], done)
 
 
 def retry(
