@@ -44,9 +44,8 @@ WORKER_LOST_ERROR = encode_json(
 
 
 def _leases(items: Sequence[Lease] | Sequence[Settlement]) -> dict[str, Any]:
-    if items and isinstance(items[0], Settlement):
-        return {"ids": [s.lease.id for s in items], "tokens": [s.lease.token for s in items]}
-    return {"ids": [lease.id for lease in items], "tokens": [lease.token for lease in items]}
+    leases = [item.lease if isinstance(item, Settlement) else item for item in items]
+    return {"ids": [lease.id for lease in leases], "tokens": [lease.token for lease in leases]}
 
 
 def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
