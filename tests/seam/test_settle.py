@@ -197,3 +197,30 @@ def test_postgresql_announces_results_dead_letters_and_ready_retries_at_commit(
         (settings.dead_channel, "jobs"),  # the dead letter
         (settings.notify_channel, "jobs"),  # the snooze, available at once
     }
+
+
+def test_plain_completes_archive_and_remove_exactly_the_valid_leases(backend: Any) -> None:
+    """SQLite reads a complete's removed copies back from the archive rows it just wrote
+    (queries.sql message_complete): a batch with lost leases, or only lost ones, after
+    other archive rows and inserts on the connection, must touch no other copy."""
+    publish(backend, "jobs", 3)
+    earlier = claim(backend, "jobs", 3)
+    assert backend.message_settle_many(
+        settlements=[Settlement.complete(Lease.of(d)) for d in earlier]
+    ) == sorted(d.id for d in earlier)
+    publish(backend, "jobs", 3)
+    kept, done, lost = claim(backend, "jobs", 3)
+    stale = [Settlement.complete(Lease(d.id, "not-the-token")) for d in (kept, lost)]
+
+    assert backend.message_settle_many(settlements=stale) == []
+    assert backend.message_settle_many(
+        settlements=[Settlement.complete(Lease.of(done)), stale[1]]
+    ) == [done.id]
+    with backend.begin() as tx:
+        assert tx.message_settle_many(settlements=stale) == []
+
+    assert states(backend, "jobs") == {kept.message_id: "running", lost.message_id: "running"}
+    archived = backend.archive_list(subscription="jobs", outcome=None, message_id=None, limit=50)
+    assert sorted(row.message_id for row in archived) == sorted(
+        [d.message_id for d in earlier] + [done.message_id]
+    )

@@ -68,7 +68,8 @@ def raise_lost(wanted: Iterable[int], done: Iterable[int]) -> None:
 def completions(items: list[Delivery], values: Sequence[bytes | None] | None) -> list[Settlement]:
     """The complete settlements of ``items``, with their encoded results (``None``: none)."""
     if values is None:
-        return [Settlement.complete(d) for d in items]
+        # Settlement.complete's tuple, built inline: one call per copy instead of three.
+        return [Settlement("complete", Lease(d.id, d.lease_token), delivery=d) for d in items]
     return [Settlement.complete(d, v) for d, v in zip(items, values, strict=True)]
 
 
@@ -156,7 +157,8 @@ def complete(
     if not items:
         return
     done = yield call("message_settle_many", conn=conn, settlements=completions(items, values))
-    raise_lost((d.id for d in items), done)
+    if len(done) != len(items):
+        raise_lost([d.id for d in items], done)
 
 
 def retry(

@@ -141,7 +141,8 @@ def message_settle_many(
     if not settlements:
         return []
     ids = [s.lease.id for s in settlements]
-    unknown = {s.kind for s in settlements} - set(SETTLE_KINDS)
+    kinds = {s.kind for s in settlements}
+    unknown = kinds - set(SETTLE_KINDS)
     if unknown:
         named = ", ".join(sorted(map(repr, unknown)))
         raise InvalidOption("kind", f"must be one of {', '.join(SETTLE_KINDS)}, not {named}")
@@ -152,9 +153,9 @@ def message_settle_many(
         )
     removed: list[Any] = []  # rows of the copies that left the hot table
     done: list[int] = []
-    if all(s.kind == "complete" and s.value is None for s in settlements):
+    if kinds == {"complete"} and [s.value for s in settlements].count(None) == len(ids):
         block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
-        removed = yield query(block, **_leases(settlements))
+        removed = yield query(block, ids=ids, tokens=[s.lease.token for s in settlements])
         done = [row[0] for row in removed]
     elif settings.dialect == "postgresql":
         rows = yield query(

@@ -27,7 +27,7 @@ def encode(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.timestamp()
     if isinstance(value, list | tuple):
-        return json.dumps([encode(item) for item in value])
+        return json.dumps([item if type(item) in _PLAIN else encode(item) for item in value])
     return value
 
 
