@@ -123,6 +123,34 @@ def test_a_handler_exceeding_its_timeout_fails_and_is_dead_lettered_when_attempt
         assert elapsed < 5, "the timed-out coroutine was not cancelled"
 
 
+def test_an_async_handler_without_a_timeout_runs_as_it_is(broker: sqlbroker.Broker) -> None:
+    """Without a ``timeout`` a coroutine handler runs with no timeout scope around it: what
+    it returns is stored, and a ``TimeoutError`` of its own is a failure like any other,
+    not a ``HandlerTimeout``."""
+
+    @broker.subscriber(queue="plain")
+    async def plain(msg: sqlbroker.Message) -> Any:
+        await asyncio.sleep(0)
+        return {"n": msg.payload}
+
+    @broker.subscriber(queue="own", retry=sqlbroker.RetryPolicy(max_attempts=1))
+    async def own(msg: sqlbroker.Message) -> None:
+        await asyncio.sleep(0)
+        raise TimeoutError("the handler's own")
+
+    first = broker.send("plain", 1)
+    broker.send("own", 2)
+    run_until_idle(broker)
+
+    stored = broker.result(first)
+    assert stored is not None
+    assert (stored.outcome, stored.value) == ("completed", {"n": 1})
+    dead = only_dead_letter(broker, "own")
+    assert (dead.error_type or "").endswith("TimeoutError")
+    assert "HandlerTimeout" not in (dead.error_type or "")
+    assert "the handler's own" in (dead.error_message or "")
+
+
 def test_a_coroutine_that_outlives_its_timeout_before_it_first_waits_times_out_there(
     broker: sqlbroker.Broker,
 ) -> None:

@@ -40,6 +40,13 @@ class WorkerStopped(Exception):
 async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message) -> Any:
     """Run the handler; return what it returned (awaited, if it returned an awaitable)."""
     handler = spec.handler
+    if spec.timeout is None and spec.is_async:
+        # No deadline to arm: the handler runs in the slot's task as it is, without a
+        # timeout scope or a wrapper around its awaitable (the drain's usual case).
+        result = handler(message)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
     loop = asyncio.get_running_loop()
     deadline = None if spec.timeout is None else loop.time() + spec.timeout
     # The timer is armed when the handler first waits (_ArmedOnWait): a timeout can only
