@@ -16,6 +16,7 @@ from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.effects import EffectsTransaction
+from sqlbroker.runtime.events import NO_SCOPE
 from sqlbroker.runtime.handling import WorkerStopped, call_handler, completion, failure_outcome
 from sqlbroker.runtime.holding import Holding
 from sqlbroker.runtime.message import Message
@@ -131,7 +132,10 @@ class Executing(Holding):
         started = time.monotonic()
         error: BaseException | None = None
         try:
-            with self._observer.handler_scope(delivery):
+            scope = self._observer.handler_scope(delivery)
+            if scope is NO_SCOPE:  # no observer opens one: no enter and exit per message
+                return await call_handler(self.spec, self._threads, message)
+            with scope:
                 return await call_handler(self.spec, self._threads, message)
         except BaseException as raised:
             error = raised
