@@ -102,13 +102,19 @@ class Executing(Holding):
                 self._failed(message, error)
         else:
             # A handler that swallowed our cancellation, or a plain function that went on,
-            # still ends cancelled: the message was cancelled.
-            self._uncancel(delivery, task)
-            if message.cancelled:
+            # still ends cancelled: the message was cancelled. (The checks that are cheap
+            # come first: this runs for every message.)
+            if self._cancelled_tasks:
+                self._uncancel(delivery, task)
+            if message._cancel is not None and message.cancelled:
                 if message._take_over(uncommitted=False):
                     self._settle(Settlement.cancel(delivery))
             elif not manual and message._take_over(uncommitted=False):
-                self._settle(completion(self.spec, delivery, value, self._result_limit))
+                self._settle(
+                    Settlement.complete(delivery)
+                    if value is None
+                    else completion(self.spec, delivery, value, self._result_limit)
+                )
         finally:
             self._running.pop(delivery.id, None)
 
