@@ -123,6 +123,44 @@ def test_a_handler_exceeding_its_timeout_fails_and_is_dead_lettered_when_attempt
         assert elapsed < 5, "the timed-out coroutine was not cancelled"
 
 
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_a_coroutine_handler_runs_as_awaited_with_or_without_a_timeout(
+    broker: sqlbroker.Broker, timeout: float | None
+) -> None:
+    """A coroutine handler's first step runs outside the timeout's scope (the scope starts
+    at its first wait): what it returns, waiting or not, is stored, and a ``TimeoutError``
+    of its own is a failure like any other, not a ``HandlerTimeout``."""
+
+    @broker.subscriber(queue="waits", timeout=timeout)
+    async def waits(msg: sqlbroker.Message) -> Any:
+        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        return {"n": msg.payload}
+
+    @broker.subscriber(queue="returns", timeout=timeout)
+    async def returns(msg: sqlbroker.Message) -> Any:
+        return [msg.payload]
+
+    @broker.subscriber(queue="own", timeout=timeout, retry=sqlbroker.RetryPolicy(max_attempts=1))
+    async def own(msg: sqlbroker.Message) -> None:
+        await asyncio.sleep(0)
+        raise TimeoutError("the handler's own")
+
+    first = broker.send("waits", 1)
+    second = broker.send("returns", 2)
+    broker.send("own", 3)
+    run_until_idle(broker)
+
+    for message_id, value in ((first, {"n": 1}), (second, [2])):
+        stored = broker.result(message_id)
+        assert stored is not None
+        assert (stored.outcome, stored.value) == ("completed", value)
+    dead = only_dead_letter(broker, "own")
+    assert (dead.error_type or "").endswith("TimeoutError")
+    assert "HandlerTimeout" not in (dead.error_type or "")
+    assert "the handler's own" in (dead.error_message or "")
+
+
 def test_a_coroutine_that_outlives_its_timeout_before_it_first_waits_times_out_there(
     broker: sqlbroker.Broker,
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
-from sqlbroker.core.settlements import Settlement
+from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.runtime.writeback import FlushReport, WriteBack, retry_pause
 
 
@@ -197,3 +197,27 @@ def test_a_flush_writes_mixed_outcomes_in_sub_batches_and_keeps_what_failed(
     assert archived == {0: "completed", 2: "completed", 4: "cancelled"}
     assert [d.payload for d in broker.dead_letters.list()] == [1]
     assert [p.state.value for p in broker.pending("jobs")] == ["scheduled"]
+
+
+def test_a_complete_of_a_delivery_is_the_named_tuple_its_fields_say(
+    broker: sqlbroker.Broker,
+) -> None:
+    """``Settlement.complete`` builds its tuples without the named tuples' constructors:
+    they must equal what the constructors build, field for field."""
+    broker.send("jobs", {"n": 1})
+    (delivery,) = broker.claim("jobs")
+    for value in (None, b'{"ok":true}'):
+        built = Settlement.complete(delivery, value)
+        lease = Lease(delivery.id, delivery.lease_token)
+        assert built == Settlement("complete", lease, value, delivery=delivery)
+        assert built._asdict() == {
+            "kind": "complete",
+            "lease": lease,
+            "value": value,
+            "after": 0.0,
+            "snooze": False,
+            "reason": "",
+            "error": None,
+            "delivery": delivery,
+        }
+        assert (type(built), type(built.lease)) == (Settlement, Lease)

@@ -263,10 +263,26 @@ def decode_payload(data: bytes, content_type: str) -> Any:
     says ``application/json``."""
     if content_type == JSON_CONTENT_TYPE:
         try:
-            return json.loads(data)
+            return _loads(data)
         except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError too
             return bytes(data)
     return bytes(data)
+
+
+_raw_decode = json.JSONDecoder().raw_decode
+_JSON_SPACE = " \t\n\r"
+
+
+def _loads(data: bytes) -> Any:
+    """``json.loads(data)``, in fewer steps for a claim's usual payload: an object or array
+    in UTF-8 (its first byte says so: not a byte-order mark, not UTF-16 or UTF-32)."""
+    if type(data) is bytes and data[:1] in (b"{", b"[") and data[1:2] != b"\x00":
+        text = data.decode("utf-8", "surrogatepass")
+        value, end = _raw_decode(text)
+        if end != len(text) and text[end:].lstrip(_JSON_SPACE):
+            raise ValueError("extra data after the JSON value")
+        return value
+    return json.loads(data)
 
 
 def encode_json(value: Any) -> str:

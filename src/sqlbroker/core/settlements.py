@@ -57,7 +57,10 @@ class Settlement(NamedTuple):
     def complete(cls, held: Delivery | Lease, value: bytes | None = None) -> Settlement:
         if isinstance(held, Lease):
             return cls("complete", held, value)
-        return cls("complete", Lease(held.id, held.lease_token), value, delivery=held)
+        # One per handled message: the tuples are built without the named tuples' Python
+        # constructors (the fields in order, with their defaults).
+        lease = tuple.__new__(Lease, (held.id, held.lease_token))
+        return tuple.__new__(cls, ("complete", lease, value, 0.0, False, "", None, held))
 
     @classmethod
     def retry(

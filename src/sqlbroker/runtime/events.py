@@ -19,7 +19,9 @@ from sqlbroker.core.settlements import Settlement
 
 log = logging.getLogger("sqlbroker.runtime")
 
-_NO_SCOPE: AbstractContextManager[object] = contextlib.nullcontext()
+NO_SCOPE: AbstractContextManager[object] = contextlib.nullcontext()
+"""What :meth:`Observers.handler_scope` returns when no observer opens a scope: the pump
+skips the ``with`` for it."""
 
 
 class WorkerObserver:
@@ -29,7 +31,7 @@ class WorkerObserver:
         """A context entered around the handler call, in the context the handler runs in
         (a sync handler's thread gets a copy of it): a tracing span, for example. An
         exception from the handler passes through it."""
-        return contextlib.nullcontext()
+        return NO_SCOPE
 
     def handler_finished(
         self, delivery: Delivery, *, seconds: float, error: BaseException | None
@@ -63,7 +65,7 @@ class Observers(WorkerObserver):
         self._scoped |= type(observer).handler_scope is not WorkerObserver.handler_scope
 
     def handler_scope(self, delivery: Delivery) -> AbstractContextManager[object]:
-        return self._scopes(delivery) if self._scoped else _NO_SCOPE
+        return self._scopes(delivery) if self._scoped else NO_SCOPE
 
     @contextlib.contextmanager
     def _scopes(self, delivery: Delivery) -> Iterator[object]:

@@ -16,6 +16,7 @@ from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
 from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.effects import EffectsTransaction
+from sqlbroker.runtime.events import NO_SCOPE
 from sqlbroker.runtime.handling import WorkerStopped, call_handler, completion, failure_outcome
 from sqlbroker.runtime.holding import Holding
 from sqlbroker.runtime.message import Message
@@ -101,13 +102,19 @@ class Executing(Holding):
                 self._failed(message, error)
         else:
             # A handler that swallowed our cancellation, or a plain function that went on,
-            # still ends cancelled: the message was cancelled.
-            self._uncancel(delivery, task)
-            if message.cancelled:
+            # still ends cancelled: the message was cancelled. (The checks that are cheap
+            # come first: this runs for every message.)
+            if self._cancelled_tasks:
+                self._uncancel(delivery, task)
+            if message._cancel is not None and message.cancelled:
                 if message._take_over(uncommitted=False):
                     self._settle(Settlement.cancel(delivery))
             elif not manual and message._take_over(uncommitted=False):
-                self._settle(completion(self.spec, delivery, value, self._result_limit))
+                self._settle(
+                    Settlement.complete(delivery)
+                    if value is None
+                    else completion(self.spec, delivery, value, self._result_limit)
+                )
         finally:
             self._running.pop(delivery.id, None)
 
@@ -131,7 +138,10 @@ class Executing(Holding):
         started = time.monotonic()
         error: BaseException | None = None
         try:
-            with self._observer.handler_scope(delivery):
+            scope = self._observer.handler_scope(delivery)
+            if scope is NO_SCOPE:  # no observer opens one: no enter and exit per message
+                return await call_handler(self.spec, self._threads, message)
+            with scope:
                 return await call_handler(self.spec, self._threads, message)
         except BaseException as raised:
             error = raised

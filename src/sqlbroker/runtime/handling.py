@@ -42,19 +42,31 @@ async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message
     handler = spec.handler
     loop = asyncio.get_running_loop()
     deadline = None if spec.timeout is None else loop.time() + spec.timeout
-    # The timer is armed when the handler first waits (_ArmedOnWait): a timeout can only
-    # strike there anyway, and a handler that returns without waiting costs no timer.
-    scope = asyncio.timeout_at(None)
+    rest: _Resumed | None = None
+    if spec.is_async:
+        # A timeout can only strike where the handler waits: its first step runs with no
+        # scope around it, and one that returns without waiting (the drain's no-op, say)
+        # costs no scope and no timer. The rest runs under the deadline from its start.
+        result = handler(message)
+        if not inspect.isawaitable(result):
+            return result
+        steps = result.__await__()
+        try:
+            waiting = steps.send(None)
+        except StopIteration as done:
+            return done.value
+        rest = _Resumed(steps, waiting)
+        if deadline is None:
+            return await rest
+    scope = asyncio.timeout_at(deadline)
     try:
         async with scope:
-            if spec.is_async:
-                result = handler(message)
-            else:
-                scope.reschedule(deadline)
-                context = contextvars.copy_context()
-                result = await loop.run_in_executor(threads, context.run, handler, message)
+            if rest is not None:
+                return await rest
+            context = contextvars.copy_context()
+            result = await loop.run_in_executor(threads, context.run, handler, message)
             if inspect.isawaitable(result):
-                result = await _ArmedOnWait(result, scope, deadline)
+                result = await result
             return result
     except TimeoutError:
         if scope.expired():
@@ -66,26 +78,18 @@ async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message
         raise
 
 
-class _ArmedOnWait:
-    """Awaits ``awaitable`` as ``await`` would, and sets ``scope``'s deadline (unless it
-    has one) the first time the awaitable waits: the same deadline, measured from the
-    handler's start, without a timer per handler that never waits."""
+class _Resumed:
+    """Awaits the rest of an awaitable whose first step (``steps.send(None)``) yielded
+    ``waiting``, as ``await`` would have gone on."""
 
-    __slots__ = ("_awaitable", "_deadline", "_scope")
+    __slots__ = ("_steps", "_waiting")
 
-    def __init__(self, awaitable: Any, scope: asyncio.Timeout, deadline: float | None) -> None:
-        self._awaitable = awaitable
-        self._scope = scope
-        self._deadline = deadline
+    def __init__(self, steps: Generator[Any, Any, Any], waiting: Any) -> None:
+        self._steps = steps
+        self._waiting = waiting
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        steps = self._awaitable.__await__()
-        try:
-            waiting = steps.send(None)
-        except StopIteration as done:
-            return done.value
-        if self._deadline is not None and self._scope.when() is None:
-            self._scope.reschedule(self._deadline)
+        steps, waiting = self._steps, self._waiting
         while True:  # what ``yield from steps`` does, from its second step on
             try:
                 sent = yield waiting

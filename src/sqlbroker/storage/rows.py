@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -219,6 +220,10 @@ class UndecodableRow:
         return f"{UNDECODABLE}: {self.problem}"
 
 
+_URGENCY = operator.attrgetter("priority", "available_at", "id")
+"""Most urgent first: the order a claim hands its copies out in."""
+
+
 def deliveries_of(rows: Iterable[Sequence[Any]]) -> tuple[list[Delivery], list[UndecodableRow]]:
     """Claimed rows as deliveries (most urgent first), and the rows that do not decode.
     The caller dead-letters those (reason ``undecodable``) under the lease the claim just
@@ -232,7 +237,7 @@ def deliveries_of(rows: Iterable[Sequence[Any]]) -> tuple[list[Delivery], list[U
         except ValueError as error:
             token = row[CLAIM_COLUMNS.index("lease_token")]
             damaged.append(UndecodableRow(id=row[0], lease_token=str(token), problem=str(error)))
-    deliveries.sort(key=lambda d: (d.priority, d.available_at, d.id))
+    deliveries.sort(key=_URGENCY)
     return deliveries, damaged
 
 
