@@ -11,10 +11,12 @@ many, one commit carries many tasks instead of each waiting for its own flush to
 A leader also waits for company, as PostgreSQL's ``commit_delay`` does: when fewer tasks
 are queued than the previous commit carried, the threads that commit released are most
 likely on their way back with their next task, so it waits until as many are queued — at
-most :data:`GATHER_SHARE` of a commit's duration (and :data:`MAX_GATHER`), so one
-``delay()`` never waits more than half a commit longer. Without the wait the threads split
-into two groups that take turns, each commit carrying half of them; with it one commit
-carries them all (bench/results/adapters_celery.md).
+most :data:`GATHER_SHARE` of a commit's duration, or twice as long as they took to come back
+lately, whichever is longer, and never more than :data:`MAX_GATHER`. (A commit that does not
+flush to disk takes less time than the threads' own Celery work: a wait bounded by the
+commit alone would end before they are back.) Without the wait the threads split into two
+groups that take turns, each commit carrying half of them; with it one commit carries them
+all (bench/results/adapters_celery.md).
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class GroupSender:
         self._last_batch = 0
         self._write_seconds = 0.0
         """Moving average of a commit's duration."""
+        self._return_seconds = 0.0
+        """Moving average of a leader's wait for the threads to come back (a wait that ended
+        unfilled counts as long as it lasted)."""
         self.batches = 0
         """Commits written so far (sends over batches is the mean batch, for diagnosis)."""
 
@@ -123,10 +128,16 @@ class GroupSender:
         with self._lock:
             expected = self._last_batch
             if len(self._pending) < expected:
+                waiting = time.monotonic()
                 self._arrived.wait_for(
                     lambda: len(self._pending) >= expected,
-                    timeout=min(MAX_GATHER, self._write_seconds * GATHER_SHARE),
+                    timeout=min(
+                        MAX_GATHER,
+                        max(self._write_seconds * GATHER_SHARE, 2 * self._return_seconds),
+                    ),
                 )
+                waited = time.monotonic() - waiting
+                self._return_seconds += (waited - self._return_seconds) * 0.2
             batch, self._pending = self._pending, []
             self._last_batch = len(batch)
             self.batches += 1
