@@ -21,7 +21,12 @@ SELECT 1
 def test_an_include_takes_a_block_of_this_file_or_of_the_shared_ones() -> None:
     blocks = parse_blocks(TEXT, shared={"shared_part": "FROM elsewhere"})
     assert blocks["first"] == "SELECT 1\nFROM elsewhere"
-    assert blocks["second"] == "SELECT 1\n-- include: shared_part"  # one level only
+    assert blocks["second"] == "SELECT 1\nFROM elsewhere"  # its include's includes too
+
+
+def test_an_include_of_a_block_within_itself_is_refused() -> None:
+    with pytest.raises(ValueError, match="within itself"):
+        parse_blocks("-- name: a\n-- include: b\n-- name: b\n-- include: a\n")
 
 
 def test_an_include_of_an_unknown_block_is_refused() -> None:

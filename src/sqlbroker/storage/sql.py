@@ -112,19 +112,25 @@ def _raw_blocks(text: str) -> dict[str, str]:
 
 def parse_blocks(text: str, *, shared: Mapping[str, str] | None = None) -> dict[str, str]:
     """Split ``text`` into named blocks; a line ``-- include: other`` stands for the text of
-    the block ``other`` (one level), so that two statements can share a long common part.
+    the block ``other`` (its own includes replaced too), so that two statements can share a
+    long common part.
     ``other`` is a block of ``text`` or of ``shared`` (the blocks of the dialect's other
     files), so that one rule serves statements kept in two files."""
     blocks = _raw_blocks(text)
     known = {**(shared or {}), **blocks}
 
-    def include(found: re.Match[str]) -> str:
-        name = found.group(1)
-        if name not in known:
-            raise ValueError(f"-- include: of an unknown SQL block {name!r}")
-        return known[name]
+    def expand(body: str, within: tuple[str, ...]) -> str:
+        def include(found: re.Match[str]) -> str:
+            name = found.group(1)
+            if name not in known:
+                raise ValueError(f"-- include: of an unknown SQL block {name!r}")
+            if name in within:
+                raise ValueError(f"-- include: of SQL block {name!r} within itself")
+            return expand(known[name], (*within, name))
 
-    return {name: _INCLUDE.sub(include, body) for name, body in blocks.items()}
+        return _INCLUDE.sub(include, body)
+
+    return {name: expand(body, (name,)) for name, body in blocks.items()}
 
 
 def _read(package: str, filename: str) -> str:

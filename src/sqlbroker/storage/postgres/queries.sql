@@ -193,16 +193,7 @@ b AS (
 -- creating that queue on first use, otherwise fan out to every subscription with a matching
 -- pattern; unmatched messages are archived as unrouted. Workers of each subscription that
 -- got claimable work are notified (at commit).
-queue AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    SELECT %(subscription)s::text, t.now FROM t WHERE %(subscription)s::text IS NOT NULL
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-queue_pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(queue_regex)s FROM queue
-),
+-- include: queue_on_first_use
 routes AS (
     SELECT b.seq, %(subscription)s::text AS subscription FROM b WHERE %(subscription)s::text IS NOT NULL
     UNION ALL
@@ -308,16 +299,7 @@ WITH t AS (
         FROM (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now) n
     ) r
 ),
-queue AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    SELECT %(subscription)s::text, t.now FROM t
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-queue_pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(queue_regex)s FROM queue
-),
+-- include: queue_on_first_use
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, idempotency_key, payload,
@@ -392,16 +374,7 @@ b AS (
            t.now
     FROM t
 ),
-queue AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    SELECT %(subscription)s::text, t.now FROM t
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-queue_pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(queue_regex)s FROM queue
-),
+-- include: queue_on_first_use
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, ordering_key, idempotency_key,
@@ -430,16 +403,7 @@ SELECT 0 AS unrouted,
 -- name: message_insert_direct
 -- (A fragment, included above.) The queue is created on first use, as in
 -- message_insert_routing; its workers are notified (at commit) when a copy is claimable.
-queue AS (
-    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    SELECT %(subscription)s::text, t.now FROM t
-    ON CONFLICT (name) DO NOTHING
-    RETURNING name
-),
-queue_pattern AS (
-    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
-    SELECT name, name, %(queue_regex)s FROM queue
-),
+-- include: queue_on_first_use
 ins AS (
     INSERT INTO {schema}sqlbroker_message (
         message_id, subscription, topic, state, priority, idempotency_key, payload,
@@ -870,3 +834,18 @@ INSERT INTO {schema}sqlbroker_subscription (name, created_at)
 VALUES (%(name)s, coalesce(%(now)s::timestamptz, statement_timestamp()))
 ON CONFLICT (name) DO NOTHING
 RETURNING name
+
+-- name: queue_on_first_use
+-- (A fragment of the inserts above, after their CTE `t` with the statement's `now`.) The
+-- queue named :subscription, when there is one, is created in the publish's own statement
+-- if it does not exist yet, with its name as its one pattern.
+queue AS (
+    INSERT INTO {schema}sqlbroker_subscription (name, created_at)
+    SELECT %(subscription)s::text, t.now FROM t WHERE %(subscription)s::text IS NOT NULL
+    ON CONFLICT (name) DO NOTHING
+    RETURNING name
+),
+queue_pattern AS (
+    INSERT INTO {schema}sqlbroker_subscription_pattern (subscription, pattern, regex)
+    SELECT name, name, %(queue_regex)s FROM queue
+),
