@@ -1,6 +1,7 @@
 """Issue 24's speed targets, measured in one run, interleaved, on a durable PostgreSQL.
 
     .venv/bin/python bench/targets.py [--messages 20000] [--repeats 5] [--out bench/results]
+        [--case publish.single …]
 
 - single send: ``await AsyncBroker.send`` in a loop ≥ 1× pgqueuer's ``await
   Queries.enqueue`` in a loop;
@@ -118,7 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="first wait up to SECONDS for other processes to use under 10 %% of the CPU",
     )
+    parser.add_argument(
+        "--case",
+        action="append",
+        metavar="PREFIX",
+        help="run only the cases whose workload starts with PREFIX (repeatable; all by default;"
+        " give another --out to keep the committed report)",
+    )
     args = parser.parse_args(argv)
+    chosen = [(s, w) for s, w in CASES if not args.case or w.startswith(tuple(args.case))]
     harness.wait_for_quiet(args.wait_quiet, log)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n = args.messages
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     server = harness.start_postgres()
     try:
         target = PostgresTarget(server)
-        cases = [Case(s, target, w, workload(s, w)) for s, w in CASES]
+        cases = [Case(s, target, w, workload(s, w)) for s, w in chosen]
         machine = harness.machine_info()
         machine["peers"] = versions
         described = target.describe()
