@@ -223,94 +223,50 @@ WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
 ORDER BY 1
 
 -- name: tenants_enable
--- One statement (a DO block), so that it runs as one with bound parameters.
+-- One statement (a DO block) each way, with the body tenants_switch: the tenant columns
+-- take the session's tenant by default (those that are part of a key: '' for none) and
+-- row-level security is turned on; or the defaults go and it is turned off. (A table a
+-- schema older than this code lacks, flow_bucket of schema 15, is passed over.)
 DO $tenants$
-BEGIN
-    ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_task_result ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_message ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_result ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_task_result ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_audit ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY;
-    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
-        ALTER TABLE {schema}sqlbroker_flow_bucket ENABLE ROW LEVEL SECURITY;
-    END IF;
-END
+DECLARE
+    enabled constant boolean := true;
+-- include: tenants_switch
 $tenants$
 
 -- name: tenants_disable
--- One statement (a DO block), so that it runs as one with bound parameters.
 DO $tenants$
-BEGIN
-    ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_task_result ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_message DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_result DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_schedule DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_processed DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_task_result DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_worker DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga_step DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_audit DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY;
-    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
-        ALTER TABLE {schema}sqlbroker_flow_bucket DISABLE ROW LEVEL SECURITY;
-    END IF;
-END
+DECLARE
+    enabled constant boolean := false;
+-- include: tenants_switch
 $tenants$
+
+-- name: tenants_switch
+    suffix text;
+BEGIN
+    FOREACH suffix IN ARRAY ARRAY['subscription', 'archive', 'dead', 'result', 'message'] LOOP
+        EXECUTE format('ALTER TABLE {schema}%%I ALTER COLUMN tenant %%s', 'sqlbroker_' || suffix,
+                       CASE WHEN enabled THEN 'SET DEFAULT {schema}sqlbroker_session_tenant()'
+                            ELSE 'DROP DEFAULT' END);
+    END LOOP;
+    FOREACH suffix IN ARRAY ARRAY['metric_minute', 'metric_total', 'dedupe', 'schedule',
+                                  'processed', 'task_result', 'worker', 'saga', 'audit',
+                                  'spark_stage'] LOOP
+        EXECUTE format('ALTER TABLE {schema}%%I ALTER COLUMN tenant SET DEFAULT %%s',
+                       'sqlbroker_' || suffix,
+                       CASE WHEN enabled THEN 'coalesce({schema}sqlbroker_session_tenant(), '''')'
+                            ELSE '''''' END);
+    END LOOP;
+    FOREACH suffix IN ARRAY ARRAY['tenant', 'subscription', 'subscription_pattern', 'message',
+                                  'dead', 'result', 'archive', 'dedupe', 'metric_minute',
+                                  'metric_total', 'schedule', 'processed', 'task_result',
+                                  'worker', 'saga', 'saga_step', 'audit', 'spark_stage',
+                                  'spark_stream', 'spark_claim', 'flow_bucket'] LOOP
+        IF to_regclass('{schema}' || quote_ident('sqlbroker_' || suffix)) IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE {schema}%%I %%s ROW LEVEL SECURITY', 'sqlbroker_' || suffix,
+                           CASE WHEN enabled THEN 'ENABLE' ELSE 'DISABLE' END);
+        END IF;
+    END LOOP;
+END
 
 -- name: tenants_enabled
 SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = to_regclass('{schema}sqlbroker_message')
