@@ -18,6 +18,21 @@ SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
 -- result is exactly this matrix however often it runs. It reads its arguments from the
 -- settings security_settings wrote just before, in the same transaction. The plan checks
 -- the group roles first; the check here only catches a role dropped meanwhile.
+--
+-- The matrix, a row per table: what each group may do there, S(ELECT), I(NSERT),
+-- U(PDATE), D(ELETE) ('': nothing).
+-- The producer publishes, sends (creating the queue), writes the outbox, idempotency keys,
+-- sagas.start and Spark's staged writes, and reads and saves Celery's results (groups
+-- and chords). The consumer claims, acks, retries, dead-letters, extends, reaps
+-- (deleting dead letters past their retention, schema 13), subscribes, registers and
+-- ticks schedules, moves sagas, keeps processed keys, heartbeats and metrics, runs the
+-- Spark stream and charges the flow limits' rate buckets (schema 15); schedules and
+-- sagas publish, so it also holds the producer's rights on the queue. The operator runs
+-- the dashboard's and CLI's actions: dead-letter replay and purge (audited), cancel,
+-- subscription and schedule administration, the archive export (which deletes what it
+-- exported). The reader reads every table (every read view: dashboard, metrics, CLI)
+-- and writes nothing. Every runtime role reads the schema version, the database's
+-- identity (Spark's tasks compare it with their driver's) and the tenants.
 DO $grant$
 DECLARE
     prefix text := current_setting('sqlbroker.role_prefix', true);
@@ -60,96 +75,42 @@ BEGIN
     END LOOP;
 
     FOR entry IN
-        SELECT g.role_suffix, g.table_name, g.privileges
+        SELECT g.table_name, r.role_suffix,
+               concat_ws(', ', CASE WHEN strpos(r.letters, 'S') > 0 THEN 'SELECT' END,
+                               CASE WHEN strpos(r.letters, 'I') > 0 THEN 'INSERT' END,
+                               CASE WHEN strpos(r.letters, 'U') > 0 THEN 'UPDATE' END,
+                               CASE WHEN strpos(r.letters, 'D') > 0 THEN 'DELETE' END) AS privileges
         FROM (VALUES
-            -- every runtime role reads the schema version and the subscriptions
-            ('producer', 'sqlbroker_schema_version', 'SELECT'),
-            ('consumer', 'sqlbroker_schema_version', 'SELECT'),
-            ('reader',   'sqlbroker_schema_version', 'SELECT'),
-            ('operator', 'sqlbroker_schema_version', 'SELECT'),
-            -- … and the database's identity (Spark's tasks compare it with their driver's)
-            ('producer', 'sqlbroker_identity',       'SELECT'),
-            ('consumer', 'sqlbroker_identity',       'SELECT'),
-            ('reader',   'sqlbroker_identity',       'SELECT'),
-            ('operator', 'sqlbroker_identity',       'SELECT'),
-            -- producer: publish, send (creates the queue), outbox, idempotency, sagas.start,
-            -- Spark's staged writes
-            ('producer', 'sqlbroker_subscription',         'SELECT, INSERT'),
-            ('producer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT'),
-            ('producer', 'sqlbroker_message',              'SELECT, INSERT'),
-            ('producer', 'sqlbroker_archive',              'INSERT'),
-            ('producer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE'),
-            ('producer', 'sqlbroker_saga',                 'SELECT, INSERT, UPDATE'),
-            ('producer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
-            ('producer', 'sqlbroker_spark_stage',          'SELECT, INSERT, DELETE'),
-            ('producer', 'sqlbroker_tenant',               'SELECT'),
-            -- (Celery's results: a client reads them and saves groups and chords)
-            ('producer', 'sqlbroker_task_result',          'SELECT, INSERT, UPDATE, DELETE'),
-            -- consumer: claim, ack, retry, dead-letter, extend, reap, subscribe, schedules
-            -- (register, tick), saga moves, processed keys, heartbeats and metrics, the
-            -- Spark stream. Schedules and sagas publish, so it also holds the producer's
-            -- rights on the queue.
-            ('consumer', 'sqlbroker_subscription',         'SELECT, INSERT'),
-            ('consumer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
-            -- (the reaper deletes dead letters past their retention, schema 13)
-            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_result',               'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_task_result',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_worker',               'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_metric_minute',        'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_metric_total',         'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_saga',                 'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_spark_stream',         'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_spark_claim',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_tenant',               'SELECT'),
-            -- operator: the dashboard's and CLI's actions: dead-letter replay and purge
-            -- (audited), cancel, subscription and schedule administration, the archive
-            -- export (which deletes what it exported)
-            ('operator', 'sqlbroker_subscription',         'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_dead',                 'SELECT, UPDATE, DELETE'),
-            ('operator', 'sqlbroker_result',               'SELECT, DELETE'),
-            ('operator', 'sqlbroker_task_result',          'SELECT, DELETE'),
-            ('operator', 'sqlbroker_audit',                'SELECT, INSERT'),
-            ('operator', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE, DELETE'),
-            ('operator', 'sqlbroker_spark_export',         'SELECT, INSERT'),
-            ('operator', 'sqlbroker_tenant',               'SELECT'),
-            -- flow limits' rate buckets, charged by claims (schema 15)
-            ('consumer', 'sqlbroker_flow_bucket',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('operator', 'sqlbroker_flow_bucket',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('reader',   'sqlbroker_flow_bucket',          'SELECT'),
-            -- reader: every read view (dashboard, metrics, CLI), no writes at all
-            ('reader',   'sqlbroker_subscription',         'SELECT'),
-            ('reader',   'sqlbroker_subscription_pattern', 'SELECT'),
-            ('reader',   'sqlbroker_message',              'SELECT'),
-            ('reader',   'sqlbroker_archive',              'SELECT'),
-            ('reader',   'sqlbroker_dead',                 'SELECT'),
-            ('reader',   'sqlbroker_result',               'SELECT'),
-            ('reader',   'sqlbroker_task_result',          'SELECT'),
-            ('reader',   'sqlbroker_dedupe',               'SELECT'),
-            ('reader',   'sqlbroker_audit',                'SELECT'),
-            ('reader',   'sqlbroker_processed',            'SELECT'),
-            ('reader',   'sqlbroker_worker',               'SELECT'),
-            ('reader',   'sqlbroker_metric_minute',        'SELECT'),
-            ('reader',   'sqlbroker_metric_total',         'SELECT'),
-            ('reader',   'sqlbroker_schedule',             'SELECT'),
-            ('reader',   'sqlbroker_saga',                 'SELECT'),
-            ('reader',   'sqlbroker_saga_step',            'SELECT'),
-            ('reader',   'sqlbroker_spark_stage',          'SELECT'),
-            ('reader',   'sqlbroker_spark_stream',         'SELECT'),
-            ('reader',   'sqlbroker_spark_claim',          'SELECT'),
-            ('reader',   'sqlbroker_spark_export',         'SELECT'),
-            ('reader',   'sqlbroker_tenant',               'SELECT')
-        ) AS g(role_suffix, table_name, privileges)
-        WHERE g.table_name = ANY (tables)
+            -- table                           producer consumer operator reader
+            ('sqlbroker_schema_version',       'S',     'S',     'S',     'S'),
+            ('sqlbroker_identity',             'S',     'S',     'S',     'S'),
+            ('sqlbroker_tenant',               'S',     'S',     'S',     'S'),
+            ('sqlbroker_subscription',         'SI',    'SI',    'SID',   'S'),
+            ('sqlbroker_subscription_pattern', 'SI',    'SID',   'SID',   'S'),
+            ('sqlbroker_message',              'SI',    'SID',   'SID',   'S'),
+            ('sqlbroker_archive',              'I',     'SID',   'SID',   'S'),
+            ('sqlbroker_dead',                 '',      'SID',   'SUD',   'S'),
+            ('sqlbroker_result',               '',      'SID',   'SD',    'S'),
+            ('sqlbroker_task_result',          'SIUD',  'SIUD',  'SD',    'S'),
+            ('sqlbroker_dedupe',               'SIU',   'SIUD',  '',      'S'),
+            ('sqlbroker_processed',            '',      'SIUD',  '',      'S'),
+            ('sqlbroker_worker',               '',      'SIUD',  '',      'S'),
+            ('sqlbroker_metric_minute',        '',      'SIUD',  '',      'S'),
+            ('sqlbroker_metric_total',         '',      'SIU',   '',      'S'),
+            ('sqlbroker_schedule',             '',      'SIU',   'SIUD',  'S'),
+            ('sqlbroker_saga',                 'SIU',   'SIU',   '',      'S'),
+            ('sqlbroker_saga_step',            'SIU',   'SIU',   '',      'S'),
+            ('sqlbroker_audit',                '',      '',      'SI',    'S'),
+            ('sqlbroker_flow_bucket',          '',      'SIUD',  'SIUD',  'S'),
+            ('sqlbroker_spark_stage',          'SID',   '',      '',      'S'),
+            ('sqlbroker_spark_stream',         '',      'SIU',   '',      'S'),
+            ('sqlbroker_spark_claim',          '',      'SIUD',  '',      'S'),
+            ('sqlbroker_spark_export',         '',      '',      'SI',    'S')
+        ) AS g(table_name, producer, consumer, operator, reader)
+        CROSS JOIN LATERAL (VALUES ('producer', g.producer), ('consumer', g.consumer),
+                                   ('operator', g.operator), ('reader', g.reader))
+            AS r(role_suffix, letters)
+        WHERE g.table_name = ANY (tables) AND r.letters <> ''
     LOOP
         EXECUTE format('GRANT %%s ON TABLE %%I.%%I TO %%I',
                        entry.privileges, target, entry.table_name, prefix || '_' || entry.role_suffix);
