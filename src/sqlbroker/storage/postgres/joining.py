@@ -122,15 +122,16 @@ class CallerConnections:
         if raw in self._own:
             return
         theirs = self._identities.get(raw)
-        if theirs is None and self._identity is None:
-            # Ours first, while the caller's connection may still hold no server session:
-            # read after theirs, two callers' transactions behind a transaction pooler of
-            # two server sessions each waited for a third until the network timeout.
-            self._read_own_identity()
         if theirs is None:
+            if self._identity is None:
+                # Ours first, while the caller's connection may still hold no server
+                # session: read after theirs, two callers' transactions behind a transaction
+                # pooler of two server sessions each waited for a third until the network
+                # timeout.
+                self._read_own_identity()
             _status(raw)  # a failed transaction would refuse the read
-            theirs = tuple(raw.execute(self._sql["connection_identity"]).fetchone() or ())
-            self._identities[raw] = theirs
+            row = raw.execute(self._sql["connection_identity"]).fetchone()
+            theirs = self._identities[raw] = tuple(row or ())
         if theirs != self._identity:
             # Ours is read again before refusing: a restart or a failover changes it.
             self._read_own_identity()
@@ -144,13 +145,12 @@ class CallerConnections:
         if raw in self._own:
             return
         theirs = self._identities.get(raw)
-        if theirs is None and self._identity is None:
-            await self._read_own_identity_async()  # ours first: see _check_same_database
         if theirs is None:
+            if self._identity is None:
+                await self._read_own_identity_async()  # ours first: see _check_same_database
             _status(raw)
             cursor = await raw.execute(self._sql["connection_identity"])
-            theirs = tuple(await cursor.fetchone() or ())
-            self._identities[raw] = theirs
+            theirs = self._identities[raw] = tuple(await cursor.fetchone() or ())
         if theirs != self._identity:
             await self._read_own_identity_async()
             self._refuse_other_database(theirs)
