@@ -30,6 +30,10 @@ ORDER BY s.name
 -- name: flow_controlled
 -- Whether the subscription's claims go through message_claim_flow.
 SELECT 1 FROM {schema}sqlbroker_subscription s
+-- include: flow_limited
+
+-- name: flow_limited
+-- (A fragment: the subscription s is %(subscription)s, not paused, with a flow limit.)
 WHERE s.name = %(subscription)s AND NOT s.paused
   AND (s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL OR s.rate_count IS NOT NULL
        OR s.key_rate_count IS NOT NULL OR s.fair)
@@ -62,9 +66,7 @@ WITH f AS MATERIALIZED (
            greatest(1, floor(s.key_rate_count / s.key_rate_period)) AS key_burst,
            coalesce(%(now)s::timestamptz, statement_timestamp()) AS now
     FROM {schema}sqlbroker_subscription s
-    WHERE s.name = %(subscription)s AND NOT s.paused
-      AND (s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL OR s.rate_count IS NOT NULL
-           OR s.key_rate_count IS NOT NULL OR s.fair)
+-- include: flow_limited
 ),
 st AS MATERIALIZED (
     SELECT st.ordering_key, st.running, st.tat,

@@ -170,17 +170,20 @@ FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL aclexplode(c.relacl) AS p
 JOIN pg_catalog.pg_roles r ON r.oid = p.grantee
-WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
-  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
+-- include: sqlbroker_tables
   AND r.rolname LIKE %(prefix)s::text || '\_%%'
 GROUP BY r.rolname, c.relname
 ORDER BY r.rolname, c.relname
 
+-- name: sqlbroker_tables
+-- (A fragment: c is a table of sqlbroker's in the schema n, %(schema)s or the current one.)
+WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
+  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
+
 -- name: roles_tables
 SELECT c.relname::text
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
-  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
+-- include: sqlbroker_tables
 ORDER BY 1
 
 -- name: tenants_enable
