@@ -1,6 +1,6 @@
 """Stored results through the seam: every trace of a message's copies (``result_lookup``),
 the retention trim (``result_trim``) and the one shared source of result hints
-(``result_watch``, ``result_watch_async``), on both dialects."""
+(``result_watch``, and the result hub's waiters on a loop), on both dialects."""
 
 from __future__ import annotations
 
@@ -95,19 +95,21 @@ def test_a_stored_value_wakes_its_watch(backend: Any) -> None:
     assert "value" in kinds(backend, message_id)
 
 
-def test_a_dead_letter_wakes_an_async_watch(backend: Any) -> None:
+def test_a_dead_letter_wakes_a_waiter_on_a_loop(backend: Any) -> None:
     (message_id,) = publish(backend, "jobs")
     (delivery,) = claim(backend, "jobs")
 
     async def main() -> bool:
+        waiter = backend.result_hub.register(message_id)
         try:
-            async with backend.result_watch_async(message_id=message_id) as watch:
-                await backend.async_ops.message_settle_many(
-                    settlements=[Settlement.dead(Lease.of(delivery), "poison", ERROR)]
-                )
-                woke: bool = await watch.wait(30)
+            await waiter.ready_async()
+            await backend.async_ops.message_settle_many(
+                settlements=[Settlement.dead(Lease.of(delivery), "poison", ERROR)]
+            )
+            woke: bool = await waiter.wait_async(30)
             return woke
         finally:
+            backend.result_hub.unregister(message_id, waiter)
             await backend.close_async()
 
     assert asyncio.run(main())

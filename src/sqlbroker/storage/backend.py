@@ -18,10 +18,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.base import AsyncResultWatch, ResultWatch
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.plan import Access, Plan
-from sqlbroker.storage.result_hub import ResultHub
+from sqlbroker.storage.result_hub import ResultHub, Waiter
 from sqlbroker.storage.schema import SchemaFiles
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.threads import OwnThreads
@@ -127,19 +126,13 @@ class Backend(Executor):
         """
 
     # --- rules every backend shares ---------------------------------------------------------
-    def result_watch(self, *, message_id: str) -> AbstractContextManager[ResultWatch]:
+    def result_watch(self, *, message_id: str) -> AbstractContextManager[Waiter]:
         """Hints that copies of ``message_id`` may have finished, from one source per
         backend shared by every waiter (:attr:`result_hub`). PostgreSQL: LISTEN on the
         result channel (a value stored for this message) and the dead-letter channel;
         SQLite: the ``PRAGMA data_version`` watcher (any commit). When the block is entered
         the source listens (or gave up for now: the caller's fallback look covers it)."""
         return self.result_hub.watch(message_id)
-
-    def result_watch_async(
-        self, *, message_id: str
-    ) -> AbstractAsyncContextManager[AsyncResultWatch]:
-        """:meth:`result_watch` on the running event loop."""
-        return self.result_hub.watch_async(message_id)
 
 
 class AsyncOps(AsyncExecutor):

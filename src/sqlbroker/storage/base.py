@@ -10,7 +10,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from sqlbroker.core.message import storable_text
 from sqlbroker.core.settlements import Lease, Settlement
@@ -98,17 +97,3 @@ class TenantRole:
 
     role: str
     tenant: str
-
-
-class ResultWatch(Protocol):
-    """A watch on one message's results (see ``Backend.result_watch``)."""
-
-    def wait(self, timeout: float) -> bool:
-        """Block until a hint that the message's copies may have finished (``True``) or
-        for ``timeout`` seconds (``False``). Hints can be lost: callers look up anyway."""
-
-
-class AsyncResultWatch(Protocol):
-    """:class:`ResultWatch` for coroutines."""
-
-    async def wait(self, timeout: float) -> bool: ...

@@ -93,10 +93,6 @@ def payload_bytes(data: Any) -> bytes:
     raise ValueError(f"is {kind(data)}, not bytes")
 
 
-def payload_of(data: Any, content_type: str) -> Any:
-    return decode_payload(payload_bytes(data), content_type)
-
-
 def text(value: Any) -> str:
     """Converters for :meth:`Columns.get`: each returns the value or raises ``ValueError``."""
     if not isinstance(value, str):
@@ -217,4 +213,6 @@ def payload_column(columns: Columns) -> Any:
     """The payload decoded by its content type (JSON that does not parse stays bytes, see
     :func:`~sqlbroker.core.serde.decode_payload`)."""
     content_type = columns.get("content_type", text, "")
-    return columns.get("payload", lambda data: payload_of(data, content_type), b"")
+    return columns.get(
+        "payload", lambda data: decode_payload(payload_bytes(data), content_type), b""
+    )

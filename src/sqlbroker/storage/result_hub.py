@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 Hint = Callable[[str | None], None]
 Source = Callable[[Hint, threading.Event, threading.Event], None]
@@ -100,14 +100,6 @@ class _Ready(threading.Event):
         self._hint(None)
 
 
-class _AsyncWatch:
-    def __init__(self, waiter: Waiter) -> None:
-        self._waiter = waiter
-
-    async def wait(self, timeout: float) -> bool:
-        return await self._waiter.wait_async(timeout)
-
-
 class ResultHub:
     def __init__(self, source: Source, *, name: str) -> None:
         self._source = source
@@ -157,15 +149,6 @@ class ResultHub:
         try:
             waiter.ready()
             yield waiter
-        finally:
-            self.unregister(message_id, waiter)
-
-    @asynccontextmanager
-    async def watch_async(self, message_id: str) -> AsyncIterator[_AsyncWatch]:
-        waiter = self.register(message_id)
-        try:
-            await waiter.ready_async()
-            yield _AsyncWatch(waiter)
         finally:
             self.unregister(message_id, waiter)
 

@@ -12,7 +12,7 @@ import hashlib
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -340,27 +340,18 @@ def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
 def worker_of(row: Row) -> WorkerInfo:
     """A worker row; one that does not decode counts as stopped long ago (never alive)."""
     columns = Columns(row)
-    name = columns.get("name", text, "")
-    host = columns.get("host", text, "")
-    pid = columns.get("pid", integer, 0)
-    none: tuple[str, ...] = ()
-    subscriptions = columns.get("subscriptions", strings, none)
-    started_at = time_of(columns, "started_at")
-    seen_at = time_of(columns, "seen_at")
-    stopped_at = time_or_none_of(columns, "stopped_at")
-    seen_age = columns.get("seen_age", number, math.inf)
-    damaged = columns.damaged
-    return WorkerInfo(
-        name=name,
-        host=host,
-        pid=pid,
-        subscriptions=subscriptions,
-        started_at=started_at,
-        seen_at=seen_at,
-        stopped_at=stopped_at,
-        seen_age=seen_age if damaged is None else math.inf,
-        damaged=damaged,
+    worker = WorkerInfo(
+        name=columns.get("name", text, ""),
+        host=columns.get("host", text, ""),
+        pid=columns.get("pid", integer, 0),
+        subscriptions=columns.get("subscriptions", strings, ()),
+        started_at=time_of(columns, "started_at"),
+        seen_at=time_of(columns, "seen_at"),
+        stopped_at=time_or_none_of(columns, "stopped_at"),
+        seen_age=columns.get("seen_age", number, math.inf),
+        damaged=columns.damaged,  # last: after every column above was read
     )
+    return worker if worker.damaged is None else replace(worker, seen_age=math.inf)
 
 
 def minute_of(row: Row) -> MinuteCounts | None:

@@ -68,7 +68,8 @@ def dead_get(settings: Settings, *, id: int) -> Plan[DeadLetter | None]:
     return found[0] if found else None
 
 
-def _audit(actor: str, action: str, detail: dict[str, Any]) -> Any:
+def audit(actor: str, action: str, detail: dict[str, Any]) -> Any:
+    """The statement recording an operator's action in the audit trail."""
     return query("audit_insert", actor=actor, action=action, detail=encode_json(detail))
 
 
@@ -91,7 +92,7 @@ def dead_replay(
     replayed = yield query("dead_replay_insert", ids=ids)
     yield query("dead_delete_ids", ids=ids)
     new_ids = sorted(row[0] for row in replayed)
-    yield _audit(actor, "dead.replay", {"dead_ids": ids, "delivery_ids": new_ids, "note": note})
+    yield audit(actor, "dead.replay", {"dead_ids": ids, "delivery_ids": new_ids, "note": note})
     if settings.supports_notify:
         subscriptions = sorted({row[1] for row in replayed})
         yield query("notify_many", channel=settings.notify_channel, payloads=subscriptions)
@@ -104,7 +105,7 @@ def dead_purge(settings: Settings, *, where: DeadFilter, actor: str, note: str |
     ids = [row[0] for row in (yield query("dead_lock", **_dead_filter(where)))]
     if ids:
         yield query("dead_delete_ids", ids=ids)
-        yield _audit(actor, "dead.purge", {"dead_ids": ids, "note": note})
+        yield audit(actor, "dead.purge", {"dead_ids": ids, "note": note})
     return len(ids)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sqlbroker.core.errors import NotFound
-from sqlbroker.core.serde import encode_json
+from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.plan import Plan, atomic, query, reads
 
 if TYPE_CHECKING:
@@ -31,8 +31,7 @@ def subscription_pause(
     if not found:
         raise NotFound(f"no subscription named {name!r}")
     action = "subscription.pause" if paused else "subscription.resume"
-    detail = encode_json({"subscription": name, "note": note})
-    yield query("audit_insert", actor=actor, action=action, detail=detail)
+    yield audit(actor, action, {"subscription": name, "note": note})
     if not paused and settings.supports_notify:
         yield query("notify_many", channel=settings.notify_channel, payloads=[name])
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.flow import Claimed, Flow, FlowLimits, Rate
 from sqlbroker.core.message import Delivery
-from sqlbroker.core.serde import encode_json
+from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.plan import Plan, atomic, query, reads
 from sqlbroker.storage.rows import deliveries_of
 
@@ -63,9 +63,7 @@ def flow_set(
             "after": _described(limits),
             "note": note,
         }
-        yield query(
-            "audit_insert", actor=actor, action="subscription.flow", detail=encode_json(detail)
-        )
+        yield audit(actor, "subscription.flow", detail)
     return bool(rows)
 
 

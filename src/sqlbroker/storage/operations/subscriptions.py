@@ -25,6 +25,14 @@ def subscription_upsert(
     yield query("subscription_insert", name=name)
     if replace:
         yield query("subscription_patterns_clear", name=name)
+    yield from _patterns_add(settings, name=name, patterns=patterns)
+    rows = yield named("subscription_get", name=name)
+    return subscriptions_of(rows)[0]
+
+
+def _patterns_add(settings: Settings, *, name: str, patterns: Sequence[str]) -> Plan[None]:
+    """Give the subscription ``name`` these patterns too, within the limits (raising
+    ``LimitExceeded`` otherwise: the caller's transaction then writes nothing)."""
     yield query(
         "subscription_patterns_insert",
         name=name,
@@ -35,8 +43,6 @@ def subscription_upsert(
     settings.limits.check_room(
         subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=total
     )
-    rows = yield named("subscription_get", name=name)
-    return subscriptions_of(rows)[0]
 
 
 @reads
@@ -88,16 +94,7 @@ def queue_create(settings: Settings, *, name: str) -> Plan[bool]:
     creation back). Returns whether it was created."""
     created = yield query("queue_create", name=name)
     if created:
-        yield query(
-            "subscription_patterns_insert",
-            name=name,
-            patterns=[name],
-            regexes=[pattern_regex(name)],
-        )
-        ((own, subscriptions, patterns),) = yield query("subscription_room", name=name)
-        settings.limits.check_room(
-            subscription=name, own_patterns=own, subscriptions=subscriptions, patterns=patterns
-        )
+        yield from _patterns_add(settings, name=name, patterns=[name])
     return bool(created)
 
 

@@ -30,6 +30,10 @@ ORDER BY s.name
 -- name: flow_controlled
 -- Whether the subscription's claims go through message_claim_flow.
 SELECT 1 FROM {schema}sqlbroker_subscription s
+-- include: flow_limited
+
+-- name: flow_limited
+-- (A fragment: the subscription s is %(subscription)s, not paused, with a flow limit.)
 WHERE s.name = %(subscription)s AND NOT s.paused
   AND (s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL OR s.rate_count IS NOT NULL
        OR s.key_rate_count IS NOT NULL OR s.fair)
@@ -62,9 +66,7 @@ WITH f AS MATERIALIZED (
            greatest(1, floor(s.key_rate_count / s.key_rate_period)) AS key_burst,
            coalesce(%(now)s::timestamptz, statement_timestamp()) AS now
     FROM {schema}sqlbroker_subscription s
-    WHERE s.name = %(subscription)s AND NOT s.paused
-      AND (s.max_running IS NOT NULL OR s.key_concurrency IS NOT NULL OR s.rate_count IS NOT NULL
-           OR s.key_rate_count IS NOT NULL OR s.fair)
+-- include: flow_limited
 ),
 st AS MATERIALIZED (
     SELECT st.ordering_key, st.running, st.tat,
@@ -88,8 +90,7 @@ plain AS (
     FROM {schema}sqlbroker_message m
     WHERE m.subscription = %(subscription)s
       AND m.state = 'available'
-      AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-      AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+-- include: flow_copy_due
       AND (SELECT f.key_concurrency IS NULL AND f.key_rate_count IS NULL AND NOT f.fair FROM f)
     ORDER BY m.priority, m.available_at, m.id
     LIMIT %(limit)s
@@ -104,8 +105,7 @@ walked AS MATERIALIZED (
      FROM {schema}sqlbroker_message m
      WHERE m.subscription = %(subscription)s
        AND m.state = 'available'
-       AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-       AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+-- include: flow_copy_due
        AND (m.ordering_key IS NULL OR m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k))
        AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
      ORDER BY m.priority, m.available_at, m.id
@@ -116,8 +116,7 @@ walked AS MATERIALIZED (
      WHERE m.subscription = %(subscription)s
        AND m.state = 'available'
        AND m.ordering_key IS NOT NULL
-       AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-       AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+-- include: flow_copy_due
        AND m.ordering_key NOT IN (SELECT k.ordering_key FROM full_keys k)
        AND (SELECT f.key_concurrency IS NOT NULL OR f.key_rate_count IS NOT NULL OR f.fair FROM f)
      ORDER BY m.priority, m.available_at, m.id
@@ -151,8 +150,7 @@ waiting AS (
          WHERE m.subscription = %(subscription)s
            AND m.ordering_key = t.ordering_key
            AND m.state = 'blocked'
-           AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
-           AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))
+-- include: flow_copy_due
            AND (SELECT f.key_concurrency IS NOT NULL FROM f)
          ORDER BY m.ordering_key, m.id
          LIMIT %(limit)s)
@@ -228,3 +226,8 @@ SELECT (SELECT extract(epoch FROM b.tat - coalesce(%(now)s::timestamptz, stateme
         WHERE b.subscription = s.name AND b.ordering_key <> '')
 FROM {schema}sqlbroker_subscription s
 WHERE s.name = %(subscription)s
+
+-- name: flow_copy_due
+-- (A fragment of message_claim_flow: the copy m is due and has not expired.)
+AND m.available_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+AND (m.expires_at IS NULL OR m.expires_at > coalesce(%(now)s::timestamptz, statement_timestamp()))

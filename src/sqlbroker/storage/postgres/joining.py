@@ -18,18 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow
 
 from sqlbroker.core.errors import ConnectionLost, InvalidOption
 from sqlbroker.storage import caller
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.postgres.errors import translate
+from sqlbroker.storage.postgres.errors import AsyncConn, Conn, translate
 
 if TYPE_CHECKING:
     from sqlbroker.storage.postgres.connection import PostgresPool
-
-Conn = psycopg.Connection[TupleRow]
-AsyncConn = psycopg.AsyncConnection[TupleRow]
 
 
 class CallerConnections:
@@ -55,18 +51,13 @@ class CallerConnections:
         """Remember ``conn`` as one of the pool's own connections."""
         self._own.add(conn)
 
-    def _translated(
-        self, error: psycopg.Error, *, write: bool, conn: Conn | AsyncConn | None
-    ) -> Exception:
-        return translate(error, self._pool.options, write=write, conn=conn)
-
     @contextmanager
     def joined(self, conn: CallerConnection) -> Iterator[Conn]:
         """The driver connection behind ``conn``, inside the caller's transaction."""
         try:
             raw = caller.unwrap(conn)
         except psycopg.Error as error:
-            raise self._translated(error, write=True, conn=None) from None
+            raise translate(error, self._pool.options, write=True, conn=None) from None
         if not isinstance(raw, psycopg.Connection):
             raise InvalidOption(
                 "conn",
@@ -92,7 +83,7 @@ class CallerConnections:
                 raise
             raw.execute(self._sql["savepoint_release"])
         except psycopg.Error as error:
-            raise self._translated(error, write=ours, conn=raw) from None
+            raise translate(error, self._pool.options, write=ours, conn=raw) from None
 
     @asynccontextmanager
     async def joined_async(self, conn: CallerConnection) -> AsyncIterator[AsyncConn]:
@@ -100,7 +91,7 @@ class CallerConnections:
         try:
             raw = await caller.unwrap_async(conn)
         except psycopg.Error as error:
-            raise self._translated(error, write=True, conn=None) from None
+            raise translate(error, self._pool.options, write=True, conn=None) from None
         if not isinstance(raw, psycopg.AsyncConnection):
             raise InvalidOption(
                 "conn",
@@ -125,26 +116,26 @@ class CallerConnections:
                 raise
             await raw.execute(self._sql["savepoint_release"])
         except psycopg.Error as error:
-            raise self._translated(error, write=ours, conn=raw) from None
+            raise translate(error, self._pool.options, write=ours, conn=raw) from None
 
     def _check_same_database(self, raw: Conn) -> None:
         if raw in self._own:
             return
         theirs = self._identities.get(raw)
-        if theirs is None and self._identity is None:
-            # Ours first, while the caller's connection may still hold no server session:
-            # read after theirs, two callers' transactions behind a transaction pooler of
-            # two server sessions each waited for a third until the network timeout.
-            self._read_own_identity()
         if theirs is None:
+            if self._identity is None:
+                # Ours first, while the caller's connection may still hold no server
+                # session: read after theirs, two callers' transactions behind a transaction
+                # pooler of two server sessions each waited for a third until the network
+                # timeout.
+                self._read_own_identity()
             _status(raw)  # a failed transaction would refuse the read
-            theirs = tuple(raw.execute(self._sql["connection_identity"]).fetchone() or ())
-            self._identities[raw] = theirs
-        if theirs == self._identity:
-            return
-        # Ours is read again before refusing: a restart or a failover changes it.
-        self._read_own_identity()
-        self._refuse_other_database(theirs)
+            row = raw.execute(self._sql["connection_identity"]).fetchone()
+            theirs = self._identities[raw] = tuple(row or ())
+        if theirs != self._identity:
+            # Ours is read again before refusing: a restart or a failover changes it.
+            self._read_own_identity()
+            self._refuse_other_database(theirs)
 
     def _read_own_identity(self) -> None:
         with self._pool.connection(write=False) as own:
@@ -154,17 +145,15 @@ class CallerConnections:
         if raw in self._own:
             return
         theirs = self._identities.get(raw)
-        if theirs is None and self._identity is None:
-            await self._read_own_identity_async()  # ours first: see _check_same_database
         if theirs is None:
+            if self._identity is None:
+                await self._read_own_identity_async()  # ours first: see _check_same_database
             _status(raw)
             cursor = await raw.execute(self._sql["connection_identity"])
-            theirs = tuple(await cursor.fetchone() or ())
-            self._identities[raw] = theirs
-        if theirs == self._identity:
-            return
-        await self._read_own_identity_async()
-        self._refuse_other_database(theirs)
+            theirs = self._identities[raw] = tuple(await cursor.fetchone() or ())
+        if theirs != self._identity:
+            await self._read_own_identity_async()
+            self._refuse_other_database(theirs)
 
     async def _read_own_identity_async(self) -> None:
         # A connection of its own, not the loop's pool: a caller's loop (AsyncBroker's

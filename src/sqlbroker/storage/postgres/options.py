@@ -86,10 +86,9 @@ class SessionOptions:
         self.pool_size = pool_size
         self.connect_timeout = float(connect_timeout)
         self.network_timeout = float(network_timeout)
-        self._settings = {
-            "synchronous_commit": synchronous_commit,
-            "application_name": application_name,
-        }
+        self.synchronous_commit = synchronous_commit
+        """The sessions' ``synchronous_commit``: how durable a commit is before it returns."""
+        self.application_name = application_name
         if pooler == "transaction":
             self._check_poolable()
 
@@ -116,7 +115,7 @@ class SessionOptions:
                 " PgBouncer refuses the connection): set them on the role instead (ALTER ROLE"
                 " … SET …), see docs/reliability.md",
             )
-        if self._settings["synchronous_commit"] != "on":
+        if self.synchronous_commit != "on":
             raise InvalidOption(
                 "synchronous_commit",
                 "cannot be set per session behind a transaction pooler: set it on the role"
@@ -144,7 +143,7 @@ class SessionOptions:
             "autocommit": True,
             "context": ADAPTERS,
             "connect_timeout": max(1, int(self.connect_timeout)),
-            "application_name": self._settings["application_name"],
+            "application_name": self.application_name,
             **network,
         }
         if pooled:
@@ -157,7 +156,7 @@ class SessionOptions:
         # (the code is not cached), and sqlbroker's statements are short: a routed batch
         # of 500 (message_insert, estimated at millions) ran 19 ms and compiled for 200+.
         ours = (
-            f"-c synchronous_commit={self._settings['synchronous_commit']} -c TimeZone=UTC"
+            f"-c synchronous_commit={self.synchronous_commit} -c TimeZone=UTC"
             " -c jit=off"
             f" -c lock_timeout={_milliseconds(self.lock_timeout)}"
             f" -c statement_timeout={_milliseconds(self.statement_timeout)}"
@@ -188,8 +187,3 @@ class SessionOptions:
     @property
     def conninfo(self) -> str:
         return self.url.raw
-
-    @property
-    def synchronous_commit(self) -> str:
-        """The sessions' ``synchronous_commit``: how durable a commit is before it returns."""
-        return self._settings["synchronous_commit"]

@@ -27,17 +27,17 @@ WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)
 UPDATE {schema}sqlbroker_processed
 SET state = 'done', done_at = t.now, expires_at = t.now + make_interval(secs => %(window)s)
 FROM t
-WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s::uuid AND state = 'reserved'
+-- include: processed_ours
 
 -- name: processed_extend
 UPDATE {schema}sqlbroker_processed
 SET reserved_until = coalesce(%(now)s::timestamptz, statement_timestamp())
                      + make_interval(secs => %(lease)s)
-WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s::uuid AND state = 'reserved'
+-- include: processed_ours
 
 -- name: processed_release
 DELETE FROM {schema}sqlbroker_processed
-WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s::uuid AND state = 'reserved'
+-- include: processed_ours
 
 -- name: processed_forget
 DELETE FROM {schema}sqlbroker_processed WHERE scope = %(scope)s AND key = %(key)s
@@ -50,3 +50,7 @@ WHERE ctid = ANY (ARRAY(
     WHERE p.expires_at <= t.now AND (p.state = 'done' OR p.reserved_until <= t.now)
     LIMIT %(limit)s
 ))
+
+-- name: processed_ours
+-- (A fragment: the key, while it is reserved under our token.)
+WHERE scope = %(scope)s AND key = %(key)s AND token = %(token)s::uuid AND state = 'reserved'

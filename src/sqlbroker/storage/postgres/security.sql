@@ -18,6 +18,21 @@ SELECT set_config('sqlbroker.role_prefix', %(prefix)s::text, true),
 -- result is exactly this matrix however often it runs. It reads its arguments from the
 -- settings security_settings wrote just before, in the same transaction. The plan checks
 -- the group roles first; the check here only catches a role dropped meanwhile.
+--
+-- The matrix, a row per table: what each group may do there, S(ELECT), I(NSERT),
+-- U(PDATE), D(ELETE) ('': nothing).
+-- The producer publishes, sends (creating the queue), writes the outbox, idempotency keys,
+-- sagas.start and Spark's staged writes, and reads and saves Celery's results (groups
+-- and chords). The consumer claims, acks, retries, dead-letters, extends, reaps
+-- (deleting dead letters past their retention, schema 13), subscribes, registers and
+-- ticks schedules, moves sagas, keeps processed keys, heartbeats and metrics, runs the
+-- Spark stream and charges the flow limits' rate buckets (schema 15); schedules and
+-- sagas publish, so it also holds the producer's rights on the queue. The operator runs
+-- the dashboard's and CLI's actions: dead-letter replay and purge (audited), cancel,
+-- subscription and schedule administration, the archive export (which deletes what it
+-- exported). The reader reads every table (every read view: dashboard, metrics, CLI)
+-- and writes nothing. Every runtime role reads the schema version, the database's
+-- identity (Spark's tasks compare it with their driver's) and the tenants.
 DO $grant$
 DECLARE
     prefix text := current_setting('sqlbroker.role_prefix', true);
@@ -60,96 +75,42 @@ BEGIN
     END LOOP;
 
     FOR entry IN
-        SELECT g.role_suffix, g.table_name, g.privileges
+        SELECT g.table_name, r.role_suffix,
+               concat_ws(', ', CASE WHEN strpos(r.letters, 'S') > 0 THEN 'SELECT' END,
+                               CASE WHEN strpos(r.letters, 'I') > 0 THEN 'INSERT' END,
+                               CASE WHEN strpos(r.letters, 'U') > 0 THEN 'UPDATE' END,
+                               CASE WHEN strpos(r.letters, 'D') > 0 THEN 'DELETE' END) AS privileges
         FROM (VALUES
-            -- every runtime role reads the schema version and the subscriptions
-            ('producer', 'sqlbroker_schema_version', 'SELECT'),
-            ('consumer', 'sqlbroker_schema_version', 'SELECT'),
-            ('reader',   'sqlbroker_schema_version', 'SELECT'),
-            ('operator', 'sqlbroker_schema_version', 'SELECT'),
-            -- … and the database's identity (Spark's tasks compare it with their driver's)
-            ('producer', 'sqlbroker_identity',       'SELECT'),
-            ('consumer', 'sqlbroker_identity',       'SELECT'),
-            ('reader',   'sqlbroker_identity',       'SELECT'),
-            ('operator', 'sqlbroker_identity',       'SELECT'),
-            -- producer: publish, send (creates the queue), outbox, idempotency, sagas.start,
-            -- Spark's staged writes
-            ('producer', 'sqlbroker_subscription',         'SELECT, INSERT'),
-            ('producer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT'),
-            ('producer', 'sqlbroker_message',              'SELECT, INSERT'),
-            ('producer', 'sqlbroker_archive',              'INSERT'),
-            ('producer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE'),
-            ('producer', 'sqlbroker_saga',                 'SELECT, INSERT, UPDATE'),
-            ('producer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
-            ('producer', 'sqlbroker_spark_stage',          'SELECT, INSERT, DELETE'),
-            ('producer', 'sqlbroker_tenant',               'SELECT'),
-            -- (Celery's results: a client reads them and saves groups and chords)
-            ('producer', 'sqlbroker_task_result',          'SELECT, INSERT, UPDATE, DELETE'),
-            -- consumer: claim, ack, retry, dead-letter, extend, reap, subscribe, schedules
-            -- (register, tick), saga moves, processed keys, heartbeats and metrics, the
-            -- Spark stream. Schedules and sagas publish, so it also holds the producer's
-            -- rights on the queue.
-            ('consumer', 'sqlbroker_subscription',         'SELECT, INSERT'),
-            ('consumer', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
-            -- (the reaper deletes dead letters past their retention, schema 13)
-            ('consumer', 'sqlbroker_dead',                 'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_result',               'SELECT, INSERT, DELETE'),
-            ('consumer', 'sqlbroker_dedupe',               'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_processed',            'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_task_result',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_worker',               'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_metric_minute',        'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_metric_total',         'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_saga',                 'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_saga_step',            'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_spark_stream',         'SELECT, INSERT, UPDATE'),
-            ('consumer', 'sqlbroker_spark_claim',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('consumer', 'sqlbroker_tenant',               'SELECT'),
-            -- operator: the dashboard's and CLI's actions: dead-letter replay and purge
-            -- (audited), cancel, subscription and schedule administration, the archive
-            -- export (which deletes what it exported)
-            ('operator', 'sqlbroker_subscription',         'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_subscription_pattern', 'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_message',              'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_archive',              'SELECT, INSERT, DELETE'),
-            ('operator', 'sqlbroker_dead',                 'SELECT, UPDATE, DELETE'),
-            ('operator', 'sqlbroker_result',               'SELECT, DELETE'),
-            ('operator', 'sqlbroker_task_result',          'SELECT, DELETE'),
-            ('operator', 'sqlbroker_audit',                'SELECT, INSERT'),
-            ('operator', 'sqlbroker_schedule',             'SELECT, INSERT, UPDATE, DELETE'),
-            ('operator', 'sqlbroker_spark_export',         'SELECT, INSERT'),
-            ('operator', 'sqlbroker_tenant',               'SELECT'),
-            -- flow limits' rate buckets, charged by claims (schema 15)
-            ('consumer', 'sqlbroker_flow_bucket',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('operator', 'sqlbroker_flow_bucket',          'SELECT, INSERT, UPDATE, DELETE'),
-            ('reader',   'sqlbroker_flow_bucket',          'SELECT'),
-            -- reader: every read view (dashboard, metrics, CLI), no writes at all
-            ('reader',   'sqlbroker_subscription',         'SELECT'),
-            ('reader',   'sqlbroker_subscription_pattern', 'SELECT'),
-            ('reader',   'sqlbroker_message',              'SELECT'),
-            ('reader',   'sqlbroker_archive',              'SELECT'),
-            ('reader',   'sqlbroker_dead',                 'SELECT'),
-            ('reader',   'sqlbroker_result',               'SELECT'),
-            ('reader',   'sqlbroker_task_result',          'SELECT'),
-            ('reader',   'sqlbroker_dedupe',               'SELECT'),
-            ('reader',   'sqlbroker_audit',                'SELECT'),
-            ('reader',   'sqlbroker_processed',            'SELECT'),
-            ('reader',   'sqlbroker_worker',               'SELECT'),
-            ('reader',   'sqlbroker_metric_minute',        'SELECT'),
-            ('reader',   'sqlbroker_metric_total',         'SELECT'),
-            ('reader',   'sqlbroker_schedule',             'SELECT'),
-            ('reader',   'sqlbroker_saga',                 'SELECT'),
-            ('reader',   'sqlbroker_saga_step',            'SELECT'),
-            ('reader',   'sqlbroker_spark_stage',          'SELECT'),
-            ('reader',   'sqlbroker_spark_stream',         'SELECT'),
-            ('reader',   'sqlbroker_spark_claim',          'SELECT'),
-            ('reader',   'sqlbroker_spark_export',         'SELECT'),
-            ('reader',   'sqlbroker_tenant',               'SELECT')
-        ) AS g(role_suffix, table_name, privileges)
-        WHERE g.table_name = ANY (tables)
+            -- table                           producer consumer operator reader
+            ('sqlbroker_schema_version',       'S',     'S',     'S',     'S'),
+            ('sqlbroker_identity',             'S',     'S',     'S',     'S'),
+            ('sqlbroker_tenant',               'S',     'S',     'S',     'S'),
+            ('sqlbroker_subscription',         'SI',    'SI',    'SID',   'S'),
+            ('sqlbroker_subscription_pattern', 'SI',    'SID',   'SID',   'S'),
+            ('sqlbroker_message',              'SI',    'SID',   'SID',   'S'),
+            ('sqlbroker_archive',              'I',     'SID',   'SID',   'S'),
+            ('sqlbroker_dead',                 '',      'SID',   'SUD',   'S'),
+            ('sqlbroker_result',               '',      'SID',   'SD',    'S'),
+            ('sqlbroker_task_result',          'SIUD',  'SIUD',  'SD',    'S'),
+            ('sqlbroker_dedupe',               'SIU',   'SIUD',  '',      'S'),
+            ('sqlbroker_processed',            '',      'SIUD',  '',      'S'),
+            ('sqlbroker_worker',               '',      'SIUD',  '',      'S'),
+            ('sqlbroker_metric_minute',        '',      'SIUD',  '',      'S'),
+            ('sqlbroker_metric_total',         '',      'SIU',   '',      'S'),
+            ('sqlbroker_schedule',             '',      'SIU',   'SIUD',  'S'),
+            ('sqlbroker_saga',                 'SIU',   'SIU',   '',      'S'),
+            ('sqlbroker_saga_step',            'SIU',   'SIU',   '',      'S'),
+            ('sqlbroker_audit',                '',      '',      'SI',    'S'),
+            ('sqlbroker_flow_bucket',          '',      'SIUD',  'SIUD',  'S'),
+            ('sqlbroker_spark_stage',          'SID',   '',      '',      'S'),
+            ('sqlbroker_spark_stream',         '',      'SIU',   '',      'S'),
+            ('sqlbroker_spark_claim',          '',      'SIUD',  '',      'S'),
+            ('sqlbroker_spark_export',         '',      '',      'SI',    'S')
+        ) AS g(table_name, producer, consumer, operator, reader)
+        CROSS JOIN LATERAL (VALUES ('producer', g.producer), ('consumer', g.consumer),
+                                   ('operator', g.operator), ('reader', g.reader))
+            AS r(role_suffix, letters)
+        WHERE g.table_name = ANY (tables) AND r.letters <> ''
     LOOP
         EXECUTE format('GRANT %%s ON TABLE %%I.%%I TO %%I',
                        entry.privileges, target, entry.table_name, prefix || '_' || entry.role_suffix);
@@ -209,108 +170,67 @@ FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL aclexplode(c.relacl) AS p
 JOIN pg_catalog.pg_roles r ON r.oid = p.grantee
-WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
-  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
+-- include: sqlbroker_tables
   AND r.rolname LIKE %(prefix)s::text || '\_%%'
 GROUP BY r.rolname, c.relname
 ORDER BY r.rolname, c.relname
 
+-- name: sqlbroker_tables
+-- (A fragment: c is a table of sqlbroker's in the schema n, %(schema)s or the current one.)
+WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
+  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
+
 -- name: roles_tables
 SELECT c.relname::text
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = coalesce(%(schema)s::text, current_schema())
-  AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relname LIKE 'sqlbroker\_%%'
+-- include: sqlbroker_tables
 ORDER BY 1
 
 -- name: tenants_enable
--- One statement (a DO block), so that it runs as one with bound parameters.
+-- One statement (a DO block) each way, with the body tenants_switch: the tenant columns
+-- take the session's tenant by default (those that are part of a key: '' for none) and
+-- row-level security is turned on; or the defaults go and it is turned off. (A table a
+-- schema older than this code lacks, flow_bucket of schema 15, is passed over.)
 DO $tenants$
-BEGIN
-    ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant SET DEFAULT {schema}sqlbroker_session_tenant();
-    ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_task_result ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT coalesce({schema}sqlbroker_session_tenant(), '');
-    ALTER TABLE {schema}sqlbroker_tenant ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription_pattern ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_message ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dead ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_result ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_archive ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dedupe ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_minute ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_total ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_schedule ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_processed ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_task_result ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_worker ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga_step ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_audit ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stage ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stream ENABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_claim ENABLE ROW LEVEL SECURITY;
-    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
-        ALTER TABLE {schema}sqlbroker_flow_bucket ENABLE ROW LEVEL SECURITY;
-    END IF;
-END
+DECLARE
+    enabled constant boolean := true;
+-- include: tenants_switch
 $tenants$
 
 -- name: tenants_disable
--- One statement (a DO block), so that it runs as one with bound parameters.
 DO $tenants$
-BEGIN
-    ALTER TABLE {schema}sqlbroker_subscription ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_archive ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_dead ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_result ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_metric_minute ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_metric_total ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_dedupe ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_message ALTER COLUMN tenant DROP DEFAULT;
-    ALTER TABLE {schema}sqlbroker_schedule ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_processed ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_task_result ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_worker ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_saga ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_audit ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_spark_stage ALTER COLUMN tenant SET DEFAULT '';
-    ALTER TABLE {schema}sqlbroker_tenant DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_subscription_pattern DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_message DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dead DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_result DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_archive DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_dedupe DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_minute DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_metric_total DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_schedule DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_processed DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_task_result DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_worker DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_saga_step DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_audit DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stage DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_stream DISABLE ROW LEVEL SECURITY;
-    ALTER TABLE {schema}sqlbroker_spark_claim DISABLE ROW LEVEL SECURITY;
-    IF to_regclass('{schema}sqlbroker_flow_bucket') IS NOT NULL THEN
-        ALTER TABLE {schema}sqlbroker_flow_bucket DISABLE ROW LEVEL SECURITY;
-    END IF;
-END
+DECLARE
+    enabled constant boolean := false;
+-- include: tenants_switch
 $tenants$
+
+-- name: tenants_switch
+    suffix text;
+BEGIN
+    FOREACH suffix IN ARRAY ARRAY['subscription', 'archive', 'dead', 'result', 'message'] LOOP
+        EXECUTE format('ALTER TABLE {schema}%%I ALTER COLUMN tenant %%s', 'sqlbroker_' || suffix,
+                       CASE WHEN enabled THEN 'SET DEFAULT {schema}sqlbroker_session_tenant()'
+                            ELSE 'DROP DEFAULT' END);
+    END LOOP;
+    FOREACH suffix IN ARRAY ARRAY['metric_minute', 'metric_total', 'dedupe', 'schedule',
+                                  'processed', 'task_result', 'worker', 'saga', 'audit',
+                                  'spark_stage'] LOOP
+        EXECUTE format('ALTER TABLE {schema}%%I ALTER COLUMN tenant SET DEFAULT %%s',
+                       'sqlbroker_' || suffix,
+                       CASE WHEN enabled THEN 'coalesce({schema}sqlbroker_session_tenant(), '''')'
+                            ELSE '''''' END);
+    END LOOP;
+    FOREACH suffix IN ARRAY ARRAY['tenant', 'subscription', 'subscription_pattern', 'message',
+                                  'dead', 'result', 'archive', 'dedupe', 'metric_minute',
+                                  'metric_total', 'schedule', 'processed', 'task_result',
+                                  'worker', 'saga', 'saga_step', 'audit', 'spark_stage',
+                                  'spark_stream', 'spark_claim', 'flow_bucket'] LOOP
+        IF to_regclass('{schema}' || quote_ident('sqlbroker_' || suffix)) IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE {schema}%%I %%s ROW LEVEL SECURITY', 'sqlbroker_' || suffix,
+                           CASE WHEN enabled THEN 'ENABLE' ELSE 'DISABLE' END);
+        END IF;
+    END LOOP;
+END
 
 -- name: tenants_enabled
 SELECT relrowsecurity FROM pg_catalog.pg_class WHERE oid = to_regclass('{schema}sqlbroker_message')

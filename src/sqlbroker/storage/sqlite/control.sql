@@ -17,23 +17,21 @@ ORDER BY id
 
 -- name: message_cancel_leased
 -- Two statements, as in message_dead: running copies whose cancel reached their worker.
-INSERT INTO sqlbroker_archive (
-    delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
-    idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
-    enqueued_at, first_started_at, finished_at
-)
-SELECT m.id, m.message_id, m.subscription, m.topic, 'cancelled', m.priority, m.ordering_key,
-       m.idempotency_key, m.payload, m.content_type, m.headers, m.attempts, m.max_attempts,
-       m.replay_count, m.enqueued_at, m.first_started_at, :now
-FROM sqlbroker_message m
-JOIN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key) l ON l.id = m.id AND l.token = m.lease_token
-WHERE m.state = 'running'
-ORDER BY m.id;
+-- include: archive_copies
+       'cancelled'
+FROM sqlbroker_message
+WHERE state = 'running' AND (id, lease_token) IN
+-- include: leases_given
+ORDER BY id;
 DELETE FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
+WHERE state = 'running' AND (id, lease_token) IN
+-- include: leases_given
 RETURNING id, subscription, ordering_key, state
+
+-- name: leases_given
+-- (A fragment: the (id, lease token) pairs given as the JSON arrays :ids and :tokens.)
+(SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
 
 -- name: lease_expired_cancelled
 -- Two statements, as in message_dead: cancelled copies whose worker was lost (their lease
@@ -41,14 +39,15 @@ RETURNING id, subscription, ordering_key, state
 -- include: archive_copies
        'cancelled'
 FROM sqlbroker_message
-WHERE id IN (SELECT id FROM sqlbroker_message
-             WHERE state = 'running' AND lease_expires_at <= :now AND cancel_requested
-             ORDER BY lease_expires_at, id
-             LIMIT :limit)
+-- include: cancelled_expired
 ORDER BY id;
 DELETE FROM sqlbroker_message
+-- include: cancelled_expired
+RETURNING id, subscription, ordering_key, state
+
+-- name: cancelled_expired
+-- (A fragment: the copies lease_expired_cancelled takes, at most :limit.)
 WHERE id IN (SELECT id FROM sqlbroker_message
              WHERE state = 'running' AND lease_expires_at <= :now AND cancel_requested
              ORDER BY lease_expires_at, id
              LIMIT :limit)
-RETURNING id, subscription, ordering_key, state

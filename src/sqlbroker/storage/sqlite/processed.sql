@@ -18,15 +18,15 @@ WHERE scope = :scope AND key = :key
 -- name: processed_confirm
 UPDATE sqlbroker_processed
 SET state = 'done', done_at = :now, expires_at = :now + :window
-WHERE scope = :scope AND key = :key AND token = :token AND state = 'reserved'
+-- include: processed_ours
 
 -- name: processed_extend
 UPDATE sqlbroker_processed SET reserved_until = :now + :lease
-WHERE scope = :scope AND key = :key AND token = :token AND state = 'reserved'
+-- include: processed_ours
 
 -- name: processed_release
 DELETE FROM sqlbroker_processed
-WHERE scope = :scope AND key = :key AND token = :token AND state = 'reserved'
+-- include: processed_ours
 
 -- name: processed_forget
 DELETE FROM sqlbroker_processed WHERE scope = :scope AND key = :key
@@ -38,3 +38,7 @@ WHERE (scope, key) IN (
     WHERE expires_at <= :now AND (state = 'done' OR reserved_until <= :now)
     LIMIT :limit
 )
+
+-- name: processed_ours
+-- (A fragment: the key, while it is reserved under our token.)
+WHERE scope = :scope AND key = :key AND token = :token AND state = 'reserved'

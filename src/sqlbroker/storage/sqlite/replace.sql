@@ -21,6 +21,18 @@ SET enqueued_at = p.enqueued_at,
         ELSE 'available'
     END
 FROM sqlbroker_message AS p
+-- include: message_replaced
+;
+DELETE FROM sqlbroker_message
+WHERE id IN (
+    SELECT p.id FROM sqlbroker_message f, sqlbroker_message p
+-- include: message_replaced
+)
+RETURNING subscription
+
+-- name: message_replaced
+-- (A fragment of message_replace: f is a copy of :message_id just inserted, p the pending
+-- copy it takes the place of.)
 WHERE f.message_id = :message_id
   AND f.ordering_key IS NOT NULL
   AND p.id = (SELECT o.id FROM sqlbroker_message o
@@ -29,20 +41,4 @@ WHERE f.message_id = :message_id
               ORDER BY o.id DESC
               LIMIT 1)
   AND p.topic = f.topic
-  AND p.state <> 'running' AND p.attempts = 0 AND p.replay_count = 0;
-DELETE FROM sqlbroker_message
-WHERE id IN (
-    SELECT p.id
-    FROM sqlbroker_message f
-    JOIN sqlbroker_message p
-      ON p.id = (SELECT o.id FROM sqlbroker_message o
-                 WHERE o.subscription = f.subscription AND o.ordering_key = f.ordering_key
-                   AND o.id < f.id
-                 ORDER BY o.id DESC
-                 LIMIT 1)
-    WHERE f.message_id = :message_id
-      AND f.ordering_key IS NOT NULL
-      AND p.topic = f.topic
-      AND p.state <> 'running' AND p.attempts = 0 AND p.replay_count = 0
-)
-RETURNING subscription
+  AND p.state <> 'running' AND p.attempts = 0 AND p.replay_count = 0
