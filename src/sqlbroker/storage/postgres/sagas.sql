@@ -19,16 +19,19 @@ SELECT %(saga_id)s, s.idx - 1, s.name, s.compensate, 'pending'
 FROM unnest(%(names)s::text[], %(compensate)s::boolean[])
      WITH ORDINALITY AS s(name, compensate, idx)
 
--- name: saga_get
+-- name: saga_rows
+-- (A fragment, included below.) The columns of a saga, in SagaInstance's order.
 SELECT id, name, status, data::text, step, version, error, message_id::text,
        created_at, updated_at, deadline, finished_at
-FROM {schema}sqlbroker_saga WHERE id = %(id)s
+FROM {schema}sqlbroker_saga
+
+-- name: saga_get
+-- include: saga_rows
+WHERE id = %(id)s
 
 -- name: saga_lock
 -- Transitions read the saga under a row lock, so that two never interleave.
-SELECT id, name, status, data::text, step, version, error, message_id::text,
-       created_at, updated_at, deadline, finished_at
-FROM {schema}sqlbroker_saga WHERE id = %(id)s
+-- include: saga_get
 FOR UPDATE
 
 -- name: saga_steps_get
@@ -67,9 +70,7 @@ FROM t
 WHERE p.saga_id = %(saga_id)s AND p.idx = %(idx)s
 
 -- name: saga_list
-SELECT id, name, status, data::text, step, version, error, message_id::text,
-       created_at, updated_at, deadline, finished_at
-FROM {schema}sqlbroker_saga
+-- include: saga_rows
 WHERE (%(name)s::text IS NULL OR name = %(name)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC, id DESC

@@ -16,10 +16,15 @@ SELECT :saga_id, n.key, n.value, c.value, 'pending'
 FROM json_each(:names) n CROSS JOIN (SELECT key, value FROM json_each(:compensate) LIMIT -1) c ON c.key = n.key
 ORDER BY n.key
 
--- name: saga_get
+-- name: saga_rows
+-- (A fragment, included below.) The columns of a saga, in SagaInstance's order.
 SELECT id, name, status, data, step, version, error, message_id,
        created_at, updated_at, deadline, finished_at
-FROM sqlbroker_saga WHERE id = :id
+FROM sqlbroker_saga
+
+-- name: saga_get
+-- include: saga_rows
+WHERE id = :id
 
 -- name: saga_lock
 -- Transitions read the saga inside a write transaction, which holds the whole file: the
@@ -57,9 +62,7 @@ SET status = :status,
 WHERE saga_id = :saga_id AND idx = :idx
 
 -- name: saga_list
-SELECT id, name, status, data, step, version, error, message_id,
-       created_at, updated_at, deadline, finished_at
-FROM sqlbroker_saga
+-- include: saga_rows
 WHERE (:name IS NULL OR name = :name) AND (:status IS NULL OR status = :status)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
