@@ -20,7 +20,7 @@ FROM unnest(%(names)s::text[], %(compensate)s::boolean[])
      WITH ORDINALITY AS s(name, compensate, idx)
 
 -- name: saga_rows
--- (A fragment, included below.) The columns of a saga, in SagaInstance's order.
+-- (A fragment, included below.) A saga's columns, read by name (operations/sagas.py).
 SELECT id, name, status, data::text, step, version, error, message_id::text,
        created_at, updated_at, deadline, finished_at
 FROM {schema}sqlbroker_saga

@@ -17,7 +17,7 @@ FROM json_each(:names) n CROSS JOIN (SELECT key, value FROM json_each(:compensat
 ORDER BY n.key
 
 -- name: saga_rows
--- (A fragment, included below.) The columns of a saga, in SagaInstance's order.
+-- (A fragment, included below.) A saga's columns, read by name (operations/sagas.py).
 SELECT id, name, status, data, step, version, error, message_id,
        created_at, updated_at, deadline, finished_at
 FROM sqlbroker_saga
