@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -165,29 +165,17 @@ def ticks_of(record: ScheduleRecord) -> TickSource:
     return EveryTicks(record.anchor_at, record.every)
 
 
+_AS_STORED = tuple(f.name for f in fields(Schedule) if f.name not in {"payload", "headers", "key"})
+
+
 def public_schedule(record: ScheduleRecord) -> Schedule:
+    """A stored schedule as :meth:`Broker.schedules` shows it: the fields both hold as
+    stored, its payload decoded, its headers a mapping and its ordering key as ``key``."""
     return Schedule(
-        name=record.name,
-        topic=record.topic,
-        cron=record.cron,
-        every=record.every,
-        tz=record.tz,
-        missed=record.missed,
-        grace=record.grace,
-        start_at=record.start_at,
+        **{name: getattr(record, name) for name in _AS_STORED},
         payload=decode_payload(record.payload, record.content_type),
-        content_type=record.content_type,
         headers=headers_of(record.headers),
-        priority=record.priority,
         key=record.ordering_key,
-        ttl=record.ttl,
-        max_attempts=record.max_attempts,
-        next_run_at=record.next_run_at,
-        last_run_at=record.last_run_at,
-        last_message_id=record.last_message_id,
-        paused=record.paused,
-        created_at=record.created_at,
-        updated_at=record.updated_at,
     )
 
 
