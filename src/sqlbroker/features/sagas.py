@@ -59,7 +59,13 @@ from sqlbroker.storage.seam import Tx
 log = logging.getLogger("sqlbroker.sagas")
 
 MAX_LIST = 10_000
-_DONE_LIKE = (StepStatus.DONE,)
+_VERDICTS = {
+    # (a compensation's message?, the saga's status, the step's status): the verdict
+    (False, SagaStatus.RUNNING, StepStatus.RUNNING): "run",
+    (False, SagaStatus.COMPENSATING, StepStatus.RUNNING): "skip",
+    (True, SagaStatus.COMPENSATING, StepStatus.COMPENSATING): "run",
+    (True, SagaStatus.FAILED, StepStatus.COMPENSATION_FAILED): "run",
+}
 
 
 class SagaMoved(SqlbrokerError):
@@ -225,30 +231,24 @@ class Sagas:
     def compensation_failed(
         self, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
-        """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
-        separately, by the runtime's write-back)."""
+        """Record the compensation of step ``index`` failed for good, in a transaction of
+        its own: the saga ``failed`` (the message is dead-lettered separately, by the
+        runtime's write-back). False if the message was stale and nothing changed."""
         with self.backend.begin() as tx:
-            return self.undo_failed(tx, saga_id, index, message_id, reason, attempt)
+            saga = tx.saga_get(id=saga_id, lock=True)
+            if self.action_verdict(saga, index, message_id, undo=True) != "run":
+                return False
+            assert saga is not None
+            self._fail_undo(tx, saga, reason, attempt)
+            return True
 
     @staticmethod
-    def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
-        """What an action message should do: ``"run"`` its action, ``"skip"`` it (the saga
-        turned back before it started) or ``"stale"`` (it is no longer awaited: ack it)."""
-        if (
-            saga is None
-            or saga.message_id != message_id
-            or saga.step != index
-            or index >= len(saga.steps)
-            or saga.steps[index].status != StepStatus.RUNNING
-        ):
-            return "stale"
-        if saga.status == SagaStatus.RUNNING:
-            return "run"
-        return "skip" if saga.status == SagaStatus.COMPENSATING else "stale"
-
-    @staticmethod
-    def undo_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
-        """``"run"`` the compensation, or ``"stale"``. A saga ``failed`` on this very
+    def action_verdict(
+        saga: SagaInstance | None, index: int, message_id: str, *, undo: bool = False
+    ) -> str:
+        """What a step's action message (``undo``: its compensation's) should do: ``"run"``
+        its function, ``"skip"`` it (an action the saga turned back from before it started)
+        or ``"stale"`` (it is no longer awaited: ack it). A saga ``failed`` on this very
         compensation runs it again: that is a person replaying its dead letter."""
         if (
             saga is None
@@ -257,12 +257,7 @@ class Sagas:
             or index >= len(saga.steps)
         ):
             return "stale"
-        status = saga.steps[index].status
-        if saga.status == SagaStatus.COMPENSATING and status == StepStatus.COMPENSATING:
-            return "run"
-        if saga.status == SagaStatus.FAILED and status == StepStatus.COMPENSATION_FAILED:
-            return "run"
-        return "stale"
+        return _VERDICTS.get((undo, saga.status, saga.steps[index].status), "stale")
 
     def action_done(
         self, tx: Tx, saga_id: str, index: int, message_id: str, output: str, attempt: int
@@ -316,24 +311,13 @@ class Sagas:
     def undo_done(self, tx: Tx, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
         """Record step ``index`` compensated and turn back to the step below."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.undo_verdict(saga, index, message_id) != "run":
+        if self.action_verdict(saga, index, message_id, undo=True) != "run":
             return False
         assert saga is not None
         tx.saga_step_update(
             saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
         )
         self._turn_back(tx, self._relock(tx, saga_id), index - 1, saga.error)
-        return True
-
-    def undo_failed(
-        self, tx: Tx, saga_id: str, index: int, message_id: str, reason: str, attempt: int
-    ) -> bool:
-        """Record the compensation of step ``index`` failed for good: the saga ``failed``."""
-        saga = tx.saga_get(id=saga_id, lock=True)
-        if self.undo_verdict(saga, index, message_id) != "run":
-            return False
-        assert saga is not None
-        self._fail_undo(tx, saga, reason, attempt)
         return True
 
     # --- the sweeper ---------------------------------------------------------------------------
@@ -401,27 +385,15 @@ class Sagas:
 
     def _fail_undo(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
         step = self._step_failed(tx, saga, StepStatus.COMPENSATION_FAILED, reason, attempt)
-        log.error(
-            "saga %s (%s): the compensation of step %s failed: %s",
-            saga.id,
-            saga.name,
-            step.name,
-            reason,
-        )
-        self._update(
-            tx,
-            saga,
-            SagaStatus.FAILED,
-            step.index,
-            f"compensation of step {step.name} failed: {reason}",
-            saga.message_id,
-        )
+        error = f"compensation of step {step.name} failed: {reason}"
+        log.error("saga %s (%s): the %s", saga.id, saga.name, error)
+        self._switch(tx, saga, SagaStatus.FAILED, error)
 
     def _turn_back(self, tx: Tx, saga: SagaInstance, below: int, error: str | None) -> None:
         """Send the compensation of the highest compensating ``done`` step at or below
         ``below``; with none left, the saga is ``compensated``."""
         for step in reversed(saga.steps[: below + 1]):
-            if step.status in _DONE_LIKE and step.compensate:
+            if step.status == StepStatus.DONE and step.compensate:
                 undo_id = self._send(tx, saga.name, step.name, saga.id, step.index, undo=True)
                 tx.saga_step_update(
                     saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING

@@ -125,11 +125,6 @@ class _StepRunner:
     _transactional: bool
     _retry: RetryPolicy
 
-    def _verdict(self, state: SagaInstance | None, index: int, msg: Message) -> str:
-        if self._undo:
-            return Sagas.undo_verdict(state, index, msg.id)
-        return Sagas.action_verdict(state, index, msg.id)
-
     def _context(self, state: SagaInstance, msg: Message, conn: object = None) -> StepContext:
         if state.damaged is not None:
             raise DamagedSaga(f"saga {state.id} does not decode: {state.damaged}")
@@ -166,7 +161,7 @@ class _StepRunner:
             log.warning("%s: message %s is not a saga step; dropped", msg.subscription, msg.id)
             return None
         state = self._sagas().find(saga_id)
-        verdict = self._verdict(state, index, msg)
+        verdict = Sagas.action_verdict(state, index, msg.id, undo=self._undo)
         if verdict == "skip":
             self._record(msg, "skip", saga_id, index, None)
         if verdict != "run" or state is None:
@@ -213,7 +208,7 @@ class _StepRunner:
             # step function runs outside those savepoints, on ``conn`` itself.
             with sagas.backend.begin(conn) as tx:
                 state = tx.saga_get(id=saga_id, lock=True)
-                verdict = self._verdict(state, index, msg)
+                verdict = Sagas.action_verdict(state, index, msg.id, undo=self._undo)
                 if verdict == "skip":  # turned back since it was read: the action never runs
                     self._transition(sagas, tx, msg, "skip", saga_id, index, None)
             if verdict != "run":
