@@ -184,10 +184,7 @@ class Sagas:
             if not _same_json(found.data, json.loads(new.data)):
                 raise SagaConflict(new.id, "with different data")
             return
-        first = saga.steps[0]
-        message_id = self._send(tx, saga.name, first.name, new.id, 0)
-        tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
-        self._update(tx, new, SagaStatus.RUNNING, 0, None, message_id)
+        self._send(tx, new, saga.steps[0].name, 0)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
@@ -279,10 +276,7 @@ class Sagas:
             self._turn_back(tx, self._relock(tx, saga_id), index, saga.error)
             return True
         if index + 1 < len(saga.steps):
-            step = saga.steps[index + 1]
-            next_id = self._send(tx, saga.name, step.name, saga_id, index + 1)
-            tx.saga_step_update(saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING)
-            self._update(tx, saga, SagaStatus.RUNNING, index + 1, None, next_id)
+            self._send(tx, saga, saga.steps[index + 1].name, index + 1)
         else:
             self._update(tx, saga, SagaStatus.COMPLETED, index, None, None)
         return True
@@ -394,19 +388,8 @@ class Sagas:
         ``below``; with none left, the saga is ``compensated``."""
         for step in reversed(saga.steps[: below + 1]):
             if step.status == StepStatus.DONE and step.compensate:
-                undo_id = self._send(tx, saga.name, step.name, saga.id, step.index, undo=True)
-                tx.saga_step_update(
-                    saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING
-                )
-                self._update(
-                    tx,
-                    saga,
-                    SagaStatus.COMPENSATING,
-                    step.index,
-                    error,
-                    undo_id,
-                    restart=saga.status != SagaStatus.COMPENSATING,
-                )
+                restart = saga.status != SagaStatus.COMPENSATING
+                self._send(tx, saga, step.name, step.index, undo=True, error=error, restart=restart)
                 return
         self._update(tx, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
 
@@ -442,21 +425,27 @@ class Sagas:
     def _send(
         self,
         tx: Tx,
-        saga: str,
+        saga: SagaInstance | NewSaga,
         step: str,
-        saga_id: str,
         index: int,
         *,
         undo: bool = False,
-    ) -> str:
-        queue = saga_queue(saga, step, undo=undo)
+        error: str | None = None,
+        restart: bool = False,
+    ) -> None:
+        """Send the message of step ``index``'s action (``undo``: its compensation), mark
+        the step ``running`` (``compensating``) and the saga waiting for that message."""
+        queue = saga_queue(saga.name, step, undo=undo)
         message = build_message(
             queue,
-            {"saga_id": saga_id, "saga": saga, "step": index, "undo": undo},
+            {"saga_id": saga.id, "saga": saga.name, "step": index, "undo": undo},
             defaults=self._defaults,
         )
-        result = tx.message_insert_many(messages=[message], subscription=queue)
-        return result.message_ids[0]
+        sent = tx.message_insert_many(messages=[message], subscription=queue).message_ids[0]
+        step_status = StepStatus.COMPENSATING if undo else StepStatus.RUNNING
+        tx.saga_step_update(saga_id=saga.id, index=index, status=step_status)
+        status = SagaStatus.COMPENSATING if undo else SagaStatus.RUNNING
+        self._update(tx, saga, status, index, error, sent, restart=restart)
 
 
 def _same_json(left: Any, right: Any) -> bool:
