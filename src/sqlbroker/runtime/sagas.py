@@ -34,7 +34,7 @@ from typing import Any
 
 from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost, SqlbrokerError
 from sqlbroker.core.policies import RetryPolicy
-from sqlbroker.core.sagas import Saga, SagaInstance, Step
+from sqlbroker.core.sagas import SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.runtime.message import Message
 from sqlbroker.storage.caller import CallerConnection
@@ -82,7 +82,6 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def saga_handler(
     sagas: Callable[[], Sagas],
-    saga: Saga,
     step: Step,
     function: StepFunction,
     *,
@@ -98,21 +97,7 @@ def saga_handler(
             "transactional", "a transactional step is a plain function (it runs in a thread)"
         )
     runner = _StepRunner(sagas, step, function, undo, transactional, retry)
-    handle: Callable[[Message], Any]
-    if _is_async(function):
-
-        async def handle_async(msg: Message) -> None:
-            await runner.handle_async(msg)
-
-        handle = handle_async
-    else:
-
-        def handle_plain(msg: Message) -> None:
-            runner.handle(msg)
-
-        handle = handle_plain
-    handle.__name__ = f"saga_{saga.name}_{step.name}{'_undo' if undo else ''}"
-    return handle
+    return runner.handle_async if _is_async(function) else runner.handle
 
 
 @dataclass(frozen=True, slots=True)
