@@ -114,8 +114,8 @@ class Sagas:
         ready: Callable[[], Backend],
         defaults: PublishDefaults,
         *,
-        handled: Callable[[], Collection[str]] | None = None,
-        checked: set[str] | None = None,
+        handled: Callable[[], Collection[str]],
+        checked: set[str],
     ) -> None:
         self._ready = ready
         self._defaults = defaults
@@ -159,12 +159,20 @@ class Sagas:
             steps=tuple((step.name, step.compensate) for step in saga.steps),
             timeout=saga.timeout,
         )
-        if self._checked is not None and saga.name not in self._checked:
+        if saga.name not in self._checked:
             self._checked.add(saga.name)
-            handled = self._handled() if self._handled is not None else ()
-            warn_unhandled(self.backend, saga, handled, when="started")
+            warn_unhandled(self.backend, saga, self._handled(), when="started")
         with self.backend.begin(conn) as tx:  # the caller's connection, adapted once
-            self._start(tx, saga, new)
+            if tx.saga_insert(saga=new):
+                self._send(tx, new, saga.steps[0].name, 0)
+                return new.id
+            found = tx.saga_get(id=new.id, steps=False)
+            if found is None:  # deleted between the two statements: not ours to recreate
+                raise SagaConflict(new.id, "and removed meanwhile")
+            if found.name != saga.name:
+                raise SagaConflict(new.id, f"for saga {found.name!r}")
+            if not _same_json(found.data, json.loads(new.data)):
+                raise SagaConflict(new.id, "with different data")
         return new.id
 
     @property
@@ -173,18 +181,6 @@ class Sagas:
         to) as before every operation; its ``begin(conn)`` adapts a caller's connection
         into the ``Tx`` the transitions below run in."""
         return self._ready()
-
-    def _start(self, tx: Tx, saga: Saga, new: NewSaga) -> None:
-        if not tx.saga_insert(saga=new):
-            found = tx.saga_get(id=new.id, steps=False)
-            if found is None:  # deleted between the two statements: not ours to recreate
-                raise SagaConflict(new.id, "and removed meanwhile")
-            if found.name != saga.name:
-                raise SagaConflict(new.id, f"for saga {found.name!r}")
-            if not _same_json(found.data, json.loads(new.data)):
-                raise SagaConflict(new.id, "with different data")
-            return
-        self._send(tx, new, saga.steps[0].name, 0)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
