@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -47,6 +47,7 @@ from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
+    ScheduleFields,
     ScheduleFire,
     ScheduleRecord,
 )
@@ -156,8 +157,8 @@ def _digest(parts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def ticks_of(record: ScheduleRecord) -> TickSource:
-    """The tick source of a stored schedule."""
+def ticks_of(record: ScheduleFields) -> TickSource:
+    """The tick source of a schedule, stored or being defined."""
     if record.cron is not None:
         return CronTicks(record.cron, ZoneInfo(record.tz), record.start_at)
     assert record.every is not None
@@ -292,14 +293,28 @@ def schedule_define(
         }
     )
     now: datetime = yield call("clock_now")
-    anchor: datetime | None = None
-    source: TickSource
-    if every_s is not None:
-        anchor = start or now + timedelta(seconds=every_s)
-        source = EveryTicks(anchor, every_s)
-    else:
-        assert cron_text is not None
-        source = CronTicks(cron_text, zone, start)
+    definition = ScheduleDefinition(
+        name=name_text,
+        topic=message.topic,
+        cron=cron_text,
+        every=every_s,
+        tz=tz,
+        missed=policy,
+        grace=grace_s,
+        start_at=start,
+        anchor_at=None if every_s is None else start or now + timedelta(seconds=every_s),
+        payload=message.payload,
+        content_type=message.content_type,
+        headers=message.headers,
+        priority=message.priority,
+        ordering_key=message.ordering_key,
+        ttl=message.ttl,
+        max_attempts=message.max_attempts,
+        definition_hash=definition_hash,
+        timing_hash=_digest(timing),
+        next_run_at=now,  # a stand-in: the first tick follows from the timing, just below
+    )
+    source = ticks_of(definition)
     # Ticks at or after start_at that are still ahead: a schedule never fires for a
     # moment before it was defined.
     first = (
@@ -307,30 +322,7 @@ def schedule_define(
         if start is not None and start > now
         else source.next_after(now)
     )
-    record = yield call(
-        "schedule_upsert",
-        definition=ScheduleDefinition(
-            name=name_text,
-            topic=message.topic,
-            cron=cron_text,
-            every=every_s,
-            tz=tz,
-            missed=policy,
-            grace=grace_s,
-            start_at=start,
-            anchor_at=anchor,
-            payload=message.payload,
-            content_type=message.content_type,
-            headers=message.headers,
-            priority=message.priority,
-            ordering_key=message.ordering_key,
-            ttl=message.ttl,
-            max_attempts=message.max_attempts,
-            definition_hash=definition_hash,
-            timing_hash=_digest(timing),
-            next_run_at=first,
-        ),
-    )
+    record = yield call("schedule_upsert", definition=replace(definition, next_run_at=first))
     return public_schedule(record)
 
 
