@@ -79,13 +79,11 @@ LIMIT %(limit)s
 -- name: saga_due
 -- Sagas still moving whose deadline passed or whose awaited message was dead-lettered.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)
-SELECT s.id, s.version, s.deadline <= t.now AS expired,
-       (SELECT d.reason FROM {schema}sqlbroker_dead d WHERE d.message_id = s.message_id
-        LIMIT 1)
-FROM {schema}sqlbroker_saga s, t
-WHERE s.status IN ('running', 'compensating')
-  AND (s.deadline <= t.now
-       OR EXISTS (SELECT 1 FROM {schema}sqlbroker_dead d WHERE d.message_id = s.message_id))
+SELECT s.id, s.version, s.deadline <= t.now AS expired, d.reason
+FROM {schema}sqlbroker_saga s CROSS JOIN t
+LEFT JOIN LATERAL (SELECT reason FROM {schema}sqlbroker_dead
+                   WHERE message_id = s.message_id LIMIT 1) d ON true
+WHERE s.status IN ('running', 'compensating') AND (s.deadline <= t.now OR d.reason IS NOT NULL)
 LIMIT %(limit)s
 
 -- name: saga_counts

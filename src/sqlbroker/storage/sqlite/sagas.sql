@@ -69,12 +69,12 @@ LIMIT :limit
 
 -- name: saga_due
 -- Sagas still moving whose deadline passed or whose awaited message was dead-lettered.
+-- (SQLite lets WHERE name the result columns: the dead letter is looked up once.)
 SELECT s.id, s.version, s.deadline <= :now AS expired,
        (SELECT d.reason FROM sqlbroker_dead d WHERE d.message_id = s.message_id LIMIT 1)
+           AS dead_reason
 FROM sqlbroker_saga s
-WHERE s.status IN ('running', 'compensating')
-  AND (s.deadline <= :now
-       OR EXISTS (SELECT 1 FROM sqlbroker_dead d WHERE d.message_id = s.message_id))
+WHERE s.status IN ('running', 'compensating') AND (expired OR dead_reason IS NOT NULL)
 LIMIT :limit
 
 -- name: saga_counts
