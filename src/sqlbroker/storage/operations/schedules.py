@@ -37,7 +37,7 @@ def upsert(settings: Settings, *, definition: ScheduleDefinition) -> Plan[Schedu
     changes nothing; one with the same timing keeps its next run and anchor; any other
     takes ``next_run_at`` and ``anchor_at`` from ``definition``. Pausing survives."""
     yield query("schedule_upsert", **asdict(definition))
-    rows = yield named("schedule_get", name=definition.name)
+    rows = yield named("schedule_list", names=[definition.name])
     return schedule_record_of(rows[0])
 
 

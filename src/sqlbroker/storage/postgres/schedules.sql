@@ -42,9 +42,6 @@ ON CONFLICT (name, tenant) DO UPDATE SET
     updated_at = excluded.updated_at
 WHERE s.definition_hash <> excluded.definition_hash
 
--- name: schedule_get
-SELECT * FROM {schema}sqlbroker_schedule WHERE name = %(name)s
-
 -- name: schedule_list
 SELECT * FROM {schema}sqlbroker_schedule
 WHERE %(names)s::text[] IS NULL OR name = ANY (%(names)s::text[])

@@ -37,9 +37,6 @@ ON CONFLICT (name) DO UPDATE SET
     updated_at = excluded.updated_at
 WHERE s.definition_hash <> excluded.definition_hash
 
--- name: schedule_get
-SELECT * FROM sqlbroker_schedule WHERE name = :name
-
 -- name: schedule_list
 SELECT * FROM sqlbroker_schedule
 WHERE :names IS NULL OR name IN (SELECT value FROM json_each(:names))
