@@ -116,7 +116,6 @@ class _Base(BrokerBase):
         def register(function: H) -> H:
             handler = saga_handler(
                 lambda: self.sagas,
-                saga,
                 definition,
                 function,
                 undo=undo,

@@ -150,16 +150,6 @@ def test_a_tick_whose_key_was_taken_points_at_the_earlier_message(backend: Any) 
     assert backend.schedule_list(names=["tick"])[0].last_message_id == earlier.message_id
 
 
-def test_advance_and_published_are_operations_of_a_transaction(backend: Any) -> None:
-    one = backend.schedule_upsert(definition=definition("one"))
-    two = backend.schedule_upsert(definition=definition("two"))
-    stale = dataclasses.replace(fire_of(two), expected_next_run_at=START)
-    with backend.begin() as tx:
-        won = tx.schedule_advance_many(fires=[stale, fire_of(one)])
-        assert [fire.name for fire in won] == ["one"]
-        assert tx.schedule_published(fires=won, message_ids=[]) == {"one": []}
-
-
 def test_upsert_joins_the_caller_s_transaction(backend: Any) -> None:
     def failing() -> None:
         with backend.begin() as own, backend.begin(own.connection) as tx:
@@ -178,8 +168,7 @@ def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
     async def main() -> list[Any]:
         record = await backend.async_ops.schedule_upsert(definition=definition())
         async with backend.begin_async() as tx:
-            won = await tx.schedule_advance_many(fires=[fire_of(record)])
-            seen: list[Any] = [await tx.schedule_published(fires=won, message_ids=[])]
+            seen: list[Any] = [await tx.schedule_fire_many(fires=[fire_of(record)])]
         seen.append([r.name for r in await backend.async_ops.schedule_list(names=None)])
         seen.append(await backend.async_ops.schedule_delete(name="tick"))
         if hasattr(backend, "close_async"):

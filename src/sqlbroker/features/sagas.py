@@ -59,7 +59,13 @@ from sqlbroker.storage.seam import Tx
 log = logging.getLogger("sqlbroker.sagas")
 
 MAX_LIST = 10_000
-_DONE_LIKE = (StepStatus.DONE,)
+_VERDICTS = {
+    # (a compensation's message?, the saga's status, the step's status): the verdict
+    (False, SagaStatus.RUNNING, StepStatus.RUNNING): "run",
+    (False, SagaStatus.COMPENSATING, StepStatus.RUNNING): "skip",
+    (True, SagaStatus.COMPENSATING, StepStatus.COMPENSATING): "run",
+    (True, SagaStatus.FAILED, StepStatus.COMPENSATION_FAILED): "run",
+}
 
 
 class SagaMoved(SqlbrokerError):
@@ -108,8 +114,8 @@ class Sagas:
         ready: Callable[[], Backend],
         defaults: PublishDefaults,
         *,
-        handled: Callable[[], Collection[str]] | None = None,
-        checked: set[str] | None = None,
+        handled: Callable[[], Collection[str]],
+        checked: set[str],
     ) -> None:
         self._ready = ready
         self._defaults = defaults
@@ -153,12 +159,20 @@ class Sagas:
             steps=tuple((step.name, step.compensate) for step in saga.steps),
             timeout=saga.timeout,
         )
-        if self._checked is not None and saga.name not in self._checked:
+        if saga.name not in self._checked:
             self._checked.add(saga.name)
-            handled = self._handled() if self._handled is not None else ()
-            warn_unhandled(self.backend, saga, handled, when="started")
+            warn_unhandled(self.backend, saga, self._handled(), when="started")
         with self.backend.begin(conn) as tx:  # the caller's connection, adapted once
-            self._start(tx, saga, new)
+            if tx.saga_insert(saga=new):
+                self._send(tx, new, saga.steps[0].name, 0)
+                return new.id
+            found = tx.saga_get(id=new.id, steps=False)
+            if found is None:  # deleted between the two statements: not ours to recreate
+                raise SagaConflict(new.id, "and removed meanwhile")
+            if found.name != saga.name:
+                raise SagaConflict(new.id, f"for saga {found.name!r}")
+            if not _same_json(found.data, json.loads(new.data)):
+                raise SagaConflict(new.id, "with different data")
         return new.id
 
     @property
@@ -167,21 +181,6 @@ class Sagas:
         to) as before every operation; its ``begin(conn)`` adapts a caller's connection
         into the ``Tx`` the transitions below run in."""
         return self._ready()
-
-    def _start(self, tx: Tx, saga: Saga, new: NewSaga) -> None:
-        if not tx.saga_insert(saga=new):
-            found = tx.saga_get(id=new.id, steps=False)
-            if found is None:  # deleted between the two statements: not ours to recreate
-                raise SagaConflict(new.id, "and removed meanwhile")
-            if found.name != saga.name:
-                raise SagaConflict(new.id, f"for saga {found.name!r}")
-            if not _same_json(found.data, json.loads(new.data)):
-                raise SagaConflict(new.id, "with different data")
-            return
-        first = saga.steps[0]
-        message_id = self._send(tx, saga.name, first.name, new.id, 0)
-        tx.saga_step_update(saga_id=new.id, index=0, status=StepStatus.RUNNING)
-        self._update(tx, new, SagaStatus.RUNNING, 0, None, message_id)
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
@@ -225,30 +224,24 @@ class Sagas:
     def compensation_failed(
         self, saga_id: str, index: int, message_id: str, reason: str, attempt: int
     ) -> bool:
-        """:meth:`undo_failed` in a transaction of its own (the message is dead-lettered
-        separately, by the runtime's write-back)."""
+        """Record the compensation of step ``index`` failed for good, in a transaction of
+        its own: the saga ``failed`` (the message is dead-lettered separately, by the
+        runtime's write-back). False if the message was stale and nothing changed."""
         with self.backend.begin() as tx:
-            return self.undo_failed(tx, saga_id, index, message_id, reason, attempt)
+            saga = tx.saga_get(id=saga_id, lock=True)
+            if self.action_verdict(saga, index, message_id, undo=True) != "run":
+                return False
+            assert saga is not None
+            self._fail_undo(tx, saga, reason, attempt)
+            return True
 
     @staticmethod
-    def action_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
-        """What an action message should do: ``"run"`` its action, ``"skip"`` it (the saga
-        turned back before it started) or ``"stale"`` (it is no longer awaited: ack it)."""
-        if (
-            saga is None
-            or saga.message_id != message_id
-            or saga.step != index
-            or index >= len(saga.steps)
-            or saga.steps[index].status != StepStatus.RUNNING
-        ):
-            return "stale"
-        if saga.status == SagaStatus.RUNNING:
-            return "run"
-        return "skip" if saga.status == SagaStatus.COMPENSATING else "stale"
-
-    @staticmethod
-    def undo_verdict(saga: SagaInstance | None, index: int, message_id: str) -> str:
-        """``"run"`` the compensation, or ``"stale"``. A saga ``failed`` on this very
+    def action_verdict(
+        saga: SagaInstance | None, index: int, message_id: str, *, undo: bool = False
+    ) -> str:
+        """What a step's action message (``undo``: its compensation's) should do: ``"run"``
+        its function, ``"skip"`` it (an action the saga turned back from before it started)
+        or ``"stale"`` (it is no longer awaited: ack it). A saga ``failed`` on this very
         compensation runs it again: that is a person replaying its dead letter."""
         if (
             saga is None
@@ -257,12 +250,7 @@ class Sagas:
             or index >= len(saga.steps)
         ):
             return "stale"
-        status = saga.steps[index].status
-        if saga.status == SagaStatus.COMPENSATING and status == StepStatus.COMPENSATING:
-            return "run"
-        if saga.status == SagaStatus.FAILED and status == StepStatus.COMPENSATION_FAILED:
-            return "run"
-        return "stale"
+        return _VERDICTS.get((undo, saga.status, saga.steps[index].status), "stale")
 
     def action_done(
         self, tx: Tx, saga_id: str, index: int, message_id: str, output: str, attempt: int
@@ -284,10 +272,7 @@ class Sagas:
             self._turn_back(tx, self._relock(tx, saga_id), index, saga.error)
             return True
         if index + 1 < len(saga.steps):
-            step = saga.steps[index + 1]
-            next_id = self._send(tx, saga.name, step.name, saga_id, index + 1)
-            tx.saga_step_update(saga_id=saga_id, index=index + 1, status=StepStatus.RUNNING)
-            self._update(tx, saga, SagaStatus.RUNNING, index + 1, None, next_id)
+            self._send(tx, saga, saga.steps[index + 1].name, index + 1)
         else:
             self._update(tx, saga, SagaStatus.COMPLETED, index, None, None)
         return True
@@ -316,24 +301,13 @@ class Sagas:
     def undo_done(self, tx: Tx, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
         """Record step ``index`` compensated and turn back to the step below."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.undo_verdict(saga, index, message_id) != "run":
+        if self.action_verdict(saga, index, message_id, undo=True) != "run":
             return False
         assert saga is not None
         tx.saga_step_update(
             saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
         )
         self._turn_back(tx, self._relock(tx, saga_id), index - 1, saga.error)
-        return True
-
-    def undo_failed(
-        self, tx: Tx, saga_id: str, index: int, message_id: str, reason: str, attempt: int
-    ) -> bool:
-        """Record the compensation of step ``index`` failed for good: the saga ``failed``."""
-        saga = tx.saga_get(id=saga_id, lock=True)
-        if self.undo_verdict(saga, index, message_id) != "run":
-            return False
-        assert saga is not None
-        self._fail_undo(tx, saga, reason, attempt)
         return True
 
     # --- the sweeper ---------------------------------------------------------------------------
@@ -401,40 +375,17 @@ class Sagas:
 
     def _fail_undo(self, tx: Tx, saga: SagaInstance, reason: str, attempt: int) -> None:
         step = self._step_failed(tx, saga, StepStatus.COMPENSATION_FAILED, reason, attempt)
-        log.error(
-            "saga %s (%s): the compensation of step %s failed: %s",
-            saga.id,
-            saga.name,
-            step.name,
-            reason,
-        )
-        self._update(
-            tx,
-            saga,
-            SagaStatus.FAILED,
-            step.index,
-            f"compensation of step {step.name} failed: {reason}",
-            saga.message_id,
-        )
+        error = f"compensation of step {step.name} failed: {reason}"
+        log.error("saga %s (%s): the %s", saga.id, saga.name, error)
+        self._switch(tx, saga, SagaStatus.FAILED, error)
 
     def _turn_back(self, tx: Tx, saga: SagaInstance, below: int, error: str | None) -> None:
         """Send the compensation of the highest compensating ``done`` step at or below
         ``below``; with none left, the saga is ``compensated``."""
         for step in reversed(saga.steps[: below + 1]):
-            if step.status in _DONE_LIKE and step.compensate:
-                undo_id = self._send(tx, saga.name, step.name, saga.id, step.index, undo=True)
-                tx.saga_step_update(
-                    saga_id=saga.id, index=step.index, status=StepStatus.COMPENSATING
-                )
-                self._update(
-                    tx,
-                    saga,
-                    SagaStatus.COMPENSATING,
-                    step.index,
-                    error,
-                    undo_id,
-                    restart=saga.status != SagaStatus.COMPENSATING,
-                )
+            if step.status == StepStatus.DONE and step.compensate:
+                restart = saga.status != SagaStatus.COMPENSATING
+                self._send(tx, saga, step.name, step.index, undo=True, error=error, restart=restart)
                 return
         self._update(tx, saga, SagaStatus.COMPENSATED, max(below, 0), error, None)
 
@@ -470,21 +421,27 @@ class Sagas:
     def _send(
         self,
         tx: Tx,
-        saga: str,
+        saga: SagaInstance | NewSaga,
         step: str,
-        saga_id: str,
         index: int,
         *,
         undo: bool = False,
-    ) -> str:
-        queue = saga_queue(saga, step, undo=undo)
+        error: str | None = None,
+        restart: bool = False,
+    ) -> None:
+        """Send the message of step ``index``'s action (``undo``: its compensation), mark
+        the step ``running`` (``compensating``) and the saga waiting for that message."""
+        queue = saga_queue(saga.name, step, undo=undo)
         message = build_message(
             queue,
-            {"saga_id": saga_id, "saga": saga, "step": index, "undo": undo},
+            {"saga_id": saga.id, "saga": saga.name, "step": index, "undo": undo},
             defaults=self._defaults,
         )
-        result = tx.message_insert_many(messages=[message], subscription=queue)
-        return result.message_ids[0]
+        sent = tx.message_insert_many(messages=[message], subscription=queue).message_ids[0]
+        step_status = StepStatus.COMPENSATING if undo else StepStatus.RUNNING
+        tx.saga_step_update(saga_id=saga.id, index=index, status=step_status)
+        status = SagaStatus.COMPENSATING if undo else SagaStatus.RUNNING
+        self._update(tx, saga, status, index, error, sent, restart=restart)
 
 
 def _same_json(left: Any, right: Any) -> bool:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -47,6 +47,7 @@ from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
+    ScheduleFields,
     ScheduleFire,
     ScheduleRecord,
 )
@@ -156,8 +157,8 @@ def _digest(parts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def ticks_of(record: ScheduleRecord) -> TickSource:
-    """The tick source of a stored schedule."""
+def ticks_of(record: ScheduleFields) -> TickSource:
+    """The tick source of a schedule, stored or being defined."""
     if record.cron is not None:
         return CronTicks(record.cron, ZoneInfo(record.tz), record.start_at)
     assert record.every is not None
@@ -165,29 +166,17 @@ def ticks_of(record: ScheduleRecord) -> TickSource:
     return EveryTicks(record.anchor_at, record.every)
 
 
+_AS_STORED = tuple(f.name for f in fields(Schedule) if f.name not in {"payload", "headers", "key"})
+
+
 def public_schedule(record: ScheduleRecord) -> Schedule:
+    """A stored schedule as :meth:`Broker.schedules` shows it: the fields both hold as
+    stored, its payload decoded, its headers a mapping and its ordering key as ``key``."""
     return Schedule(
-        name=record.name,
-        topic=record.topic,
-        cron=record.cron,
-        every=record.every,
-        tz=record.tz,
-        missed=record.missed,
-        grace=record.grace,
-        start_at=record.start_at,
+        **{name: getattr(record, name) for name in _AS_STORED},
         payload=decode_payload(record.payload, record.content_type),
-        content_type=record.content_type,
         headers=headers_of(record.headers),
-        priority=record.priority,
         key=record.ordering_key,
-        ttl=record.ttl,
-        max_attempts=record.max_attempts,
-        next_run_at=record.next_run_at,
-        last_run_at=record.last_run_at,
-        last_message_id=record.last_message_id,
-        paused=record.paused,
-        created_at=record.created_at,
-        updated_at=record.updated_at,
     )
 
 
@@ -304,14 +293,28 @@ def schedule_define(
         }
     )
     now: datetime = yield call("clock_now")
-    anchor: datetime | None = None
-    source: TickSource
-    if every_s is not None:
-        anchor = start or now + timedelta(seconds=every_s)
-        source = EveryTicks(anchor, every_s)
-    else:
-        assert cron_text is not None
-        source = CronTicks(cron_text, zone, start)
+    definition = ScheduleDefinition(
+        name=name_text,
+        topic=message.topic,
+        cron=cron_text,
+        every=every_s,
+        tz=tz,
+        missed=policy,
+        grace=grace_s,
+        start_at=start,
+        anchor_at=None if every_s is None else start or now + timedelta(seconds=every_s),
+        payload=message.payload,
+        content_type=message.content_type,
+        headers=message.headers,
+        priority=message.priority,
+        ordering_key=message.ordering_key,
+        ttl=message.ttl,
+        max_attempts=message.max_attempts,
+        definition_hash=definition_hash,
+        timing_hash=_digest(timing),
+        next_run_at=now,  # a stand-in: the first tick follows from the timing, just below
+    )
+    source = ticks_of(definition)
     # Ticks at or after start_at that are still ahead: a schedule never fires for a
     # moment before it was defined.
     first = (
@@ -319,30 +322,7 @@ def schedule_define(
         if start is not None and start > now
         else source.next_after(now)
     )
-    record = yield call(
-        "schedule_upsert",
-        definition=ScheduleDefinition(
-            name=name_text,
-            topic=message.topic,
-            cron=cron_text,
-            every=every_s,
-            tz=tz,
-            missed=policy,
-            grace=grace_s,
-            start_at=start,
-            anchor_at=anchor,
-            payload=message.payload,
-            content_type=message.content_type,
-            headers=message.headers,
-            priority=message.priority,
-            ordering_key=message.ordering_key,
-            ttl=message.ttl,
-            max_attempts=message.max_attempts,
-            definition_hash=definition_hash,
-            timing_hash=_digest(timing),
-            next_run_at=first,
-        ),
-    )
+    record = yield call("schedule_upsert", definition=replace(definition, next_run_at=first))
     return public_schedule(record)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost, SqlbrokerError
 from sqlbroker.core.policies import RetryPolicy
-from sqlbroker.core.sagas import Saga, SagaInstance, Step
+from sqlbroker.core.sagas import SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
 from sqlbroker.runtime.message import Message
 from sqlbroker.storage.caller import CallerConnection
@@ -82,7 +82,6 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def saga_handler(
     sagas: Callable[[], Sagas],
-    saga: Saga,
     step: Step,
     function: StepFunction,
     *,
@@ -97,38 +96,18 @@ def saga_handler(
         raise InvalidOption(
             "transactional", "a transactional step is a plain function (it runs in a thread)"
         )
-    runner = _StepRunner(sagas, saga, step, function, undo, transactional, retry)
-    handle: Callable[[Message], Any]
-    if _is_async(function):
-
-        async def handle_async(msg: Message) -> None:
-            await runner.handle_async(msg)
-
-        handle = handle_async
-    else:
-
-        def handle_plain(msg: Message) -> None:
-            runner.handle(msg)
-
-        handle = handle_plain
-    handle.__name__ = f"saga_{saga.name}_{step.name}{'_undo' if undo else ''}"
-    return handle
+    runner = _StepRunner(sagas, step, function, undo, transactional, retry)
+    return runner.handle_async if _is_async(function) else runner.handle
 
 
 @dataclass(frozen=True, slots=True)
 class _StepRunner:
     _sagas: Callable[[], Sagas]
-    _saga: Saga
     _step: Step
     _function: StepFunction
     _undo: bool
     _transactional: bool
     _retry: RetryPolicy
-
-    def _verdict(self, state: SagaInstance | None, index: int, msg: Message) -> str:
-        if self._undo:
-            return Sagas.undo_verdict(state, index, msg.id)
-        return Sagas.action_verdict(state, index, msg.id)
 
     def _context(self, state: SagaInstance, msg: Message, conn: object = None) -> StepContext:
         if state.damaged is not None:
@@ -156,8 +135,8 @@ class _StepRunner:
         except InvalidPayload as error:
             raise BadOutput(error.field, f"cannot be stored: {error.problem}") from None
 
-    def _due(self, msg: Message) -> tuple[str, int, SagaInstance] | None:
-        """The saga id, step index and saga whose function ``msg`` is to run; ``None`` when
+    def _due(self, msg: Message) -> SagaInstance | None:
+        """The saga whose step ``msg`` is to run (the step at ``state.step``); ``None`` when
         it is not (not a step message, stale, or an action the saga turned back from before
         it ran: recorded as skipped here)."""
         payload = msg.payload if isinstance(msg.payload, dict) else {}
@@ -166,45 +145,41 @@ class _StepRunner:
             log.warning("%s: message %s is not a saga step; dropped", msg.subscription, msg.id)
             return None
         state = self._sagas().find(saga_id)
-        verdict = self._verdict(state, index, msg)
+        verdict = Sagas.action_verdict(state, index, msg.id, undo=self._undo)
         if verdict == "skip":
             self._record(msg, "skip", saga_id, index, None)
-        if verdict != "run" or state is None:
-            return None
-        return saga_id, index, state
+        return state if verdict == "run" else None
 
     def handle(self, msg: Message) -> None:
         """A plain step function, on the worker's handler thread."""
-        due = self._due(msg)
-        if due is None:
+        state = self._due(msg)
+        if state is None:
             return
-        saga_id, index, state = due
         try:
             if self._transactional:
-                self._run_in_transaction(msg, saga_id, index)
+                self._run_in_transaction(msg, state.id, state.step)
                 return
             text = self._output(self._function(self._context(state, msg)))
         except LeaseLost:
             raise
         except Exception as error:
-            self._failed(msg, saga_id, index, error)
+            self._failed(msg, state.id, state.step, error)
             return
-        self._record(msg, "done", saga_id, index, text)
+        self._record(msg, "done", state.id, state.step, text)
 
     async def handle_async(self, msg: Message) -> None:
         """A coroutine step function, on the loop; the bookkeeping on handler threads."""
-        due = await msg._off_loop(self._due, msg)
-        if due is None:
+        state = await msg._off_loop(self._due, msg)
+        if state is None:
             return
-        saga_id, index, state = due
         try:
             text = self._output(await self._function(self._context(state, msg)))
         except LeaseLost:
             raise
         except Exception as error:
-            await msg._off_loop(self._failed, msg, saga_id, index, error)
+            await msg._off_loop(self._failed, msg, state.id, state.step, error)
             return
-        await msg._off_loop(self._record, msg, "done", saga_id, index, text)
+        await msg._off_loop(self._record, msg, "done", state.id, state.step, text)
 
     def _run_in_transaction(self, msg: Message, saga_id: str, index: int) -> None:
         sagas = self._sagas()
@@ -213,33 +188,26 @@ class _StepRunner:
             # step function runs outside those savepoints, on ``conn`` itself.
             with sagas.backend.begin(conn) as tx:
                 state = tx.saga_get(id=saga_id, lock=True)
-                verdict = self._verdict(state, index, msg)
+                verdict = Sagas.action_verdict(state, index, msg.id, undo=self._undo)
                 if verdict == "skip":  # turned back since it was read: the action never runs
-                    self._transition(sagas, tx, msg, "skip", saga_id, index, None)
+                    self._transition(tx, msg, "skip", saga_id, index, None)
             if verdict != "run":
                 return
             assert state is not None
             output = self._output(self._function(self._context(state, msg, conn)))
             with sagas.backend.begin(conn) as tx:
-                self._transition(sagas, tx, msg, "done", saga_id, index, output)
+                self._transition(tx, msg, "done", saga_id, index, output)
 
     def _record(
         self, msg: Message, outcome: str, saga_id: str, index: int, detail: str | None
     ) -> None:
-        sagas = self._sagas()
-        with msg.transaction() as conn, sagas.backend.begin(conn) as tx:
-            self._transition(sagas, tx, msg, outcome, saga_id, index, detail)
+        with msg.transaction() as conn, self._sagas().backend.begin(conn) as tx:
+            self._transition(tx, msg, outcome, saga_id, index, detail)
 
     def _transition(
-        self,
-        sagas: Sagas,
-        tx: Tx,
-        msg: Message,
-        outcome: str,
-        saga_id: str,
-        index: int,
-        detail: str | None,
+        self, tx: Tx, msg: Message, outcome: str, saga_id: str, index: int, detail: str | None
     ) -> None:
+        sagas = self._sagas()
         if outcome == "skip":
             sagas.action_skipped(tx, saga_id, index, msg.id)
         elif outcome == "done" and self._undo:

@@ -45,7 +45,8 @@ class ScheduleDefinition(ScheduleFields):
     ``timing_hash`` identifies what makes the ticks (cron or interval, time zone, start);
     ``definition_hash`` identifies everything. Storing a definition with the same
     ``timing_hash`` keeps the stored next run; another one takes ``anchor_at`` and
-    ``next_run_at`` from here.
+    ``next_run_at`` from here. Its fields are the parameters of the ``schedule_upsert``
+    SQL block, by name.
     """
 
     timing_hash: str

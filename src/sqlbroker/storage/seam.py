@@ -221,8 +221,6 @@ class Operations(ABC):
     schedule_delete = Operation(schedules.delete)
     schedule_set_paused = Operation(schedules.set_paused)
     schedule_due = Operation(schedules.due)
-    schedule_advance_many = Operation(schedules.advance)
-    schedule_published = Operation(schedules.published)
     schedule_fire_many = Operation(schedules.fire_many)
     # --- end schedules -----------------------------------------------------------------------
 

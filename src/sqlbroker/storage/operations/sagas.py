@@ -23,37 +23,10 @@ from sqlbroker.storage.columns import (
     utc,
     utc_or_none,
 )
-from sqlbroker.storage.plan import Plan, atomic, query, reads
+from sqlbroker.storage.plan import Plan, atomic, named, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
-
-_STEP_COLUMNS = (
-    "index",
-    "name",
-    "compensate",
-    "status",
-    "attempts",
-    "output",
-    "error",
-    "started_at",
-    "finished_at",
-    "compensated_at",
-)
-_SAGA_COLUMNS = (
-    "id",
-    "name",
-    "status",
-    "data",
-    "step",
-    "version",
-    "error",
-    "message_id",
-    "created_at",
-    "updated_at",
-    "deadline",
-    "finished_at",
-)
 
 
 @atomic
@@ -82,10 +55,10 @@ def get(
 ) -> Plan[SagaInstance | None]:
     """The saga (with its steps unless ``steps`` is false). ``lock`` inside a transaction
     holds the saga against other transitions until it ends."""
-    row = yield query("saga_lock" if lock else "saga_get", id=id)
+    row = yield named("saga_lock" if lock else "saga_get", id=id)
     if not row:
         return None
-    step_rows = (yield query("saga_steps_get", id=id)) if steps else []
+    step_rows = (yield named("saga_steps_get", id=id)) if steps else []
     return saga_of(row[0], step_rows)
 
 
@@ -145,7 +118,7 @@ def list_(
     settings: Settings, *, name: str | None, status: str | None, limit: int
 ) -> Plan[list[SagaInstance]]:
     """Sagas, newest first, without their steps."""
-    rows = yield query("saga_list", name=name, status=status, limit=limit)
+    rows = yield named("saga_list", name=name, status=status, limit=limit)
     return [saga_of(row) for row in rows]
 
 
@@ -166,10 +139,10 @@ def counts(settings: Settings) -> Plan[dict[str, int]]:
     return {row[0]: int(row[1]) for row in rows}
 
 
-def saga_step_of(row: Sequence[Any]) -> SagaStep:
-    columns = Columns(row, _STEP_COLUMNS)
+def saga_step_of(row: Any) -> SagaStep:
+    columns = Columns(row)
     return SagaStep(
-        index=columns.get("index", integer, 0),
+        index=columns.get("idx", integer, 0),
         name=columns.get("name", text, ""),
         compensate=bool(columns.raw("compensate")),
         status=columns.get("status", StepStatus, StepStatus.PENDING),
@@ -183,8 +156,8 @@ def saga_step_of(row: Sequence[Any]) -> SagaStep:
     )
 
 
-def saga_of(row: Sequence[Any], steps: Sequence[Sequence[Any]] = ()) -> SagaInstance:
-    columns = Columns(row[: len(_SAGA_COLUMNS)], _SAGA_COLUMNS)
+def saga_of(row: Any, steps: Sequence[Any] = ()) -> SagaInstance:
+    columns = Columns(row)
     decoded = tuple(saga_step_of(item) for item in steps)
     for step in decoded:
         if step.damaged is not None:

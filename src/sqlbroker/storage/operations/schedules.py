@@ -1,15 +1,16 @@
 """Schedules: definitions, the due scan and the compare-and-set that fires a tick once
 (see :mod:`sqlbroker.features.schedules`; the types are in :mod:`sqlbroker.storage.schedules`).
 
-Firing is three steps in one transaction (:func:`fire_many`): :func:`advance` moves each
+Firing is three steps in one transaction (:func:`fire_many`): :func:`_advance` moves each
 schedule on by compare-and-set, the won ticks' messages are published, and
-:func:`published` points each schedule at the message of its last tick.
+:func:`_published` points each schedule at the message of its last tick.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -35,30 +36,8 @@ def upsert(settings: Settings, *, definition: ScheduleDefinition) -> Plan[Schedu
     """Create the schedule, or redefine the one of that name. An identical definition
     changes nothing; one with the same timing keeps its next run and anchor; any other
     takes ``next_run_at`` and ``anchor_at`` from ``definition``. Pausing survives."""
-    d = definition
-    yield query(
-        "schedule_upsert",
-        name=d.name,
-        topic=d.topic,
-        cron=d.cron,
-        every_seconds=d.every,
-        tz=d.tz,
-        missed=d.missed.value,
-        grace_seconds=d.grace,
-        start_at=d.start_at,
-        anchor_at=d.anchor_at,
-        payload=d.payload,
-        content_type=d.content_type,
-        headers=d.headers,
-        priority=d.priority,
-        ordering_key=d.ordering_key,
-        ttl_seconds=d.ttl,
-        max_attempts=d.max_attempts,
-        definition_hash=d.definition_hash,
-        timing_hash=d.timing_hash,
-        next_run_at=d.next_run_at,
-    )
-    rows = yield named("schedule_get", name=d.name)
+    yield query("schedule_upsert", **asdict(definition))
+    rows = yield named("schedule_list", names=[definition.name])
     return schedule_record_of(rows[0])
 
 
@@ -79,13 +58,8 @@ def set_paused(
 ) -> Plan[bool]:
     """Pause, or resume with ``next_run_at`` (a paused schedule only: resuming a running
     one changes nothing). Returns whether the schedule exists."""
-    if paused:
-        yield query("schedule_pause", name=name)
-    else:
-        assert next_run_at is not None
-        yield query("schedule_resume", name=name, next_run_at=next_run_at)
-    found = yield query("schedule_exists", name=name)
-    return bool(found[0][0])
+    done = yield query("schedule_set_paused", name=name, paused=paused, next_run_at=next_run_at)
+    return done.rowcount > 0
 
 
 @reads
@@ -102,7 +76,7 @@ def due(settings: Settings, *, limit: int) -> Plan[DueSchedules]:
     )
 
 
-def advance(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[list[ScheduleFire]]:
+def _advance(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[list[ScheduleFire]]:
     """Move each schedule from its expected next run on, provided it still has that next
     run and definition and is not paused; return the fires that won. Schedules are taken
     in one order (by name), so that two schedulers' batches never wait on each other."""
@@ -122,7 +96,7 @@ def advance(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[list[S
     return won
 
 
-def published(
+def _published(
     settings: Settings, *, fires: Sequence[ScheduleFire], message_ids: Sequence[str]
 ) -> Plan[dict[str, list[str]]]:
     """The message ids of each won fire (``message_ids``: the publish of all their
@@ -147,13 +121,13 @@ def fire_many(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[dict
     schedule that advanced; a fire that lost the race is left out."""
     if not fires:
         return {}
-    won = yield from advance(settings, fires=fires)
+    won = yield from _advance(settings, fires=fires)
     messages = [message for fire in won for message in fire.messages]
     ids: list[str] = []
     if messages:
         inserted = yield from message_insert_many(settings, messages=messages, subscription=None)
         ids = inserted.message_ids
-    return (yield from published(settings, fires=won, message_ids=ids))
+    return (yield from _published(settings, fires=won, message_ids=ids))
 
 
 def schedule_record_of(row: Any) -> ScheduleRecord:

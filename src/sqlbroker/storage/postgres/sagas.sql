@@ -19,16 +19,19 @@ SELECT %(saga_id)s, s.idx - 1, s.name, s.compensate, 'pending'
 FROM unnest(%(names)s::text[], %(compensate)s::boolean[])
      WITH ORDINALITY AS s(name, compensate, idx)
 
--- name: saga_get
+-- name: saga_rows
+-- (A fragment, included below.) A saga's columns, read by name (operations/sagas.py).
 SELECT id, name, status, data::text, step, version, error, message_id::text,
        created_at, updated_at, deadline, finished_at
-FROM {schema}sqlbroker_saga WHERE id = %(id)s
+FROM {schema}sqlbroker_saga
+
+-- name: saga_get
+-- include: saga_rows
+WHERE id = %(id)s
 
 -- name: saga_lock
 -- Transitions read the saga under a row lock, so that two never interleave.
-SELECT id, name, status, data::text, step, version, error, message_id::text,
-       created_at, updated_at, deadline, finished_at
-FROM {schema}sqlbroker_saga WHERE id = %(id)s
+-- include: saga_get
 FOR UPDATE
 
 -- name: saga_steps_get
@@ -67,9 +70,7 @@ FROM t
 WHERE p.saga_id = %(saga_id)s AND p.idx = %(idx)s
 
 -- name: saga_list
-SELECT id, name, status, data::text, step, version, error, message_id::text,
-       created_at, updated_at, deadline, finished_at
-FROM {schema}sqlbroker_saga
+-- include: saga_rows
 WHERE (%(name)s::text IS NULL OR name = %(name)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC, id DESC
@@ -78,13 +79,11 @@ LIMIT %(limit)s
 -- name: saga_due
 -- Sagas still moving whose deadline passed or whose awaited message was dead-lettered.
 WITH t AS (SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)
-SELECT s.id, s.version, s.deadline <= t.now AS expired,
-       (SELECT d.reason FROM {schema}sqlbroker_dead d WHERE d.message_id = s.message_id
-        LIMIT 1)
-FROM {schema}sqlbroker_saga s, t
-WHERE s.status IN ('running', 'compensating')
-  AND (s.deadline <= t.now
-       OR EXISTS (SELECT 1 FROM {schema}sqlbroker_dead d WHERE d.message_id = s.message_id))
+SELECT s.id, s.version, s.deadline <= t.now AS expired, d.reason
+FROM {schema}sqlbroker_saga s CROSS JOIN t
+LEFT JOIN LATERAL (SELECT reason FROM {schema}sqlbroker_dead
+                   WHERE message_id = s.message_id LIMIT 1) d ON true
+WHERE s.status IN ('running', 'compensating') AND (s.deadline <= t.now OR d.reason IS NOT NULL)
 LIMIT %(limit)s
 
 -- name: saga_counts

@@ -4,14 +4,15 @@
 -- name: schedule_upsert
 -- An identical definition changes nothing (not even updated_at); the same timing keeps the
 -- next run and the interval's anchor; anything else takes them from the new definition.
+-- The parameters are the fields of a ScheduleDefinition (storage/schedules.py).
 INSERT INTO {schema}sqlbroker_schedule AS s (
     name, topic, cron, every_seconds, tz, missed, grace_seconds, start_at, anchor_at,
     payload, content_type, headers, priority, ordering_key, ttl_seconds, max_attempts,
     definition_hash, timing_hash, next_run_at, created_at, updated_at
 ) VALUES (
-    %(name)s, %(topic)s, %(cron)s, %(every_seconds)s, %(tz)s, %(missed)s, %(grace_seconds)s,
+    %(name)s, %(topic)s, %(cron)s, %(every)s, %(tz)s, %(missed)s, %(grace)s,
     %(start_at)s, %(anchor_at)s, %(payload)s, %(content_type)s, %(headers)s, %(priority)s,
-    %(ordering_key)s, %(ttl_seconds)s, %(max_attempts)s, %(definition_hash)s, %(timing_hash)s,
+    %(ordering_key)s, %(ttl)s, %(max_attempts)s, %(definition_hash)s, %(timing_hash)s,
     %(next_run_at)s,
     coalesce(%(now)s::timestamptz, statement_timestamp()),
     coalesce(%(now)s::timestamptz, statement_timestamp())
@@ -41,9 +42,6 @@ ON CONFLICT (name, tenant) DO UPDATE SET
     updated_at = excluded.updated_at
 WHERE s.definition_hash <> excluded.definition_hash
 
--- name: schedule_get
-SELECT * FROM {schema}sqlbroker_schedule WHERE name = %(name)s
-
 -- name: schedule_list
 SELECT * FROM {schema}sqlbroker_schedule
 WHERE %(names)s::text[] IS NULL OR name = ANY (%(names)s::text[])
@@ -52,19 +50,17 @@ ORDER BY name
 -- name: schedule_delete
 DELETE FROM {schema}sqlbroker_schedule WHERE name = %(name)s
 
--- name: schedule_pause
+-- name: schedule_set_paused
+-- Pause, or resume from %(next_run_at)s; resuming a schedule that runs changes nothing, yet
+-- its row counts, so that the row count says whether the schedule exists.
 UPDATE {schema}sqlbroker_schedule
-SET paused = true, updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
+SET paused = %(paused)s,
+    next_run_at = CASE WHEN paused AND NOT %(paused)s THEN %(next_run_at)s::timestamptz
+                       ELSE next_run_at END,
+    updated_at = CASE WHEN paused OR %(paused)s
+                      THEN coalesce(%(now)s::timestamptz, statement_timestamp())
+                      ELSE updated_at END
 WHERE name = %(name)s
-
--- name: schedule_resume
-UPDATE {schema}sqlbroker_schedule
-SET paused = false, next_run_at = %(next_run_at)s,
-    updated_at = coalesce(%(now)s::timestamptz, statement_timestamp())
-WHERE name = %(name)s AND paused
-
--- name: schedule_exists
-SELECT count(*) FROM {schema}sqlbroker_schedule WHERE name = %(name)s
 
 -- name: schedule_due
 -- The clock's now and the earliest next run of the schedules not due travel with the due

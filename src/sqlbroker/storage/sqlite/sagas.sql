@@ -16,10 +16,15 @@ SELECT :saga_id, n.key, n.value, c.value, 'pending'
 FROM json_each(:names) n CROSS JOIN (SELECT key, value FROM json_each(:compensate) LIMIT -1) c ON c.key = n.key
 ORDER BY n.key
 
--- name: saga_get
+-- name: saga_rows
+-- (A fragment, included below.) A saga's columns, read by name (operations/sagas.py).
 SELECT id, name, status, data, step, version, error, message_id,
        created_at, updated_at, deadline, finished_at
-FROM sqlbroker_saga WHERE id = :id
+FROM sqlbroker_saga
+
+-- name: saga_get
+-- include: saga_rows
+WHERE id = :id
 
 -- name: saga_lock
 -- Transitions read the saga inside a write transaction, which holds the whole file: the
@@ -57,21 +62,19 @@ SET status = :status,
 WHERE saga_id = :saga_id AND idx = :idx
 
 -- name: saga_list
-SELECT id, name, status, data, step, version, error, message_id,
-       created_at, updated_at, deadline, finished_at
-FROM sqlbroker_saga
+-- include: saga_rows
 WHERE (:name IS NULL OR name = :name) AND (:status IS NULL OR status = :status)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit
 
 -- name: saga_due
 -- Sagas still moving whose deadline passed or whose awaited message was dead-lettered.
+-- (SQLite lets WHERE name the result columns: the dead letter is looked up once.)
 SELECT s.id, s.version, s.deadline <= :now AS expired,
        (SELECT d.reason FROM sqlbroker_dead d WHERE d.message_id = s.message_id LIMIT 1)
+           AS dead_reason
 FROM sqlbroker_saga s
-WHERE s.status IN ('running', 'compensating')
-  AND (s.deadline <= :now
-       OR EXISTS (SELECT 1 FROM sqlbroker_dead d WHERE d.message_id = s.message_id))
+WHERE s.status IN ('running', 'compensating') AND (expired OR dead_reason IS NOT NULL)
 LIMIT :limit
 
 -- name: saga_counts

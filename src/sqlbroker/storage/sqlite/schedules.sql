@@ -3,13 +3,14 @@
 -- name: schedule_upsert
 -- An identical definition changes nothing (not even updated_at); the same timing keeps the
 -- next run and the interval's anchor; anything else takes them from the new definition.
+-- The parameters are the fields of a ScheduleDefinition (storage/schedules.py).
 INSERT INTO sqlbroker_schedule AS s (
     name, topic, cron, every_seconds, tz, missed, grace_seconds, start_at, anchor_at,
     payload, content_type, headers, priority, ordering_key, ttl_seconds, max_attempts,
     definition_hash, timing_hash, next_run_at, created_at, updated_at
 ) VALUES (
-    :name, :topic, :cron, :every_seconds, :tz, :missed, :grace_seconds, :start_at, :anchor_at,
-    :payload, :content_type, :headers, :priority, :ordering_key, :ttl_seconds, :max_attempts,
+    :name, :topic, :cron, :every, :tz, :missed, :grace, :start_at, :anchor_at,
+    :payload, :content_type, :headers, :priority, :ordering_key, :ttl, :max_attempts,
     :definition_hash, :timing_hash, :next_run_at, :now, :now
 )
 ON CONFLICT (name) DO UPDATE SET
@@ -36,9 +37,6 @@ ON CONFLICT (name) DO UPDATE SET
     updated_at = excluded.updated_at
 WHERE s.definition_hash <> excluded.definition_hash
 
--- name: schedule_get
-SELECT * FROM sqlbroker_schedule WHERE name = :name
-
 -- name: schedule_list
 SELECT * FROM sqlbroker_schedule
 WHERE :names IS NULL OR name IN (SELECT value FROM json_each(:names))
@@ -47,16 +45,14 @@ ORDER BY name
 -- name: schedule_delete
 DELETE FROM sqlbroker_schedule WHERE name = :name
 
--- name: schedule_pause
-UPDATE sqlbroker_schedule SET paused = 1, updated_at = :now WHERE name = :name
-
--- name: schedule_resume
+-- name: schedule_set_paused
+-- Pause, or resume from :next_run_at; resuming a schedule that runs changes nothing, yet
+-- its row counts, so that the row count says whether the schedule exists.
 UPDATE sqlbroker_schedule
-SET paused = 0, next_run_at = :next_run_at, updated_at = :now
-WHERE name = :name AND paused = 1
-
--- name: schedule_exists
-SELECT count(*) FROM sqlbroker_schedule WHERE name = :name
+SET paused = :paused,
+    next_run_at = CASE WHEN paused AND NOT :paused THEN :next_run_at ELSE next_run_at END,
+    updated_at = CASE WHEN paused OR :paused THEN :now ELSE updated_at END
+WHERE name = :name
 
 -- name: schedule_due
 -- The clock's now and the earliest next run of the schedules not due travel with the due
