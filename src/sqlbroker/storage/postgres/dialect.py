@@ -154,13 +154,18 @@ async def run_async(
     """:func:`run` on an async connection; ``pooled``: one of ours, in autocommit, whose
     blocks of :data:`DIRECT` may go :func:`direct`."""
     held: list[Query] = []
-    direct_ok = pooled and conn.prepare_threshold is not None
 
     async def step(query: Query) -> Rows:
         if query.ahead:
             held.append(query)
             return Rows([], -1)
-        if direct_ok and query.block in DIRECT and not held and not query.named:
+        if (
+            pooled
+            and query.block in DIRECT
+            and not held
+            and not query.named
+            and conn.prepare_threshold is not None  # None: behind a transaction pooler
+        ):
             return await direct(conn, query.block, sql[query.block], _params(query, now))
         cursor: psycopg.AsyncCursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
@@ -179,7 +184,8 @@ async def run_async(
         return Rows(await cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
 
     done = await drive_async(plan, step)
-    await _send_async(conn, sql, held, now)
+    if held:
+        await _send_async(conn, sql, held, now)
     return done
 
 
@@ -232,10 +238,10 @@ class _Libpq:
 
 _libpq: dict[bytes, _Libpq] = {}
 _sessions: weakref.WeakKeyDictionary[
-    psycopg.AsyncConnection[Any], tuple[Adapting, dict[Any, bytes]]
+    psycopg.AsyncConnection[Any], tuple[Adapting, dict[Any, bytes], asyncio.AbstractEventLoop]
 ] = weakref.WeakKeyDictionary()
-"""Per connection, :func:`direct`'s adapter (its dumpers found once) and the statements it
-prepared there, by block and parameter types."""
+"""Per connection, :func:`direct`'s adapter (its dumpers found once), the statements it
+prepared there, by block and parameter types, and the loop it belongs to."""
 
 
 async def direct(
@@ -251,8 +257,8 @@ async def direct(
         libpq = _libpq[sql] = _Libpq(sql)
     session = _sessions.get(conn)
     if session is None:
-        session = _sessions[conn] = (Transformer(conn), {})
-    dumper, prepared = session
+        session = _sessions[conn] = (Transformer(conn), {}, asyncio.get_running_loop())
+    dumper, prepared, loop = session
     values = dumper.dump_sequence([params[name] for name in libpq.names], libpq.formats)
     pgconn = conn.pgconn
     key = (block, dumper.types)
@@ -260,10 +266,10 @@ async def direct(
     if name is None:
         name = b"sqlbroker_%d" % len(prepared)
         pgconn.send_prepare(name, libpq.text, param_types=dumper.types)
-        _check(conn, await _result(conn, pgconn))
+        _check(conn, await _result(conn, pgconn, loop))
         prepared[key] = name
     pgconn.send_query_prepared(name, values, param_formats=dumper.formats)
-    result = _check(conn, await _result(conn, pgconn))
+    result = _check(conn, await _result(conn, pgconn, loop))
     rowcount = result.command_tuples
     if result.status != ExecStatus.TUPLES_OK:
         return Rows([], -1 if rowcount is None else rowcount)
@@ -280,10 +286,11 @@ def _check(conn: psycopg.AsyncConnection[Any], result: PGresult | None) -> PGres
     return result
 
 
-async def _result(conn: psycopg.AsyncConnection[Any], pgconn: PGconn) -> PGresult | None:
+async def _result(
+    conn: psycopg.AsyncConnection[Any], pgconn: PGconn, loop: asyncio.AbstractEventLoop
+) -> PGresult | None:
     """The last result of the statement just sent, read when libpq has it all."""
     try:
-        loop = asyncio.get_running_loop()
         socket = pgconn.socket
         while pgconn.flush():  # nonblocking: part of it is still to go
             await _ready(loop, socket, write=True)
