@@ -309,7 +309,10 @@ async def _result(
             # Cancelled (or interrupted) with the statement in flight: as psycopg does,
             # ask the server to stop it; the connection goes back busy, and is closed.
             with contextlib.suppress(Exception):  # the interruption is what matters
-                await conn.cancel_safe(timeout=5.0)
+                if hasattr(conn, "cancel_safe"):  # psycopg 3.2 and later
+                    await conn.cancel_safe(timeout=5.0)
+                else:
+                    conn.cancel()
         raise
 
 
