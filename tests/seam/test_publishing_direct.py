@@ -196,3 +196,29 @@ def test_a_session_ended_under_a_direct_send_is_connection_lost(
         assert len(ids) == 1
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("pooler", [None, "transaction"])
+def test_behind_a_transaction_pooler_a_send_prepares_nothing(
+    pg_url: str, pooler: str | None
+) -> None:
+    # A transaction pooler may run the next statement on another server session, where a
+    # statement prepared on this one does not exist (docs/reliability.md).
+    backend = open_backend(pg_url, pooler=pooler, pool_size=1)
+    try:
+        publish(backend, "jobs", 2)
+        publish(backend, "jobs")
+
+        async def scenario() -> list[str]:
+            send = backend.async_ops.message_insert_many
+            for _ in range(2):
+                await send(messages=[new_message("jobs")], subscription="jobs")
+            async with backend.begin_async() as tx:  # the same (only) connection
+                cursor = await tx.connection.execute(
+                    "SELECT name FROM pg_prepared_statements WHERE name LIKE 'sqlbroker%'"
+                )
+                return [row[0] for row in await cursor.fetchall()]
+
+        assert asyncio.run(scenario()) == ([] if pooler else ["sqlbroker_0"])
+    finally:
+        backend.close()
