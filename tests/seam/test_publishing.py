@@ -20,7 +20,7 @@ from sqlbroker.core.message import NewMessage, Outcome, State
 from sqlbroker.core.topics import stored_pattern_matches
 from sqlbroker.storage.factory import open_backend
 
-from .support import claim, new_message
+from .support import claim, new_message, publish
 
 
 def _keyed(topic: str, key: str, payload: Any, **fields: Any) -> NewMessage:
@@ -227,3 +227,47 @@ def test_sqlite_refuses_a_caller_connection_for_coroutines(backend: Any) -> None
 
     with pytest.raises(InvalidOption, match="no async connections"):
         asyncio.run(scenario())
+
+
+def test_a_send_to_an_existing_queue_makes_no_insert_attempt_on_it(
+    pg_url: str, pg_server: Any
+) -> None:
+    # The queue-on-first-use fragment looks before it inserts: an insert attempt that ON
+    # CONFLICT turns away still evaluates the subscription table's CHECK constraints (two
+    # fifths of a single send's server time). A BEFORE INSERT trigger sees every attempt.
+    import psycopg
+
+    from sqlbroker.features.publishing import PublishDefaults, build_batch
+
+    backend = open_backend(pg_url)
+    try:
+        publish(backend, "jobs", 2)  # creates the queue
+        publish(backend, "jobs")  # finds it committed: this backend knows it now
+        admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute("CREATE TABLE attempts (name text, statement text)")
+            admin.execute(
+                "CREATE FUNCTION count_attempt() RETURNS trigger LANGUAGE plpgsql"
+                " SECURITY DEFINER AS $$ BEGIN"
+                " INSERT INTO attempts VALUES (NEW.name, left(current_query(), 60));"
+                " RETURN NEW; END $$"
+            )
+            admin.execute(
+                "CREATE TRIGGER count_attempt BEFORE INSERT ON sqlbroker_subscription"
+                " FOR EACH ROW EXECUTE FUNCTION count_attempt()"
+            )
+            publish(backend, "jobs")  # message_insert_queue_one
+            publish(backend, "jobs", key="k")  # message_insert_keyed_one
+            shared = build_batch(
+                [{"n": n} for n in range(3)],
+                defaults=PublishDefaults(max_attempts=5, dedupe_window=60.0, payload_limit=1024),
+                topic="jobs",
+            )
+            backend.message_insert_many(messages=shared, subscription="jobs")
+            assert admin.execute("SELECT name, statement FROM attempts").fetchall() == []
+            publish(backend, "other")  # a new queue is still created
+            assert ("other",) in admin.execute("SELECT name FROM attempts").fetchall()
+        assert len(claim(backend, "jobs")) == 8
+        assert len(claim(backend, "other")) == 1
+    finally:
+        backend.close()

@@ -164,7 +164,9 @@ class PostgresBackend(Backend):
             async with self._db.transaction_async() as conn:
                 return await dialect.run_async(conn, self._statements, plan, self._clock.now())
         async with self._db.connection_async(write=not access.read_only) as conn:
-            return await dialect.run_async(conn, self._statements, plan, self._clock.now())
+            return await dialect.run_async(
+                conn, self._statements, plan, self._clock.now(), pooled=True
+            )
 
     @contextlib.contextmanager
     def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:

@@ -7,14 +7,21 @@ database's own clock. Rows come back as tuples, or as dictionaries for a ``named
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import re
+import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.errors
+from psycopg.abc import Transformer as Adapting
+from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import ExecStatus
+from psycopg.pq.abc import PGconn, PGresult
 from psycopg.rows import TupleRow, dict_row
 
 from sqlbroker.core.errors import InvalidOption
@@ -141,14 +148,25 @@ async def run_async(
     sql: Statements,
     plan: Plan[T],
     now: datetime | None,
+    *,
+    pooled: bool = False,
 ) -> T:
-    """:func:`run` on an async connection."""
+    """:func:`run` on an async connection; ``pooled``: one of ours, in autocommit, whose
+    blocks of :data:`DIRECT` may go :func:`direct`."""
     held: list[Query] = []
 
     async def step(query: Query) -> Rows:
         if query.ahead:
             held.append(query)
             return Rows([], -1)
+        if (
+            pooled
+            and query.block in DIRECT
+            and not held
+            and not query.named
+            and conn.prepare_threshold is not None  # None: behind a transaction pooler
+        ):
+            return await direct(conn, query.block, sql[query.block], _params(query, now))
         cursor: psycopg.AsyncCursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
@@ -166,7 +184,8 @@ async def run_async(
         return Rows(await cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
 
     done = await drive_async(plan, step)
-    await _send_async(conn, sql, held, now)
+    if held:
+        await _send_async(conn, sql, held, now)
     return done
 
 
@@ -179,3 +198,139 @@ async def _send_async(
     for query in held:
         await conn.execute(sql[query.block], _params(query, now))
     held.clear()
+
+
+# --- a hot statement straight through libpq ---------------------------------------------------
+
+DIRECT = frozenset({"message_insert_queue_one"})
+"""Blocks :func:`run_async` runs by :func:`direct` on a pooled connection: a single send's
+statement, where psycopg's cursor (its prepare manager, result bookkeeping) and its wait
+(a timer and a poll beside the selector registration, per wait) were most of the client's
+work."""
+
+_PLACEHOLDER = re.compile(rb"%%|%\((\w+)\)([sbt])")
+_FORMATS = {b"s": PyFormat.AUTO, b"b": PyFormat.BINARY, b"t": PyFormat.TEXT}
+
+
+class _Libpq:
+    """A block in libpq's terms: its text with ``$n`` placeholders, and the names and
+    formats of its parameters in their order."""
+
+    __slots__ = ("formats", "names", "text")
+
+    def __init__(self, sql: bytes) -> None:
+        self.names: list[str] = []
+        self.formats: list[PyFormat] = []
+        numbers: dict[str, bytes] = {}
+
+        def number(match: re.Match[bytes]) -> bytes:
+            if match.group(1) is None:
+                return b"%"
+            name = match.group(1).decode()
+            if name not in numbers:
+                self.names.append(name)
+                self.formats.append(_FORMATS[match.group(2)])
+                numbers[name] = b"$%d" % len(self.names)
+            return numbers[name]
+
+        self.text = _PLACEHOLDER.sub(number, sql)
+
+
+_libpq: dict[bytes, _Libpq] = {}
+_sessions: weakref.WeakKeyDictionary[
+    psycopg.AsyncConnection[Any], tuple[Adapting, dict[Any, bytes], asyncio.AbstractEventLoop]
+] = weakref.WeakKeyDictionary()
+"""Per connection, :func:`direct`'s adapter (its dumpers found once), the statements it
+prepared there, by block and parameter types, and the loop it belongs to."""
+
+
+async def direct(
+    conn: psycopg.AsyncConnection[TupleRow], block: str, sql: bytes, params: Mapping[str, Any]
+) -> Rows:
+    """Run one statement on ``conn`` (idle, in autocommit, not shared) as a statement
+    prepared on it, driving libpq directly: one send, one wait for the socket, no timer.
+    Errors are psycopg's (the caller translates them). Interrupted while the statement
+    runs, the server is asked to cancel it and the connection is left busy, which the pool
+    closes instead of reusing."""
+    libpq = _libpq.get(sql)
+    if libpq is None:
+        libpq = _libpq[sql] = _Libpq(sql)
+    session = _sessions.get(conn)
+    if session is None:
+        session = _sessions[conn] = (Transformer(conn), {}, asyncio.get_running_loop())
+    dumper, prepared, loop = session
+    values = dumper.dump_sequence([params[name] for name in libpq.names], libpq.formats)
+    pgconn = conn.pgconn
+    key = (block, dumper.types)
+    name = prepared.get(key)
+    if name is None:
+        name = b"sqlbroker_%d" % len(prepared)
+        pgconn.send_prepare(name, libpq.text, param_types=dumper.types)
+        _check(conn, await _result(conn, pgconn, loop))
+        prepared[key] = name
+    pgconn.send_query_prepared(name, values, param_formats=dumper.formats)
+    result = _check(conn, await _result(conn, pgconn, loop))
+    rowcount = result.command_tuples
+    if result.status != ExecStatus.TUPLES_OK:
+        return Rows([], -1 if rowcount is None else rowcount)
+    dumper.set_pgresult(result)
+    rows = dumper.load_rows(0, result.ntuples, tuple)
+    return Rows(rows, len(rows) if rowcount is None else rowcount)
+
+
+def _check(conn: psycopg.AsyncConnection[Any], result: PGresult | None) -> PGresult:
+    if result is None or result.status == ExecStatus.FATAL_ERROR:
+        if result is None:
+            raise psycopg.OperationalError("the server sent no result")
+        raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    return result
+
+
+async def _result(
+    conn: psycopg.AsyncConnection[Any], pgconn: PGconn, loop: asyncio.AbstractEventLoop
+) -> PGresult | None:
+    """The last result of the statement just sent, read when libpq has it all."""
+    try:
+        socket = pgconn.socket
+        while pgconn.flush():  # nonblocking: part of it is still to go
+            await _ready(loop, socket, write=True)
+        last = None
+        while True:
+            if pgconn.is_busy():
+                await _ready(loop, socket, write=False)
+                pgconn.consume_input()
+                continue
+            result = pgconn.get_result()
+            if result is None:
+                return last
+            last = result
+    except BaseException as error:
+        if not isinstance(error, psycopg.Error) and not conn.closed:
+            # Cancelled (or interrupted) with the statement in flight: as psycopg does,
+            # ask the server to stop it; the connection goes back busy, and is closed.
+            with contextlib.suppress(Exception):  # the interruption is what matters
+                if hasattr(conn, "cancel_safe"):  # psycopg 3.2 and later
+                    await conn.cancel_safe(timeout=5.0)
+                else:
+                    conn.cancel()
+        raise
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, socket: int, *, write: bool) -> None:
+    ready = loop.create_future()
+    if write:
+        loop.add_writer(socket, _wake, ready)
+    else:
+        loop.add_reader(socket, _wake, ready)
+    try:
+        await ready
+    finally:
+        if write:
+            loop.remove_writer(socket)
+        else:
+            loop.remove_reader(socket)
+
+
+def _wake(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)

@@ -838,10 +838,16 @@ RETURNING name
 -- name: queue_on_first_use
 -- (A fragment of the inserts above, after their CTE `t` with the statement's `now`.) The
 -- queue named :subscription, when there is one, is created in the publish's own statement
--- if it does not exist yet, with its name as its one pattern.
+-- if it does not exist yet, with its name as its one pattern. The NOT EXISTS spares an
+-- existing queue the insert attempt: that evaluates the table's CHECK constraints (each
+-- one's expression built anew per statement) before ON CONFLICT finds the row, two fifths
+-- of a single send's server time; the ON CONFLICT still settles a concurrent creation.
 queue AS (
     INSERT INTO {schema}sqlbroker_subscription (name, created_at)
-    SELECT %(subscription)s::text, t.now FROM t WHERE %(subscription)s::text IS NOT NULL
+    SELECT %(subscription)s::text, t.now FROM t
+    WHERE %(subscription)s::text IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {schema}sqlbroker_subscription s
+                      WHERE s.name = %(subscription)s::text)
     ON CONFLICT (name) DO NOTHING
     RETURNING name
 ),
