@@ -166,7 +166,7 @@ async def run_async(
             and not query.named
             and conn.prepare_threshold is not None  # None: behind a transaction pooler
         ):
-            return await direct(conn, query.block, sql[query.block], _params(query, now))
+            return await direct(conn, sql[query.block], _params(query, now))
         cursor: psycopg.AsyncCursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
@@ -241,11 +241,11 @@ _sessions: weakref.WeakKeyDictionary[
     psycopg.AsyncConnection[Any], tuple[Adapting, dict[Any, bytes], asyncio.AbstractEventLoop]
 ] = weakref.WeakKeyDictionary()
 """Per connection, :func:`direct`'s adapter (its dumpers found once), the statements it
-prepared there, by block and parameter types, and the loop it belongs to."""
+prepared there, by text and parameter types, and the loop it belongs to."""
 
 
 async def direct(
-    conn: psycopg.AsyncConnection[TupleRow], block: str, sql: bytes, params: Mapping[str, Any]
+    conn: psycopg.AsyncConnection[TupleRow], sql: bytes, params: Mapping[str, Any]
 ) -> Rows:
     """Run one statement on ``conn`` (idle, in autocommit, not shared) as a statement
     prepared on it, driving libpq directly: one send, one wait for the socket, no timer.
@@ -261,7 +261,7 @@ async def direct(
     dumper, prepared, loop = session
     values = dumper.dump_sequence([params[name] for name in libpq.names], libpq.formats)
     pgconn = conn.pgconn
-    key = (block, dumper.types)
+    key = (sql, dumper.types)  # the text, not the block's name: it holds the schema
     name = prepared.get(key)
     if name is None:
         name = b"sqlbroker_%d" % len(prepared)
