@@ -21,16 +21,15 @@ from sqlbroker.core.serde import JSON_CONTENT_TYPE
 from sqlbroker.features.dead_letters import DeadLetters, DeadSelection
 from sqlbroker.interfaces.cli.params import F, json_option
 from sqlbroker.interfaces.cli.render import (
-    cell,
     console,
     echo_json,
+    fields,
     human_time,
     json_view,
+    listing,
     literal,
     payload_preview,
     plural,
-    print_damaged,
-    print_table,
     table,
 )
 from sqlbroker.interfaces.cli.session import (
@@ -96,68 +95,53 @@ def list_dead(
     session: Session, limit: int, after_id: int | None, as_json: bool, **filters: str | None
 ) -> None:
     """List dead letters matching every given filter, oldest first."""
-    rows = session.reader().dead_letters.list(**_given(filters), limit=limit, after_id=after_id)
-    if as_json:
-        echo_json(rows)
-        return
-    columns = ["id", "subscription", "topic", "attempts", "reason", "error type", "dead at"]
-    body = [
-        (
-            d.id,
-            d.subscription,
-            d.topic,
-            f"{d.attempts}/{d.max_attempts}",
-            d.reason,
-            d.error_type,
-            human_time(d.dead_at),
-        )
-        for d in rows
-    ]
-    shown = table(
-        None,
-        columns,
-        body,
+    listing(
+        session.reader().dead_letters.list(**_given(filters), limit=limit, after_id=after_id),
+        {
+            "id": lambda d: d.id,
+            "subscription": lambda d: d.subscription,
+            "topic": lambda d: d.topic,
+            "attempts": lambda d: f"{d.attempts}/{d.max_attempts}",
+            "reason": lambda d: d.reason,
+            "error type": lambda d: d.error_type,
+            "dead at": lambda d: human_time(d.dead_at),
+        },
+        as_json=as_json,
+        empty="no dead letters",
         numeric=["id", "attempts"],
         key="subscription",
         drop=["dead at", "error type", "attempts", "topic"],
     )
-    print_table(shown, empty="no dead letters")
-    print_damaged(rows)
 
 
 def _details(dead: DeadLetter) -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
     error = (
         None
         if dead.error_type is None
         else f"{dead.error_type}: {dead.error_message or ''}".rstrip(": ")
     )
-    fields: list[tuple[str, object]] = [
-        ("id", dead.id),
-        ("message id", dead.message_id),
-        ("subscription", dead.subscription),
-        ("topic", dead.topic),
-        ("priority", dead.priority),
-        ("key", dead.key),
-        ("idempotency key", dead.idempotency_key),
-        ("attempts", f"{dead.attempts}/{dead.max_attempts}"),
-        ("replays", dead.replay_count),
-        ("reason", dead.reason),
-        ("error", error),
-        ("content type", dead.content_type),
-        ("enqueued at", human_time(dead.enqueued_at)),
-        ("first started at", human_time(dead.first_started_at)),
-        ("first failed at", human_time(dead.first_failed_at)),
-        ("last failed at", human_time(dead.last_failed_at)),
-        ("dead at", human_time(dead.dead_at)),
-    ]
-    if dead.damaged:
-        fields.append(("damaged", dead.damaged))
-    for name, value in fields:
-        grid.add_row(name, cell(value))
-    return grid
+    return fields(
+        [
+            ("id", dead.id),
+            ("message id", dead.message_id),
+            ("subscription", dead.subscription),
+            ("topic", dead.topic),
+            ("priority", dead.priority),
+            ("key", dead.key),
+            ("idempotency key", dead.idempotency_key),
+            ("attempts", f"{dead.attempts}/{dead.max_attempts}"),
+            ("replays", dead.replay_count),
+            ("reason", dead.reason),
+            ("error", error),
+            ("content type", dead.content_type),
+            ("enqueued at", human_time(dead.enqueued_at)),
+            ("first started at", human_time(dead.first_started_at)),
+            ("first failed at", human_time(dead.first_failed_at)),
+            ("last failed at", human_time(dead.last_failed_at)),
+            ("dead at", human_time(dead.dead_at)),
+            *([("damaged", dead.damaged)] if dead.damaged else []),
+        ]
+    )
 
 
 @dlq.command("show")
