@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
 from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError, InvalidOption, NotFound
+from sqlbroker.interfaces.cli.params import F, note_option
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 from sqlbroker.storage.url import parse_url
 
 _POSTGRES_BACKEND = "sqlbroker.storage.postgres.backend"
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def schema_option(help: str) -> Callable[[F], F]:
@@ -133,14 +132,9 @@ def subscribe(session: Session, name: str, patterns: tuple[str, ...], replace: b
     click.echo(f"subscription {created.name}: {', '.join(created.patterns)}")
 
 
-_NOTE = click.option(
-    "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
-)
-
-
 @click.command()
 @click.argument("name")
-@_NOTE
+@note_option
 @pass_session
 def pause(session: Session, name: str, note: str | None) -> None:
     """Pause the subscription NAME: no worker claims from it until it is resumed.
@@ -154,7 +148,7 @@ def pause(session: Session, name: str, note: str | None) -> None:
 
 @click.command()
 @click.argument("name")
-@_NOTE
+@note_option
 @pass_session
 def resume(session: Session, name: str, note: str | None) -> None:
     """Resume the subscription NAME: workers claim from it again."""

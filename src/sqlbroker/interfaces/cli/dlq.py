@@ -8,7 +8,6 @@ needs no confirmation. Every replay and purge is audited with the actor ``cli:<u
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import cast
 
 import click
@@ -19,7 +18,7 @@ from sqlbroker.core.errors import NotFound
 from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.serde import JSON_CONTENT_TYPE
 from sqlbroker.features.dead_letters import DeadLetters, DeadSelection
-from sqlbroker.interfaces.cli.params import F, json_option
+from sqlbroker.interfaces.cli.params import json_option, note_option, options
 from sqlbroker.interfaces.cli.render import (
     console,
     echo_json,
@@ -44,7 +43,7 @@ CONFIRM_PREVIEW = 1000
 _PAST = {"replay": "replayed", "purge": "purged"}
 """How many matching dead letters are counted before asking; more shows as "more than"."""
 
-_FILTERS: list[Callable[[F], F]] = [
+filter_options = options(
     click.option("--subscription", default=None, help="Only dead letters of this subscription."),
     click.option("--topic", default=None, help="Only dead letters of this topic."),
     click.option("--error-type", default=None, help="Only this exception type (e.g. ValueError)."),
@@ -55,14 +54,8 @@ _FILTERS: list[Callable[[F], F]] = [
         metavar="TEXT",
         help="Only reasons containing TEXT.",
     ),
-]
-
-
-def filter_options(function: F) -> F:
-    """The selection options every ``dlq`` command shares."""
-    for option in reversed(_FILTERS):
-        function = option(function)
-    return function
+)
+"""The selection options every ``dlq`` command shares."""
 
 
 def _given(options: dict[str, str | None]) -> DeadSelection:
@@ -261,25 +254,16 @@ def _require_existing(dead: DeadLetters, verb: str, ids: tuple[int, ...]) -> Non
         raise CliFailure(f"no dead letter with {noun} {shown}; nothing was {_PAST[verb]}")
 
 
-def action_options(function: F) -> F:
-    """Options shared by ``dlq replay`` and ``dlq purge``."""
-    for option in reversed(
-        [
-            click.argument("ids", nargs=-1, type=click.IntRange(min=1)),
-            filter_options,
-            click.option(
-                "--all", "everything", is_flag=True, help="Every dead letter (asks first)."
-            ),
-            click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
-            click.option(
-                "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
-            ),
-            json_option("Print the result as JSON."),
-            pass_session,
-        ]
-    ):
-        function = option(function)
-    return function
+action_options = options(
+    click.argument("ids", nargs=-1, type=click.IntRange(min=1)),
+    filter_options,
+    click.option("--all", "everything", is_flag=True, help="Every dead letter (asks first)."),
+    click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
+    note_option,
+    json_option("Print the result as JSON."),
+    pass_session,
+)
+"""Options shared by ``dlq replay`` and ``dlq purge``."""
 
 
 @dlq.command("replay")

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
 
 import click
 
@@ -15,45 +13,39 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import SchemaError, SqlbrokerError
 from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
-from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.params import DURATION, json_option, options
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_NOT_LIVE = 1
 EXIT_NOT_READY = 3
 DEFAULT_MAX_LAG = 300.0
 
 
-def observe_options(function: F) -> F:
-    """The worker's ``--log-format``, ``--metrics-port`` and ``--metrics-host`` options."""
-    options = [
-        click.option(
-            "--log-format",
-            type=click.Choice(logs.LOG_FORMATS, case_sensitive=False),
-            default="plain",
-            show_default=True,
-            help="json: one JSON object per line with the records' structured fields.",
-        ),
-        click.option(
-            "--metrics-port",
-            type=click.IntRange(min=0, max=65535),
-            default=None,
-            metavar="PORT",
-            help="Serve Prometheus metrics on this port (needs the metrics extra).",
-        ),
-        click.option(
-            "--metrics-host",
-            default="127.0.0.1",
-            show_default=True,
-            metavar="HOST",
-            help="Address the metrics endpoint listens on (0.0.0.0 for every interface).",
-        ),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+observe_options = options(
+    click.option(
+        "--log-format",
+        type=click.Choice(logs.LOG_FORMATS, case_sensitive=False),
+        default="plain",
+        show_default=True,
+        help="json: one JSON object per line with the records' structured fields.",
+    ),
+    click.option(
+        "--metrics-port",
+        type=click.IntRange(min=0, max=65535),
+        default=None,
+        metavar="PORT",
+        help="Serve Prometheus metrics on this port (needs the metrics extra).",
+    ),
+    click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        metavar="HOST",
+        help="Address the metrics endpoint listens on (0.0.0.0 for every interface).",
+    ),
+)
+"""The worker's ``--log-format``, ``--metrics-port`` and ``--metrics-host`` options."""
 
 
 def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
