@@ -18,12 +18,9 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
 @click.option(
     "--host",
     default=DEFAULT_HOST,
-    show_default=True,
     help="Address to listen on; anything but loopback needs --token.",
 )
-@click.option(
-    "--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT, show_default=True
-)
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT)
 @click.option(
     "--token",
     envvar=TOKEN_ENV,
@@ -43,7 +40,6 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
     "--refresh",
     type=DURATION,
     default=2.0,
-    show_default=True,
     metavar="SECONDS",
     help="How often the page refreshes itself.",
 )
@@ -87,7 +83,7 @@ def dashboard(
 
 
 @click.command()
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=int, default=50)
 @json_option()
 @pass_session
 def audit(session: Session, limit: int, as_json: bool) -> None:

@@ -27,7 +27,6 @@ observe_options = options(
         "--log-format",
         type=click.Choice(logs.LOG_FORMATS, case_sensitive=False),
         default="plain",
-        show_default=True,
         help="json: one JSON object per line with the records' structured fields.",
     ),
     click.option(
@@ -40,7 +39,6 @@ observe_options = options(
     click.option(
         "--metrics-host",
         default="127.0.0.1",
-        show_default=True,
         metavar="HOST",
         help="Address the metrics endpoint listens on (0.0.0.0 for every interface).",
     ),
@@ -62,12 +60,10 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
     "--port",
     type=click.IntRange(min=0, max=65535),
     default=prometheus.DEFAULT_PORT,
-    show_default=True,
 )
 @click.option(
     "--host",
     default="127.0.0.1",
-    show_default=True,
     help="Address to listen on (0.0.0.0 for every interface).",
 )
 @click.option("--once", is_flag=True, help="Print one scrape on stdout and exit.")
@@ -75,7 +71,6 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
     "--window",
     type=DURATION,
     default=facts.RATE_WINDOW,
-    show_default=True,
     metavar="SECONDS",
     help="Window of the recent handler-time quantiles.",
 )
@@ -167,14 +162,12 @@ def _checks(
     "--probe",
     type=click.Choice(["liveness", "readiness"]),
     default="readiness",
-    show_default=True,
     help="liveness: database and heartbeats; readiness: also schema and lag.",
 )
 @click.option(
     "--max-heartbeat-age",
     type=DURATION,
     default=prometheus.DEFAULT_HEARTBEAT_AGE,
-    show_default=True,
     metavar="SECONDS",
     help="A worker is alive if its last heartbeat is at most this old.",
 )
@@ -182,7 +175,6 @@ def _checks(
     "--max-lag",
     type=DURATION,
     default=DEFAULT_MAX_LAG,
-    show_default=True,
     metavar="SECONDS",
     help="Readiness fails when a ready message is older.",
 )

@@ -31,7 +31,7 @@ def saga() -> None:
     default=None,
     help="Only sagas in this status.",
 )
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
 def list_sagas(

@@ -112,11 +112,10 @@ def resume_schedule(session: Session, name: str) -> None:
     "--poll-interval",
     type=DURATION,
     default=1.0,
-    show_default=True,
     help="Longest pause between passes (new schedules are seen within it).",
 )
 @click.option("--once", is_flag=True, help="Run one pass, print what it published, and exit.")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info")
 @pass_session
 def scheduler(session: Session, poll_interval: float, once: bool, log_level: str) -> None:
     """Publish the due ticks of every schedule until SIGTERM or Ctrl-C.

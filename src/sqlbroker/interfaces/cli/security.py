@@ -22,7 +22,6 @@ _schema_option = schema_option(
 _prefix_option = click.option(
     "--prefix",
     default=security.DEFAULT_ROLE_PREFIX,
-    show_default=True,
     help="Group roles are PREFIX_migrator, PREFIX_producer, … (one set per deployment).",
 )
 

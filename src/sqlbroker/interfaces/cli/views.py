@@ -179,7 +179,7 @@ def _error_summary(last_error: str | None) -> str | None:
 @click.option(
     "--state", type=click.Choice([s.value for s in State], case_sensitive=False), default=None
 )
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
 def pending(
@@ -217,7 +217,7 @@ def pending(
     "--outcome", type=click.Choice([o.value for o in Outcome], case_sensitive=False), default=None
 )
 @click.option("--message-id", default=None, help="Only the copies of this message.")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
 def archive(

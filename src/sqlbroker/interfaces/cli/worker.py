@@ -127,7 +127,6 @@ def load_broker(reference: str) -> Broker:
     "--grace",
     type=DURATION,
     default=DEFAULT_GRACE,
-    show_default=True,
     metavar="SECONDS",
     help="On stop, how long running handlers may take to finish (30, 2m).",
 )
@@ -135,12 +134,10 @@ def load_broker(reference: str) -> Broker:
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="info",
-    show_default=True,
 )
 @click.option(
     "--schedules/--no-schedules",
     default=True,
-    show_default=True,
     help="Also publish the due ticks of durable schedules.",
 )
 @observe_options
