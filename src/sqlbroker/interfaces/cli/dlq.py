@@ -8,7 +8,7 @@ needs no confirmation. Every replay and purge is audited with the actor ``cli:<u
 from __future__ import annotations
 
 import sys
-from typing import cast
+from typing import Any, cast
 
 import click
 from rich.table import Table
@@ -78,7 +78,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @filter_options
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @click.option(
     "--after", "after_id", type=int, default=None, metavar="ID", help="Only ids after ID (to page)."
 )
@@ -201,13 +201,14 @@ def _act(
     session: Session,
     verb: str,
     ids: tuple[int, ...],
-    filters: dict[str, str | None],
     everything: bool,
     yes: bool,
     note: str | None,
-) -> tuple[int, list[int]]:
-    """Validate the selection, confirm when needed, then replay or purge. Returns the count
-    and, for replay, the new delivery ids."""
+    as_json: bool,
+    **filters: str | None,
+) -> None:
+    """Validate the selection, confirm when needed, replay or purge, and print how many
+    (with ``--json``: the count and, for replay, the new delivery ids)."""
     chosen = _given(filters)
     if everything and (ids or chosen):
         raise InvalidUsage("--all cannot be combined with ids or filters")
@@ -216,27 +217,31 @@ def _act(
             "name dead letters by id or by filter (--subscription, --topic, --error-type,"
             " --reason), or pass --all"
         )
-    if not ids and not yes and not _confirm(session, verb, chosen, everything):
-        return 0, []
-    dead = session.broker().dead_letters
-    if ids:
-        _require_existing(dead, verb, ids)
-    named = list(ids) or None
-    actor = cli_actor()
-    if verb == "replay":
-        delivery_ids = dead.replay(named, **chosen, all=everything, actor=actor, note=note)
-        count = len(delivery_ids)
+    count, delivery_ids = 0, []
+    if ids or yes or _confirm(session, verb, chosen, everything):
+        dead = session.broker().dead_letters
+        if ids:
+            _require_existing(dead, verb, ids)
+        named = list(ids) or None
+        actor = cli_actor()
+        if verb == "replay":
+            delivery_ids = dead.replay(named, **chosen, all=everything, actor=actor, note=note)
+            count = len(delivery_ids)
+        else:
+            count = dead.purge(named, **chosen, all=everything, actor=actor, note=note)
+        missing = len(set(ids)) - count
+        if ids and missing > 0:
+            raise CliFailure(
+                f"{_PAST[verb]} {plural(count, 'dead letter')},"
+                f" but {plural(missing, 'named dead letter')} did not match"
+                " (excluded by a filter, or gone meanwhile)"
+            )
+    if not as_json:
+        click.echo(f"{_PAST[verb]} {plural(count, 'dead letter')}")
+    elif verb == "replay":
+        echo_json({"replayed": count, "delivery_ids": delivery_ids})
     else:
-        delivery_ids = []
-        count = dead.purge(named, **chosen, all=everything, actor=actor, note=note)
-    missing = len(set(ids)) - count
-    if ids and missing > 0:
-        raise CliFailure(
-            f"{_PAST[verb]} {plural(count, 'dead letter')},"
-            f" but {plural(missing, 'named dead letter')} did not match"
-            " (excluded by a filter, or gone meanwhile)"
-        )
-    return count, delivery_ids
+        echo_json({"purged": count})
 
 
 def _require_existing(dead: DeadLetters, verb: str, ids: tuple[int, ...]) -> None:
@@ -268,45 +273,21 @@ action_options = options(
 
 @dlq.command("replay")
 @action_options
-def replay_dead(
-    session: Session,
-    ids: tuple[int, ...],
-    everything: bool,
-    yes: bool,
-    note: str | None,
-    as_json: bool,
-    **filters: str | None,
-) -> None:
+def replay_dead(session: Session, **selection: Any) -> None:
     """Send dead letters back to their subscription.
 
     Attempts are reset and the replay is counted. Select them by IDS, by filters, or
     with --all; filters and --all ask for confirmation unless --yes is given.
     """
-    count, delivery_ids = _act(session, "replay", ids, filters, everything, yes, note)
-    if as_json:
-        echo_json({"replayed": count, "delivery_ids": delivery_ids})
-    else:
-        click.echo(f"replayed {plural(count, 'dead letter')}")
+    _act(session, "replay", **selection)
 
 
 @dlq.command("purge")
 @action_options
-def purge_dead(
-    session: Session,
-    ids: tuple[int, ...],
-    everything: bool,
-    yes: bool,
-    note: str | None,
-    as_json: bool,
-    **filters: str | None,
-) -> None:
+def purge_dead(session: Session, **selection: Any) -> None:
     """Delete dead letters for good.
 
     Select them by IDS, by filters, or with --all; filters and --all ask for
     confirmation unless --yes is given.
     """
-    count, _ = _act(session, "purge", ids, filters, everything, yes, note)
-    if as_json:
-        echo_json({"purged": count})
-    else:
-        click.echo(f"purged {plural(count, 'dead letter')}")
+    _act(session, "purge", **selection)
