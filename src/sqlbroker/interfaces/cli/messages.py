@@ -26,6 +26,7 @@ from sqlbroker.interfaces.cli.render import (
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
 publish_options = options(
+    click.argument("payload"),
     click.option(
         "--priority",
         type=PRIORITY,
@@ -75,8 +76,9 @@ publish_options = options(
         default=None,
         help="Content type of a --raw payload. [default: application/octet-stream]",
     ),
+    pass_session,
 )
-"""The message options ``send`` and ``publish`` share."""
+"""The payload and message options ``send`` and ``publish`` share."""
 
 
 def _message(
@@ -98,9 +100,7 @@ def _message(
 
 @click.command()
 @click.argument("queue")
-@click.argument("payload")
 @publish_options
-@pass_session
 def send(session: Session, queue: str, payload: str, raw: bool, **options: Any) -> None:
     """Send a message to a queue; print its id.
 
@@ -113,9 +113,7 @@ def send(session: Session, queue: str, payload: str, raw: bool, **options: Any) 
 
 @click.command()
 @click.argument("topic")
-@click.argument("payload")
 @publish_options
-@pass_session
 def publish(session: Session, topic: str, payload: str, raw: bool, **options: Any) -> None:
     """Publish a message to a topic; print its id.
 
@@ -129,7 +127,7 @@ def publish(session: Session, topic: str, payload: str, raw: bool, **options: An
 
 @click.command()
 @click.argument("subscription")
-@click.option("--limit", type=int, default=1, show_default=True, help="Claim at most this many.")
+@click.option("--limit", type=int, default=1, help="Claim at most this many.")
 @click.option(
     "--lease", type=DURATION, default=None, help="Lease length (e.g. 30, 2m). [default: 30s]"
 )
