@@ -14,12 +14,12 @@ Two sources, one exposition:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.app import Broker
 from sqlbroker.core.errors import SqlbrokerError
-from sqlbroker.core.message import Delivery
+from sqlbroker.core.message import Delivery, SubscriptionStats
 from sqlbroker.core.observability import HANDLER_BUCKETS
 from sqlbroker.features import metrics
 from sqlbroker.runtime.events import WorkerObserver
@@ -80,61 +80,55 @@ class DatabaseCollector:
     def _families(self, core: Any) -> Iterator[Any]:
         backend = self._broker.backend
         stats = self._broker.stats(window=self._window)
-        by_sub = ["subscription"]
-        gauges = {
-            "ready": ("sqlbroker_messages_ready", "Messages ready to be claimed."),
-            "scheduled": ("sqlbroker_messages_scheduled", "Messages delayed or backing off."),
-            "running": ("sqlbroker_messages_running", "Messages leased to a handler."),
-            "blocked": ("sqlbroker_messages_blocked", "Messages waiting behind their key."),
-            "dead": ("sqlbroker_dead_letters", "Dead letters held (not replayed or purged)."),
-            "expired": ("sqlbroker_expired_messages", "Expired messages in the archive."),
+        gauges: dict[str, tuple[str, Callable[[SubscriptionStats], float]]] = {
+            "sqlbroker_messages_ready": ("Messages ready to be claimed.", lambda r: r.ready),
+            "sqlbroker_messages_scheduled": (
+                "Messages delayed or backing off.",
+                lambda r: r.scheduled,
+            ),
+            "sqlbroker_messages_running": ("Messages leased to a handler.", lambda r: r.running),
+            "sqlbroker_messages_blocked": (
+                "Messages waiting behind their key.",
+                lambda r: r.blocked,
+            ),
+            "sqlbroker_dead_letters": (
+                "Dead letters held (not replayed or purged).",
+                lambda r: r.dead,
+            ),
+            "sqlbroker_expired_messages": ("Expired messages in the archive.", lambda r: r.expired),
+            "sqlbroker_oldest_ready_age_seconds": (
+                "Age of the oldest ready message (consumer lag); 0 when none is ready.",
+                lambda r: r.oldest_ready_age or 0.0,
+            ),
+            "sqlbroker_subscription_paused": (
+                "1 while claims from the subscription are paused (Broker.pause), else 0.",
+                lambda r: 1.0 if r.paused else 0.0,
+            ),
+            "sqlbroker_subscription_throttled": (
+                "1 while the subscription's flow limits hold claims back (its rate limit, or"
+                " max_running copies running; Broker.set_flow), else 0.",
+                lambda r: 1.0 if r.throttled else 0.0,
+            ),
+            "sqlbroker_subscription_throttled_seconds": (
+                "Seconds until the subscription's rate limit lets the next claim through.",
+                lambda r: r.throttled_for,
+            ),
         }
-        for field, (name, text) in gauges.items():
-            family = core.GaugeMetricFamily(name, text, labels=by_sub)
+        for name, (text, value) in gauges.items():
+            family = core.GaugeMetricFamily(name, text, labels=["subscription"])
             for row in stats:
-                family.add_metric([row.subscription], getattr(row, field))
+                family.add_metric([row.subscription], value(row))
             yield family
-        lag = core.GaugeMetricFamily(
-            "sqlbroker_oldest_ready_age_seconds",
-            "Age of the oldest ready message (consumer lag); 0 when none is ready.",
-            labels=by_sub,
-        )
         quantiles = core.GaugeMetricFamily(
             "sqlbroker_handler_recent_duration_seconds",
             f"Handler time quantiles over the last {self._window:g} s, all workers.",
             labels=["subscription", "quantile"],
         )
         for row in stats:
-            lag.add_metric([row.subscription], row.oldest_ready_age or 0.0)
-            for q, value in (("0.5", row.handler_p50), ("0.95", row.handler_p95)):
-                if value is not None:
-                    quantiles.add_metric([row.subscription, q], value)
-        yield lag
+            for q, seconds in (("0.5", row.handler_p50), ("0.95", row.handler_p95)):
+                if seconds is not None:
+                    quantiles.add_metric([row.subscription, q], seconds)
         yield quantiles
-        paused = core.GaugeMetricFamily(
-            "sqlbroker_subscription_paused",
-            "1 while claims from the subscription are paused (Broker.pause), else 0.",
-            labels=by_sub,
-        )
-        for row in stats:
-            paused.add_metric([row.subscription], 1.0 if row.paused else 0.0)
-        yield paused
-        throttled = core.GaugeMetricFamily(
-            "sqlbroker_subscription_throttled",
-            "1 while the subscription's flow limits hold claims back (its rate limit, or"
-            " max_running copies running; Broker.set_flow), else 0.",
-            labels=by_sub,
-        )
-        throttled_for = core.GaugeMetricFamily(
-            "sqlbroker_subscription_throttled_seconds",
-            "Seconds until the subscription's rate limit lets the next claim through.",
-            labels=by_sub,
-        )
-        for row in stats:
-            throttled.add_metric([row.subscription], 1.0 if row.throttled else 0.0)
-            throttled_for.add_metric([row.subscription], row.throttled_for)
-        yield throttled
-        yield throttled_for
         totals = core.CounterMetricFamily(
             "sqlbroker_messages",
             "Outcomes written back by workers (and replaced publishes: outcome replaced),"

@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
 from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError, InvalidOption, NotFound
+from sqlbroker.interfaces.cli.params import F, note_option
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 from sqlbroker.storage.url import parse_url
-
-_POSTGRES_BACKEND = "sqlbroker.storage.postgres.backend"
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def schema_option(help: str) -> Callable[[F], F]:
@@ -61,7 +57,7 @@ def schema_sql(url: str, pg_schema: str | None = None) -> str:
 
     ``pg_schema`` places the PostgreSQL tables in that schema; SQLite has none, so it is
     an ``InvalidOption`` there. Raises ``ConfigurationError`` when the PostgreSQL backend
-    (or its ``schema_sql``) is not available.
+    is not available.
     """
     parsed = parse_url(url)
     if parsed.scheme == "sqlite":
@@ -71,20 +67,14 @@ def schema_sql(url: str, pg_schema: str | None = None) -> str:
 
         return SqliteBackend.schema_sql()
     try:
-        # Imported by name: the PostgreSQL backend needs the optional psycopg extra.
-        backend_module = importlib.import_module(_POSTGRES_BACKEND)
+        # Imported here: the PostgreSQL backend needs the optional psycopg extra.
+        from sqlbroker.storage.postgres.backend import PostgresBackend
     except ImportError as error:
         raise ConfigurationError(
             "cannot print the PostgreSQL schema: the PostgreSQL backend is unavailable"
             f" ({error}); install it with pip install 'sqlbroker[postgres]'"
         ) from None
-    render = getattr(getattr(backend_module, "PostgresBackend", None), "schema_sql", None)
-    if render is None:
-        raise ConfigurationError(
-            "cannot print the PostgreSQL schema: this PostgreSQL backend has no"
-            " PostgresBackend.schema_sql(); run `sqlbroker migrate` against a database instead"
-        )
-    return str(render(schema=pg_schema))
+    return PostgresBackend.schema_sql(schema=pg_schema)
 
 
 @click.command()
@@ -133,14 +123,9 @@ def subscribe(session: Session, name: str, patterns: tuple[str, ...], replace: b
     click.echo(f"subscription {created.name}: {', '.join(created.patterns)}")
 
 
-_NOTE = click.option(
-    "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
-)
-
-
 @click.command()
 @click.argument("name")
-@_NOTE
+@note_option
 @pass_session
 def pause(session: Session, name: str, note: str | None) -> None:
     """Pause the subscription NAME: no worker claims from it until it is resumed.
@@ -154,7 +139,7 @@ def pause(session: Session, name: str, note: str | None) -> None:
 
 @click.command()
 @click.argument("name")
-@_NOTE
+@note_option
 @pass_session
 def resume(session: Session, name: str, note: str | None) -> None:
     """Resume the subscription NAME: workers claim from it again."""

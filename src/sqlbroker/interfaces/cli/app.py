@@ -30,12 +30,13 @@ def _version() -> str:
     return __version__
 
 
-@click.group(cls=BrokerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=BrokerGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.option(
     "--url",
     envvar=URL_ENV,
     default=DEFAULT_URL,
-    show_default=True,
     metavar="URL",
     help=(
         f"Database URL: sqlite:///path.db or postgresql://user@host/db (or ${URL_ENV}, which"

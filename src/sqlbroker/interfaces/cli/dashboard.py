@@ -7,7 +7,7 @@ import click
 
 from sqlbroker.interfaces.cli.admin import broker_in, schema_option
 from sqlbroker.interfaces.cli.params import DURATION, json_option
-from sqlbroker.interfaces.cli.render import echo_json, human_time, print_damaged, print_table, table
+from sqlbroker.interfaces.cli.render import human_time, listing
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 from sqlbroker.interfaces.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, Dashboard
 
@@ -18,12 +18,9 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
 @click.option(
     "--host",
     default=DEFAULT_HOST,
-    show_default=True,
     help="Address to listen on; anything but loopback needs --token.",
 )
-@click.option(
-    "--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT, show_default=True
-)
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT)
 @click.option(
     "--token",
     envvar=TOKEN_ENV,
@@ -43,7 +40,6 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
     "--refresh",
     type=DURATION,
     default=2.0,
-    show_default=True,
     metavar="SECONDS",
     help="How often the page refreshes itself.",
 )
@@ -87,38 +83,27 @@ def dashboard(
 
 
 @click.command()
-@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--limit", type=int, default=50)
 @json_option()
 @pass_session
 def audit(session: Session, limit: int, as_json: bool) -> None:
     """List replays and purges of dead letters: who, when, which and why, newest first."""
-    rows = session.reader().audit(limit=limit)
-    if as_json:
-        echo_json(rows)
-        return
-    body = [
-        (
-            a.id,
-            human_time(a.at),
-            a.actor,
-            a.action,
-            _ids(a.detail.get("dead_ids")),
-            a.detail.get("note"),
-        )
-        for a in rows
-    ]
-    print_table(
-        table(
-            None,
-            ["id", "when", "who", "action", "dead letters", "why"],
-            body,
-            numeric=["id"],
-            key="action",
-            drop=["who", "when"],
-        ),
+    listing(
+        session.reader().audit(limit=limit),
+        {
+            "id": lambda a: a.id,
+            "when": lambda a: human_time(a.at),
+            "who": lambda a: a.actor,
+            "action": lambda a: a.action,
+            "dead letters": lambda a: _ids(a.detail.get("dead_ids")),
+            "why": lambda a: a.detail.get("note"),
+        },
+        as_json=as_json,
         empty="no replays or purges yet",
+        numeric=["id"],
+        key="action",
+        drop=["who", "when"],
     )
-    print_damaged(rows)
 
 
 def _read_token(path: str, *, also_given: bool) -> str:

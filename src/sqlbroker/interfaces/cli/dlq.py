@@ -8,8 +8,7 @@ needs no confirmation. Every replay and purge is audited with the actor ``cli:<u
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import click
 from rich.table import Table
@@ -19,18 +18,17 @@ from sqlbroker.core.errors import NotFound
 from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.serde import JSON_CONTENT_TYPE
 from sqlbroker.features.dead_letters import DeadLetters, DeadSelection
-from sqlbroker.interfaces.cli.params import F, json_option
+from sqlbroker.interfaces.cli.params import json_option, note_option, options
 from sqlbroker.interfaces.cli.render import (
-    cell,
     console,
     echo_json,
+    fields,
     human_time,
     json_view,
+    listing,
     literal,
     payload_preview,
     plural,
-    print_damaged,
-    print_table,
     table,
 )
 from sqlbroker.interfaces.cli.session import (
@@ -45,7 +43,7 @@ CONFIRM_PREVIEW = 1000
 _PAST = {"replay": "replayed", "purge": "purged"}
 """How many matching dead letters are counted before asking; more shows as "more than"."""
 
-_FILTERS: list[Callable[[F], F]] = [
+filter_options = options(
     click.option("--subscription", default=None, help="Only dead letters of this subscription."),
     click.option("--topic", default=None, help="Only dead letters of this topic."),
     click.option("--error-type", default=None, help="Only this exception type (e.g. ValueError)."),
@@ -56,14 +54,8 @@ _FILTERS: list[Callable[[F], F]] = [
         metavar="TEXT",
         help="Only reasons containing TEXT.",
     ),
-]
-
-
-def filter_options(function: F) -> F:
-    """The selection options every ``dlq`` command shares."""
-    for option in reversed(_FILTERS):
-        function = option(function)
-    return function
+)
+"""The selection options every ``dlq`` command shares."""
 
 
 def _given(options: dict[str, str | None]) -> DeadSelection:
@@ -86,7 +78,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @filter_options
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @click.option(
     "--after", "after_id", type=int, default=None, metavar="ID", help="Only ids after ID (to page)."
 )
@@ -96,68 +88,53 @@ def list_dead(
     session: Session, limit: int, after_id: int | None, as_json: bool, **filters: str | None
 ) -> None:
     """List dead letters matching every given filter, oldest first."""
-    rows = session.reader().dead_letters.list(**_given(filters), limit=limit, after_id=after_id)
-    if as_json:
-        echo_json(rows)
-        return
-    columns = ["id", "subscription", "topic", "attempts", "reason", "error type", "dead at"]
-    body = [
-        (
-            d.id,
-            d.subscription,
-            d.topic,
-            f"{d.attempts}/{d.max_attempts}",
-            d.reason,
-            d.error_type,
-            human_time(d.dead_at),
-        )
-        for d in rows
-    ]
-    shown = table(
-        None,
-        columns,
-        body,
+    listing(
+        session.reader().dead_letters.list(**_given(filters), limit=limit, after_id=after_id),
+        {
+            "id": lambda d: d.id,
+            "subscription": lambda d: d.subscription,
+            "topic": lambda d: d.topic,
+            "attempts": lambda d: f"{d.attempts}/{d.max_attempts}",
+            "reason": lambda d: d.reason,
+            "error type": lambda d: d.error_type,
+            "dead at": lambda d: human_time(d.dead_at),
+        },
+        as_json=as_json,
+        empty="no dead letters",
         numeric=["id", "attempts"],
         key="subscription",
         drop=["dead at", "error type", "attempts", "topic"],
     )
-    print_table(shown, empty="no dead letters")
-    print_damaged(rows)
 
 
 def _details(dead: DeadLetter) -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
     error = (
         None
         if dead.error_type is None
         else f"{dead.error_type}: {dead.error_message or ''}".rstrip(": ")
     )
-    fields: list[tuple[str, object]] = [
-        ("id", dead.id),
-        ("message id", dead.message_id),
-        ("subscription", dead.subscription),
-        ("topic", dead.topic),
-        ("priority", dead.priority),
-        ("key", dead.key),
-        ("idempotency key", dead.idempotency_key),
-        ("attempts", f"{dead.attempts}/{dead.max_attempts}"),
-        ("replays", dead.replay_count),
-        ("reason", dead.reason),
-        ("error", error),
-        ("content type", dead.content_type),
-        ("enqueued at", human_time(dead.enqueued_at)),
-        ("first started at", human_time(dead.first_started_at)),
-        ("first failed at", human_time(dead.first_failed_at)),
-        ("last failed at", human_time(dead.last_failed_at)),
-        ("dead at", human_time(dead.dead_at)),
-    ]
-    if dead.damaged:
-        fields.append(("damaged", dead.damaged))
-    for name, value in fields:
-        grid.add_row(name, cell(value))
-    return grid
+    return fields(
+        [
+            ("id", dead.id),
+            ("message id", dead.message_id),
+            ("subscription", dead.subscription),
+            ("topic", dead.topic),
+            ("priority", dead.priority),
+            ("key", dead.key),
+            ("idempotency key", dead.idempotency_key),
+            ("attempts", f"{dead.attempts}/{dead.max_attempts}"),
+            ("replays", dead.replay_count),
+            ("reason", dead.reason),
+            ("error", error),
+            ("content type", dead.content_type),
+            ("enqueued at", human_time(dead.enqueued_at)),
+            ("first started at", human_time(dead.first_started_at)),
+            ("first failed at", human_time(dead.first_failed_at)),
+            ("last failed at", human_time(dead.last_failed_at)),
+            ("dead at", human_time(dead.dead_at)),
+            *([("damaged", dead.damaged)] if dead.damaged else []),
+        ]
+    )
 
 
 @dlq.command("show")
@@ -224,13 +201,14 @@ def _act(
     session: Session,
     verb: str,
     ids: tuple[int, ...],
-    filters: dict[str, str | None],
     everything: bool,
     yes: bool,
     note: str | None,
-) -> tuple[int, list[int]]:
-    """Validate the selection, confirm when needed, then replay or purge. Returns the count
-    and, for replay, the new delivery ids."""
+    as_json: bool,
+    **filters: str | None,
+) -> None:
+    """Validate the selection, confirm when needed, replay or purge, and print how many
+    (with ``--json``: the count and, for replay, the new delivery ids)."""
     chosen = _given(filters)
     if everything and (ids or chosen):
         raise InvalidUsage("--all cannot be combined with ids or filters")
@@ -239,27 +217,31 @@ def _act(
             "name dead letters by id or by filter (--subscription, --topic, --error-type,"
             " --reason), or pass --all"
         )
-    if not ids and not yes and not _confirm(session, verb, chosen, everything):
-        return 0, []
-    dead = session.broker().dead_letters
-    if ids:
-        _require_existing(dead, verb, ids)
-    named = list(ids) or None
-    actor = cli_actor()
-    if verb == "replay":
-        delivery_ids = dead.replay(named, **chosen, all=everything, actor=actor, note=note)
-        count = len(delivery_ids)
+    count, delivery_ids = 0, []
+    if ids or yes or _confirm(session, verb, chosen, everything):
+        dead = session.broker().dead_letters
+        if ids:
+            _require_existing(dead, verb, ids)
+        named = list(ids) or None
+        actor = cli_actor()
+        if verb == "replay":
+            delivery_ids = dead.replay(named, **chosen, all=everything, actor=actor, note=note)
+            count = len(delivery_ids)
+        else:
+            count = dead.purge(named, **chosen, all=everything, actor=actor, note=note)
+        missing = len(set(ids)) - count
+        if ids and missing > 0:
+            raise CliFailure(
+                f"{_PAST[verb]} {plural(count, 'dead letter')},"
+                f" but {plural(missing, 'named dead letter')} did not match"
+                " (excluded by a filter, or gone meanwhile)"
+            )
+    if not as_json:
+        click.echo(f"{_PAST[verb]} {plural(count, 'dead letter')}")
+    elif verb == "replay":
+        echo_json({"replayed": count, "delivery_ids": delivery_ids})
     else:
-        delivery_ids = []
-        count = dead.purge(named, **chosen, all=everything, actor=actor, note=note)
-    missing = len(set(ids)) - count
-    if ids and missing > 0:
-        raise CliFailure(
-            f"{_PAST[verb]} {plural(count, 'dead letter')},"
-            f" but {plural(missing, 'named dead letter')} did not match"
-            " (excluded by a filter, or gone meanwhile)"
-        )
-    return count, delivery_ids
+        echo_json({"purged": count})
 
 
 def _require_existing(dead: DeadLetters, verb: str, ids: tuple[int, ...]) -> None:
@@ -277,68 +259,35 @@ def _require_existing(dead: DeadLetters, verb: str, ids: tuple[int, ...]) -> Non
         raise CliFailure(f"no dead letter with {noun} {shown}; nothing was {_PAST[verb]}")
 
 
-def action_options(function: F) -> F:
-    """Options shared by ``dlq replay`` and ``dlq purge``."""
-    for option in reversed(
-        [
-            click.argument("ids", nargs=-1, type=click.IntRange(min=1)),
-            filter_options,
-            click.option(
-                "--all", "everything", is_flag=True, help="Every dead letter (asks first)."
-            ),
-            click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
-            click.option(
-                "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
-            ),
-            json_option("Print the result as JSON."),
-            pass_session,
-        ]
-    ):
-        function = option(function)
-    return function
+action_options = options(
+    click.argument("ids", nargs=-1, type=click.IntRange(min=1)),
+    filter_options,
+    click.option("--all", "everything", is_flag=True, help="Every dead letter (asks first)."),
+    click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
+    note_option,
+    json_option("Print the result as JSON."),
+    pass_session,
+)
+"""Options shared by ``dlq replay`` and ``dlq purge``."""
 
 
 @dlq.command("replay")
 @action_options
-def replay_dead(
-    session: Session,
-    ids: tuple[int, ...],
-    everything: bool,
-    yes: bool,
-    note: str | None,
-    as_json: bool,
-    **filters: str | None,
-) -> None:
+def replay_dead(session: Session, **selection: Any) -> None:
     """Send dead letters back to their subscription.
 
     Attempts are reset and the replay is counted. Select them by IDS, by filters, or
     with --all; filters and --all ask for confirmation unless --yes is given.
     """
-    count, delivery_ids = _act(session, "replay", ids, filters, everything, yes, note)
-    if as_json:
-        echo_json({"replayed": count, "delivery_ids": delivery_ids})
-    else:
-        click.echo(f"replayed {plural(count, 'dead letter')}")
+    _act(session, "replay", **selection)
 
 
 @dlq.command("purge")
 @action_options
-def purge_dead(
-    session: Session,
-    ids: tuple[int, ...],
-    everything: bool,
-    yes: bool,
-    note: str | None,
-    as_json: bool,
-    **filters: str | None,
-) -> None:
+def purge_dead(session: Session, **selection: Any) -> None:
     """Delete dead letters for good.
 
     Select them by IDS, by filters, or with --all; filters and --all ask for
     confirmation unless --yes is given.
     """
-    count, _ = _act(session, "purge", ids, filters, everything, yes, note)
-    if as_json:
-        echo_json({"purged": count})
-    else:
-        click.echo(f"purged {plural(count, 'dead letter')}")
+    _act(session, "purge", **selection)

@@ -8,9 +8,8 @@ from typing import Any
 import click
 
 from sqlbroker.core.errors import NotFound
-from sqlbroker.core.flow import Flow
 from sqlbroker.interfaces.cli.params import json_option
-from sqlbroker.interfaces.cli.render import echo_json, print_table, table
+from sqlbroker.interfaces.cli.render import listing
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
 _OFF = "none"
@@ -78,32 +77,18 @@ def flow(
             rows = session.reader().flow(name)
     except NotFound as error:
         raise InvalidUsage(str(error)) from None
-    if as_json:
-        echo_json(rows)
-        return
-    print_table(
-        table(
-            None,
-            ["subscription", "max running", "per key", "rate", "key rate", "fair", "running"],
-            [_row(f) for f in rows],
-        ),
+    listing(
+        rows,
+        {
+            "subscription": lambda f: f.subscription + (" (throttled)" if f.throttled else ""),
+            "max running": lambda f: f.limits.max_running,
+            "per key": lambda f: f.limits.key_concurrency,
+            "rate": lambda f: f.limits.rate_limit,
+            "key rate": lambda f: f.limits.key_rate_limit,
+            "fair": lambda f: "yes" if f.limits.fair else "no",
+            "running": lambda f: f.running,
+        },
+        as_json=as_json,
         empty="no subscriptions yet",
-    )
-
-
-def _row(flow: Flow) -> tuple[str, ...]:
-    limits = flow.limits
-
-    def shown(value: object) -> str:
-        return "-" if value is None else str(value)
-
-    name = flow.subscription + (" (throttled)" if flow.throttled else "")
-    return (
-        name,
-        shown(limits.max_running),
-        shown(limits.key_concurrency),
-        shown(limits.rate_limit),
-        shown(limits.key_rate_limit),
-        "yes" if limits.fair else "no",
-        str(flow.running),
+        damaged=None,
     )

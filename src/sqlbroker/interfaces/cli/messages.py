@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -10,8 +9,9 @@ import click
 from sqlbroker.interfaces.cli.params import (
     DURATION,
     PRIORITY,
-    F,
     json_option,
+    note_option,
+    options,
     parse_headers,
     read_payload,
 )
@@ -25,7 +25,8 @@ from sqlbroker.interfaces.cli.render import (
 )
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
-_PUBLISH_OPTIONS: list[Callable[[F], F]] = [
+publish_options = options(
+    click.argument("payload"),
     click.option(
         "--priority",
         type=PRIORITY,
@@ -75,46 +76,23 @@ _PUBLISH_OPTIONS: list[Callable[[F], F]] = [
         default=None,
         help="Content type of a --raw payload. [default: application/octet-stream]",
     ),
-]
+    pass_session,
+)
+"""The payload and message options ``send`` and ``publish`` share."""
 
 
-def publish_options(function: F) -> F:
-    """The message options ``send`` and ``publish`` share."""
-    for option in reversed(_PUBLISH_OPTIONS):
-        function = option(function)
-    return function
-
-
-def _message_options(
-    *,
+def _message(
     payload: str,
     raw: bool,
     content_type: str | None,
-    priority: int | None,
-    delay: float | None,
-    ttl: float | None,
-    key: str | None,
-    replace: bool,
-    debounce: float | None,
-    debounce_max: float | None,
-    idempotency_key: str | None,
     headers: tuple[str, ...],
-    max_attempts: int | None,
+    priority: int | None,
+    **options: Any,
 ) -> tuple[Any, dict[str, Any]]:
+    """The payload and the publish keyword arguments the command line gives."""
     if content_type is not None and not raw:
         raise InvalidUsage("--content-type needs --raw (JSON payloads are application/json)")
-    options: dict[str, Any] = {
-        "key": key,
-        "replace": replace,
-        "debounce": debounce,
-        "debounce_max": debounce_max,
-        "delay": delay,
-        "ttl": ttl,
-        "idempotency_key": idempotency_key,
-        "max_attempts": max_attempts,
-        "headers": parse_headers(headers) or None,
-        "content_type": content_type,
-    }
+    options.update(headers=parse_headers(headers) or None, content_type=content_type)
     if priority is not None:
         options["priority"] = priority
     return read_payload(payload, raw=raw), options
@@ -122,24 +100,20 @@ def _message_options(
 
 @click.command()
 @click.argument("queue")
-@click.argument("payload")
 @publish_options
-@pass_session
 def send(session: Session, queue: str, payload: str, raw: bool, **options: Any) -> None:
     """Send a message to a queue; print its id.
 
     Point-to-point: only the queue QUEUE gets PAYLOAD. PAYLOAD is JSON text, or - to
     read it from stdin. The queue is created on first use.
     """
-    value, publish_kwargs = _message_options(payload=payload, raw=raw, **options)
+    value, publish_kwargs = _message(payload, raw, **options)
     click.echo(session.broker().send(queue, value, **publish_kwargs))
 
 
 @click.command()
 @click.argument("topic")
-@click.argument("payload")
 @publish_options
-@pass_session
 def publish(session: Session, topic: str, payload: str, raw: bool, **options: Any) -> None:
     """Publish a message to a topic; print its id.
 
@@ -147,13 +121,13 @@ def publish(session: Session, topic: str, payload: str, raw: bool, **options: An
     or - to read it from stdin. A topic no subscription matches is archived as
     unrouted.
     """
-    value, publish_kwargs = _message_options(payload=payload, raw=raw, **options)
+    value, publish_kwargs = _message(payload, raw, **options)
     click.echo(session.broker().publish(topic, value, **publish_kwargs))
 
 
 @click.command()
 @click.argument("subscription")
-@click.option("--limit", type=int, default=1, show_default=True, help="Claim at most this many.")
+@click.option("--limit", type=int, default=1, help="Claim at most this many.")
 @click.option(
     "--lease", type=DURATION, default=None, help="Lease length (e.g. 30, 2m). [default: 30s]"
 )
@@ -215,7 +189,7 @@ def claim(
 
 @click.command()
 @click.argument("message_id")
-@click.option("--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail.")
+@note_option
 @pass_session
 def cancel(session: Session, message_id: str, note: str | None) -> None:
     """Cancel the message MESSAGE_ID in every subscription.

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
 
 import click
 
@@ -15,45 +13,37 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import SchemaError, SqlbrokerError
 from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
-from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.params import DURATION, json_option, options
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_NOT_LIVE = 1
 EXIT_NOT_READY = 3
 DEFAULT_MAX_LAG = 300.0
 
 
-def observe_options(function: F) -> F:
-    """The worker's ``--log-format``, ``--metrics-port`` and ``--metrics-host`` options."""
-    options = [
-        click.option(
-            "--log-format",
-            type=click.Choice(logs.LOG_FORMATS, case_sensitive=False),
-            default="plain",
-            show_default=True,
-            help="json: one JSON object per line with the records' structured fields.",
-        ),
-        click.option(
-            "--metrics-port",
-            type=click.IntRange(min=0, max=65535),
-            default=None,
-            metavar="PORT",
-            help="Serve Prometheus metrics on this port (needs the metrics extra).",
-        ),
-        click.option(
-            "--metrics-host",
-            default="127.0.0.1",
-            show_default=True,
-            metavar="HOST",
-            help="Address the metrics endpoint listens on (0.0.0.0 for every interface).",
-        ),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+observe_options = options(
+    click.option(
+        "--log-format",
+        type=click.Choice(logs.LOG_FORMATS, case_sensitive=False),
+        default="plain",
+        help="json: one JSON object per line with the records' structured fields.",
+    ),
+    click.option(
+        "--metrics-port",
+        type=click.IntRange(min=0, max=65535),
+        default=None,
+        metavar="PORT",
+        help="Serve Prometheus metrics on this port (needs the metrics extra).",
+    ),
+    click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="Address the metrics endpoint listens on (0.0.0.0 for every interface).",
+    ),
+)
+"""The worker's ``--log-format``, ``--metrics-port`` and ``--metrics-host`` options."""
 
 
 def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
@@ -70,12 +60,10 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
     "--port",
     type=click.IntRange(min=0, max=65535),
     default=prometheus.DEFAULT_PORT,
-    show_default=True,
 )
 @click.option(
     "--host",
     default="127.0.0.1",
-    show_default=True,
     help="Address to listen on (0.0.0.0 for every interface).",
 )
 @click.option("--once", is_flag=True, help="Print one scrape on stdout and exit.")
@@ -83,7 +71,6 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
     "--window",
     type=DURATION,
     default=facts.RATE_WINDOW,
-    show_default=True,
     metavar="SECONDS",
     help="Window of the recent handler-time quantiles.",
 )
@@ -175,14 +162,12 @@ def _checks(
     "--probe",
     type=click.Choice(["liveness", "readiness"]),
     default="readiness",
-    show_default=True,
     help="liveness: database and heartbeats; readiness: also schema and lag.",
 )
 @click.option(
     "--max-heartbeat-age",
     type=DURATION,
     default=prometheus.DEFAULT_HEARTBEAT_AGE,
-    show_default=True,
     metavar="SECONDS",
     help="A worker is alive if its last heartbeat is at most this old.",
 )
@@ -190,7 +175,6 @@ def _checks(
     "--max-lag",
     type=DURATION,
     default=DEFAULT_MAX_LAG,
-    show_default=True,
     metavar="SECONDS",
     help="Readiness fails when a ready message is older.",
 )

@@ -115,6 +115,22 @@ def read_payload(argument: str, *, raw: bool) -> Any:
     return parse_json_payload(argument)
 
 
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """Several click decorators as one, applied as if written one above the other."""
+
+    def apply(function: F) -> F:
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+
+    return apply
+
+
+note_option = click.option(
+    "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
+)
+
+
 def json_option(help_text: str = "Print JSON instead of a table.") -> Callable[[F], F]:
     """The ``--json`` flag of list-like commands, passed to the callback as ``as_json``."""
     return click.option("--json", "as_json", is_flag=True, help=help_text)

@@ -57,7 +57,7 @@ def pipeline() -> None:
 @click.option(
     "--keep", is_flag=True, help="A dry run: export and verify, then discard; delete nothing."
 )
-@click.option("--partitions", type=click.IntRange(1, 10_000), default=4, show_default=True)
+@click.option("--partitions", type=click.IntRange(1, 10_000), default=4)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--master", metavar="URL", help=_MASTER_HELP)

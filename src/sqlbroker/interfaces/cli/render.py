@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -198,6 +198,48 @@ def print_table(result: Table, *, empty: str) -> None:
         out.print(Text(empty, style="dim"))
     else:
         out.print(result)
+
+
+def table_of(
+    title: str | None,
+    rows: Iterable[Any],
+    columns: Mapping[str, Callable[[Any], object]],
+    **fit: Any,
+) -> Table:
+    """A :func:`table` of ``rows`` whose ``columns`` map each heading to a row's value."""
+    body = [[value(row) for value in columns.values()] for row in rows]
+    return table(title, list(columns), body, **fit)
+
+
+def listing(
+    rows: Sequence[Any],
+    columns: Mapping[str, Callable[[Any], object]],
+    *,
+    as_json: bool,
+    empty: str,
+    title: str | None = None,
+    damaged: str | None = "id",
+    **fit: Any,
+) -> None:
+    """Print ``rows`` as JSON, or as a :func:`table` whose ``columns`` map each heading to
+    the value of a row (``fit``: ``numeric``, ``key``, ``drop``), then name the damaged
+    rows by their ``damaged`` field (``None``: rows that cannot be damaged)."""
+    if as_json:
+        echo_json(rows)
+        return
+    print_table(table_of(title, rows, columns, **fit), empty=empty)
+    if damaged is not None:
+        print_damaged(rows, key=damaged)
+
+
+def fields(pairs: Iterable[tuple[str, object]]) -> Table:
+    """A borderless two-column grid: each field's name in bold, then its value literally."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for name, value in pairs:
+        grid.add_row(name, cell(value))
+    return grid
 
 
 def print_damaged(rows: Iterable[Any], *, key: str = "id") -> None:

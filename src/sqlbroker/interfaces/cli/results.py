@@ -16,6 +16,7 @@ from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
     "--wait",
     type=DURATION,
     default=0.0,
+    show_default=False,
     help="Wait up to this long for the message to finish (30, 2m). [default: no wait]",
 )
 @click.option(

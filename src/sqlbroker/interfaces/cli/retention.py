@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from sqlbroker.interfaces.cli.params import DURATION, json_option
-from sqlbroker.interfaces.cli.render import echo_json, human_age, print_table, table
+from sqlbroker.interfaces.cli.render import human_age, listing
 from sqlbroker.interfaces.cli.session import Session, pass_session
 
 
@@ -43,18 +43,16 @@ def retention(
         if name is None:
             raise click.UsageError("give the subscription NAME whose retention to set")
         rows = [session.broker().set_retention(name, archive=archive, dead=dead, reset=reset)]
-    if as_json:
-        echo_json(rows)
-        return
-    body = [
-        (
-            r.subscription,
-            human_age(r.archive) + (" (default)" if r.archive_default else ""),
-            human_age(r.dead) + (" (default)" if r.dead_default else ""),
-        )
-        for r in rows
-    ]
-    print_table(
-        table(None, ["subscription", "archive kept", "dead kept"], body),
+    listing(
+        rows,
+        {
+            "subscription": lambda r: r.subscription,
+            "archive kept": lambda r: (
+                human_age(r.archive) + (" (default)" if r.archive_default else "")
+            ),
+            "dead kept": lambda r: human_age(r.dead) + (" (default)" if r.dead_default else ""),
+        },
+        as_json=as_json,
         empty="no subscriptions yet",
+        damaged=None,
     )

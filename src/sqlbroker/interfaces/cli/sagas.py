@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from sqlbroker.core.sagas import SagaStatus
 from sqlbroker.interfaces.cli.params import json_option
 from sqlbroker.interfaces.cli.render import (
-    cell,
     console,
     echo_json,
+    fields,
     human_time,
     json_view,
-    print_damaged,
-    print_table,
-    table,
+    listing,
 )
 from sqlbroker.interfaces.cli.session import Session, pass_session
 
@@ -34,35 +31,30 @@ def saga() -> None:
     default=None,
     help="Only sagas in this status.",
 )
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
 def list_sagas(
     session: Session, name: str | None, status: str | None, limit: int, as_json: bool
 ) -> None:
     """List sagas, newest first."""
-    rows = session.reader().sagas.list(name=name, status=status, limit=limit)
-    if as_json:
-        echo_json(rows)
-        return
-    columns = ["id", "saga", "status", "step", "error", "created", "finished"]
-    body = [
-        (
-            s.id,
-            s.name,
-            s.status.value,
-            s.step,
-            s.error,
-            human_time(s.created_at),
-            human_time(s.finished_at),
-        )
-        for s in rows
-    ]
-    shown = table(
-        None, columns, body, numeric=["step"], key="id", drop=["created", "step", "finished"]
+    listing(
+        session.reader().sagas.list(name=name, status=status, limit=limit),
+        {
+            "id": lambda s: s.id,
+            "saga": lambda s: s.name,
+            "status": lambda s: s.status.value,
+            "step": lambda s: s.step,
+            "error": lambda s: s.error,
+            "created": lambda s: human_time(s.created_at),
+            "finished": lambda s: human_time(s.finished_at),
+        },
+        as_json=as_json,
+        empty="no sagas",
+        numeric=["step"],
+        key="id",
+        drop=["created", "step", "finished"],
     )
-    print_table(shown, empty="no sagas")
-    print_damaged(rows)
 
 
 @saga.command("show")
@@ -75,37 +67,39 @@ def show_saga(session: Session, saga_id: str, as_json: bool) -> None:
     if as_json:
         echo_json(found)
         return
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-    for label, value in [
-        ("id", found.id),
-        ("saga", found.name),
-        ("status", found.status.value),
-        ("error", found.error),
-        ("waiting for", found.message_id),
-        ("created", human_time(found.created_at)),
-        ("updated", human_time(found.updated_at)),
-        ("deadline", human_time(found.deadline)),
-        ("finished", human_time(found.finished_at)),
-    ]:
-        grid.add_row(label, cell(value))
     out = console()
-    out.print(grid)
+    out.print(
+        fields(
+            [
+                ("id", found.id),
+                ("saga", found.name),
+                ("status", found.status.value),
+                ("error", found.error),
+                ("waiting for", found.message_id),
+                ("created", human_time(found.created_at)),
+                ("updated", human_time(found.updated_at)),
+                ("deadline", human_time(found.deadline)),
+                ("finished", human_time(found.finished_at)),
+            ]
+        )
+    )
     out.print(Text("\ndata", style="bold"))
     out.print(json_view(found.data))
-    columns = ["#", "step", "status", "attempts", "error", "finished", "compensated"]
-    body = [
-        (
-            step.index,
-            step.name + ("" if step.compensate else " (no undo)"),
-            step.status.value,
-            step.attempts,
-            step.error,
-            human_time(step.finished_at),
-            human_time(step.compensated_at),
-        )
-        for step in found.steps
-    ]
     out.print(Text(""))
-    print_table(table("steps", columns, body, numeric=["#", "attempts"]), empty="no steps")
+    listing(
+        found.steps,
+        {
+            "#": lambda step: step.index,
+            "step": lambda step: step.name + ("" if step.compensate else " (no undo)"),
+            "status": lambda step: step.status.value,
+            "attempts": lambda step: step.attempts,
+            "error": lambda step: step.error,
+            "finished": lambda step: human_time(step.finished_at),
+            "compensated": lambda step: human_time(step.compensated_at),
+        },
+        as_json=False,
+        empty="no steps",
+        title="steps",
+        damaged=None,
+        numeric=["#", "attempts"],
+    )

@@ -15,27 +15,15 @@ from types import FrameType
 
 import click
 
-from sqlbroker.core.schedules import Schedule
 from sqlbroker.core.serde import jsonable
+from sqlbroker.interfaces import logs
 from sqlbroker.interfaces.cli.params import DURATION, json_option
-from sqlbroker.interfaces.cli.render import echo_json, human_time, print_table, table
+from sqlbroker.interfaces.cli.render import echo_json, human_time, listing
 from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
-from sqlbroker.interfaces.cli.worker import LOG_LEVELS, configure_logging
+from sqlbroker.interfaces.cli.worker import LOG_LEVELS
 from sqlbroker.runtime.scheduler import Scheduler
 
 log = logging.getLogger("sqlbroker.cli")
-
-
-def _row(schedule: Schedule) -> tuple[object, ...]:
-    return (
-        schedule.name,
-        schedule.topic,
-        schedule.spec,
-        schedule.tz,
-        schedule.missed.value,
-        "paused" if schedule.paused else human_time(schedule.next_run_at),
-        human_time(schedule.last_run_at),
-    )
 
 
 def _show(session: Session, as_json: bool) -> None:
@@ -43,11 +31,22 @@ def _show(session: Session, as_json: bool) -> None:
     if as_json:
         echo_json([{**jsonable(s), "spec": s.spec} for s in rows])
         return
-    columns = ["name", "topic", "schedule", "tz", "missed", "next run", "last run"]
-    shown = table(
-        None, columns, [_row(s) for s in rows], drop=["missed", "tz", "last run", "topic"]
+    listing(
+        rows,
+        {
+            "name": lambda s: s.name,
+            "topic": lambda s: s.topic,
+            "schedule": lambda s: s.spec,
+            "tz": lambda s: s.tz,
+            "missed": lambda s: s.missed.value,
+            "next run": lambda s: "paused" if s.paused else human_time(s.next_run_at),
+            "last run": lambda s: human_time(s.last_run_at),
+        },
+        as_json=False,
+        empty="no schedules yet",
+        damaged=None,
+        drop=["missed", "tz", "last run", "topic"],
     )
-    print_table(shown, empty="no schedules yet")
 
 
 @click.group(invoke_without_command=True)
@@ -113,11 +112,10 @@ def resume_schedule(session: Session, name: str) -> None:
     "--poll-interval",
     type=DURATION,
     default=1.0,
-    show_default=True,
     help="Longest pause between passes (new schedules are seen within it).",
 )
 @click.option("--once", is_flag=True, help="Run one pass, print what it published, and exit.")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info")
 @pass_session
 def scheduler(session: Session, poll_interval: float, once: bool, log_level: str) -> None:
     """Publish the due ticks of every schedule until SIGTERM or Ctrl-C.
@@ -125,7 +123,7 @@ def scheduler(session: Session, poll_interval: float, once: bool, log_level: str
     Any number of schedulers (and workers) may run against one database: each tick is
     published exactly once.
     """
-    configure_logging(log_level)
+    logs.configure(log_level)
     broker = session.broker()
     if once:
         run = broker.run_due_schedules()

@@ -10,33 +10,20 @@ from __future__ import annotations
 
 import click
 
-from sqlbroker.app import Broker
 from sqlbroker.features import security
+from sqlbroker.interfaces.cli.admin import broker_in, schema_option
 from sqlbroker.interfaces.cli.params import json_option
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
 from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
 
-_schema_option = click.option(
-    "--schema",
-    "pg_schema",
-    default=None,
-    metavar="NAME",
-    help="PostgreSQL schema of the sqlbroker tables (default: the current schema).",
+_schema_option = schema_option(
+    "PostgreSQL schema of the sqlbroker tables (default: the current schema)."
 )
 _prefix_option = click.option(
     "--prefix",
     default=security.DEFAULT_ROLE_PREFIX,
-    show_default=True,
     help="Group roles are PREFIX_migrator, PREFIX_producer, … (one set per deployment).",
 )
-
-
-def _broker(session: Session, pg_schema: str | None) -> Broker:
-    if pg_schema is None:
-        return session.broker()
-    broker = Broker(session.url, schema=pg_schema)
-    click.get_current_context().call_on_close(broker.close)
-    return broker
 
 
 def _print_grants(shown: dict[str, dict[str, str]], as_json: bool) -> None:
@@ -71,7 +58,7 @@ def roles_grant(
     every `sqlbroker migrate`, as the schema's owner. Login roles join a group with
     GRANT PREFIX_consumer TO app_worker (see docs/security.md).
     """
-    broker = _broker(session, pg_schema)
+    broker = broker_in(session, pg_schema)
     _print_grants(security.grant_roles(broker.backend, prefix=prefix, create=create), as_json)
 
 
@@ -82,7 +69,7 @@ def roles_grant(
 @pass_session
 def roles_show(session: Session, pg_schema: str | None, prefix: str, as_json: bool) -> None:
     """Show the table privileges each group role holds (column grants not listed)."""
-    broker = _broker(session, pg_schema)
+    broker = broker_in(session, pg_schema)
     _print_grants(security.show_roles(broker.backend, prefix=prefix), as_json)
 
 
@@ -96,7 +83,7 @@ def tenants() -> None:
 @pass_session
 def tenants_enable(session: Session, pg_schema: str | None) -> None:
     """Turn row-level security on: each login role bound to a tenant sees only its own."""
-    security.enable_tenants(_broker(session, pg_schema).backend)
+    security.enable_tenants(broker_in(session, pg_schema).backend)
     click.echo("tenant isolation is on")
 
 
@@ -105,7 +92,7 @@ def tenants_enable(session: Session, pg_schema: str | None) -> None:
 @pass_session
 def tenants_disable(session: Session, pg_schema: str | None) -> None:
     """Turn row-level security off (bindings and tenant columns are kept)."""
-    security.disable_tenants(_broker(session, pg_schema).backend)
+    security.disable_tenants(broker_in(session, pg_schema).backend)
     click.echo("tenant isolation is off")
 
 
@@ -116,7 +103,7 @@ def tenants_disable(session: Session, pg_schema: str | None) -> None:
 @pass_session
 def tenants_add(session: Session, tenant: str, role: str, pg_schema: str | None) -> None:
     """Bind the login role ROLE to TENANT (replacing an earlier binding)."""
-    security.set_tenant_role(_broker(session, pg_schema).backend, tenant=tenant, role=role)
+    security.set_tenant_role(broker_in(session, pg_schema).backend, tenant=tenant, role=role)
     click.echo(f"role {role} acts for tenant {tenant}")
 
 
@@ -126,7 +113,7 @@ def tenants_add(session: Session, tenant: str, role: str, pg_schema: str | None)
 @pass_session
 def tenants_remove(session: Session, role: str, pg_schema: str | None) -> None:
     """Unbind a login role from its tenant."""
-    removed = security.remove_tenant_role(_broker(session, pg_schema).backend, role=role)
+    removed = security.remove_tenant_role(broker_in(session, pg_schema).backend, role=role)
     click.echo(f"role {role} unbound" if removed else f"role {role} was not bound")
 
 
@@ -136,7 +123,7 @@ def tenants_remove(session: Session, role: str, pg_schema: str | None) -> None:
 @pass_session
 def tenants_list(session: Session, pg_schema: str | None, as_json: bool) -> None:
     """List the role → tenant bindings, and whether isolation is on."""
-    backend = _broker(session, pg_schema).backend
+    backend = broker_in(session, pg_schema).backend
     bindings = security.tenants(backend)
     enabled = security.tenants_enabled(backend)
     if as_json:
@@ -156,7 +143,7 @@ def tenants_assign(
     session: Session, subscription: str, tenant: str | None, pg_schema: str | None
 ) -> None:
     """Hand an existing subscription (with its messages) to a tenant."""
-    backend = _broker(session, pg_schema).backend
+    backend = broker_in(session, pg_schema).backend
     if not security.assign_subscription(backend, subscription=subscription, tenant=tenant):
         raise CliFailure(f"no subscription {subscription!r}")
     click.echo(f"subscription {subscription} belongs to {tenant or 'no tenant'}")

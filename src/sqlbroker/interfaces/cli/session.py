@@ -120,14 +120,6 @@ def cli_actor() -> str:
         return "cli"
 
 
-def failure_for(error: SqlbrokerError) -> CliFailure:
-    """The CLI failure for a library error: exit 2 for invalid input or configuration,
-    else 1."""
-    if isinstance(error, ValidationError | ConfigurationError):
-        return InvalidUsage(str(error))
-    return CliFailure(str(error))
-
-
 def usage_failure(error: click.UsageError) -> click.ClickException:
     """A click usage error as one ``error: …`` line (exit 2) naming where help is; the
     help shown for a bare group (``sqlbroker dlq``) is left as it is."""
@@ -179,8 +171,10 @@ class BrokerGroup(click.Group):
             raise usage_failure(error) from None
         except (click.ClickException, click.exceptions.Exit):
             raise
+        except (ValidationError, ConfigurationError) as error:
+            raise InvalidUsage(str(error)) from None
         except SqlbrokerError as error:
-            raise failure_for(error) from None
+            raise CliFailure(str(error)) from None
         except (KeyboardInterrupt, click.exceptions.Abort):
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
         except Exception as error:

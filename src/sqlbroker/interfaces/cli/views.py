@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 
 import click
@@ -19,9 +19,9 @@ from sqlbroker.interfaces.cli.render import (
     echo_json,
     human_age,
     human_time,
-    print_damaged,
+    listing,
     print_table,
-    table,
+    table_of,
 )
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
 
@@ -42,55 +42,36 @@ def human_duration(seconds: float | None) -> str:
 _ERROR_PREVIEW = 60
 
 
+_STATS: dict[str, Callable[[SubscriptionStats], object]] = {
+    "subscription": lambda s: (
+        s.subscription + (" (paused)" if s.paused else "") + (" (throttled)" if s.throttled else "")
+    ),
+    "ready": lambda s: s.ready,
+    "scheduled": lambda s: s.scheduled,
+    "running": lambda s: s.running,
+    "blocked": lambda s: s.blocked,
+    "dead": lambda s: s.dead,
+    "oldest ready": lambda s: human_age(s.oldest_ready_age),
+    "done/min": lambda s: f"{s.completed_per_minute:.1f}",
+    "retry/min": lambda s: f"{s.retried_per_minute:.1f}",
+    "dead/min": lambda s: f"{s.dead_per_minute:.1f}",
+    "p50": lambda s: human_duration(s.handler_p50),
+    "p95": lambda s: human_duration(s.handler_p95),
+    "expired": lambda s: s.expired,
+    "replaced": lambda s: s.replaced,
+    "archive kept": lambda s: human_age(s.archive_retention),
+    "dead kept": lambda s: human_age(s.dead_retention),
+}
+
+
 def stats_table(rows: Sequence[SubscriptionStats], *, title: str | None = None) -> Table:
     """The per-subscription stats table; ``oldest ready`` is the consumer lag, rates are
     per minute over the last five minutes, p50/p95 are handler times."""
-    columns = [
-        "subscription",
-        "ready",
-        "scheduled",
-        "running",
-        "blocked",
-        "dead",
-        "oldest ready",
-        "done/min",
-        "retry/min",
-        "dead/min",
-        "p50",
-        "p95",
-        "expired",
-        "replaced",
-        "archive kept",
-        "dead kept",
-    ]
-    body = [
-        (
-            s.subscription
-            + (" (paused)" if s.paused else "")
-            + (" (throttled)" if s.throttled else ""),
-            s.ready,
-            s.scheduled,
-            s.running,
-            s.blocked,
-            s.dead,
-            human_age(s.oldest_ready_age),
-            f"{s.completed_per_minute:.1f}",
-            f"{s.retried_per_minute:.1f}",
-            f"{s.dead_per_minute:.1f}",
-            human_duration(s.handler_p50),
-            human_duration(s.handler_p95),
-            s.expired,
-            s.replaced,
-            human_age(s.archive_retention),
-            human_age(s.dead_retention),
-        )
-        for s in rows
-    ]
-    return table(
+    return table_of(
         title,
-        columns,
-        body,
-        numeric=columns[1:],
+        rows,
+        _STATS,
+        numeric=list(_STATS)[1:],
         key="subscription",
         drop=[
             "dead kept",
@@ -198,7 +179,7 @@ def _error_summary(last_error: str | None) -> str | None:
 @click.option(
     "--state", type=click.Choice([s.value for s in State], case_sensitive=False), default=None
 )
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
 def pending(
@@ -209,45 +190,25 @@ def pending(
     Shows available, scheduled, blocked and running copies of every subscription, or of
     SUBSCRIPTION only.
     """
-    rows = session.reader().pending(subscription, state=state, limit=limit)
-    if as_json:
-        echo_json(rows)
-        return
-    columns = [
-        "id",
-        "subscription",
-        "topic",
-        "state",
-        "priority",
-        "key",
-        "attempts",
-        "available at",
-        "last error",
-    ]
-    body = [
-        (
-            m.id,
-            m.subscription,
-            m.topic,
-            m.state.value,
-            m.priority,
-            m.key,
-            f"{m.attempts}/{m.max_attempts}",
-            human_time(m.available_at),
-            _error_summary(m.last_error),
-        )
-        for m in rows
-    ]
-    shown = table(
-        None,
-        columns,
-        body,
+    listing(
+        session.reader().pending(subscription, state=state, limit=limit),
+        {
+            "id": lambda m: m.id,
+            "subscription": lambda m: m.subscription,
+            "topic": lambda m: m.topic,
+            "state": lambda m: m.state.value,
+            "priority": lambda m: m.priority,
+            "key": lambda m: m.key,
+            "attempts": lambda m: f"{m.attempts}/{m.max_attempts}",
+            "available at": lambda m: human_time(m.available_at),
+            "last error": lambda m: _error_summary(m.last_error),
+        },
+        as_json=as_json,
+        empty="no pending messages",
         numeric=["id", "priority"],
         key="subscription",
         drop=["key", "priority", "available at", "attempts", "last error", "state"],
     )
-    print_table(shown, empty="no pending messages")
-    print_damaged(rows)
 
 
 @click.command()
@@ -256,7 +217,7 @@ def pending(
     "--outcome", type=click.Choice([o.value for o in Outcome], case_sensitive=False), default=None
 )
 @click.option("--message-id", default=None, help="Only the copies of this message.")
-@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
 def archive(
@@ -272,37 +233,23 @@ def archive(
     Finished means completed, expired, cancelled, or published to a topic nobody
     subscribed to (unrouted). All subscriptions unless SUBSCRIPTION is given.
     """
-    rows = session.reader().archive(
-        subscription, outcome=outcome, message_id=message_id, limit=limit
-    )
-    if as_json:
-        echo_json(rows)
-        return
-    columns = ["id", "message id", "subscription", "topic", "outcome", "attempts", "finished at"]
-    body = [
-        (
-            m.id,
-            m.message_id,
-            m.subscription,
-            m.topic,
-            m.outcome.value,
-            m.attempts,
-            human_time(m.finished_at),
-        )
-        for m in rows
-    ]
-    print_table(
-        table(
-            None,
-            columns,
-            body,
-            numeric=["id", "attempts"],
-            key="subscription",
-            drop=["message id", "attempts", "finished at"],
-        ),
+    listing(
+        session.reader().archive(subscription, outcome=outcome, message_id=message_id, limit=limit),
+        {
+            "id": lambda m: m.id,
+            "message id": lambda m: m.message_id,
+            "subscription": lambda m: m.subscription,
+            "topic": lambda m: m.topic,
+            "outcome": lambda m: m.outcome.value,
+            "attempts": lambda m: m.attempts,
+            "finished at": lambda m: human_time(m.finished_at),
+        },
+        as_json=as_json,
         empty="the archive is empty",
+        numeric=["id", "attempts"],
+        key="subscription",
+        drop=["message id", "attempts", "finished at"],
     )
-    print_damaged(rows)
 
 
 @click.group(invoke_without_command=True)
@@ -315,28 +262,18 @@ def subscriptions(ctx: click.Context, as_json: bool) -> None:
         return
     session: Session = ctx.obj
     broker = session.reader()
-    rows = broker.subscriptions()
     kept = {r.subscription: r for r in broker.retention()}
-    if as_json:
-        echo_json(rows)
-        return
-    body = [
-        (
-            s.name,
-            ", ".join(s.patterns),
-            human_age(kept[s.name].archive) if s.name in kept else "-",
-            human_age(kept[s.name].dead) if s.name in kept else "-",
-            human_time(s.created_at),
-        )
-        for s in rows
-    ]
-    print_table(
-        table(
-            None,
-            ["name", "patterns", "archive kept", "dead kept", "created at"],
-            body,
-            drop=["created at", "dead kept", "archive kept"],
-        ),
+    listing(
+        broker.subscriptions(),
+        {
+            "name": lambda s: s.name,
+            "patterns": lambda s: ", ".join(s.patterns),
+            "archive kept": lambda s: human_age(kept[s.name].archive) if s.name in kept else "-",
+            "dead kept": lambda s: human_age(kept[s.name].dead) if s.name in kept else "-",
+            "created at": lambda s: human_time(s.created_at),
+        },
+        as_json=as_json,
         empty="no subscriptions yet",
+        damaged="name",
+        drop=["created at", "dead kept", "archive kept"],
     )
-    print_damaged(rows, key="name")

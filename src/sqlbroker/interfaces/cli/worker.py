@@ -107,12 +107,6 @@ def load_broker(reference: str) -> Broker:
     return target
 
 
-def configure_logging(level: str, fmt: str = "plain") -> None:
-    """Show log records at ``level`` and above on stderr, one plain line (or JSON object)
-    each. A handler the application installed on the root logger is kept."""
-    logs.configure(level, fmt=fmt)
-
-
 @click.command()
 @click.argument("app", metavar="APP")
 @click.option(
@@ -133,7 +127,6 @@ def configure_logging(level: str, fmt: str = "plain") -> None:
     "--grace",
     type=DURATION,
     default=DEFAULT_GRACE,
-    show_default=True,
     metavar="SECONDS",
     help="On stop, how long running handlers may take to finish (30, 2m).",
 )
@@ -141,12 +134,10 @@ def configure_logging(level: str, fmt: str = "plain") -> None:
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="info",
-    show_default=True,
 )
 @click.option(
     "--schedules/--no-schedules",
     default=True,
-    show_default=True,
     help="Also publish the due ticks of durable schedules.",
 )
 @observe_options
@@ -197,7 +188,7 @@ def worker(
             f"warning: --url is ignored by the worker: it uses the database of {app}",
             err=True,
         )
-    configure_logging(log_level, log_format)
+    logs.configure(log_level, fmt=log_format)
     if metrics_port is not None:
         serve_worker_metrics(broker, port=metrics_port, host=metrics_host)
     chosen = list(dict.fromkeys(subscriptions)) or None

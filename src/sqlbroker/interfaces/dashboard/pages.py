@@ -3,35 +3,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlbroker.app import Broker
+from sqlbroker.core.schedules import Schedule
 from sqlbroker.interfaces.dashboard.api import Extension, Table
+
+SCHEDULE_COLUMNS: dict[str, Callable[[Schedule], object]] = {
+    "name": lambda s: s.name,
+    "topic": lambda s: s.topic,
+    "when": lambda s: s.cron if s.cron is not None else f"every {s.every:g} s",
+    "time zone": lambda s: s.tz,
+    "missed ticks": lambda s: s.missed.value,
+    "next run": lambda s: "paused" if s.paused else s.next_run_at.isoformat(),
+    "last run": lambda s: s.last_run_at.isoformat() if s.last_run_at else None,
+    "last message": lambda s: s.last_message_id,
+}
 
 
 def schedules_table(broker: Broker) -> Table:
-    rows = [
-        [
-            s.name,
-            s.topic,
-            s.cron if s.cron is not None else f"every {s.every:g} s",
-            s.tz,
-            s.missed.value,
-            "paused" if s.paused else s.next_run_at.isoformat(),
-            s.last_run_at.isoformat() if s.last_run_at else None,
-            s.last_message_id,
-        ]
-        for s in broker.schedules()
-    ]
+    rows = [[value(s) for value in SCHEDULE_COLUMNS.values()] for s in broker.schedules()]
     return Table(
-        [
-            "name",
-            "topic",
-            "when",
-            "time zone",
-            "missed ticks",
-            "next run",
-            "last run",
-            "last message",
-        ],
+        list(SCHEDULE_COLUMNS),
         rows,
         None if rows else "No schedules yet: broker.schedule(name, topic, payload, cron=…).",
     )
