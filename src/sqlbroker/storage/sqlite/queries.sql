@@ -332,21 +332,26 @@ WHERE state = 'running' AND id IN (SELECT m.id FROM json_each(:ids) i
        WHERE m.state = 'running')
 
 -- name: message_complete
--- Three statements: the copies of valid leases are archived, then deleted, then read back
--- from their archive rows, returning what promote_heads needs (a copy that left was running).
--- No RETURNING and one lease check: with RETURNING SQLite cannot delete in one pass, and
--- the two cost 40% of a complete. The archive's ids are AUTOINCREMENT, so the rows of one
--- INSERT are the consecutive ids ending at last_insert_rowid(), changes() of them (none:
--- an empty range, whatever row the connection inserted last); changes() counts the last finished statement, so inside the DELETE it is
--- still the INSERT's, and after it the DELETE's: the same copies, in one write transaction.
+-- Two statements: the copies of valid leases are archived, then read back from their
+-- archive rows, returning what promote_heads needs (a copy that left was running); the plan
+-- deletes them next by id (message_delete_archived). No RETURNING and one lease check:
+-- with RETURNING SQLite cannot delete in one pass, and the two cost 40% of a complete. The
+-- archive's ids are AUTOINCREMENT, so the rows of one INSERT are the consecutive ids ending
+-- at last_insert_rowid(), changes() of them (none: an empty range, whatever row the
+-- connection inserted last).
 -- include: leased_archive_completed
 ORDER BY id;
-DELETE FROM sqlbroker_message
-WHERE id IN (SELECT delivery_id FROM sqlbroker_archive
-             WHERE id > last_insert_rowid() - changes() AND id <= last_insert_rowid());
 SELECT delivery_id, subscription, ordering_key, 'running' FROM sqlbroker_archive
 WHERE id > last_insert_rowid() - changes() AND id <= last_insert_rowid()
 ORDER BY id
+
+-- name: message_delete_archived
+-- message_complete's copies leave the hot table (SQLite only: PostgreSQL's message_complete
+-- deletes them itself). By a list of ids, with no function call: a function in a DELETE
+-- of the hot table (which has a foreign key) makes SQLite keep a statement journal of every
+-- page the DELETE changes, which past 64 KiB spills into a temporary file created and
+-- removed in each transaction (the keyed drain: 13 of its writes and a file per complete).
+DELETE FROM sqlbroker_message WHERE id IN (SELECT value FROM json_each(:ids))
 
 -- name: message_complete_unarchived
 -- message_complete for a backend with archive_completed=False: the copy is only deleted.
