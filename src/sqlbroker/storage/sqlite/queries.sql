@@ -383,7 +383,11 @@ DELETE FROM sqlbroker_subscription WHERE name = :name
 
 -- name: queue_create
 -- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
-INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
+-- An existing queue (every single send's case) is found by its key before any row is
+-- built: the insertion's defaults and checks of a subscription's columns cost three times
+-- the engine steps of this lookup.
+INSERT INTO sqlbroker_subscription (name, created_at)
+SELECT :name, :now WHERE NOT EXISTS (SELECT 1 FROM sqlbroker_subscription WHERE name = :name)
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 
