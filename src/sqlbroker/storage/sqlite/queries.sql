@@ -317,7 +317,12 @@ RETURNING id, subscription, ordering_key, state
 
 -- name: leased_archive_completed
 -- (A fragment, included below.) The copies of the valid leases, archived as completed.
-INSERT INTO sqlbroker_archive (
+-- OR FAIL: no constraint of the archive can fail on a copy's columns, and without the
+-- default (ABORT) SQLite keeps no statement journal for this INSERT, which past 64 KiB (16
+-- pages: an archive index split) spilled into a temporary file created per transaction
+-- (the drain's complete of 10: one in five). A failure still undoes the whole operation
+-- (our transaction, or the savepoint in a caller's).
+INSERT OR FAIL INTO sqlbroker_archive (
     delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
     idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
     enqueued_at, first_started_at, finished_at
