@@ -502,6 +502,22 @@ INSERT INTO sqlbroker_message (
     coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
 )
 
+-- name: message_insert_queue_known_one
+-- message_insert_queue_one for a single send to a queue this process saw exist (SQLite
+-- only: see KnownQueues), without queue_create first: the copy goes in only if the queue
+-- is still there. Deleted since by another process, the insert writes nothing (rowcount
+-- 0) and the plan creates the queue as on its first use.
+INSERT INTO sqlbroker_message (
+    message_id, subscription, topic, state, priority, idempotency_key, payload,
+    content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+)
+SELECT :message_id, :subscription, :topic,
+       CASE WHEN coalesce(:at, :now + coalesce(:delay, 0)) > :now THEN 'scheduled'
+            ELSE 'available' END,
+       :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
+       coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
+FROM sqlbroker_subscription WHERE name = :subscription
+
 -- name: message_insert_keyed_one
 -- A queue publish of one message with an ordering key: message_insert_queue_one plus the
 -- key's rule (the copy starts blocked when its key has a copy in the queue; the database
