@@ -188,13 +188,12 @@ def message_settle_many(
 def _complete(settings: Settings, ids: list[int], tokens: list[str]) -> Plan[Rows]:
     """The plain complete (no values) of these leases: the copies of the valid ones leave
     the hot table, archived unless ``archive_completed=False``; their rows
-    ``(id, subscription, ordering_key, state)``. SQLite's ``message_complete`` archives and
-    reads back; the deletion by id is a statement of its own (see the block)."""
-    if not settings.archive_completed:
-        return (yield query("message_complete_unarchived", ids=ids, tokens=tokens))
-    rows = yield query("message_complete", ids=ids, tokens=tokens)
+    ``(id, subscription, ordering_key, state)``. SQLite's blocks archive (or not) and read
+    back; the deletion by id is a statement of its own (``message_complete_delete``)."""
+    block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
+    rows = yield query(block, ids=ids, tokens=tokens)
     if settings.dialect == "sqlite" and rows:
-        yield query("message_delete_archived", ids=[row[0] for row in rows])
+        yield query("message_complete_delete", ids=[row[0] for row in rows])
     return rows
 
 

@@ -339,7 +339,7 @@ WHERE state = 'running' AND id IN (SELECT m.id FROM json_each(:ids) i
 -- name: message_complete
 -- Two statements: the copies of valid leases are archived, then read back from their
 -- archive rows, returning what promote_heads needs (a copy that left was running); the plan
--- deletes them next by id (message_delete_archived). No RETURNING and one lease check:
+-- deletes them next by id (message_complete_delete). No RETURNING and one lease check:
 -- with RETURNING SQLite cannot delete in one pass, and the two cost 40% of a complete. The
 -- archive's ids are AUTOINCREMENT, so the rows of one INSERT are the consecutive ids ending
 -- at last_insert_rowid(), changes() of them (none: an empty range, whatever row the
@@ -350,17 +350,25 @@ SELECT delivery_id, subscription, ordering_key, 'running' FROM sqlbroker_archive
 WHERE id > last_insert_rowid() - changes() AND id <= last_insert_rowid()
 ORDER BY id
 
--- name: message_delete_archived
--- message_complete's copies leave the hot table (SQLite only: PostgreSQL's message_complete
--- deletes them itself). By a list of ids, with no function call: a function in a DELETE
+-- name: message_complete_delete
+-- The copies message_complete (or message_complete_unarchived) found leave the hot table
+-- (SQLite only: PostgreSQL's blocks delete them themselves). By a list of ids, with no function call: a function in a DELETE
 -- of the hot table (which has a foreign key) makes SQLite keep a statement journal of every
 -- page the DELETE changes, which past 64 KiB spills into a temporary file created and
 -- removed in each transaction (the keyed drain: 13 of its writes and a file per complete).
 DELETE FROM sqlbroker_message WHERE id IN (SELECT value FROM json_each(:ids))
 
 -- name: message_complete_unarchived
--- message_complete for a backend with archive_completed=False: the copy is only deleted.
--- include: leased_delete
+-- message_complete for a backend with archive_completed=False: the copies of valid leases
+-- are read, then deleted by the plan (message_complete_delete), not archived. Not one
+-- DELETE ... RETURNING: with RETURNING SQLite cannot delete in one pass (113 engine steps a
+-- copy against 60).
+SELECT m.id, m.subscription, m.ordering_key, m.state
+FROM json_each(:ids) i
+CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+JOIN sqlbroker_message m ON m.id = i.value AND m.lease_token = t.value
+WHERE m.state = 'running'
+ORDER BY m.id
 
 -- name: message_complete_valued
 -- message_complete for a batch in which some handler returned a value: the values (JSON
