@@ -295,6 +295,21 @@ def test_queue_deleted_by_another_broker_is_recreated(make_broker: Any) -> None:
     assert [d.payload for d in second.claim("jobs", limit=10)] == [2, 3]
 
 
+def test_known_queue_deleted_by_another_broker_is_recreated_by_a_single_send(
+    make_broker: Any,
+) -> None:
+    """A queue the broker saw exist (its second send found it) skips the creation on later
+    single sends: deleted meanwhile by another broker, it is created again, pattern and all."""
+    first, second = make_broker(), make_broker()
+    first.send("jobs", 1)
+    first.send("jobs", 2)
+    second.unsubscribe("jobs")
+    first.send("jobs", 3)
+    first.send("jobs", 4)
+    assert [(s.name, s.patterns) for s in second.subscriptions()] == [("jobs", ("jobs",))]
+    assert [d.payload for d in second.claim("jobs", limit=10)] == [3, 4]
+
+
 def test_publish_listeners_hear_committed_publishes_only(broker: sqlbroker.Broker) -> None:
     """In-process wake-ups: a listener hears each committed publish (the queue for a send,
     None for a routed publish); see test_outbox for publishes on the caller's connection."""

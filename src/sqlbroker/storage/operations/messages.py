@@ -20,7 +20,7 @@ from sqlbroker.core.settlements import SETTLE_KINDS, Lease, Settlement
 from sqlbroker.storage.base import ReapResult, storable_reason, undecodable_deaths
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.flow import claim_copies
-from sqlbroker.storage.plan import Plan, Query, ahead, atomic, query, relaxed
+from sqlbroker.storage.plan import Plan, Query, Rows, ahead, atomic, query, relaxed
 from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
@@ -154,8 +154,7 @@ def message_settle_many(
     removed: list[Any] = []  # rows of the copies that left the hot table
     done: list[int] = []
     if kinds == {"complete"} and [s.value for s in settlements].count(None) == len(ids):
-        block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
-        removed = yield query(block, ids=ids, tokens=[s.lease.token for s in settlements])
+        removed = yield from _complete(settings, ids, [s.lease.token for s in settlements])
         done = [row[0] for row in removed]
     elif settings.dialect == "postgresql":
         rows = yield query(
@@ -173,13 +172,29 @@ def message_settle_many(
     else:
         for kind in SETTLE_KINDS:
             group = [s for s in settlements if s.kind == kind]
-            if group:
+            if not group:
+                continue
+            if kind == "complete" and all(s.value is None for s in group):
+                rows = yield from _complete(settings, **_leases(group))
+            else:
                 rows = yield _settle_kind(settings, kind, group)
-                done.extend(row[0] for row in rows)
-                if kind != "retry":
-                    removed.extend(rows)
+            done.extend(row[0] for row in rows)
+            if kind != "retry":
+                removed.extend(rows)
     yield from _promote_heads(settings, removed)
     return sorted(done)
+
+
+def _complete(settings: Settings, ids: list[int], tokens: list[str]) -> Plan[Rows]:
+    """The plain complete (no values) of these leases: the copies of the valid ones leave
+    the hot table, archived unless ``archive_completed=False``; their rows
+    ``(id, subscription, ordering_key, state)``. SQLite's blocks archive (or not) and read
+    back; the deletion by id is a statement of its own (``message_complete_delete``)."""
+    block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
+    rows = yield query(block, ids=ids, tokens=tokens)
+    if settings.dialect == "sqlite" and rows:
+        yield query("message_complete_delete", ids=[row[0] for row in rows])
+    return rows
 
 
 def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
@@ -200,16 +215,13 @@ def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
 
 def _settle_kind(settings: Settings, kind: str, group: Sequence[Settlement]) -> Query:
     """SQLite's statement for one kind of settlement."""
-    if kind == "complete":
-        if any(s.value is not None for s in group):
-            return query(
-                "message_complete_valued",
-                **_leases(group),
-                values=_settle_params(group)["values"],
-                archive=settings.archive_completed,
-            )
-        block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
-        return query(block, **_leases(group))
+    if kind == "complete":  # with values (see _complete for the plain one)
+        return query(
+            "message_complete_valued",
+            **_leases(group),
+            values=_settle_params(group)["values"],
+            archive=settings.archive_completed,
+        )
     if kind == "retry":
         params = _settle_params(group)
         return query(

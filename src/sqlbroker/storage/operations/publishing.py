@@ -135,10 +135,17 @@ def message_insert_many(
     if fresh:
         known = settings.known_queues
         existed = False  # found committed before this statement: see KnownQueues
+        unsure = False  # SQLite: a known queue, not created here, that the insert checks
         if subscription is not None:
             check_copies(len(fresh), len(messages), max_copies)
             if known is None or subscription not in known:
                 existed = not (yield from queue_create(settings, name=subscription))
+            elif settings.dialect == "sqlite":
+                # SQLite's inserts do not create their queue: a single unkeyed send checks
+                # that the known queue is still there, any other insert creates it first.
+                unsure = len(fresh) == 1 and not ordering_keys
+                if not unsure:
+                    yield from queue_create(settings, name=subscription)
         # A queue publish needs no routing; one keyed message, no window over keys either.
         block = "message_insert"
         if subscription is not None and not ordering_keys:
@@ -163,7 +170,14 @@ def message_insert_many(
             "channel": settings.notify_channel,
             "max_copies": UNLIMITED if max_copies is None else max_copies,
         }
-        if len(fresh) == 1:  # what _rows runs for one row, without the columns
+        if unsure and subscription is not None and known is not None:
+            rows = yield query("message_insert_queue_known_one", **_row(fresh[0]), **shared)
+            if not rows.rowcount:
+                # Deleted since (by another process): created as on its first use.
+                known.discard(subscription)
+                yield from queue_create(settings, name=subscription)
+                rows = yield query(_ONE[block], **_row(fresh[0]), **shared)
+        elif len(fresh) == 1:  # what _rows runs for one row, without the columns
             rows = yield query(_ONE[block], **_row(fresh[0]), **shared)
         else:
             rows = yield from _rows(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import sqlite3
@@ -28,6 +29,7 @@ from sqlbroker.storage import caller
 from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import Hint, ResultHub
@@ -82,12 +84,19 @@ class SqliteBackend(Backend):
         self._threads = sqlite_threads()
         self._held: dict[int, HeldTransaction] = {}
         """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
+        known_queues = KnownQueues()
         self.settings = Settings(
             dialect="sqlite",
             limits=self.limits,
             clock=clock,
             promotion=self._promotion,
             archive_completed=self._archive_completed,
+            known_queues=known_queues,
+        )
+        # Transactions of several operations (the caller's, begin()'s) may roll back what
+        # they created: they read the known queues and learn none.
+        self._tx_settings = dataclasses.replace(
+            self.settings, known_queues=known_queues.in_transactions()
         )
         self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
         self.result_hub = ResultHub(self._result_source, name="sqlbroker-result")
@@ -114,7 +123,7 @@ class SqliteBackend(Backend):
         the caller's, joined as a savepoint and never committed here. (``timed`` is
         PostgreSQL's: SQLite's statements are bounded by ``busy_timeout``.)"""
         with self._db.write(conn) as raw:
-            yield Tx(self.settings, functools.partial(self._run_on, raw), raw)
+            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
 
     def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
         return dialect.run(conn, self._statements, plan, self._now())
@@ -138,7 +147,7 @@ class SqliteBackend(Backend):
             async def run(plan: Plan[Any]) -> Any:
                 return await held.call(functools.partial(self._run_on, raw, plan))
 
-            yield AsyncTx(self.settings, run, raw)
+            yield AsyncTx(self._tx_settings, run, raw)
 
     def _now(self) -> float:
         now = self._clock.now()

@@ -317,7 +317,12 @@ RETURNING id, subscription, ordering_key, state
 
 -- name: leased_archive_completed
 -- (A fragment, included below.) The copies of the valid leases, archived as completed.
-INSERT INTO sqlbroker_archive (
+-- OR FAIL: no constraint of the archive can fail on a copy's columns, and without the
+-- default (ABORT) SQLite keeps no statement journal for this INSERT, which past 64 KiB (16
+-- pages: an archive index split) spilled into a temporary file created per transaction
+-- (the drain's complete of 10: one in five). A failure still undoes the whole operation
+-- (our transaction, or the savepoint in a caller's).
+INSERT OR FAIL INTO sqlbroker_archive (
     delivery_id, message_id, subscription, topic, outcome, priority, ordering_key,
     idempotency_key, payload, content_type, headers, attempts, max_attempts, replay_count,
     enqueued_at, first_started_at, finished_at
@@ -332,25 +337,38 @@ WHERE state = 'running' AND id IN (SELECT m.id FROM json_each(:ids) i
        WHERE m.state = 'running')
 
 -- name: message_complete
--- Three statements: the copies of valid leases are archived, then deleted, then read back
--- from their archive rows, returning what promote_heads needs (a copy that left was running).
--- No RETURNING and one lease check: with RETURNING SQLite cannot delete in one pass, and
--- the two cost 40% of a complete. The archive's ids are AUTOINCREMENT, so the rows of one
--- INSERT are the consecutive ids ending at last_insert_rowid(), changes() of them (none:
--- an empty range, whatever row the connection inserted last); changes() counts the last finished statement, so inside the DELETE it is
--- still the INSERT's, and after it the DELETE's: the same copies, in one write transaction.
+-- Two statements: the copies of valid leases are archived, then read back from their
+-- archive rows, returning what promote_heads needs (a copy that left was running); the plan
+-- deletes them next by id (message_complete_delete). No RETURNING and one lease check:
+-- with RETURNING SQLite cannot delete in one pass, and the two cost 40% of a complete. The
+-- archive's ids are AUTOINCREMENT, so the rows of one INSERT are the consecutive ids ending
+-- at last_insert_rowid(), changes() of them (none: an empty range, whatever row the
+-- connection inserted last).
 -- include: leased_archive_completed
 ORDER BY id;
-DELETE FROM sqlbroker_message
-WHERE id IN (SELECT delivery_id FROM sqlbroker_archive
-             WHERE id > last_insert_rowid() - changes() AND id <= last_insert_rowid());
 SELECT delivery_id, subscription, ordering_key, 'running' FROM sqlbroker_archive
 WHERE id > last_insert_rowid() - changes() AND id <= last_insert_rowid()
 ORDER BY id
 
+-- name: message_complete_delete
+-- The copies message_complete (or message_complete_unarchived) found leave the hot table
+-- (SQLite only: PostgreSQL's blocks delete them themselves). By a list of ids, with no function call: a function in a DELETE
+-- of the hot table (which has a foreign key) makes SQLite keep a statement journal of every
+-- page the DELETE changes, which past 64 KiB spills into a temporary file created and
+-- removed in each transaction (the keyed drain: 13 of its writes and a file per complete).
+DELETE FROM sqlbroker_message WHERE id IN (SELECT value FROM json_each(:ids))
+
 -- name: message_complete_unarchived
--- message_complete for a backend with archive_completed=False: the copy is only deleted.
--- include: leased_delete
+-- message_complete for a backend with archive_completed=False: the copies of valid leases
+-- are read, then deleted by the plan (message_complete_delete), not archived. Not one
+-- DELETE ... RETURNING: with RETURNING SQLite cannot delete in one pass (113 engine steps a
+-- copy against 60).
+SELECT m.id, m.subscription, m.ordering_key, m.state
+FROM json_each(:ids) i
+CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key
+JOIN sqlbroker_message m ON m.id = i.value AND m.lease_token = t.value
+WHERE m.state = 'running'
+ORDER BY m.id
 
 -- name: message_complete_valued
 -- message_complete for a batch in which some handler returned a value: the values (JSON
@@ -378,7 +396,11 @@ DELETE FROM sqlbroker_subscription WHERE name = :name
 
 -- name: queue_create
 -- The subscription of a queue, unless it exists; a row: it was created (its pattern next).
-INSERT INTO sqlbroker_subscription (name, created_at) VALUES (:name, :now)
+-- An existing queue (every single send's case) is found by its key before any row is
+-- built: the insertion's defaults and checks of a subscription's columns cost three times
+-- the engine steps of this lookup.
+INSERT INTO sqlbroker_subscription (name, created_at)
+SELECT :name, :now WHERE NOT EXISTS (SELECT 1 FROM sqlbroker_subscription WHERE name = :name)
 ON CONFLICT (name) DO NOTHING
 RETURNING name
 
@@ -487,6 +509,22 @@ INSERT INTO sqlbroker_message (
     :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
     coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
 )
+
+-- name: message_insert_queue_known_one
+-- message_insert_queue_one for a single send to a queue this process saw exist (SQLite
+-- only: see KnownQueues), without queue_create first: the copy goes in only if the queue
+-- is still there. Deleted since by another process, the insert writes nothing (rowcount
+-- 0) and the plan creates the queue as on its first use.
+INSERT INTO sqlbroker_message (
+    message_id, subscription, topic, state, priority, idempotency_key, payload,
+    content_type, headers, max_attempts, enqueued_at, available_at, expires_at
+)
+SELECT :message_id, :subscription, :topic,
+       CASE WHEN coalesce(:at, :now + coalesce(:delay, 0)) > :now THEN 'scheduled'
+            ELSE 'available' END,
+       :priority, :idempotency_key, :payload, :content_type, :headers, :max_attempts, :now,
+       coalesce(:at, :now + coalesce(:delay, 0)), coalesce(:expires, :now + :ttl)
+FROM sqlbroker_subscription WHERE name = :subscription
 
 -- name: message_insert_keyed_one
 -- A queue publish of one message with an ordering key: message_insert_queue_one plus the
