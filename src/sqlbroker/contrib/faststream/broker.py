@@ -26,7 +26,7 @@ from .config import SqlBrokerConfig
 from .connection import SqlConnection
 from .logs import make_sql_logger_state
 from .message import ErrorCapture
-from .producer import PUBLISH_OPTIONS, SqlPublishCommand
+from .producer import SqlPublishCommand, publish_options
 from .registrator import SqlRegistrator
 from .subscriber import SqlSubscriber
 
@@ -222,7 +222,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         transaction) writes the message in that transaction: it is delivered only if the
         caller commits. The other keywords are sqlbroker's publish options (``replace``,
         ``debounce`` and ``debounce_max``: docs/flow-control.md, "Debounce and replace")."""
-        values = locals()
+        options = publish_options(locals())
         cmd = SqlPublishCommand(
             message,
             topic=topic,
@@ -230,7 +230,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             correlation_id=correlation_id or self.config.id_generator(),
             reply_to=reply_to,
             conn=conn,
-            options={name: values[name] for name in PUBLISH_OPTIONS},
+            options=options,
         )
         result: str = await self._basic_publish(cmd, producer=self.config.producer)
         return result
@@ -252,6 +252,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         ``conn=``) and return their ids, in order."""
         if not messages:
             return []
+        options = publish_options(locals())
         first, *rest = messages
         cmd = SqlPublishCommand(
             first,
@@ -259,13 +260,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             headers=headers,
             correlation_id=correlation_id or self.config.id_generator(),
             conn=conn,
-            options={
-                "key": key,
-                "priority": priority,
-                "delay": delay,
-                "ttl": ttl,
-                "max_attempts": max_attempts,
-            },
+            options=options,
             extra_bodies=tuple(rest),
             _publish_type=PublishType.PUBLISH,
         )

@@ -37,6 +37,11 @@ PUBLISH_OPTIONS = (
 """sqlbroker publish options a FastStream publish passes through (None: the default)."""
 
 
+def publish_options(values: dict[str, Any]) -> dict[str, Any]:
+    """The sqlbroker publish options set in a signature's ``locals()`` (None: the default)."""
+    return {name: values[name] for name in PUBLISH_OPTIONS if values.get(name) is not None}
+
+
 class SqlPublishCommand(PublishCommand):
     """A publish to a sqlbroker topic, with sqlbroker's options and an optional caller
     connection (``conn``) whose open transaction the publish joins."""

@@ -14,6 +14,7 @@ from faststream.middlewares import AckPolicy
 from sqlbroker import Message, RetryPolicy
 
 from .config import SqlBrokerConfig
+from .producer import publish_options
 from .publisher import SqlPublisher, create_publisher
 from .subscriber import SqlSubscriber, create_subscriber
 
@@ -108,19 +109,11 @@ class SqlRegistrator(Registrator[Message, SqlBrokerConfig]):
     ) -> SqlPublisher:
         """A publisher to ``topic``; as a decorator of a handler it publishes the
         handler's return value. The sqlbroker options apply to every message it sends."""
+        options = publish_options(locals())
         publisher = create_publisher(
             topic=topic,
             headers=headers,
-            options={
-                "key": key,
-                "replace": replace,
-                "debounce": debounce,
-                "debounce_max": debounce_max,
-                "priority": priority,
-                "delay": delay,
-                "ttl": ttl,
-                "max_attempts": max_attempts,
-            },
+            options=options,
             config=cast("SqlBrokerConfig", self.config),
             schema_=schema,
             title_=title,
