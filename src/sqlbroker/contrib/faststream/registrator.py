@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from faststream._internal.types import BrokerMiddleware, CustomCallable
 
 
-def _seconds(value: float | timedelta | None) -> float | None:
+def seconds(value: float | timedelta | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
@@ -73,8 +73,8 @@ class SqlRegistrator(Registrator[Message, SqlBrokerConfig]):
             no_reply=no_reply,
             max_workers=max_workers,
             prefetch=prefetch,
-            lease=_seconds(lease),
-            timeout=timeout if timeout is EMPTY else _seconds(timeout),
+            lease=seconds(lease),
+            timeout=timeout if timeout is EMPTY else seconds(timeout),
             retry=retry,
             title_=title,
             description_=description,
