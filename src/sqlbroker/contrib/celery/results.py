@@ -34,7 +34,7 @@ from celery.backends.base import KeyValueStoreBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from sqlbroker.app import Broker
-from sqlbroker.contrib.celery.transport import _acquire, _release, _Shared
+from sqlbroker.contrib.celery.transport import _acquire, _release, _Shared, broker_options
 from sqlbroker.core import validate
 from sqlbroker.core.errors import ConnectionLost, DatabaseBusy, InvalidOption, StorageFull
 from sqlbroker.features.results import FALLBACK_POLL, MIN_LOOK_GAP
@@ -79,22 +79,9 @@ class ResultBackend(KeyValueStoreBackend):  # type: ignore[misc]
     def __init__(self, app: Any = None, url: str | None = None, **kwargs: Any) -> None:
         super().__init__(app=app, url=url, **kwargs)
         options = dict(self.app.conf.get("result_backend_transport_options") or {})
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise InvalidOption(
-                "result_backend_transport_options",
-                f"unknown option(s) {', '.join(unknown)} for sqlbroker"
-                f" (known: {', '.join(sorted(_OPTIONS))})",
-            )
-        extra = options.get("broker_options", {})
-        if not isinstance(extra, dict) or "migrate" in extra:
-            raise InvalidOption(
-                "broker_options",
-                "must be a dict of Broker options (migrate is an option of its own)",
-            )
-        self._broker_options: dict[str, Any] = dict(extra)
-        if "migrate" in options:
-            self._broker_options["migrate"] = options["migrate"]
+        self._broker_options = broker_options(
+            "result_backend_transport_options", options, _OPTIONS, ("migrate",)
+        )
         if not url:
             raise InvalidOption(
                 "result_backend", "needs a database URL: sqlbroker+postgresql://… or sqlite"

@@ -109,6 +109,32 @@ def _priority(message: dict[str, Any]) -> int:
     return min(max(value, 0), MAX_PRIORITY)
 
 
+def broker_options(
+    setting: str,
+    options: dict[str, Any],
+    known: frozenset[str],
+    own: tuple[str, ...],
+    unlisted: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """The :class:`~sqlbroker.Broker` keyword arguments of Celery's transport options
+    ``setting``: its ``broker_options`` dict and the options in ``own`` (which that dict must
+    not repeat); an option neither ``known`` nor ``unlisted`` (read by others) is an error."""
+    unknown = sorted(set(options) - known - unlisted)
+    if unknown:
+        raise InvalidOption(
+            setting,
+            f"unknown option(s) {', '.join(unknown)} for sqlbroker"
+            f" (known: {', '.join(sorted(known))})",
+        )
+    extra = options.get("broker_options", {})
+    if not isinstance(extra, dict) or set(own) & set(extra):
+        raise InvalidOption(
+            "broker_options",
+            f"must be a dict of Broker options ({', '.join(own)} are options of their own)",
+        )
+    return {**extra, **{name: options[name] for name in own if name in options}}
+
+
 @dataclass(eq=False)
 class _Shared:
     """One :class:`~sqlbroker.Broker` (and its group sender) for every Kombu connection of
@@ -199,24 +225,16 @@ class Channel(virtual.Channel):
         headers = message.get("headers") or {}
         task = headers.get("task")
         task = task if isinstance(task, str) and 0 < len(task) <= 200 else None
+        name = queue_name(queue)
+        priority = _priority(message)
+        at = _eta(headers)  # a past ETA is available at once
         conn = _caller_connection.get()
-        if conn is not None:  # the caller's transaction: written now, committed by the caller
+        if conn is None:
+            self.connection.sender.send(name, message, priority=priority, at=at, task=task)
+        else:  # the caller's transaction: written now, committed by the caller
             self.connection.broker.send(
-                queue_name(queue),
-                message,
-                priority=_priority(message),
-                at=_eta(headers),
-                headers=labels(task),
-                conn=conn,
+                name, message, priority=priority, at=at, headers=labels(task), conn=conn
             )
-            return
-        self.connection.sender.send(
-            queue_name(queue),
-            message,
-            priority=_priority(message),
-            at=_eta(headers),  # a past ETA is available at once
-            task=task,
-        )
 
     # --- consuming ---------------------------------------------------------------------------
 
@@ -273,10 +291,10 @@ class Channel(virtual.Channel):
 
     def _purge(self, queue: str) -> int:
         """Cancel the ready messages of ``queue`` (running ones finish); return how many."""
+        if not self._has_queue(queue):
+            return 0
         name = queue_name(queue)
         broker = self.connection.broker
-        if not any(s.name == name for s in broker.subscriptions()):
-            return 0
         purged = 0
         while True:
             ready = broker.pending(name, state="available", limit=1000)
@@ -333,39 +351,20 @@ class Transport(virtual.Transport):
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         options = dict(client.transport_options or {})
-        known = {
-            "visibility_timeout",
-            "polling_interval",
-            "claim_batch",
-            "max_attempts",
-            "migrate",
-            "broker_options",
-        }
-        unknown = sorted(set(options) - known - _KOMBU_OPTIONS)
-        if unknown:
-            raise InvalidOption(
-                "broker_transport_options",
-                f"unknown option(s) {', '.join(unknown)} for sqlbroker"
-                f" (known: {', '.join(sorted(known))})",
-            )
+        self._broker_options = broker_options(
+            "broker_transport_options",
+            options,
+            _TRANSPORT_OPTIONS,
+            ("lease", "max_attempts", "migrate"),
+            _KOMBU_OPTIONS,
+        )
         self.lease = validate.lease_seconds(
             options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT), "visibility_timeout"
         )
         self.claim_batch = validate.integer(
             options.get("claim_batch", DEFAULT_CLAIM_BATCH), "claim_batch", minimum=1, maximum=1000
         )
-        extra = options.get("broker_options", {})
-        if not isinstance(extra, dict) or {"lease", "max_attempts", "migrate"} & set(extra):
-            raise InvalidOption(
-                "broker_options",
-                "must be a dict of Broker options (lease, max_attempts and migrate have"
-                " transport options of their own)",
-            )
-        self._broker_options: dict[str, Any] = {**extra, "lease": self.lease}
-        if "max_attempts" in options:
-            self._broker_options["max_attempts"] = options["max_attempts"]
-        if "migrate" in options:
-            self._broker_options["migrate"] = options["migrate"]
+        self._broker_options["lease"] = self.lease
         self._url = str(client.hostname or "")
         self._lock = threading.Lock()
         self._shared: _Shared | None = None
@@ -421,6 +420,16 @@ class Transport(virtual.Transport):
         raise NotImplementedError  # Kombu then shows the URL with its password masked
 
 
+_TRANSPORT_OPTIONS = frozenset(
+    {
+        "visibility_timeout",
+        "polling_interval",
+        "claim_batch",
+        "max_attempts",
+        "migrate",
+        "broker_options",
+    }
+)
 _KOMBU_OPTIONS = frozenset(
     {
         "max_retries",

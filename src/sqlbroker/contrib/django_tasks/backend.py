@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -62,7 +61,7 @@ from sqlbroker.contrib.django_tasks.framework import (
 )
 from sqlbroker.core import validate
 from sqlbroker.core.errors import ConfigurationError, NotFound, SqlbrokerError
-from sqlbroker.core.message import ArchivedMessage, DeadLetter, PendingMessage, State
+from sqlbroker.core.message import ArchivedMessage, DeadLetter, State
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.results import Result
 from sqlbroker.core.topics import validate_topic
@@ -222,12 +221,11 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
             worker_ids=[],
         )
         try:
-            state = locate(self.sqlbroker_queue(record.queue_name), message_id)
+            locate(result, self.sqlbroker_queue(record.queue_name))
         except NotFound as gone:
             raise TaskResultDoesNotExist(
                 f"task {message_id} finished and its result is no longer kept: {gone}"
             ) from None
-        _apply(result, state)
         return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
@@ -255,39 +253,25 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
 # --- where a task is ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """The task's message is still in its queue: ``copy`` when a worker holds it (found
-    among the queue's running copies), else ``None`` (it waits, perhaps for a retry)."""
-
-    copy: PendingMessage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """The task's stored result, and its archive row or dead letter when still kept
-    (started_at and the attempts come from there)."""
-
-    result: Result
-    trace: ArchivedMessage | DeadLetter | None
-
-
-def locate(queue: str, message_id: str) -> Waiting | Finished:
-    """Where the task's message is now, by ``broker.result`` (its stored result, or that it
-    is not finished) and, for the details, the archive by message id, the dead letters
-    around the moment it died, or the queue's running copies. Raises ``NotFound`` once
-    nothing of a finished task is kept (its result is older than ``result_ttl``)."""
+def locate(result: TaskResult, queue: str) -> None:
+    """Set ``result``'s state from where its message is now, by ``broker.result`` (its
+    stored result, or that it is not finished) and, for the details, the queue's running
+    copies, the archive by message id or the dead letters around the moment it died.
+    Raises ``NotFound`` once nothing of a finished task is kept (its result is older than
+    ``result_ttl``)."""
     broker = get_broker()
-    done = broker.result(message_id, subscription=queue)
+    done = broker.result(result.id, subscription=queue)
     if done is None:
         for copy in broker.pending(queue, state=State.RUNNING, limit=validate.MAX_BATCH):
-            if copy.message_id == message_id:
-                return Waiting(copy)
-        # Not running: waiting — or it finished since the first look.
-        done = broker.result(message_id, subscription=queue)
+            if copy.message_id == result.id:
+                set_field(result, "status", TaskResultStatus.RUNNING)
+                set_field(result, "worker_ids", [WORKER_ID] * copy.attempts)
+                return
+        # Not running: waiting (perhaps for a retry) — or it finished since the first look.
+        done = broker.result(result.id, subscription=queue)
         if done is None:
-            return Waiting()
-    return Finished(done, _trace(queue, done))
+            return
+    _finish(result, done, _trace(queue, done))
 
 
 def _trace(queue: str, done: Result) -> ArchivedMessage | DeadLetter | None:
@@ -318,13 +302,7 @@ def _trace(queue: str, done: Result) -> ArchivedMessage | DeadLetter | None:
 _NEAR = timedelta(seconds=1)
 
 
-def _apply(result: TaskResult, state: Waiting | Finished) -> None:
-    if isinstance(state, Waiting):
-        if state.copy is not None:
-            set_field(result, "status", TaskResultStatus.RUNNING)
-            set_field(result, "worker_ids", [WORKER_ID] * state.copy.attempts)
-        return
-    done, trace = state.result, state.trace
+def _finish(result: TaskResult, done: Result, trace: ArchivedMessage | DeadLetter | None) -> None:
     set_field(result, "finished_at", done.finished_at)
     # A task that finished ran at least once; the archive or dead letter says how often.
     set_field(result, "worker_ids", [WORKER_ID] * (trace.attempts if trace else 1))

@@ -23,11 +23,11 @@ from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.url import parse_url
 
 from .config import SqlBrokerConfig
-from .connection import SqlConnection
+from .connection import Consumption, SqlConnection
 from .logs import make_sql_logger_state
 from .message import ErrorCapture
-from .producer import PUBLISH_OPTIONS, SqlPublishCommand
-from .registrator import SqlRegistrator
+from .producer import SqlPublishCommand, publish_options
+from .registrator import SqlRegistrator, seconds
 from .subscriber import SqlSubscriber
 
 if TYPE_CHECKING:
@@ -93,12 +93,6 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         **options: Any,
     ) -> None:
         parse_url(url)  # a bad URL fails here, not at the first publish
-        lease = options.get("lease")
-        timeout = (
-            handler_timeout.total_seconds()
-            if isinstance(handler_timeout, timedelta)
-            else handler_timeout
-        )
         super().__init__(
             url=url,
             options=options,
@@ -124,8 +118,8 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
                 broker_dependencies=dependencies,
                 graceful_timeout=graceful_timeout,
                 ack_policy=ack_policy,
-                lease=None if lease is None else _seconds(lease),
-                timeout=timeout,
+                lease=seconds(options.get("lease")),
+                timeout=seconds(handler_timeout),
                 extra_context={"broker": self},
             ),
             specification=BrokerSpec(
@@ -145,23 +139,26 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             SqlConnection, kwargs["url"], kwargs["options"], kwargs["worker_options"]
         )
         try:
-            await connection.declare(
-                [sub.consumption() for sub in self._sql_subscribers() if sub.calls]
-            )
+            await connection.declare(self._consumptions())
         except BaseException:
             await connection.close()
             raise
         self.config.connect(connection)
         return connection
 
-    def _sql_subscribers(self) -> list[SqlSubscriber]:
-        return [sub for sub in self.subscribers if isinstance(sub, SqlSubscriber)]
+    def _consumptions(self) -> list[Consumption]:
+        """What the subscribers with handlers consume."""
+        return [
+            sub.consumption()
+            for sub in self.subscribers
+            if isinstance(sub, SqlSubscriber) and sub.calls
+        ]
 
     async def start(self) -> None:
         """Connect, then run every subscriber with handlers in one sqlbroker worker."""
         connection = await self.connect()
         await super().start()
-        consumptions = [sub.consumption() for sub in self._sql_subscribers() if sub.calls]
+        consumptions = self._consumptions()
         if consumptions:
             connection.run(consumptions, dedicated=False)
         self.config.broker_config.started = True
@@ -222,7 +219,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         transaction) writes the message in that transaction: it is delivered only if the
         caller commits. The other keywords are sqlbroker's publish options (``replace``,
         ``debounce`` and ``debounce_max``: docs/flow-control.md, "Debounce and replace")."""
-        values = locals()
+        options = publish_options(locals())
         cmd = SqlPublishCommand(
             message,
             topic=topic,
@@ -230,7 +227,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             correlation_id=correlation_id or self.config.id_generator(),
             reply_to=reply_to,
             conn=conn,
-            options={name: values[name] for name in PUBLISH_OPTIONS},
+            options=options,
         )
         result: str = await self._basic_publish(cmd, producer=self.config.producer)
         return result
@@ -252,6 +249,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         ``conn=``) and return their ids, in order."""
         if not messages:
             return []
+        options = publish_options(locals())
         first, *rest = messages
         cmd = SqlPublishCommand(
             first,
@@ -259,13 +257,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             headers=headers,
             correlation_id=correlation_id or self.config.id_generator(),
             conn=conn,
-            options={
-                "key": key,
-                "priority": priority,
-                "delay": delay,
-                "ttl": ttl,
-                "max_attempts": max_attempts,
-            },
+            options=options,
             extra_bodies=tuple(rest),
             _publish_type=PublishType.PUBLISH,
         )
@@ -276,7 +268,3 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         self, message: SendableMessage = None, topic: str = "", /, timeout: float = 0.5
     ) -> Any:
         return await self.config.producer.request(SqlPublishCommand(message, topic=topic))
-
-
-def _seconds(value: Any) -> Any:
-    return value.total_seconds() if isinstance(value, timedelta) else value

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from faststream._internal.configs import BrokerConfig
 from faststream._internal.parser import DefaultCodec
@@ -36,6 +35,3 @@ class SqlBrokerConfig(BrokerConfig):
         self._connection = None
         self.started = False
         self.producer.disconnect()
-
-    def defaults(self) -> dict[str, Any]:
-        return {"lease": self.lease, "timeout": self.timeout}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 from faststream.exceptions import FeatureNotSupportedException, IncorrectState
@@ -35,6 +36,11 @@ PUBLISH_OPTIONS = (
     "dedupe_window",
 )
 """sqlbroker publish options a FastStream publish passes through (None: the default)."""
+
+
+def publish_options(values: dict[str, Any]) -> dict[str, Any]:
+    """The sqlbroker publish options set in a signature's ``locals()`` (None: the default)."""
+    return {name: values[name] for name in PUBLISH_OPTIONS if values.get(name) is not None}
 
 
 class SqlPublishCommand(PublishCommand):
@@ -72,16 +78,9 @@ class SqlPublishCommand(PublishCommand):
 
     def single(self, body: SendableMessage) -> SqlPublishCommand:
         """This command for one of its batch's bodies."""
-        return SqlPublishCommand(
-            body,
-            topic=self.destination,
-            correlation_id=self.correlation_id,
-            headers=self.headers,
-            reply_to=self.reply_to,
-            conn=self.conn,
-            options=self.options,
-            _publish_type=self.publish_type,
-        )
+        one = copy.copy(self)
+        one.body, one.extra_bodies = body, ()
+        return one
 
     @classmethod
     def from_cmd(cls, cmd: PublishCommand) -> SqlPublishCommand:

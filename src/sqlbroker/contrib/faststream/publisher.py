@@ -142,7 +142,7 @@ def create_publisher(
         SqlPublisherConfig(
             topic=topic,
             headers=headers,
-            options={k: v for k, v in options.items() if v is not None},
+            options=options,
             _outer_config=config,
         ),
         SqlPublisherSpecification(

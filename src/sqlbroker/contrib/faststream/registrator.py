@@ -14,6 +14,7 @@ from faststream.middlewares import AckPolicy
 from sqlbroker import Message, RetryPolicy
 
 from .config import SqlBrokerConfig
+from .producer import publish_options
 from .publisher import SqlPublisher, create_publisher
 from .subscriber import SqlSubscriber, create_subscriber
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from faststream._internal.types import BrokerMiddleware, CustomCallable
 
 
-def _seconds(value: float | timedelta | None) -> float | None:
+def seconds(value: float | timedelta | None) -> float | None:
     return value.total_seconds() if isinstance(value, timedelta) else value
 
 
@@ -72,8 +73,8 @@ class SqlRegistrator(Registrator[Message, SqlBrokerConfig]):
             no_reply=no_reply,
             max_workers=max_workers,
             prefetch=prefetch,
-            lease=_seconds(lease),
-            timeout=timeout if timeout is EMPTY else _seconds(timeout),
+            lease=seconds(lease),
+            timeout=timeout if timeout is EMPTY else seconds(timeout),
             retry=retry,
             title_=title,
             description_=description,
@@ -108,19 +109,11 @@ class SqlRegistrator(Registrator[Message, SqlBrokerConfig]):
     ) -> SqlPublisher:
         """A publisher to ``topic``; as a decorator of a handler it publishes the
         handler's return value. The sqlbroker options apply to every message it sends."""
+        options = publish_options(locals())
         publisher = create_publisher(
             topic=topic,
             headers=headers,
-            options={
-                "key": key,
-                "replace": replace,
-                "debounce": debounce,
-                "debounce_max": debounce_max,
-                "priority": priority,
-                "delay": delay,
-                "ttl": ttl,
-                "max_attempts": max_attempts,
-            },
+            options=options,
             config=cast("SqlBrokerConfig", self.config),
             schema_=schema,
             title_=title,

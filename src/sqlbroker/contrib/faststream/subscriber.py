@@ -138,11 +138,7 @@ class SqlSubscriber(SubscriberUsecase[Message]):
         super().__init__(config, cast("SubscriberSpecification", specification), calls)
         self._topics = config.topics
         self.group = config.group
-        self.max_workers = config.max_workers
-        self.prefetch = config.prefetch
-        self.lease = config.lease
-        self.timeout = config.timeout
-        self.retry = config.retry
+        self._sql_config = config
         self._run: WorkerRun | None = None
 
     @property
@@ -156,16 +152,16 @@ class SqlSubscriber(SubscriberUsecase[Message]):
         return self.group or self.topics[0]
 
     def consumption(self) -> Consumption:
-        defaults = self._outer_config
+        config, defaults = self._sql_config, self._outer_config
         return Consumption(
             name=validate_topic(self.name, "group" if self.group else "topic"),
             patterns=tuple(validate_pattern(t, "topic") for t in self.topics),
             is_queue=self.group is None,
-            concurrency=self.max_workers,
-            prefetch=self.prefetch,
-            lease=self.lease if self.lease is not None else defaults.lease,
-            timeout=self.timeout if self.timeout is not EMPTY else defaults.timeout,
-            retry=self.retry,
+            concurrency=config.max_workers,
+            prefetch=config.prefetch,
+            lease=config.lease if config.lease is not None else defaults.lease,
+            timeout=config.timeout if config.timeout is not EMPTY else defaults.timeout,
+            retry=config.retry,
             handler=self._on_message,
         )
 
