@@ -212,11 +212,6 @@ class BrokerBase(Face):
         return self._url.scheme
 
     @property
-    def in_memory(self) -> bool:
-        """Whether the database is SQLite's ``:memory:`` one (gone when the broker closes)."""
-        return self._url.path == ":memory:"
-
-    @property
     def result_ttl(self) -> float:
         """How long stored results are kept, in seconds."""
         return self._result_ttl

@@ -30,10 +30,6 @@ HANDLER_BUCKETS: tuple[float, ...] = (
 )
 """Upper bounds (seconds, inclusive) of the handler-time histogram's buckets."""
 
-OUTCOMES: tuple[str, ...] = ("completed", "retried", "dead")
-"""The outcomes a worker counts, as written back (a lost lease counts as none)."""
-
-
 def bucket_index(seconds: float) -> int:
     """The index of the histogram bucket that holds a duration of ``seconds``."""
     for index, bound in enumerate(HANDLER_BUCKETS):

@@ -17,9 +17,6 @@ from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.core.message import ErrorInfo
 from sqlbroker.core.serde import JSON_CONTENT_TYPE, decode_payload
 
-FINISHED_OUTCOMES = ("completed", "dead", "expired", "cancelled")
-
-
 @dataclass(frozen=True, slots=True)
 class Result:
     """The finished outcome of one subscription's copy of a message.

@@ -20,9 +20,6 @@ from sqlbroker.core.errors import (
     InvalidTime,
 )
 
-Duration = float | int | timedelta
-"""Seconds as a number, or a :class:`datetime.timedelta`."""
-
 MAX_DELAY = 10 * 366 * 86400.0
 """The longest delay or TTL accepted: ten years."""
 MAX_LEASE = 24 * 3600.0

@@ -175,9 +175,11 @@ async def run_call_async(backend: Backend, effect: Call, offload: Offload | None
 
 class Operation(Generic[S, P, T]):
     """A plan of the base as a method of each face: returning on :class:`Blocking`,
-    awaitable on :class:`Awaiting`, with the plan's parameters, docstring and result."""
+    awaitable on :class:`Awaiting`, with the plan's parameters, docstring and result.
+    ``checked``: the schema is checked (and migrated, if the broker was told to) before
+    it runs. Used as ``operation(plan)`` or as the decorator ``@operation``."""
 
-    def __init__(self, plan: Callable[Concatenate[S, P], Plan[T]], *, checked: bool) -> None:
+    def __init__(self, plan: Callable[Concatenate[S, P], Plan[T]], *, checked: bool = True) -> None:
         self.plan = plan
         self.checked = checked
         self._methods: dict[type, Callable[..., Any]] = {}
@@ -222,9 +224,4 @@ class Operation(Generic[S, P, T]):
         return method
 
 
-def operation(
-    plan: Callable[Concatenate[S, P], Plan[T]], *, checked: bool = True
-) -> Operation[S, P, T]:
-    """The plan ``plan`` as an operation of both faces. ``checked``: the schema is checked
-    (and migrated, if the broker was told to) before it runs."""
-    return Operation(plan, checked=checked)
+operation = Operation
