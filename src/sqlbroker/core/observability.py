@@ -30,6 +30,7 @@ HANDLER_BUCKETS: tuple[float, ...] = (
 )
 """Upper bounds (seconds, inclusive) of the handler-time histogram's buckets."""
 
+
 def bucket_index(seconds: float) -> int:
     """The index of the histogram bucket that holds a duration of ``seconds``."""
     for index, bound in enumerate(HANDLER_BUCKETS):

@@ -17,6 +17,7 @@ from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.core.message import ErrorInfo
 from sqlbroker.core.serde import JSON_CONTENT_TYPE, decode_payload
 
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """The finished outcome of one subscription's copy of a message.
