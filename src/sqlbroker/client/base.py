@@ -173,11 +173,6 @@ class BrokerBase(Face):
         self._is_ready = True
         return backend
 
-    def _migrated(self, applied: list[int], version: int) -> list[int]:
-        self._backend.schema_files.check(version)
-        self._is_ready = True
-        return applied
-
     # --- configuration (plain reads: no property runs anything) ---------------------------
 
     @property

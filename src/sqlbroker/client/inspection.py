@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 def migrate(broker: BrokerBase) -> Plan[list[int]]:
     """Apply pending schema migrations; safe when several processes migrate at once."""
     applied: list[int] = yield blocking(broker.backend.migrate)
-    return broker._migrated(applied, (yield call("schema_version")))
+    broker.backend.schema_files.check((yield call("schema_version")))
+    broker._is_ready = True
+    return applied
 
 
 def schema_version(broker: BrokerBase) -> Plan[int]:

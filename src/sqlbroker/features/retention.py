@@ -54,10 +54,6 @@ def retention_seconds(value: object, field: str) -> float:
     return validate.seconds(value, field, maximum=MAX_RETENTION, allow_zero=False)
 
 
-def _longest(default: float, longest: float | None) -> float:
-    return default if longest is None else max(default, longest)
-
-
 def _has_shorter(default: float, shortest: float | None, longest: float) -> bool:
     """Does any row follow a retention shorter than the longest? The default's rows
     (unrouted ones at least) when the default is shorter; else a subscription's own."""
@@ -70,8 +66,8 @@ def retain(defaults: RetentionDefaults, *, limit: int) -> Plan[dict[str, int]]:
     retention then go by subscription, only when such a retention exists. At most ``limit``
     archive rows and ``limit`` dead letters are deleted per pass."""
     bounds = yield call("retention_bounds")
-    archive_longest = _longest(defaults.archive, bounds.archive_longest)
-    dead_longest = _longest(defaults.dead, bounds.dead_longest)
+    archive_longest = max(defaults.archive, bounds.archive_longest or 0.0)
+    dead_longest = max(defaults.dead, bounds.dead_longest or 0.0)
     try:
         created, dropped = yield call(
             "archive_partitions_maintain", ahead=PARTITIONS_AHEAD, keep=archive_longest
