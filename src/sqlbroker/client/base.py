@@ -173,11 +173,6 @@ class BrokerBase(Face):
         self._is_ready = True
         return backend
 
-    def _migrated(self, applied: list[int], version: int) -> list[int]:
-        self._backend.schema_files.check(version)
-        self._is_ready = True
-        return applied
-
     # --- configuration (plain reads: no property runs anything) ---------------------------
 
     @property
@@ -210,11 +205,6 @@ class BrokerBase(Face):
     def backend_name(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
         return self._url.scheme
-
-    @property
-    def in_memory(self) -> bool:
-        """Whether the database is SQLite's ``:memory:`` one (gone when the broker closes)."""
-        return self._url.path == ":memory:"
 
     @property
     def result_ttl(self) -> float:

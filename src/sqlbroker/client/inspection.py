@@ -5,11 +5,12 @@ pass and the schema (plans: see :mod:`sqlbroker.features.faces`)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sqlbroker.core import validate
-from sqlbroker.core.flow import KEEP, Flow, Keep, Rate
+from sqlbroker.core.errors import NotFound
+from sqlbroker.core.flow import KEEP, Flow, FlowLimits, Keep, Rate, flow_limits
 from sqlbroker.core.message import (
     ArchivedMessage,
     Outcome,
@@ -18,13 +19,19 @@ from sqlbroker.core.message import (
     State,
     SubscriptionStats,
 )
-from sqlbroker.core.observability import AuditEntry, SeriesPoint, WorkerInfo
+from sqlbroker.core.observability import (
+    AuditEntry,
+    MinuteCounts,
+    RareCount,
+    SeriesPoint,
+    WorkerInfo,
+)
 from sqlbroker.core.results import Result
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import metrics
+from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, blocking, call
-from sqlbroker.features.flow import flow_change, flow_list
-from sqlbroker.features.retention import retain, retention_list, retention_set
+from sqlbroker.features.retention import retain, retention_seconds
 
 if TYPE_CHECKING:
     from sqlbroker.client.base import BrokerBase
@@ -33,7 +40,9 @@ if TYPE_CHECKING:
 def migrate(broker: BrokerBase) -> Plan[list[int]]:
     """Apply pending schema migrations; safe when several processes migrate at once."""
     applied: list[int] = yield blocking(broker.backend.migrate)
-    return broker._migrated(applied, (yield call("schema_version")))
+    broker.backend.schema_files.check((yield call("schema_version")))
+    broker._is_ready = True
+    return applied
 
 
 def schema_version(broker: BrokerBase) -> Plan[int]:
@@ -88,23 +97,45 @@ def stats(
     — from what workers recorded over the last ``window`` seconds —
     completed, retried and dead-lettered per minute and handler time p50/p95, and whether
     flow limits hold claims back now (``throttled``)."""
-    found = yield from metrics.subscription_stats(window=window)
-    kept = yield from retention_list(broker._retention)
+    seconds = metrics.window_seconds(window)
+    gauges: list[SubscriptionStats] = yield call("stats_collect")
+    now: datetime = yield call("clock_now")
+    since = now - timedelta(seconds=seconds)
+    # A counter row covers a whole minute: take every minute that overlaps the window, and
+    # divide by the time those rows cover — from the start of the first to now (the current
+    # minute's row holds what happened so far) — which is up to a minute more than the window.
+    first_minute = metrics.minute_floor(since)
+    rows: list[MinuteCounts] = yield call("metric_minutes", since=first_minute)
+    rare: list[RareCount] = yield call("archive_rare_counts", since=since)
+    expired = {r.subscription: r.total for r in rare if r.outcome == "expired"}
+    totals: dict[tuple[str, str], int] = yield call("metric_totals")
+    kept = {r.subscription: r for r in (yield from retention(broker))}
     limited: list[Flow] = yield call("flow_list", name=None)
     flows = {f.subscription: f for f in limited if f.limits.limited}
-    found = [
-        replace(row, throttled=flow.throttled, throttled_for=flow.throttled_for)
-        if (flow := flows.get(row.subscription)) is not None
-        else row
-        for row in found
-    ]
-    by_name = {r.subscription: r for r in kept}
-    return [
-        replace(row, archive_retention=by_name[name].archive, dead_retention=by_name[name].dead)
-        if (name := row.subscription) in by_name
-        else row
-        for row in found
-    ]
+    per_minute = 60.0 / max((now - first_minute).total_seconds(), seconds)
+    grouped = metrics.grouped(rows, "subscription")
+    found = []
+    for gauge in gauges:
+        name = gauge.subscription
+        completed, retried, dead, p50, p95 = metrics.summary(grouped.get(name, []))
+        flow, own = flows.get(name), kept.get(name)
+        found.append(
+            replace(
+                gauge,
+                completed_per_minute=completed * per_minute,
+                retried_per_minute=retried * per_minute,
+                dead_per_minute=dead * per_minute,
+                handler_p50=p50,
+                handler_p95=p95,
+                expired=expired.get(name, 0),
+                replaced=totals.get((name, "replaced"), 0),
+                throttled=flow is not None and flow.throttled,
+                throttled_for=0.0 if flow is None else flow.throttled_for,
+                archive_retention=None if own is None else own.archive,
+                dead_retention=None if own is None else own.dead,
+            )
+        )
+    return found
 
 
 def workers(broker: BrokerBase) -> Plan[list[WorkerInfo]]:
@@ -115,15 +146,24 @@ def workers(broker: BrokerBase) -> Plan[list[WorkerInfo]]:
 
 def metrics_series(broker: BrokerBase, *, minutes: int = 60) -> Plan[dict[str, list[SeriesPoint]]]:
     """Per subscription, completed / retried / dead and handler p50/p95 for each of the
-    last ``minutes`` minutes (the current one last)."""
-    return (yield from metrics.series(minutes=minutes))
+    last ``minutes`` minutes (the current one last), zeros where nothing was recorded."""
+    count = validate.integer(minutes, "minutes", minimum=1, maximum=metrics.MAX_SERIES_MINUTES)
+    current = metrics.minute_floor((yield call("clock_now")))
+    axis = [current - timedelta(minutes=back) for back in range(count - 1, -1, -1)]
+    rows: list[MinuteCounts] = yield call("metric_minutes", since=axis[0])
+    grouped = metrics.grouped(rows, "subscription")
+    names = {s.name for s in (yield call("subscription_list"))} | set(grouped)
+    return {name: metrics.points(grouped.get(name, []), axis) for name in sorted(names)}
 
 
 def unrouted(
     broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
 ) -> Plan[metrics.Unrouted]:
     """Publishes that matched no subscription: in the archive, and within ``window``."""
-    return (yield from metrics.unrouted(window=window))
+    since = (yield call("clock_now")) - timedelta(seconds=metrics.window_seconds(window))
+    rare: list[RareCount] = yield call("archive_rare_counts", since=since)
+    found = [r for r in rare if r.outcome == "unrouted"]
+    return metrics.Unrouted(total=sum(r.total for r in found), recent=sum(r.recent for r in found))
 
 
 def audit(
@@ -141,7 +181,22 @@ def audit(
 def retention(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Retention]]:
     """How long each subscription (or one) keeps its archive rows and dead letters: its
     own times or the broker's defaults."""
-    return (yield from retention_list(broker._retention, subscription))
+    if subscription is not None:
+        validate_topic(subscription, "subscription")
+    defaults = broker._retention
+    rows: list[tuple[str, float | None, float | None]] = yield call(
+        "retention_list", name=subscription
+    )
+    return [
+        Retention(
+            subscription=name,
+            archive=defaults.archive if archive is None else archive,
+            dead=defaults.dead if dead is None else dead,
+            archive_default=archive is None,
+            dead_default=dead is None,
+        )
+        for name, archive, dead in rows
+    ]
 
 
 def set_retention(
@@ -155,11 +210,23 @@ def set_retention(
     """Give a subscription its own archive and/or dead-letter retention (``None``: leave
     it as it is; ``reset=True`` first returns both to the broker's defaults). Raises
     ``NotFound`` when there is no such subscription."""
-    return (
-        yield from retention_set(
-            broker._retention, subscription, archive=archive, dead=dead, reset=reset
+    validate_topic(subscription, "subscription")
+    reset = validate.flag(reset, "reset")
+    archive_seconds = None if archive is None else retention_seconds(archive, "archive")
+    dead_seconds = None if dead is None else retention_seconds(dead, "dead")
+    if not (
+        yield call(
+            "retention_set",
+            name=subscription,
+            archive=archive_seconds,
+            dead=dead_seconds,
+            change_archive=reset or archive_seconds is not None,
+            change_dead=reset or dead_seconds is not None,
         )
-    )
+    ):
+        raise NotFound(f"no subscription named {subscription!r}")
+    (found,) = yield from retention(broker, subscription)
+    return found
 
 
 def result(
@@ -211,8 +278,13 @@ def reap(broker: BrokerBase, *, limit: int = 1000) -> Plan[dict[str, int]]:
 def flow(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Flow]]:
     """Each subscription's (or one's) flow limits — concurrency caps, rate limits,
     fairness — with its running copies and whether claims wait now (``throttled``).
-    See docs/flow-control.md."""
-    return (yield from flow_list(subscription))
+    See docs/flow-control.md. ``NotFound`` for an unknown subscription."""
+    if subscription is not None:
+        validate_topic(subscription, "subscription")
+    found: list[Flow] = yield call("flow_list", name=subscription)
+    if subscription is not None and not found:
+        raise NotFound(f"no subscription named {subscription!r}")
+    return found
 
 
 def set_flow(
@@ -242,5 +314,14 @@ def set_flow(
         "key_rate_limit": key_rate_limit,
         "fair": fair,
     }
-    limits = {name: value for name, value in named.items() if value is not KEEP}
-    return (yield from flow_change(subscription, limits, reset=reset, actor=actor, note=note))
+    options = {name: value for name, value in named.items() if value is not KEEP}
+    validate_topic(subscription, "subscription")
+    validate.flag(reset, "reset")
+    flow_limits(options)  # every value checked before any SQL
+    who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+    why = None if note is None else validate.reason(note, "note")
+    base = FlowLimits() if reset else (yield from flow(broker, subscription))[0].limits
+    limits = flow_limits(options, base=base)
+    if not (yield call("flow_set", name=subscription, limits=limits, actor=who, note=why)):
+        raise NotFound(f"no subscription named {subscription!r}")
+    return (yield from flow(broker, subscription))[0]

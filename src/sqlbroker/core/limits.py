@@ -31,17 +31,13 @@ class Limits:
     max_patterns: int = DEFAULT_MAX_PATTERNS
 
     @classmethod
-    def checked(
-        cls, *, max_copies: object, max_subscriptions: object, max_patterns: object
-    ) -> Limits:
+    def checked(cls, **limits: object) -> Limits:
+        """The limits given by name (``max_copies=…``), each checked."""
         return cls(
-            max_copies=validate.integer(max_copies, "max_copies", minimum=1, maximum=_CEILING),
-            max_subscriptions=validate.integer(
-                max_subscriptions, "max_subscriptions", minimum=1, maximum=_CEILING
-            ),
-            max_patterns=validate.integer(
-                max_patterns, "max_patterns", minimum=1, maximum=_CEILING
-            ),
+            **{
+                name: validate.integer(value, name, minimum=1, maximum=_CEILING)
+                for name, value in limits.items()
+            }
         )
 
     def check_room(
@@ -49,32 +45,24 @@ class Limits:
     ) -> None:
         """After a subscription was created or given patterns (inside that transaction,
         which the error rolls back): its pattern count and the database's totals."""
-        if own_patterns > PATTERNS_PER_SUBSCRIPTION:
-            raise LimitExceeded(
-                "patterns",
-                f"subscription {subscription!r} would have {own_patterns} patterns; a"
-                f" subscription has at most {PATTERNS_PER_SUBSCRIPTION}",
-                limit=PATTERNS_PER_SUBSCRIPTION,
-                wanted=own_patterns,
-            )
-        if subscriptions > self.max_subscriptions:
-            raise LimitExceeded(
-                "max_subscriptions",
-                f"creating {subscription!r} would make {subscriptions} subscriptions (queues"
-                f" included); the limit is {self.max_subscriptions} per database: delete"
-                " unused ones, or raise it with Broker(max_subscriptions=...)",
-                limit=self.max_subscriptions,
-                wanted=subscriptions,
-            )
-        if patterns > self.max_patterns:
-            raise LimitExceeded(
-                "max_patterns",
-                f"this would make {patterns} subscription patterns in the database; the"
-                f" limit is {self.max_patterns} (every publish reads them): delete unused"
-                " ones, or raise it with Broker(max_patterns=...)",
-                limit=self.max_patterns,
-                wanted=patterns,
-            )
+        checks = (
+            ("patterns", own_patterns, PATTERNS_PER_SUBSCRIPTION),
+            ("max_subscriptions", subscriptions, self.max_subscriptions),
+            ("max_patterns", patterns, self.max_patterns),
+        )
+        for field, wanted, limit in checks:
+            if wanted > limit:
+                problems = {
+                    "patterns": f"subscription {subscription!r} would have {wanted} patterns;"
+                    f" a subscription has at most {limit}",
+                    "max_subscriptions": f"creating {subscription!r} would make {wanted}"
+                    f" subscriptions (queues included); the limit is {limit} per database:"
+                    " delete unused ones, or raise it with Broker(max_subscriptions=...)",
+                    "max_patterns": f"this would make {wanted} subscription patterns in the"
+                    f" database; the limit is {limit} (every publish reads them): delete"
+                    " unused ones, or raise it with Broker(max_patterns=...)",
+                }
+                raise LimitExceeded(field, problems[field], limit=limit, wanted=wanted)
 
 
 def check_copies(copies: int, messages: int, limit: int | None) -> None:

@@ -3,6 +3,7 @@ the audit trail, as plain rows, plus the pure arithmetic on them (quantiles, mer
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,16 +31,11 @@ HANDLER_BUCKETS: tuple[float, ...] = (
 )
 """Upper bounds (seconds, inclusive) of the handler-time histogram's buckets."""
 
-OUTCOMES: tuple[str, ...] = ("completed", "retried", "dead")
-"""The outcomes a worker counts, as written back (a lost lease counts as none)."""
-
 
 def bucket_index(seconds: float) -> int:
-    """The index of the histogram bucket that holds a duration of ``seconds``."""
-    for index, bound in enumerate(HANDLER_BUCKETS):
-        if seconds <= bound:
-            return index
-    return len(HANDLER_BUCKETS) - 1
+    """The index of the histogram bucket that holds a duration of ``seconds`` (the first
+    bound at or above it; the last bucket for anything else)."""
+    return min(bisect.bisect_left(HANDLER_BUCKETS, seconds), len(HANDLER_BUCKETS) - 1)
 
 
 def merge_buckets(histograms: Iterable[Sequence[int]]) -> list[int]:

@@ -17,8 +17,6 @@ from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.core.message import ErrorInfo
 from sqlbroker.core.serde import JSON_CONTENT_TYPE, decode_payload
 
-FINISHED_OUTCOMES = ("completed", "dead", "expired", "cancelled")
-
 
 @dataclass(frozen=True, slots=True)
 class Result:
@@ -141,10 +139,3 @@ def read_result(
             " (result_ttl)"
         )
     return Result(message_id, subscription, best.kind, None, None, None, best.finished_at)
-
-
-def vanished_result(message_id: str, subscription: str, now: datetime) -> Result:
-    """A copy seen pending that left no trace when it finished: only a completion without a
-    value under ``archive_completed=False`` does that. ``finished_at`` is when it was
-    noticed."""
-    return Result(message_id, subscription, "completed", None, None, None, now)

@@ -22,20 +22,11 @@ import re
 from functools import cache, lru_cache
 
 from sqlbroker.core.errors import InvalidName
+from sqlbroker.core.validate import name_text
 
 MAX_NAME_LENGTH = 255
 MAX_SEGMENT_LENGTH = 64
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
-
-
-def _check_text(value: object, field: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidName(field, f"must be a string, not {type(value).__name__}")
-    if not value:
-        raise InvalidName(field, "must not be empty")
-    if len(value) > MAX_NAME_LENGTH:
-        raise InvalidName(field, f"is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}")
-    return value
 
 
 def _bad_segment(field: str, value: str, segment: str) -> InvalidName:
@@ -66,7 +57,7 @@ def validate_topic(value: object, field: str = "topic") -> str:
     """Return ``value`` if it is a valid topic (or queue/subscription name), else raise."""
     if type(value) is str and _is_topic(value):
         return value
-    text = _check_text(value, field)
+    text = name_text(value, field, MAX_NAME_LENGTH)
     for segment in text.split("."):
         if not _SEGMENT.fullmatch(segment):
             raise _bad_segment(field, text, segment)
@@ -75,7 +66,7 @@ def validate_topic(value: object, field: str = "topic") -> str:
 
 def validate_pattern(value: object, field: str = "pattern") -> str:
     """Return ``value`` if it is a valid subscription pattern, else raise."""
-    text = _check_text(value, field)
+    text = name_text(value, field, MAX_NAME_LENGTH)
     for segment in text.split("."):
         if segment in ("*", "#"):
             continue

@@ -20,9 +20,6 @@ from sqlbroker.core.errors import (
     InvalidTime,
 )
 
-Duration = float | int | timedelta
-"""Seconds as a number, or a :class:`datetime.timedelta`."""
-
 MAX_DELAY = 10 * 366 * 86400.0
 """The longest delay or TTL accepted: ten years."""
 MAX_LEASE = 24 * 3600.0
@@ -162,16 +159,23 @@ def text(value: object, field: str, *, maximum: int, printable: bool = False) ->
     return value
 
 
-def key(value: object, field: str) -> str | None:
-    """An ordering or idempotency key: a printable string of at most 255 characters."""
-    if value is None:
-        return None
+def name_text(value: object, field: str, maximum: int) -> str:
+    """A non-empty string of at most ``maximum`` characters (a name or a key), or
+    ``InvalidName``."""
     if not isinstance(value, str):
         raise InvalidName(field, f"must be a string, not {type(value).__name__}")
     if not value:
         raise InvalidName(field, "must not be empty")
-    if len(value) > MAX_KEY_LENGTH:
-        raise InvalidName(field, f"is {len(value)} characters long; the limit is {MAX_KEY_LENGTH}")
+    if len(value) > maximum:
+        raise InvalidName(field, f"is {len(value)} characters long; the limit is {maximum}")
+    return value
+
+
+def key(value: object, field: str) -> str | None:
+    """An ordering or idempotency key: a printable string of at most 255 characters."""
+    if value is None:
+        return None
+    value = name_text(value, field, MAX_KEY_LENGTH)
     if not _printable(value) or not _utf8(value):
         raise InvalidName(field, "must be printable Unicode text without control characters")
     return value

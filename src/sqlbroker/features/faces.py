@@ -115,14 +115,18 @@ class Awaiting(Face):
         return await drive_async(await self._ready_async() if checked else self._backend, plan)
 
 
-async def drive_async(backend: Backend, plan: Plan[T], offload: Offload | None = None) -> T:
-    """Run a face's plan on the running loop, each call as :func:`run_call_async` runs it
-    (its blocking ones through ``offload``: by default the backend's own threads)."""
+async def drive_async(backend: Backend, plan: Plan[T]) -> T:
+    """Run a face's plan on the running loop, each call as :func:`run_call_async` runs it;
+    a plain storage operation (no ``conn``, nothing blocking) is awaited directly, one
+    coroutine less on every call."""
     try:
         effect = next(plan)
         while True:
             try:
-                result = await start_call_async(backend, effect, offload)
+                if effect.conn is None and effect.blocking is None and effect.awaiting is None:
+                    result = await getattr(backend.async_ops, effect.name)(**effect.kwargs)
+                else:
+                    result = await run_call_async(backend, effect)
             except Exception as error:
                 effect = plan.throw(error)
             else:
@@ -143,41 +147,30 @@ def run_call(backend: Backend, effect: Call) -> Any:
         return getattr(tx, effect.name)(**effect.kwargs)
 
 
-Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
-"""Runs blocking work off the loop and awaits it (``Backend.offload``, say)."""
-
-
-def start_call_async(
-    backend: Backend, effect: Call, offload: Offload | None = None
-) -> Awaitable[Any]:
-    """:func:`run_call_async`, where a plain storage operation (no ``conn``, nothing
-    blocking) is awaited directly: one coroutine less on every call."""
-    if effect.conn is None and effect.blocking is None and effect.awaiting is None:
-        return getattr(backend.async_ops, effect.name)(**effect.kwargs)  # type: ignore[no-any-return]
-    return run_call_async(backend, effect, offload)
-
-
-async def run_call_async(backend: Backend, effect: Call, offload: Offload | None = None) -> Any:
-    """Run one call of a plan on the running loop. A caller's sync connection (sqlite3,
-    psycopg's ``Connection``) is used on the calling thread, where its owner uses it."""
+async def run_call_async(backend: Backend, effect: Call) -> Any:
+    """Run one call of a plan on the running loop (its blocking work on the backend's own
+    threads). A caller's sync connection (sqlite3, psycopg's ``Connection``) is used on the
+    calling thread, where its owner uses it."""
     if effect.awaiting is not None:
         return await effect.awaiting()
     if effect.blocking is not None:
-        return await (offload or backend.offload)(effect.blocking)
+        return await backend.offload(effect.blocking)
     conn = effect.conn
-    if conn is not None and not caller.is_async(conn):
+    if conn is None:
+        return await getattr(backend.async_ops, effect.name)(**effect.kwargs)
+    if not caller.is_async(conn):
         return run_call(backend, effect)
-    if conn is not None:
-        async with backend.begin_async(conn) as tx:
-            return await getattr(tx, effect.name)(**effect.kwargs)
-    return await getattr(backend.async_ops, effect.name)(**effect.kwargs)
+    async with backend.begin_async(conn) as tx:
+        return await getattr(tx, effect.name)(**effect.kwargs)
 
 
 class Operation(Generic[S, P, T]):
     """A plan of the base as a method of each face: returning on :class:`Blocking`,
-    awaitable on :class:`Awaiting`, with the plan's parameters, docstring and result."""
+    awaitable on :class:`Awaiting`, with the plan's parameters, docstring and result.
+    ``checked``: the schema is checked (and migrated, if the broker was told to) before
+    it runs. Used as ``operation(plan)`` or as the decorator ``@operation``."""
 
-    def __init__(self, plan: Callable[Concatenate[S, P], Plan[T]], *, checked: bool) -> None:
+    def __init__(self, plan: Callable[Concatenate[S, P], Plan[T]], *, checked: bool = True) -> None:
         self.plan = plan
         self.checked = checked
         self._methods: dict[type, Callable[..., Any]] = {}
@@ -222,9 +215,4 @@ class Operation(Generic[S, P, T]):
         return method
 
 
-def operation(
-    plan: Callable[Concatenate[S, P], Plan[T]], *, checked: bool = True
-) -> Operation[S, P, T]:
-    """The plan ``plan`` as an operation of both faces. ``checked``: the schema is checked
-    (and migrated, if the broker was told to) before it runs."""
-    return Operation(plan, checked=checked)
+operation = Operation

@@ -34,7 +34,6 @@ from sqlbroker.core.results import (
     ResultRecord,
     read_result,
     result_subscription,
-    vanished_result,
 )
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.faces import Call, Plan, call
@@ -52,16 +51,6 @@ hint to every waiter, and a busy database commits every few milliseconds."""
 
 def check_result_ttl(value: object) -> float:
     return validate.seconds(value, "result_ttl", allow_zero=False)
-
-
-def check_arguments(
-    message_id: object, wait: object, subscription: object
-) -> tuple[str, float, str | None]:
-    """Validate ``result()``'s arguments (the same on both faces and the CLI)."""
-    checked_id = validate.message_id(message_id)
-    seconds = validate.seconds(wait, "wait", maximum=MAX_WAIT)
-    name = None if subscription is None else validate_topic(subscription, "subscription")
-    return checked_id, seconds, name
 
 
 class _NeedNow(Exception):
@@ -91,9 +80,9 @@ class _Look:
         except NotFound:
             if self.seen is None:
                 raise
-            # Seen pending, now gone without a trace: completed without a value, with
-            # archive_completed=False.
-            return vanished_result(self.message_id, self.seen, clock())
+            # Seen pending, now gone without a trace: only a completion without a value
+            # under archive_completed=False does that; finished when it was noticed.
+            return Result(self.message_id, self.seen, "completed", None, None, None, clock())
         found = read_result(
             self.message_id,
             records,
@@ -147,7 +136,9 @@ class Results:
         subscription: str | None = None,
     ) -> Plan[Result | None]:
         """``broker.result`` as a plan, hints from ``hub``: see the module's docstring."""
-        checked_id, seconds, name = check_arguments(message_id, wait, subscription)
+        checked_id = validate.message_id(message_id)
+        seconds = validate.seconds(wait, "wait", maximum=MAX_WAIT)
+        name = None if subscription is None else validate_topic(subscription, "subscription")
         look = _Look(checked_id, name, self._ttl)
         found = yield from look.plan()
         if found is not None or seconds == 0:

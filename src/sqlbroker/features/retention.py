@@ -15,9 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from sqlbroker.core import validate
-from sqlbroker.core.errors import NotFound, StorageError
-from sqlbroker.core.message import Retention
-from sqlbroker.core.topics import validate_topic
+from sqlbroker.core.errors import StorageError
 from sqlbroker.features.faces import Plan, call
 
 log = logging.getLogger("sqlbroker.retention")
@@ -56,60 +54,6 @@ def retention_seconds(value: object, field: str) -> float:
     return validate.seconds(value, field, maximum=MAX_RETENTION, allow_zero=False)
 
 
-def retention_list(
-    defaults: RetentionDefaults, subscription: str | None = None
-) -> Plan[list[Retention]]:
-    """The retention of each subscription (or of one), its own or the defaults."""
-    if subscription is not None:
-        validate_topic(subscription, "subscription")
-    rows: list[tuple[str, float | None, float | None]] = yield call(
-        "retention_list", name=subscription
-    )
-    return [
-        Retention(
-            subscription=name,
-            archive=defaults.archive if archive is None else archive,
-            dead=defaults.dead if dead is None else dead,
-            archive_default=archive is None,
-            dead_default=dead is None,
-        )
-        for name, archive, dead in rows
-    ]
-
-
-def retention_set(
-    defaults: RetentionDefaults,
-    subscription: str,
-    *,
-    archive: object = None,
-    dead: object = None,
-    reset: bool = False,
-) -> Plan[Retention]:
-    """Set a subscription's own times (``None``: leave as is; ``reset=True`` first returns
-    both to the defaults). ``NotFound`` when there is no such subscription."""
-    validate_topic(subscription, "subscription")
-    reset = validate.flag(reset, "reset")
-    archive_seconds = None if archive is None else retention_seconds(archive, "archive")
-    dead_seconds = None if dead is None else retention_seconds(dead, "dead")
-    if not (
-        yield call(
-            "retention_set",
-            name=subscription,
-            archive=archive_seconds,
-            dead=dead_seconds,
-            change_archive=reset or archive_seconds is not None,
-            change_dead=reset or dead_seconds is not None,
-        )
-    ):
-        raise NotFound(f"no subscription named {subscription!r}")
-    (found,) = yield from retention_list(defaults, subscription)
-    return found
-
-
-def _longest(default: float, longest: float | None) -> float:
-    return default if longest is None else max(default, longest)
-
-
 def _has_shorter(default: float, shortest: float | None, longest: float) -> bool:
     """Does any row follow a retention shorter than the longest? The default's rows
     (unrouted ones at least) when the default is shorter; else a subscription's own."""
@@ -122,8 +66,8 @@ def retain(defaults: RetentionDefaults, *, limit: int) -> Plan[dict[str, int]]:
     retention then go by subscription, only when such a retention exists. At most ``limit``
     archive rows and ``limit`` dead letters are deleted per pass."""
     bounds = yield call("retention_bounds")
-    archive_longest = _longest(defaults.archive, bounds.archive_longest)
-    dead_longest = _longest(defaults.dead, bounds.dead_longest)
+    archive_longest = max(defaults.archive, bounds.archive_longest or 0.0)
+    dead_longest = max(defaults.dead, bounds.dead_longest or 0.0)
     try:
         created, dropped = yield call(
             "archive_partitions_maintain", ahead=PARTITIONS_AHEAD, keep=archive_longest
