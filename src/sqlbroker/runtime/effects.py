@@ -17,13 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.errors import LeaseLost, SqlbrokerError
-from sqlbroker.core.message import Delivery
 from sqlbroker.core.settlements import Settlement
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.seam import AsyncTx, Tx
+
+if TYPE_CHECKING:
+    from sqlbroker.runtime.message import Message
 
 
 class EffectsTransaction:
@@ -33,16 +35,14 @@ class EffectsTransaction:
     def __init__(
         self,
         backend: Backend,
-        delivery: Delivery,
+        message: Message,
         *,
-        claim: Callable[[], None],
-        unclaim: Callable[[], None],
         committed: Callable[[], None],
     ) -> None:
         self._backend = backend
-        self._delivery = delivery
-        self._claim = claim
-        self._unclaim = unclaim
+        self._delivery = message.delivery
+        self._claim = message._begin_settling
+        self._unclaim = message._abort_settling
         self._committed = committed
         self._sync: AbstractContextManager[Tx] | None = None
         self._async: AbstractAsyncContextManager[AsyncTx] | None = None

@@ -10,7 +10,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
@@ -24,14 +24,21 @@ from sqlbroker.runtime.writeback import wait_any
 
 log = logging.getLogger("sqlbroker.runtime")
 _PACE_WEIGHT = 0.2
+T = TypeVar("T")
 
 
-def _running(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether this thread runs ``loop``."""
+def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[T], None], arg: T) -> None:
+    """Call ``fn(arg)`` on ``loop``: now when this thread runs it, soon when another thread
+    calls (and not at all when the loop is gone: there is nothing left to free)."""
     try:
-        return asyncio.get_running_loop() is loop
+        running = asyncio.get_running_loop() is loop
     except RuntimeError:
-        return False
+        running = False
+    if running:
+        fn(arg)
+    else:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, arg)
 
 
 class Executing(Holding):
@@ -157,34 +164,20 @@ class Executing(Holding):
     ) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
         a handler may hand its message to any thread; the pump's state is the loop's."""
-        if _running(loop):
-            self._settle(settlement)
-            return
         # Thread-safe, and raises once the worker's final write-back began: a late ack
         # must fail loudly rather than land in a buffer nobody writes.
         self._writeback.add(settlement)
-        with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
-            loop.call_soon_threadsafe(self._free_slot, settlement.lease)
+        _call_on(loop, self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
-        return EffectsTransaction(
-            self._backend,
-            message.delivery,
-            claim=message._begin_settling,
-            unclaim=message._abort_settling,
-            committed=functools.partial(self._committed_from_any_thread, loop, message),
-        )
+        committed = functools.partial(self._committed_from_any_thread, loop, message)
+        return EffectsTransaction(self._backend, message, committed=committed)
 
     def _committed_from_any_thread(self, loop: asyncio.AbstractEventLoop, message: Message) -> None:
         """The message was completed in the handler's own transaction: nothing is left to
         write back, only the slot and the lease to let go."""
         message._end_settling()
-        delivery = message.delivery
-        if _running(loop):
-            self._committed(delivery)
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
-                loop.call_soon_threadsafe(self._committed, delivery)
+        _call_on(loop, self._committed, message.delivery)
 
     def _committed(self, delivery: Delivery) -> None:
         settlement = Settlement.complete(delivery)
@@ -228,7 +221,7 @@ class Executing(Holding):
             message.id,
             extra={"subscription": self.name, "message_id": message.id},
         )
-        message._request_cancel()
+        message.cancel_event.set()
         if self.spec.is_async and task is not None:
             # The task is suspended inside the handler (it is in _running, and this runs
             # on the same loop): the CancelledError lands there, and _handle takes it back.
@@ -237,9 +230,5 @@ class Executing(Holding):
 
     def _cancel_unstarted(self, delivery_id: int) -> None:
         """A cancelled copy still in the buffer is taken out and settled cancelled now."""
-        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
-        for item in waiting:
-            if item is not None and item.id == delivery_id:
-                self._settle(Settlement.cancel(item))
-            else:
-                self._queue.put_nowait(item)
+        for item in self._unqueue(lambda item: item.id == delivery_id):
+            self._settle(Settlement.cancel(item))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -156,13 +157,7 @@ class Holding:
     def _lost(self, lost: dict[LeaseKey, Delivery]) -> None:
         """Another consumer may have these copies now: those still waiting for a handler
         are dropped, and no lease of them is extended any more (nothing can renew it)."""
-        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
-        unstarted: set[LeaseKey] = set()
-        for item in waiting:
-            if item is not None and _key(item) in lost:
-                unstarted.add(_key(item))
-            else:
-                self._queue.put_nowait(item)
+        unstarted = {_key(item) for item in self._unqueue(lambda item: _key(item) in lost)}
         for key, delivery in lost.items():
             self._forget(Lease.of(delivery))
             if key in unstarted:
@@ -179,12 +174,18 @@ class Holding:
 
     async def release_unstarted(self) -> int:
         """Give back claimed deliveries no handler started; returns how many."""
-        unstarted: list[Delivery] = []
-        while not self._queue.empty():
-            delivery = self._queue.get_nowait()
-            if delivery is not None:
-                unstarted.append(delivery)
-        return await self._release(unstarted)
+        return await self._release(self._unqueue(lambda _: True))
+
+    def _unqueue(self, wanted: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Take the buffered deliveries ``wanted`` picks out of the buffer; the rest (and
+        the stop's ``None`` marks) stay, in their order."""
+        taken = []
+        for item in [self._queue.get_nowait() for _ in range(self._queue.qsize())]:
+            if item is not None and wanted(item):
+                taken.append(item)
+            else:
+                self._queue.put_nowait(item)
+        return taken
 
     async def _release(self, unstarted: list[Delivery]) -> int:
         if not unstarted:
