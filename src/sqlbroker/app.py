@@ -17,7 +17,6 @@ from sqlbroker.client.base import BrokerBase
 from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
-from sqlbroker.core.message import SubscriptionStats
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import Saga
 from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
@@ -226,9 +225,6 @@ class _WorkerView(Part, Blocking):
 
     def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any:
         return self._drive(publishing.subscribe(self._base, name, patterns, replace=replace))
-
-    def stats(self) -> list[SubscriptionStats]:
-        return self._drive(inspection.stats(self._base))
 
     async def run_due_schedules_async(self) -> ScheduleRun:
         return await drive_async(self.backend, scheduling.run_due_schedules(self._base))

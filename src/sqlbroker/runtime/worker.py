@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypedDict, Unpack
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
+from sqlbroker.core.observability import WorkerBeat
 from sqlbroker.features.publishing import PublishDefaults
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
@@ -50,6 +51,9 @@ CANCEL_SAFETY_POLL = 5.0
 """The same where a notification announces each cancel (PostgreSQL's NOTIFY)."""
 
 
+Task = asyncio.Task[None]
+
+
 class WorkerCrashed(SqlbrokerError):
     """A task of the worker died unexpectedly; the worker stopped after draining."""
 
@@ -69,8 +73,6 @@ class BrokerLike(Protocol):
     async def reap_async(self, *, limit: int = 1000) -> dict[str, int]: ...
 
     def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any: ...
-
-    def stats(self) -> list[Any]: ...
 
     async def run_due_schedules_async(self) -> Any: ...
 
@@ -306,43 +308,34 @@ class Worker:
         assert self._stop is not None
         side_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group:
-            executors: list[asyncio.Task[None]] = []
+
+            def start(name: str, work: Awaitable[None], *, task: str | None = None) -> Task:
+                return group.create_task(self._guard(name, work), name=task)
+
+            executors: list[Task] = []
+            cancel_poll = self._cancel_poll(backend)
             for pump in self._pumps.values():
-                group.create_task(self._guard(f"fetch {pump.name}", pump.fetch(self._stop)))
-                group.create_task(self._guard(f"leases {pump.name}", pump.keep_leases(side_stop)))
-                group.create_task(
-                    self._guard(
-                        f"cancels {pump.name}",
-                        pump.watch_cancels(side_stop, interval=self._cancel_poll(backend)),
-                    )
-                )
+                start(f"fetch {pump.name}", pump.fetch(self._stop))
+                start(f"leases {pump.name}", pump.keep_leases(side_stop))
+                start(f"cancels {pump.name}", pump.watch_cancels(side_stop, interval=cancel_poll))
                 for index in range(pump.spec.concurrency):
+                    slot = f"sqlbroker {pump.name} #{index}"
                     executors.append(
-                        group.create_task(
-                            self._guard(f"handler {pump.name}", pump.execute(self._stop)),
-                            name=f"sqlbroker {pump.name} #{index}",
-                        )
+                        start(f"handler {pump.name}", pump.execute(self._stop), task=slot)
                     )
             if self._listen:
-                group.create_task(self._guard("listener", self._hints(backend)))
-            flusher = group.create_task(self._guard("write-back", writeback.run(side_stop)))
-            group.create_task(self._guard("reaper", self._reap(side_stop)))
-            heartbeat = Heartbeat(
-                backend,
-                self.recorder,
-                name=self.name,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                subscriptions=list(self._pumps),
-                interval=self._heartbeat_interval,
-            )
-            group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
+                start("listener", self._hints(backend))
+            flusher = start("write-back", writeback.run(side_stop))
+            start("reaper", self._reap(side_stop))
+            host, pid = socket.gethostname(), os.getpid()
+            beat = WorkerBeat(name=self.name, host=host, pid=pid, subscriptions=tuple(self._pumps))
+            heartbeat = Heartbeat(backend, self.recorder, beat, interval=self._heartbeat_interval)
+            start("heartbeat", heartbeat.run(side_stop))
             if self._schedules:
                 scheduler = Scheduler(poll_interval=self._poll_max)
-                passes = scheduler.run(self._stop, self._broker.run_due_schedules_async)
-                group.create_task(self._guard("scheduler", passes))
+                start("scheduler", scheduler.run(self._stop, self._broker.run_due_schedules_async))
             if until_idle:
-                group.create_task(self._guard("idle watch", self._watch_idle(writeback)))
+                start("idle watch", self._watch_idle(writeback))
             group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
 
     async def _hints(self, backend: Backend) -> None:
@@ -401,9 +394,9 @@ class Worker:
 
     async def _shutdown(
         self,
-        executors: list[asyncio.Task[None]],
+        executors: list[Task],
         writeback: WriteBack,
-        flusher: asyncio.Task[None],
+        flusher: Task,
         side_stop: asyncio.Event,
     ) -> None:
         assert self._stop is not None
