@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery
-from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import WorkerObserver
@@ -47,12 +46,12 @@ class Holding:
         handler_threads: Executor,
         poll_min: float,
         poll_max: float,
-        observer: WorkerObserver | None = None,
-        result_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        observer: WorkerObserver,
+        result_limit: int,
     ) -> None:
         self.spec = spec
         self._result_limit = result_limit
-        self._observer = observer or WorkerObserver()
+        self._observer = observer
         self._backend = backend
         self._lease = spec.lease or lease
         self._worker_name = worker_name
