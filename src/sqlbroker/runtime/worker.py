@@ -23,12 +23,15 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Sequence
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
+from sqlbroker.client import inspection, publishing, scheduling
+from sqlbroker.client.base import BrokerBase
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.observability import WorkerBeat
-from sqlbroker.features.publishing import PublishDefaults
+from sqlbroker.features.faces import Blocking, Part, drive_async
+from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
@@ -58,23 +61,29 @@ class WorkerCrashed(SqlbrokerError):
     """A task of the worker died unexpectedly; the worker stopped after draining."""
 
 
-class BrokerLike(Protocol):
-    """What the worker needs from a broker."""
+class _BrokerView(Part, Blocking):
+    """What the worker needs of a broker of either face: the reaper's and the scheduler's
+    passes as coroutines on the worker's loop; the set-up at its start, blocking (it runs
+    on the backend's own threads)."""
+
+    def __init__(self, broker: BrokerBase) -> None:
+        super().__init__(broker)
+        self._base = broker
+        self.lease = broker.lease
+        self.publish_defaults = broker.publish_defaults
 
     @property
-    def backend(self) -> Backend: ...
+    def backend(self) -> Backend:
+        return self._ready()
 
-    @property
-    def lease(self) -> float: ...
+    async def reap_async(self) -> dict[str, int]:
+        return await drive_async(self.backend, inspection.reap(self._base))
 
-    @property
-    def publish_defaults(self) -> PublishDefaults: ...
+    def subscribe(self, name: str, patterns: Sequence[str]) -> Any:
+        return self._drive(publishing.subscribe(self._base, name, patterns, replace=True))
 
-    async def reap_async(self, *, limit: int = 1000) -> dict[str, int]: ...
-
-    def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any: ...
-
-    async def run_due_schedules_async(self) -> Any: ...
+    async def run_due_schedules_async(self) -> ScheduleRun:
+        return await drive_async(self.backend, scheduling.run_due_schedules(self._base))
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -118,7 +127,7 @@ class Worker:
 
     def __init__(
         self,
-        broker: BrokerLike,
+        broker: BrokerBase,
         specs: Sequence[SubscriberSpec],
         *,
         name: str | None = None,
@@ -131,7 +140,7 @@ class Worker:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
-        self._broker = broker
+        self._broker = _BrokerView(broker)
         self._specs = list(specs)
         get = options.get
         seconds, integer = validate.seconds, validate.integer
@@ -369,7 +378,7 @@ class Worker:
             if spec.is_queue:
                 backend.subscription_ensure(name=spec.name)
             else:
-                self._broker.subscribe(spec.name, list(spec.patterns), replace=True)
+                self._broker.subscribe(spec.name, list(spec.patterns))
             if spec.flow is not None:
                 backend.flow_set(name=spec.name, limits=spec.flow)
 
@@ -406,16 +415,11 @@ class Worker:
             pump.stop_idle()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._grace
-        pending: set[asyncio.Future[Any]] = {task for task in executors if not task.done()}
-        while pending and not self._hard.is_set() and loop.time() < deadline:
-            hard = asyncio.ensure_future(self._hard.wait())
-            _, pending = await asyncio.wait(
-                pending | {hard},
-                timeout=deadline - loop.time(),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            hard.cancel()
-            pending.discard(hard)
+        if not all(task.done() for task in executors):
+            finished = asyncio.ensure_future(asyncio.wait(executors))
+            await wait_any(self._hard, futures=[finished], timeout=deadline - loop.time())
+            finished.cancel()  # the wait, not the handlers
+        pending = [task for task in executors if not task.done()]
         if pending:
             log.warning("cancelling %d running handler(s)", len(pending))
             for task in pending:
