@@ -27,6 +27,7 @@ from typing import Any, TypedDict, Unpack
 
 from sqlbroker.client import inspection, publishing, scheduling
 from sqlbroker.client.base import BrokerBase
+from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.observability import WorkerBeat
@@ -154,7 +155,7 @@ class Worker:
         self._write_batch = integer(batch, "write_batch", minimum=1, maximum=100_000)
         backlog = get("write_backlog", DEFAULT_WRITE_BACKLOG)
         self._write_backlog = integer(backlog, "write_backlog", minimum=1, maximum=10_000_000)
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.name = name or worker_name()
         beat = get("heartbeat_interval", DEFAULT_HEARTBEAT)
         self._heartbeat_interval = seconds(
             beat, "heartbeat_interval", allow_zero=False, maximum=3600.0
