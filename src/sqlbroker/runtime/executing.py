@@ -10,7 +10,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, ErrorInfo
@@ -24,21 +24,14 @@ from sqlbroker.runtime.writeback import wait_any
 
 log = logging.getLogger("sqlbroker.runtime")
 _PACE_WEIGHT = 0.2
-T = TypeVar("T")
 
 
-def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[T], None], arg: T) -> None:
-    """Call ``fn(arg)`` on ``loop``: now when this thread runs it, soon when another thread
-    calls (and not at all when the loop is gone: there is nothing left to free)."""
+def _running(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs ``loop``."""
     try:
-        running = asyncio.get_running_loop() is loop
+        return asyncio.get_running_loop() is loop
     except RuntimeError:
-        running = False
-    if running:
-        fn(arg)
-    else:
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(fn, arg)
+        return False
 
 
 class Executing(Holding):
@@ -164,10 +157,14 @@ class Executing(Holding):
     ) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
         a handler may hand its message to any thread; the pump's state is the loop's."""
+        if _running(loop):
+            self._settle(settlement)
+            return
         # Thread-safe, and raises once the worker's final write-back began: a late ack
         # must fail loudly rather than land in a buffer nobody writes.
         self._writeback.add(settlement)
-        _call_on(loop, self._free_slot, settlement.lease)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
+            loop.call_soon_threadsafe(self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
         committed = functools.partial(self._committed_from_any_thread, loop, message)
@@ -177,7 +174,12 @@ class Executing(Holding):
         """The message was completed in the handler's own transaction: nothing is left to
         write back, only the slot and the lease to let go."""
         message._end_settling()
-        _call_on(loop, self._committed, message.delivery)
+        delivery = message.delivery
+        if _running(loop):
+            self._committed(delivery)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
+                loop.call_soon_threadsafe(self._committed, delivery)
 
     def _committed(self, delivery: Delivery) -> None:
         settlement = Settlement.complete(delivery)
