@@ -12,12 +12,10 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, TypedDict, TypeVar, Unpack
 
-from sqlbroker.client import inspection, publishing, scheduling
 from sqlbroker.client.base import BrokerBase
 from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption, SqlbrokerError
-from sqlbroker.core.message import SubscriptionStats
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import Saga
 from sqlbroker.features.dead_letters import AsyncDeadLetters, DeadLetters
@@ -25,19 +23,15 @@ from sqlbroker.features.faces import (
     Awaiting,
     Blocking,
     Call,
-    Part,
     Plan,
-    drive_async,
     operation,
 )
 from sqlbroker.features.processed import AsyncOnce, Once
 from sqlbroker.features.sagas import warn_unhandled
-from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import DEFAULT_CONCURRENCY
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.sagas import saga_handler
 from sqlbroker.runtime.worker import Worker, WorkerOptions
-from sqlbroker.storage.backend import Backend
 
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -149,7 +143,7 @@ class _Base(BrokerBase):
             slots = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
             specs = [dataclasses.replace(spec, concurrency=slots) for spec in specs]
         settings: WorkerOptions = options
-        worker = Worker(_WorkerView(self), specs, observers=self._observers, **settings)
+        worker = Worker(self, specs, observers=self._observers, **settings)
         sagas = [s for s in self._saga_definitions.values() if set(s.queues()) & set(chosen)]
         if sagas:
             backend = self._ready()
@@ -203,34 +197,6 @@ class _Base(BrokerBase):
         """Stop a running worker gracefully (or at once); safe from any thread or handler."""
         if self._worker is not None:
             self._worker.stop(now=now)
-
-
-class _WorkerView(Part, Blocking):
-    """What the worker needs of either face: the reaper's and the scheduler's passes as
-    coroutines on the worker's loop; the set-up at its start, blocking (it runs on the
-    backend's own threads)."""
-
-    def __init__(self, broker: BrokerBase) -> None:
-        super().__init__(broker)
-        self._base = broker
-        self.lease = broker.lease
-        self.publish_defaults = broker.publish_defaults
-
-    @property
-    def backend(self) -> Backend:
-        return self._ready()
-
-    async def reap_async(self, *, limit: int = 1000) -> dict[str, int]:
-        return await drive_async(self.backend, inspection.reap(self._base, limit=limit))
-
-    def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any:
-        return self._drive(publishing.subscribe(self._base, name, patterns, replace=replace))
-
-    def stats(self) -> list[SubscriptionStats]:
-        return self._drive(inspection.stats(self._base))
-
-    async def run_due_schedules_async(self) -> ScheduleRun:
-        return await drive_async(self.backend, scheduling.run_due_schedules(self._base))
 
 
 class Broker(_Base, Blocking):

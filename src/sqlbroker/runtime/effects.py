@@ -14,16 +14,17 @@ did not happen) or a lost lease on the write-back (when it did) sorts it out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.errors import LeaseLost, SqlbrokerError
-from sqlbroker.core.message import Delivery
 from sqlbroker.core.settlements import Settlement
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.seam import AsyncTx, Tx
+
+if TYPE_CHECKING:
+    from sqlbroker.runtime.message import Message
 
 
 class EffectsTransaction:
@@ -31,109 +32,65 @@ class EffectsTransaction:
     from a plain-function handler or ``async with`` from a coroutine."""
 
     def __init__(
-        self,
-        backend: Backend,
-        delivery: Delivery,
-        *,
-        claim: Callable[[], None],
-        unclaim: Callable[[], None],
-        committed: Callable[[], None],
+        self, backend: Backend, message: Message, *, committed: Callable[[], None]
     ) -> None:
         self._backend = backend
-        self._delivery = delivery
-        self._claim = claim
-        self._unclaim = unclaim
+        self._message = message
         self._committed = committed
-        self._sync: AbstractContextManager[Tx] | None = None
-        self._async: AbstractAsyncContextManager[AsyncTx] | None = None
-        self._tx: Tx | None = None
-        self._async_tx: AsyncTx | None = None
-
-    # --- sync ----------------------------------------------------------------------------
+        self._entered = False
+        self._sync: AbstractContextManager[Any] | None = None
+        self._async: AbstractAsyncContextManager[Any] | None = None
 
     def __enter__(self) -> Any:
-        self._start()
-        try:
-            # The handler's own statements run in it: never cut for taking long.
-            self._sync = self._backend.begin(timed=False)
-            self._tx = self._sync.__enter__()
-        except BaseException:
-            self._unclaim()
-            raise
-        return self._tx.connection
+        self._sync = self._run()
+        return self._sync.__enter__()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> bool:
+    def __exit__(self, *exc_info: Any) -> bool | None:
         assert self._sync is not None
-        assert self._tx is not None
-        if kind is not None:
-            self._unclaim()
-            return bool(self._sync.__exit__(kind, error, trace))
-        try:
-            done = self._tx.message_settle_many(settlements=[self._settlement()])
-            if not done:
-                raise LeaseLost([self._delivery.id])
-        except BaseException as failure:
-            self._unclaim()
-            self._sync.__exit__(type(failure), failure, failure.__traceback__)
-            raise
-        try:
-            self._sync.__exit__(None, None, None)
-        except BaseException:
-            self._unclaim()
-            raise
-        self._committed()
-        return False
-
-    def _settlement(self) -> Settlement:
-        return Settlement.complete(self._delivery)
-
-    # --- async ---------------------------------------------------------------------------
+        return self._sync.__exit__(*exc_info)
 
     async def __aenter__(self) -> Any:
-        self._start()
-        try:
-            self._async = self._backend.begin_async(timed=False)
-            self._async_tx = await self._async.__aenter__()
-        except BaseException:
-            self._unclaim()
-            raise
-        return self._async_tx.connection
+        self._async = self._run_async()
+        return await self._async.__aenter__()
 
-    async def __aexit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> bool:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         assert self._async is not None
-        assert self._async_tx is not None
-        if kind is not None:
-            self._unclaim()
-            return bool(await self._async.__aexit__(kind, error, trace))
+        return await self._async.__aexit__(*exc_info)
+
+    # The handler's own statements run in the transaction: never cut for taking long.
+    # Whatever fails in it (the block, the ack, the commit) rolls back and leaves the
+    # message unsettled; a completed commit settled it.
+
+    @contextlib.contextmanager
+    def _run(self) -> Iterator[Any]:
+        done = self._start()
         try:
-            done = await self._async_tx.message_settle_many(settlements=[self._settlement()])
-            if not done:
-                raise LeaseLost([self._delivery.id])
-        except BaseException as failure:
-            self._unclaim()
-            await self._async.__aexit__(type(failure), failure, failure.__traceback__)
-            raise
-        try:
-            await self._async.__aexit__(None, None, None)
+            with self._backend.begin(timed=False) as tx:
+                yield tx.connection
+                if not tx.message_settle_many(settlements=[done]):
+                    raise LeaseLost([done.lease.id])
         except BaseException:
-            self._unclaim()
+            self._message._abort_settling()
             raise
         self._committed()
-        return False
 
-    # --- shared --------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _run_async(self) -> AsyncIterator[Any]:
+        done = self._start()
+        try:
+            async with self._backend.begin_async(timed=False) as tx:
+                yield tx.connection
+                if not await tx.message_settle_many(settlements=[done]):
+                    raise LeaseLost([done.lease.id])
+        except BaseException:
+            self._message._abort_settling()
+            raise
+        self._committed()
 
-    def _start(self) -> None:
-        if self._sync is not None or self._async is not None:
+    def _start(self) -> Settlement:
+        """Claim the message's settlement for this transaction; return its complete."""
+        if self._entered:
             raise SqlbrokerError("a message's transaction can be entered only once")
-        self._claim()
+        self._message._begin_settling()
+        self._entered = True
+        return Settlement.complete(self._message.delivery)

@@ -50,19 +50,11 @@ class WorkerObserver:
 class Observers(WorkerObserver):
     """Fans each event out to several observers, isolating their failures."""
 
-    def __init__(self, observers: Sequence[WorkerObserver] = ()) -> None:
-        self._observers: list[WorkerObserver] = []
-        self._scoped = False
-        for observer in observers:
-            self.add(observer)
-
-    def __bool__(self) -> bool:
-        return bool(self._observers)
-
-    def add(self, observer: WorkerObserver) -> None:
-        self._observers.append(observer)
+    def __init__(self, observers: Sequence[WorkerObserver]) -> None:
+        self._observers = list(observers)
         # Most observers open no scope; without one, a message skips the exit stack.
-        self._scoped |= type(observer).handler_scope is not WorkerObserver.handler_scope
+        base = WorkerObserver.handler_scope
+        self._scoped = any(type(each).handler_scope is not base for each in observers)
 
     def handler_scope(self, delivery: Delivery) -> AbstractContextManager[object]:
         return self._scopes(delivery) if self._scoped else NO_SCOPE

@@ -167,13 +167,8 @@ class Executing(Holding):
             loop.call_soon_threadsafe(self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
-        return EffectsTransaction(
-            self._backend,
-            message.delivery,
-            claim=message._begin_settling,
-            unclaim=message._abort_settling,
-            committed=functools.partial(self._committed_from_any_thread, loop, message),
-        )
+        committed = functools.partial(self._committed_from_any_thread, loop, message)
+        return EffectsTransaction(self._backend, message, committed=committed)
 
     def _committed_from_any_thread(self, loop: asyncio.AbstractEventLoop, message: Message) -> None:
         """The message was completed in the handler's own transaction: nothing is left to
@@ -228,7 +223,7 @@ class Executing(Holding):
             message.id,
             extra={"subscription": self.name, "message_id": message.id},
         )
-        message._request_cancel()
+        message.cancel_event.set()
         if self.spec.is_async and task is not None:
             # The task is suspended inside the handler (it is in _running, and this runs
             # on the same loop): the CancelledError lands there, and _handle takes it back.
@@ -237,9 +232,5 @@ class Executing(Holding):
 
     def _cancel_unstarted(self, delivery_id: int) -> None:
         """A cancelled copy still in the buffer is taken out and settled cancelled now."""
-        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
-        for item in waiting:
-            if item is not None and item.id == delivery_id:
-                self._settle(Settlement.cancel(item))
-            else:
-                self._queue.put_nowait(item)
+        for item in self._unqueue(lambda item: item.id == delivery_id):
+            self._settle(Settlement.cancel(item))

@@ -109,12 +109,10 @@ class _Resumed:
 
 
 def completion(spec: SubscriberSpec, delivery: Delivery, value: Any, limit: int) -> Settlement:
-    """A returned handler's outcome: complete, with its return value encoded by the rules
-    of a JSON payload (``None`` stores nothing). A value that cannot be stored — not JSON,
-    or over ``limit`` bytes — dead-letters the copy at once: running the handler again
-    would return it again."""
-    if value is None:
-        return Settlement.complete(delivery)
+    """A handler's outcome when it returned ``value`` (not ``None``, which stores nothing):
+    complete, with the value encoded by the rules of a JSON payload. A value that cannot
+    be stored — not JSON, or over ``limit`` bytes — dead-letters the copy at once: running
+    the handler again would return it again."""
     try:
         return Settlement.complete(delivery, encode_value(value, limit=limit, field="result"))
     except InvalidPayload as error:

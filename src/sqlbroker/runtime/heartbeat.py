@@ -4,7 +4,7 @@ A :class:`MetricsRecorder` observes the worker's events and keeps, per subscript
 minute, the outcomes written back and a histogram of handler times. The :class:`Heartbeat`
 task writes them with the worker's row in one transaction every ``interval`` seconds — one
 small write, never on the hot path — and a last time after the final write-back on a clean
-stop. A failed beat keeps everything for the next one. Rows older than ``retention`` are
+stop. A failed beat keeps everything for the next one. Rows older than a day are
 trimmed now and then.
 
 Minutes follow the database clock: each beat returns the storage clock's time, and local
@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from sqlbroker.core.errors import SqlbrokerError
@@ -100,22 +101,11 @@ class MetricsRecorder(WorkerObserver):
     def take(self) -> tuple[list[MinuteCounts], dict[tuple[str, str], int]]:
         """Copies of the rows changed since the last take, and the totals not yet written.
         Pass them back to :meth:`written` or :meth:`failed`."""
-        rows = []
-        for key in sorted(self._dirty):
-            row = self._minutes[key]
-            rows.append(
-                MinuteCounts(
-                    subscription=row.subscription,
-                    minute=row.minute,
-                    worker=row.worker,
-                    completed=row.completed,
-                    retried=row.retried,
-                    dead=row.dead,
-                    handler_count=row.handler_count,
-                    handler_seconds=row.handler_seconds,
-                    handler_buckets=list(row.handler_buckets),
-                )
-            )
+        minutes = self._minutes
+        rows = [
+            replace(minutes[key], handler_buckets=list(minutes[key].handler_buckets))
+            for key in sorted(self._dirty)
+        ]
         self._dirty.clear()
         return rows, dict(self._totals)
 
@@ -140,33 +130,21 @@ class Heartbeat:
         self,
         backend: Backend,
         recorder: MetricsRecorder,
+        beat: WorkerBeat,
         *,
-        name: str,
-        host: str,
-        pid: int,
-        subscriptions: Sequence[str],
         interval: float = DEFAULT_HEARTBEAT,
-        retention: float = DEFAULT_RETENTION,
     ) -> None:
         self._backend = backend
         self._recorder = recorder
-        self._beat = WorkerBeat(name=name, host=host, pid=pid, subscriptions=tuple(subscriptions))
+        self._beat = beat
         self._interval = interval
-        self._retention = retention
         self._started = False
         self._last_trim: float | None = None
 
     async def beat(self, *, stopping: bool = False) -> bool:
         """Write one heartbeat with the pending counters; ``False`` when it failed."""
         rows, totals = self._recorder.take()
-        beat = WorkerBeat(
-            name=self._beat.name,
-            host=self._beat.host,
-            pid=self._beat.pid,
-            subscriptions=self._beat.subscriptions,
-            starting=not self._started,
-            stopping=stopping,
-        )
+        beat = replace(self._beat, starting=not self._started, stopping=stopping)
         try:
             now = await self._backend.async_ops.worker_beat(beat=beat, minutes=rows, totals=totals)
         except SqlbrokerError as error:
@@ -187,7 +165,7 @@ class Heartbeat:
         self._last_trim = clock
         try:
             await self._backend.async_ops.metric_trim(
-                older_than=now - timedelta(seconds=self._retention),
+                older_than=now - timedelta(seconds=DEFAULT_RETENTION),
                 limit=TRIM_LIMIT,
             )
         except SqlbrokerError as error:

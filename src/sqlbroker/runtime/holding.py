@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery
-from sqlbroker.core.serde import DEFAULT_PAYLOAD_LIMIT
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import WorkerObserver
@@ -46,12 +46,12 @@ class Holding:
         handler_threads: Executor,
         poll_min: float,
         poll_max: float,
-        observer: WorkerObserver | None = None,
-        result_limit: int = DEFAULT_PAYLOAD_LIMIT,
+        observer: WorkerObserver,
+        result_limit: int,
     ) -> None:
         self.spec = spec
         self._result_limit = result_limit
-        self._observer = observer or WorkerObserver()
+        self._observer = observer
         self._backend = backend
         self._lease = spec.lease or lease
         self._worker_name = worker_name
@@ -156,13 +156,7 @@ class Holding:
     def _lost(self, lost: dict[LeaseKey, Delivery]) -> None:
         """Another consumer may have these copies now: those still waiting for a handler
         are dropped, and no lease of them is extended any more (nothing can renew it)."""
-        waiting = [self._queue.get_nowait() for _ in range(self._queue.qsize())]
-        unstarted: set[LeaseKey] = set()
-        for item in waiting:
-            if item is not None and _key(item) in lost:
-                unstarted.add(_key(item))
-            else:
-                self._queue.put_nowait(item)
+        unstarted = {_key(item) for item in self._unqueue(lambda item: _key(item) in lost)}
         for key, delivery in lost.items():
             self._forget(Lease.of(delivery))
             if key in unstarted:
@@ -179,12 +173,18 @@ class Holding:
 
     async def release_unstarted(self) -> int:
         """Give back claimed deliveries no handler started; returns how many."""
-        unstarted: list[Delivery] = []
-        while not self._queue.empty():
-            delivery = self._queue.get_nowait()
-            if delivery is not None:
-                unstarted.append(delivery)
-        return await self._release(unstarted)
+        return await self._release(self._unqueue(lambda _: True))
+
+    def _unqueue(self, wanted: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Take the buffered deliveries ``wanted`` picks out of the buffer; the rest (and
+        the stop's ``None`` marks) stay, in their order."""
+        taken = []
+        for item in [self._queue.get_nowait() for _ in range(self._queue.qsize())]:
+            if item is not None and wanted(item):
+                taken.append(item)
+            else:
+                self._queue.put_nowait(item)
+        return taken
 
     async def _release(self, unstarted: list[Delivery]) -> int:
         if not unstarted:

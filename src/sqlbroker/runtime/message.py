@@ -168,9 +168,6 @@ class Message:
                 self._cancel = threading.Event()
             return self._cancel
 
-    def _request_cancel(self) -> None:
-        self.cancel_event.set()
-
     @property
     def settled(self) -> bool:
         """Whether the outcome is decided: ``ack``, ``nack`` or ``reject`` was called, or

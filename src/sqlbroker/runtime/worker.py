@@ -23,11 +23,16 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Sequence
-from typing import Any, Protocol, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
+from sqlbroker.client import inspection, publishing, scheduling
+from sqlbroker.client.base import BrokerBase
+from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
-from sqlbroker.features.publishing import PublishDefaults
+from sqlbroker.core.observability import WorkerBeat
+from sqlbroker.features.faces import Blocking, Part, drive_async
+from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
@@ -50,29 +55,36 @@ CANCEL_SAFETY_POLL = 5.0
 """The same where a notification announces each cancel (PostgreSQL's NOTIFY)."""
 
 
+Task = asyncio.Task[None]
+
+
 class WorkerCrashed(SqlbrokerError):
     """A task of the worker died unexpectedly; the worker stopped after draining."""
 
 
-class BrokerLike(Protocol):
-    """What the worker needs from a broker."""
+class _BrokerView(Part, Blocking):
+    """What the worker needs of a broker of either face: the reaper's and the scheduler's
+    passes as coroutines on the worker's loop; the set-up at its start, blocking (it runs
+    on the backend's own threads)."""
+
+    def __init__(self, broker: BrokerBase) -> None:
+        super().__init__(broker)
+        self._base = broker
+        self.lease = broker.lease
+        self.publish_defaults = broker.publish_defaults
 
     @property
-    def backend(self) -> Backend: ...
+    def backend(self) -> Backend:
+        return self._ready()
 
-    @property
-    def lease(self) -> float: ...
+    async def reap_async(self) -> dict[str, int]:
+        return await drive_async(self.backend, inspection.reap(self._base))
 
-    @property
-    def publish_defaults(self) -> PublishDefaults: ...
+    def subscribe(self, name: str, patterns: Sequence[str]) -> Any:
+        return self._drive(publishing.subscribe(self._base, name, patterns, replace=True))
 
-    async def reap_async(self, *, limit: int = 1000) -> dict[str, int]: ...
-
-    def subscribe(self, name: str, patterns: Sequence[str], *, replace: bool = False) -> Any: ...
-
-    def stats(self) -> list[Any]: ...
-
-    async def run_due_schedules_async(self) -> Any: ...
+    async def run_due_schedules_async(self) -> ScheduleRun:
+        return await drive_async(self.backend, scheduling.run_due_schedules(self._base))
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -116,7 +128,7 @@ class Worker:
 
     def __init__(
         self,
-        broker: BrokerLike,
+        broker: BrokerBase,
         specs: Sequence[SubscriberSpec],
         *,
         name: str | None = None,
@@ -129,7 +141,7 @@ class Worker:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
-        self._broker = broker
+        self._broker = _BrokerView(broker)
         self._specs = list(specs)
         get = options.get
         seconds, integer = validate.seconds, validate.integer
@@ -143,7 +155,7 @@ class Worker:
         self._write_batch = integer(batch, "write_batch", minimum=1, maximum=100_000)
         backlog = get("write_backlog", DEFAULT_WRITE_BACKLOG)
         self._write_backlog = integer(backlog, "write_backlog", minimum=1, maximum=10_000_000)
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.name = name or worker_name()
         beat = get("heartbeat_interval", DEFAULT_HEARTBEAT)
         self._heartbeat_interval = seconds(
             beat, "heartbeat_interval", allow_zero=False, maximum=3600.0
@@ -306,43 +318,34 @@ class Worker:
         assert self._stop is not None
         side_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group:
-            executors: list[asyncio.Task[None]] = []
+
+            def start(name: str, work: Awaitable[None], *, task: str | None = None) -> Task:
+                return group.create_task(self._guard(name, work), name=task)
+
+            executors: list[Task] = []
+            cancel_poll = self._cancel_poll(backend)
             for pump in self._pumps.values():
-                group.create_task(self._guard(f"fetch {pump.name}", pump.fetch(self._stop)))
-                group.create_task(self._guard(f"leases {pump.name}", pump.keep_leases(side_stop)))
-                group.create_task(
-                    self._guard(
-                        f"cancels {pump.name}",
-                        pump.watch_cancels(side_stop, interval=self._cancel_poll(backend)),
-                    )
-                )
+                start(f"fetch {pump.name}", pump.fetch(self._stop))
+                start(f"leases {pump.name}", pump.keep_leases(side_stop))
+                start(f"cancels {pump.name}", pump.watch_cancels(side_stop, interval=cancel_poll))
                 for index in range(pump.spec.concurrency):
+                    slot = f"sqlbroker {pump.name} #{index}"
                     executors.append(
-                        group.create_task(
-                            self._guard(f"handler {pump.name}", pump.execute(self._stop)),
-                            name=f"sqlbroker {pump.name} #{index}",
-                        )
+                        start(f"handler {pump.name}", pump.execute(self._stop), task=slot)
                     )
             if self._listen:
-                group.create_task(self._guard("listener", self._hints(backend)))
-            flusher = group.create_task(self._guard("write-back", writeback.run(side_stop)))
-            group.create_task(self._guard("reaper", self._reap(side_stop)))
-            heartbeat = Heartbeat(
-                backend,
-                self.recorder,
-                name=self.name,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                subscriptions=list(self._pumps),
-                interval=self._heartbeat_interval,
-            )
-            group.create_task(self._guard("heartbeat", heartbeat.run(side_stop)))
+                start("listener", self._hints(backend))
+            flusher = start("write-back", writeback.run(side_stop))
+            start("reaper", self._reap(side_stop))
+            host, pid = socket.gethostname(), os.getpid()
+            beat = WorkerBeat(name=self.name, host=host, pid=pid, subscriptions=tuple(self._pumps))
+            heartbeat = Heartbeat(backend, self.recorder, beat, interval=self._heartbeat_interval)
+            start("heartbeat", heartbeat.run(side_stop))
             if self._schedules:
                 scheduler = Scheduler(poll_interval=self._poll_max)
-                passes = scheduler.run(self._stop, self._broker.run_due_schedules_async)
-                group.create_task(self._guard("scheduler", passes))
+                start("scheduler", scheduler.run(self._stop, self._broker.run_due_schedules_async))
             if until_idle:
-                group.create_task(self._guard("idle watch", self._watch_idle(writeback)))
+                start("idle watch", self._watch_idle(writeback))
             group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
 
     async def _hints(self, backend: Backend) -> None:
@@ -376,7 +379,7 @@ class Worker:
             if spec.is_queue:
                 backend.subscription_ensure(name=spec.name)
             else:
-                self._broker.subscribe(spec.name, list(spec.patterns), replace=True)
+                self._broker.subscribe(spec.name, list(spec.patterns))
             if spec.flow is not None:
                 backend.flow_set(name=spec.name, limits=spec.flow)
 
@@ -401,9 +404,9 @@ class Worker:
 
     async def _shutdown(
         self,
-        executors: list[asyncio.Task[None]],
+        executors: list[Task],
         writeback: WriteBack,
-        flusher: asyncio.Task[None],
+        flusher: Task,
         side_stop: asyncio.Event,
     ) -> None:
         assert self._stop is not None
@@ -413,16 +416,11 @@ class Worker:
             pump.stop_idle()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._grace
-        pending: set[asyncio.Future[Any]] = {task for task in executors if not task.done()}
-        while pending and not self._hard.is_set() and loop.time() < deadline:
-            hard = asyncio.ensure_future(self._hard.wait())
-            _, pending = await asyncio.wait(
-                pending | {hard},
-                timeout=deadline - loop.time(),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            hard.cancel()
-            pending.discard(hard)
+        if not all(task.done() for task in executors):
+            finished = asyncio.ensure_future(asyncio.wait(executors))
+            await wait_any(self._hard, futures=[finished], timeout=deadline - loop.time())
+            finished.cancel()  # the wait, not the handlers
+        pending = [task for task in executors if not task.done()]
         if pending:
             log.warning("cancelling %d running handler(s)", len(pending))
             for task in pending:

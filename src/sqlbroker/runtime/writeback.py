@@ -227,7 +227,8 @@ class WriteBack:
             while written < len(now):
                 chunk = now[written : written + self._max_items]
                 try:
-                    ids = await self._write(chunk)
+                    # The ids whose lease was still valid.
+                    ids = set(await self._settle(settlements=chunk))
                 except SqlbrokerError as error:
                     log.warning(
                         "write-back of %d outcomes failed, will retry: %s",
@@ -251,10 +252,6 @@ class WriteBack:
         if report.done or report.lost:
             self._on_flushed(report)
         return not kept
-
-    async def _write(self, chunk: Sequence[Settlement]) -> set[int]:
-        """Write one sub-batch; return the ids whose lease was still valid."""
-        return set(await self._settle(settlements=chunk))
 
 
 async def wait_any(
