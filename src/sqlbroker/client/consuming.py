@@ -18,7 +18,6 @@ from sqlbroker.core.policies import DEFAULT_RETRY
 from sqlbroker.core.serde import encode_value
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.storage.caller import CallerConnection
 
@@ -211,7 +210,7 @@ def cancel(
     when it reached a copy (``actor`` defaults to ``api:<user>``). Return how many
     copies were cancelled or told to stop."""
     canonical = validate.message_id(message_id)
-    who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+    who = validate.actor(actor)
     why = None if note is None else validate.reason(note, "note")
     cancelled: int = yield call("message_cancel_many", message_ids=[canonical], actor=who, note=why)
     return cancelled

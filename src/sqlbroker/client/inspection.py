@@ -29,7 +29,6 @@ from sqlbroker.core.observability import (
 from sqlbroker.core.results import Result
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import metrics
-from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, blocking, call
 from sqlbroker.features.retention import retain, retention_seconds
 
@@ -318,7 +317,7 @@ def set_flow(
     validate_topic(subscription, "subscription")
     validate.flag(reset, "reset")
     flow_limits(options)  # every value checked before any SQL
-    who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+    who = validate.actor(actor)
     why = None if note is None else validate.reason(note, "note")
     base = FlowLimits() if reset else (yield from flow(broker, subscription))[0].limits
     limits = flow_limits(options, base=base)

@@ -11,7 +11,6 @@ from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.limits import PATTERNS_PER_SUBSCRIPTION
 from sqlbroker.core.message import NewMessage, Subscription
 from sqlbroker.core.topics import validate_pattern, validate_topic
-from sqlbroker.features.dead_letters import default_actor
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.processed import processed_key
 from sqlbroker.features.publishing import (
@@ -200,7 +199,7 @@ def _set_paused(name: str, paused: bool, actor: str | None, note: str | None) ->
         "subscription_pause",
         name=name,
         paused=paused,
-        actor=default_actor() if actor is None else validate.reason(actor, "actor")[:200],
+        actor=validate.actor(actor),
         note=None if note is None else validate.reason(note, "note"),
     )
 

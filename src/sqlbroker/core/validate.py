@@ -4,6 +4,7 @@ headers and keys. Each check raises a :class:`ValidationError` subclass naming t
 
 from __future__ import annotations
 
+import getpass
 import math
 import uuid
 from collections.abc import Iterable, Mapping
@@ -230,3 +231,14 @@ def reason(value: object, field: str = "reason") -> str:
     if "\x00" in value or not _utf8(value):
         raise InvalidOption(field, "must be valid text without NUL characters")
     return value[:MAX_REASON]
+
+
+def actor(value: object) -> str:
+    """Who an audited change is recorded for: the caller's ``actor`` (at most 200
+    characters), or ``api:<login>`` of the process when it gives none."""
+    if value is not None:
+        return reason(value, "actor")[:200]
+    try:
+        return f"api:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "api"

@@ -7,7 +7,6 @@ face (API, CLI, dashboard) asked for it.
 from __future__ import annotations
 
 import builtins
-import getpass
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
@@ -18,13 +17,6 @@ from sqlbroker.core.message import DeadLetter
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.faces import Awaiting, Blocking, Part, Plan, call, operation
 from sqlbroker.storage.base import DeadFilter
-
-
-def default_actor() -> str:
-    try:
-        return f"api:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "api"
 
 
 class DeadSelection(TypedDict, total=False):
@@ -148,7 +140,7 @@ class DeadLettersBase(Part):
             raise InvalidOption("ids", "name dead letters by id or filter, or pass all=True")
         if everything and not where.is_empty:
             raise InvalidOption("all", "all=True cannot be combined with ids or filters")
-        who = default_actor() if actor is None else validate.reason(actor, "actor")[:200]
+        who = validate.actor(actor)
         note = None if note is None else validate.reason(note, "note")
         return (yield call(block, where=where, actor=who, note=note))
 
