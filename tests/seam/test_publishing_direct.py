@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,6 +35,15 @@ def _stored(url: str, message_id: str) -> tuple[Any, ...]:
     if available.year == 2030:  # absolute times
         return (*fields, available, expires)
     return (*fields, available - enqueued, expires and expires - enqueued)
+
+
+async def _raised(awaitable: Awaitable[Any]) -> BaseException | None:
+    """What awaiting ``awaitable`` raised, or None."""
+    try:
+        await awaitable
+    except BaseException as error:
+        return error
+    return None
 
 
 def _variants() -> list[dict[str, Any]]:
@@ -89,12 +99,7 @@ def test_a_direct_send_error_is_a_sqlbroker_error_and_the_pool_goes_on(
             await send(messages=[new_message("jobs")], subscription="jobs")  # prepared
             with psycopg.connect(admin_url) as admin:
                 admin.execute("LOCK TABLE sqlbroker_message IN EXCLUSIVE MODE")
-                try:
-                    await send(messages=[new_message("jobs")], subscription="jobs")
-                except BaseException as error:
-                    refused: BaseException | None = error
-                else:
-                    refused = None
+                refused = await _raised(send(messages=[new_message("jobs")], subscription="jobs"))
             after = await send(messages=[new_message("jobs")], subscription="jobs")
             return refused, after.message_ids
 
@@ -182,12 +187,7 @@ def test_a_session_ended_under_a_direct_send_is_connection_lost(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
                     ).fetchall()
-                try:
-                    await task
-                except BaseException as error:
-                    lost: BaseException | None = error
-                else:
-                    lost = None
+                lost = await _raised(task)
             after = await send(messages=[new_message("jobs")], subscription="jobs")
             return lost, after.message_ids
 
