@@ -84,7 +84,9 @@ class Settings:
     """Whether the driver binds whole arrays (PostgreSQL): a batch is then one statement;
     else (SQLite, in-process) one statement per row (operations/publishing.py)."""
     known_queues: KnownQueues | None = None
-    """PostgreSQL: the queues this process saw exist (a send to one is one statement)."""
+    """The queues this process saw exist: on PostgreSQL a send to one is one statement;
+    on SQLite a single send to one skips ``queue_create`` (its insert checks the queue is
+    still there, operations/publishing.py)."""
     flow_limited: flow.FlowLimited = field(default_factory=flow.FlowLimited)
     """The subscriptions last found flow-limited (their claims skip the plain claim)."""
 
