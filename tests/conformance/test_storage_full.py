@@ -49,3 +49,35 @@ def test_a_full_sqlite_database_raises_storage_full_and_keeps_no_row_of_the_batc
         ).fetchone()[0]
     check.close()
     assert rows == 1  # the first send alone: none of the refused batch
+
+
+def test_a_complete_in_a_callers_transaction_on_a_full_sqlite_database_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The archive's insert runs without a statement journal (``OR FAIL``): on a full
+    database it still raises ``StorageFull`` and the copy stays leased, neither archived
+    nor deleted (the caller's transaction rolls back)."""
+    path = tmp_path / "broker.db"
+    with sqlbroker.Broker(f"sqlite:///{path}") as broker:
+        broker.send("jobs", {"pad": "x" * 40_000})
+        [delivery] = broker.claim("jobs", lease=60)
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("VACUUM")  # no free pages left for the archive's copy
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages}")
+            conn.execute("BEGIN")
+            with pytest.raises(sqlbroker.StorageFull):
+                broker.complete(delivery, conn=conn)
+            if conn.in_transaction:
+                conn.rollback()
+        finally:
+            conn.close()
+        broker.complete(delivery)  # the lease still holds: space is back (no page cap)
+    with sqlite3.connect(path) as check:
+        counts = check.execute(
+            "SELECT (SELECT count(*) FROM sqlbroker_message),"
+            " (SELECT count(*) FROM sqlbroker_archive)"
+        ).fetchone()
+    check.close()
+    assert counts == (0, 1)  # completed once, by the second complete
