@@ -206,7 +206,6 @@ class Operations(ABC):
     dead_purge = Operation(admin.dead_purge)
     archive_list = Operation(admin.archive_list)
     stats_collect = Operation(admin.stats_collect)
-    table_counts = Operation(admin.table_counts)
     # --- sagas (multi-step workflows; features/sagas.py) ---------------------------------
     saga_insert = Operation(sagas.insert)
     saga_get = Operation(sagas.get)
