@@ -19,6 +19,7 @@ from sqlbroker.core.serde import encode_json
 from sqlbroker.core.settlements import SETTLE_KINDS, Lease, Settlement
 from sqlbroker.storage.base import ReapResult, storable_reason, undecodable_deaths
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import Plan, Query, Rows, ahead, atomic, query, relaxed
 from sqlbroker.storage.rows import error_json
@@ -284,9 +285,7 @@ def message_cancel_many(
             "flagged": len(flagged),
             "note": note,
         }
-        yield query(
-            "audit_insert", actor=actor, action="message.cancel", detail=encode_json(detail)
-        )
+        yield audit(actor, "message.cancel", detail)
     return len(flagged) + len(rows)
 
 
