@@ -31,6 +31,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from spark_write import messages_in_queue
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 TOPICS = ("orders.created", "orders.paid", "mail.sent", "audit.login")
@@ -137,7 +139,7 @@ def run_backend(spark: Any, name: str, url: str, rows: int, work: Path) -> dict[
     write_s = time.perf_counter() - started
     frame.unpersist()
     with sqlbroker.Broker(url) as broker:
-        published = broker.backend.table_counts()["sqlbroker_message"]
+        published = messages_in_queue(broker, url)
     assert published == rows, f"{published} messages for {rows} rows"
     print(f"[{name}] write {write_s:.1f} s; draining into the archive", flush=True)
     drain_s = drain(url, rows)

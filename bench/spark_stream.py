@@ -60,7 +60,7 @@ def fill(url: str, rows: int) -> None:
 
 def anything_left(url: str) -> Any:
     """A probe of whether any message is left, cheap enough to run every 0.1 s beside the
-    drain (counting every table, as ``table_counts`` does, took a share of the two cores
+    drain (counting every table, as the old ``table_counts`` did, took a share of the two cores
     the stream was measured on)."""
     if url.startswith("sqlite"):
         import sqlite3

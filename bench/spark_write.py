@@ -34,6 +34,14 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 
 
+def messages_in_queue(broker: Any, url: str) -> int:
+    """How many copies the queue holds (the Spark store's count of its ``messages`` table)."""
+    from sqlbroker.spark.storage import SparkRowFilter, open_store
+
+    found = open_store(broker, url=url, options={}).id_range(where=SparkRowFilter(table="messages"))
+    return 0 if found is None else found.count
+
+
 def child(url: str, rows: int) -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -187,13 +195,12 @@ def run_variant(url: str, src: str, rows: int) -> dict[str, Any]:
         raise RuntimeError(f"the write failed (exit {process.returncode})")
     write_s = json.loads(out.strip().splitlines()[-1])["write_s"]
     with sqlbroker.Broker(url) as broker:
-        published = len(broker.pending("bench", limit=rows + 1)) if rows <= 10_000 else None
-        counts = broker.backend.table_counts()
+        queued = messages_in_queue(broker, url)
     latencies = sorted(probe["latencies"])
     return {
         "write_s": round(write_s, 2),
         "write_msg_per_s": round(rows / write_s),
-        "messages_in_queue": counts.get("sqlbroker_message", published),
+        "messages_in_queue": queued,
         "peak_python_rss_mib": round(peak["rss"] / 2**20),
         # CPU seconds over the write: the Spark job (its JVM, Python workers and the
         # driver's commit) and, on PostgreSQL, the server (every backend, the other

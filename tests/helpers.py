@@ -28,6 +28,36 @@ def now_of(clock: sqlbroker.ManualClock) -> datetime:
     return now
 
 
+def table_counts(backend: Any) -> dict[str, int]:
+    """The row count of every table of sqlbroker's schema (but its version table), read
+    through a transaction's own connection: tests compare them before and after a call
+    that must write nothing. The tables are listed from the catalog, so a new one is
+    counted without anyone remembering to add it (PostgreSQL's archive partitions are
+    counted through the archive)."""
+    with backend.begin() as tx:
+        conn = tx.connection
+        if backend.name == "sqlite":
+            listed = "SELECT name FROM sqlite_master WHERE type = 'table'"
+            prefix = ""
+        else:
+            schema = backend.settings.schema
+            listed = (
+                "SELECT relname FROM pg_class WHERE relkind IN ('r', 'p') AND NOT relispartition"
+                f" AND relnamespace = {'current_schema()' if schema is None else repr(schema)}"
+                "::regnamespace"
+            )
+            prefix = "" if schema is None else f'"{schema}".'
+        names = sorted(
+            name
+            for (name,) in conn.execute(listed).fetchall()
+            if name.startswith("sqlbroker_") and name != "sqlbroker_schema_version"
+        )
+        return {
+            name: conn.execute(f'SELECT count(*) FROM {prefix}"{name}"').fetchone()[0]
+            for name in names
+        }
+
+
 def stats_of(broker: sqlbroker.Broker, subscription: str) -> sqlbroker.SubscriptionStats:
     found = [s for s in broker.stats() if s.subscription == subscription]
     assert len(found) == 1, f"no stats row for {subscription!r}: {broker.stats()}"

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import sqlbroker
+from helpers import table_counts
 from runtime.support import run_until_idle, wait_until
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.features import results as results_feature
@@ -23,7 +24,7 @@ from sqlbroker.interfaces.cli.app import cli
 
 
 def _result_rows(broker: sqlbroker.Broker) -> int:
-    return broker.backend.table_counts()["sqlbroker_result"]
+    return table_counts(broker.backend)["sqlbroker_result"]
 
 
 def test_a_returned_value_is_stored_and_read_back(broker: sqlbroker.Broker) -> None:

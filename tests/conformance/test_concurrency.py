@@ -10,6 +10,7 @@ from collections import Counter
 
 import helpers
 import sqlbroker
+from helpers import table_counts
 
 MESSAGES = 2_000
 BATCH = 10
@@ -18,7 +19,7 @@ BATCH = 10
 def _assert_completed_exactly_once(
     broker: sqlbroker.Broker, queue: str, message_ids: list[str]
 ) -> None:
-    counts = broker.backend.table_counts()
+    counts = table_counts(broker.backend)
     assert counts["sqlbroker_message"] == 0
     assert counts["sqlbroker_dead"] == 0
     assert counts["sqlbroker_archive"] == MESSAGES

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import sqlbroker
-from helpers import assert_time, claim_one, now_of
+from helpers import assert_time, claim_one, now_of, table_counts
 
 
 class AppError(Exception):
@@ -220,7 +220,7 @@ def test_replay_twice_counts_both(broker: sqlbroker.Broker) -> None:
 
 
 def test_replay_by_filter(populated: sqlbroker.Broker) -> None:
-    counts_before = populated.backend.table_counts()
+    counts_before = table_counts(populated.backend)
     new_ids = populated.dead_letters.replay(reason_contains="declined")
     assert len(new_ids) == 2
     assert [d.reason for d in populated.dead_letters.list()] == [
@@ -236,7 +236,7 @@ def test_replay_by_filter(populated: sqlbroker.Broker) -> None:
         1,
     )
     assert (shipping.topic, shipping.payload, shipping.replay_count) == ("orders.paid", {"n": 2}, 1)
-    counts_after = populated.backend.table_counts()
+    counts_after = table_counts(populated.backend)
     assert counts_after["sqlbroker_dead"] == counts_before["sqlbroker_dead"] - 2
     assert counts_after["sqlbroker_message"] == counts_before["sqlbroker_message"] + 2
     assert counts_after["sqlbroker_audit"] == counts_before["sqlbroker_audit"] + 1
@@ -264,13 +264,13 @@ def test_replay_after_unsubscribe_recreates_the_subscription(broker: sqlbroker.B
 
 
 def test_replay_nothing_matching_returns_empty(populated: sqlbroker.Broker) -> None:
-    before = populated.backend.table_counts()
+    before = table_counts(populated.backend)
     assert populated.dead_letters.replay(subscription="nobody") == []
-    assert populated.backend.table_counts() == before
+    assert table_counts(populated.backend) == before
 
 
 def test_replay_and_purge_need_a_selector(populated: sqlbroker.Broker) -> None:
-    before = populated.backend.table_counts()
+    before = table_counts(populated.backend)
     with pytest.raises(sqlbroker.ValidationError) as caught:
         populated.dead_letters.replay()
     assert caught.value.field == "ids"
@@ -279,19 +279,19 @@ def test_replay_and_purge_need_a_selector(populated: sqlbroker.Broker) -> None:
     with pytest.raises(sqlbroker.ValidationError) as caught:
         populated.dead_letters.replay(all=True, subscription="billing")
     assert caught.value.field == "all"
-    assert populated.backend.table_counts() == before
+    assert table_counts(populated.backend) == before
 
 
 def test_a_misspelt_filter_is_refused_and_changes_nothing(populated: sqlbroker.Broker) -> None:
     """The selection is one option group (``DeadSelection``): a keyword outside it is an
     ``InvalidOption`` naming it, on list, replay and purge alike."""
-    before = populated.backend.table_counts()
+    before = table_counts(populated.backend)
     dead = populated.dead_letters
     for act in (dead.list, dead.replay, dead.purge):
         with pytest.raises(sqlbroker.InvalidOption) as caught:
             act(subscriptions="billing")  # type: ignore[call-arg]
         assert caught.value.field == "subscriptions"
-    assert populated.backend.table_counts() == before
+    assert table_counts(populated.backend) == before
 
 
 def test_replay_all(populated: sqlbroker.Broker) -> None:
@@ -303,12 +303,12 @@ def test_replay_all(populated: sqlbroker.Broker) -> None:
 
 def test_purge_by_id(populated: sqlbroker.Broker) -> None:
     first, *rest = populated.dead_letters.list()
-    audit_before = populated.backend.table_counts()["sqlbroker_audit"]
+    audit_before = table_counts(populated.backend)["sqlbroker_audit"]
     assert populated.dead_letters.purge([first.id], actor="ops:alice", note="junk") == 1
     assert populated.dead_letters.list() == rest
     with pytest.raises(sqlbroker.NotFound):
         populated.dead_letters.get(first.id)
-    assert populated.backend.table_counts()["sqlbroker_audit"] == audit_before + 1
+    assert table_counts(populated.backend)["sqlbroker_audit"] == audit_before + 1
     assert populated.dead_letters.purge([first.id]) == 0
 
 
@@ -324,10 +324,10 @@ def test_purge_by_filter(populated: sqlbroker.Broker) -> None:
 
 
 def test_audit_rows_are_written_for_replay_and_purge(populated: sqlbroker.Broker) -> None:
-    assert populated.backend.table_counts()["sqlbroker_audit"] == 0
+    assert table_counts(populated.backend)["sqlbroker_audit"] == 0
     populated.dead_letters.replay(subscription="billing", actor="cli:bob")
     populated.dead_letters.purge(topic="returns.opened")
-    assert populated.backend.table_counts()["sqlbroker_audit"] == 2
+    assert table_counts(populated.backend)["sqlbroker_audit"] == 2
 
 
 def test_stats_count_dead_letters(populated: sqlbroker.Broker) -> None:
@@ -348,10 +348,10 @@ def test_replayed_message_has_no_leftover_ttl(
 
 def test_an_empty_id_list_selects_nothing(populated: sqlbroker.Broker) -> None:
     """``ids=[]`` names no dead letters; it must never widen to "all of them"."""
-    before = populated.backend.table_counts()
+    before = table_counts(populated.backend)
     assert populated.dead_letters.purge([]) == 0
     assert populated.dead_letters.replay([]) == []
-    assert populated.backend.table_counts() == before
+    assert table_counts(populated.backend) == before
 
 
 def test_unknown_ids_are_ignored(populated: sqlbroker.Broker) -> None:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import sqlbroker
+from helpers import table_counts
 from sqlbroker import State
 from sqlbroker.features.publishing import PublishOptions
 from sqlbroker.interfaces.cli import cli
@@ -209,13 +210,13 @@ def test_bad_replace_options_write_nothing(
     broker: sqlbroker.Broker, options: dict[str, Any], error: type[Exception], field: str
 ) -> None:
     broker.send("sync", "before", key="k")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(error) as raised:
         broker.send("sync", "after", **options)
     assert getattr(raised.value, "field", None) == field
     with pytest.raises(error):
         broker.publish_many([{"topic": "sync", "payload": "after", **options}])
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_the_async_broker_replaces_and_debounces_the_same_way(backend_url: str) -> None:
@@ -248,12 +249,12 @@ def test_the_cli_sends_with_replace_and_debounce(backend_url: str) -> None:
         assert [(m.message_id, m.state) for m in broker.pending("sync")] == [
             (out.strip(), State.SCHEDULED)
         ]
-        before = broker.backend.table_counts()
+        before = table_counts(broker.backend)
         for args in (("--debounce", "30"), ("--key", "doc", "--debounce", "0")):
             code, out, err = run("send", "sync", "3", *args)
             assert (code, out, err.count("\n")) == (2, "", 1)
             assert err.startswith("error: debounce: ")
-        assert broker.backend.table_counts() == before
+        assert table_counts(broker.backend) == before
 
 
 def _replaced(broker: sqlbroker.Broker) -> dict[str, int]:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import sqlbroker
-from helpers import claim_one
+from helpers import claim_one, table_counts
 
 ROWS = 200_000
 BATCH = 10_000
@@ -23,7 +23,7 @@ def _fill(broker: sqlbroker.Broker) -> None:
         broker.send_many("big", range(start, start + BATCH), priority=start // BATCH % 10)
     # A second subscription's rows share the table and must not be read.
     broker.send_many("other", range(BATCH))
-    assert broker.backend.table_counts()["sqlbroker_message"] == ROWS + BATCH
+    assert table_counts(broker.backend)["sqlbroker_message"] == ROWS + BATCH
 
 
 def _claim_sql(broker: sqlbroker.Broker) -> str:

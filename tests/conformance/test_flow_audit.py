@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import sqlbroker
+from helpers import table_counts
 from sqlbroker.interfaces.cli import cli
 
 
@@ -57,10 +58,10 @@ def test_a_bad_actor_or_note_writes_nothing(
     broker: sqlbroker.Broker, options: dict[str, Any]
 ) -> None:
     broker.subscribe("orders", "order.*")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.ValidationError):
         broker.set_flow("orders", max_running=2, **options)
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
     assert broker.flow("orders")[0].limits == sqlbroker.FlowLimits()
 
 

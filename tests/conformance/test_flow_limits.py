@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import sqlbroker
+from helpers import table_counts
 from sqlbroker.core.flow import FLOW_OPTIONS
 from sqlbroker.interfaces.cli import cli
 
@@ -84,11 +85,11 @@ def test_bad_values_are_refused_before_any_sql(
     broker: sqlbroker.Broker, options: dict[str, Any], field: str
 ) -> None:
     broker.subscribe("orders", "order.*")
-    before = (broker.backend.table_counts(), broker.flow("orders"))
+    before = (table_counts(broker.backend), broker.flow("orders"))
     if field not in FLOW_OPTIONS:  # an unknown keyword of a typed signature: Python's own
         with pytest.raises(TypeError, match=field):
             broker.set_flow("orders", **options)
-        assert (broker.backend.table_counts(), broker.flow("orders")) == before
+        assert (table_counts(broker.backend), broker.flow("orders")) == before
         return
     with pytest.raises(sqlbroker.ValidationError) as raised:
         broker.set_flow("orders", **options)
@@ -99,16 +100,16 @@ def test_bad_values_are_refused_before_any_sql(
     with pytest.raises(sqlbroker.ValidationError) as again:
         broker.set_flow("missing", **options)
     assert str(again.value) == str(raised.value)
-    assert (broker.backend.table_counts(), broker.flow("orders")) == before
+    assert (table_counts(broker.backend), broker.flow("orders")) == before
 
 
 def test_an_unknown_subscription_is_not_found(broker: sqlbroker.Broker) -> None:
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.NotFound):
         broker.set_flow("missing", max_running=1)
     with pytest.raises(sqlbroker.NotFound):
         broker.flow("missing")
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_a_subscriber_declares_its_limits_at_worker_start(backend_url: str) -> None:

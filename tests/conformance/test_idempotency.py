@@ -9,43 +9,43 @@ from typing import Any
 import pytest
 
 import sqlbroker
-from helpers import claim_one
+from helpers import claim_one, table_counts
 
 
 def test_duplicate_returns_the_original_id_and_writes_nothing(broker: sqlbroker.Broker) -> None:
     broker.subscribe("sub", "orders.*")
     original = broker.publish("orders.created", {"id": 1}, idempotency_key="order-1")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     assert broker.publish("orders.created", {"id": 1}, idempotency_key="order-1") == original
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
     assert len(broker.claim("sub", limit=10)) == 1
 
 
 def test_duplicate_send(broker: sqlbroker.Broker) -> None:
     original = broker.send("q", [1, 2], idempotency_key="k")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     assert (
         broker.send("q", [1, 2], idempotency_key="k", priority=0, headers={"other": "options"})
         == original
     )
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_duplicate_after_the_message_finished(broker: sqlbroker.Broker) -> None:
     """The key outlives the message: completing it does not free the key."""
     original = broker.send("q", "once", idempotency_key="k")
     broker.complete(claim_one(broker, "q"))
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     assert broker.send("q", "once", idempotency_key="k") == original
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
     assert broker.claim("q") == []
 
 
 def test_duplicate_of_an_unrouted_publish(broker: sqlbroker.Broker) -> None:
     original = broker.publish("nobody", 1, idempotency_key="k")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     assert broker.publish("nobody", 1, idempotency_key="k") == original
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 @pytest.mark.parametrize(
@@ -68,13 +68,13 @@ def test_same_key_different_message_raises_conflict(
     broker: sqlbroker.Broker, first: dict[str, Any], second: dict[str, Any]
 ) -> None:
     original = broker.send("q", idempotency_key="k", **first)
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.IdempotencyConflict) as caught:
         broker.send("q", idempotency_key="k", **second)
     assert caught.value.message_id == original
     assert caught.value.idempotency_key == "k"
     assert caught.value.topic == "q"
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_keys_are_per_topic(broker: sqlbroker.Broker) -> None:
@@ -126,10 +126,10 @@ def test_reap_trims_expired_keys(
 ) -> None:
     clocked_broker.send("q", 1, idempotency_key="short", dedupe_window=10)
     clocked_broker.send("q", 2, idempotency_key="long", dedupe_window=1000)
-    assert clocked_broker.backend.table_counts()["sqlbroker_dedupe"] == 2
+    assert table_counts(clocked_broker.backend)["sqlbroker_dedupe"] == 2
     clock.advance(11)
     assert clocked_broker.reap()["dedupe_trimmed"] == 1
-    assert clocked_broker.backend.table_counts()["sqlbroker_dedupe"] == 1
+    assert table_counts(clocked_broker.backend)["sqlbroker_dedupe"] == 1
     assert clocked_broker.reap()["dedupe_trimmed"] == 0
 
 
@@ -143,14 +143,14 @@ def test_duplicates_inside_one_batch(broker: sqlbroker.Broker) -> None:
     )
     assert ids[0] == ids[2]
     assert ids[1] != ids[0]
-    assert broker.backend.table_counts()["sqlbroker_archive"] == 2
+    assert table_counts(broker.backend)["sqlbroker_archive"] == 2
 
 
 def test_conflict_inside_one_batch_writes_nothing(broker: sqlbroker.Broker) -> None:
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.IdempotencyConflict):
         broker.send_many("q", [1, 2], idempotency_key="same")
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_replayed_dead_letter_is_not_a_duplicate(broker: sqlbroker.Broker) -> None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 import sqlbroker
-from helpers import assert_time, claim_one, now_of
+from helpers import assert_time, claim_one, now_of, table_counts
 
 
 def _stale_and_fresh(
@@ -31,12 +31,12 @@ def test_complete_with_a_stale_token_raises_and_changes_nothing(
 ) -> None:
     clocked_broker.send("q", "work")
     stale, fresh = _stale_and_fresh(clocked_broker, clock)
-    before = clocked_broker.backend.table_counts()
+    before = table_counts(clocked_broker.backend)
     pending_before = clocked_broker.pending("q")
     with pytest.raises(sqlbroker.LeaseLost) as caught:
         clocked_broker.complete(stale)
     assert caught.value.delivery_ids == (stale.id,)
-    assert clocked_broker.backend.table_counts() == before
+    assert table_counts(clocked_broker.backend) == before
     assert clocked_broker.pending("q") == pending_before
     assert clocked_broker.archive("q") == []
     # The current holder still owns it.
@@ -61,13 +61,13 @@ def test_other_operations_with_a_stale_token_raise_and_change_nothing(
 ) -> None:
     clocked_broker.send("q", "work")
     stale, fresh = _stale_and_fresh(clocked_broker, clock)
-    before = clocked_broker.backend.table_counts()
+    before = table_counts(clocked_broker.backend)
     pending_before = clocked_broker.pending("q")
     with pytest.raises(sqlbroker.LeaseLost) as caught:
         STALE_OPERATIONS[operation](clocked_broker, stale)
     assert caught.value.delivery_ids == (stale.id,)
     assert str(stale.id) in str(caught.value)
-    assert clocked_broker.backend.table_counts() == before
+    assert table_counts(clocked_broker.backend) == before
     assert clocked_broker.pending("q") == pending_before
     clocked_broker.complete(fresh)
 
@@ -85,10 +85,10 @@ def test_retry_on_the_last_attempt_with_a_stale_token_raises(
     clock.advance(clocked_broker.lease + 1)
     # The last attempt expires: the reaper dead-letters it; the holder's retry then fails.
     assert clocked_broker.reap()["dead"] == 1
-    before = clocked_broker.backend.table_counts()
+    before = table_counts(clocked_broker.backend)
     with pytest.raises(sqlbroker.LeaseLost):
         clocked_broker.retry(stale_last)
-    assert clocked_broker.backend.table_counts() == before
+    assert table_counts(clocked_broker.backend) == before
     assert stale.attempt == 1
 
 
@@ -115,10 +115,10 @@ def test_completing_twice_raises_lease_lost(broker: sqlbroker.Broker) -> None:
     broker.send("q", 1)
     delivery = claim_one(broker, "q")
     broker.complete(delivery)
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.LeaseLost):
         broker.complete(delivery)
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_forged_token_is_refused(broker: sqlbroker.Broker) -> None:
@@ -126,7 +126,7 @@ def test_forged_token_is_refused(broker: sqlbroker.Broker) -> None:
 
     broker.send("q", 1)
     delivery = claim_one(broker, "q")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     for token in ("0" * 32, "00000000-0000-4000-8000-000000000000", "not-a-token", "", "'; --"):
         forged = replace(delivery, lease_token=token)
         with pytest.raises(sqlbroker.LeaseLost):
@@ -139,7 +139,7 @@ def test_forged_token_is_refused(broker: sqlbroker.Broker) -> None:
     with pytest.raises(sqlbroker.LeaseLost) as caught:
         broker.complete(unknown)
     assert caught.value.delivery_ids == (delivery.id + 1000,)
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
     broker.complete(delivery)
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 import sqlbroker
+from helpers import table_counts
 
 
 def counts(broker: sqlbroker.Broker) -> dict[str, int]:
-    found = broker.backend.table_counts()
+    found = table_counts(broker.backend)
     return {name: found[name] for name in sorted(found) if "spark" not in name}
 
 

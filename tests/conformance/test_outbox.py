@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
+from helpers import table_counts
 
 
 class CallerConnection:
@@ -80,13 +81,13 @@ def test_publish_with_conn_rolls_back_with_the_caller(
 ) -> None:
     broker, caller = outbox
     broker.subscribe("sub", "orders.*")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     conn = caller.begin()
     broker.publish("orders.created", {"id": 1}, conn=conn)
     broker.publish("nobody", {"id": 2}, conn=conn)
     broker.publish("orders.created", {"id": 3}, idempotency_key="k", conn=conn)
     caller.rollback()
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
     assert broker.claim("sub", limit=10) == []
 
 
@@ -103,21 +104,21 @@ def test_send_with_conn_rolls_back_everything(
 ) -> None:
     """Nothing of a rolled-back send survives, not even the queue it would have created."""
     broker, caller = outbox
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     conn = caller.begin()
     broker.send("emails", {"to": "a@example.com"}, conn=conn)
     broker.send_many("emails", [1, 2], conn=conn)
     caller.rollback()
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
     assert broker.subscriptions() == []
 
 
 def test_wrong_connection_type_is_refused(broker: sqlbroker.Broker) -> None:
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.ValidationError) as caught:
         broker.publish("t", 1, conn=object())
     assert caught.value.field == "conn"
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_publish_listeners_stay_silent_until_the_caller_commits(

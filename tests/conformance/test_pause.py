@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import sqlbroker
+from helpers import table_counts
 from sqlbroker.interfaces.cli import cli
 
 
@@ -46,10 +47,10 @@ def test_prometheus_shows_the_pause(broker: sqlbroker.Broker) -> None:
 
 
 def test_pausing_an_unknown_subscription_is_not_found(broker: sqlbroker.Broker) -> None:
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.NotFound):
         broker.pause("missing")
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_the_async_broker_pauses_the_same_way(backend_url: str) -> None:
@@ -141,7 +142,7 @@ def test_a_cancel_with_a_bad_actor_or_note_writes_nothing(
 ) -> None:
     broker.subscribe("orders", "order.*")
     message_id = broker.publish("order.placed", 1)
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.ValidationError):
         broker.cancel(message_id, **options)
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before

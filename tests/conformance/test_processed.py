@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
+from helpers import table_counts
 
 
 def test_the_effect_runs_once_per_key(clocked_broker: sqlbroker.Broker) -> None:
@@ -188,11 +189,11 @@ def test_async_once(broker: sqlbroker.Broker, backend_url: str) -> None:
 def test_bad_input_is_refused_before_sql(
     broker: sqlbroker.Broker, scope: Any, key: Any, options: dict[str, Any], field: str
 ) -> None:
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.ValidationError) as caught:
         broker.once(scope, key, **options)
     assert caught.value.field == field
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_the_runtime_snoozes_a_message_whose_key_is_busy(

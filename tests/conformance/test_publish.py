@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
-from helpers import claim_one
+from helpers import claim_one, table_counts
 
 
 def test_publish_and_send_return_distinct_message_ids(broker: sqlbroker.Broker) -> None:
@@ -43,7 +43,7 @@ def test_send_creates_the_queue_on_first_use(broker: sqlbroker.Broker) -> None:
     assert queue.patterns == ("emails",)
     broker.send("emails", {"to": "b@example.com"})
     assert [s.name for s in broker.subscriptions()] == ["emails"]
-    counts = broker.backend.table_counts()
+    counts = table_counts(broker.backend)
     assert counts["sqlbroker_subscription"] == 1
     assert counts["sqlbroker_message"] == 2
 
@@ -76,10 +76,10 @@ def test_publish_many_returns_ids_in_order(broker: sqlbroker.Broker) -> None:
 
 
 def test_empty_batches_write_nothing(broker: sqlbroker.Broker) -> None:
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     assert broker.publish_many([]) == []
     assert broker.send_many("q", []) == []
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_send_many_shares_options(broker: sqlbroker.Broker) -> None:
@@ -98,22 +98,22 @@ def test_publish_many_with_one_invalid_item_writes_nothing(
     broker: sqlbroker.Broker, bad_index: int
 ) -> None:
     broker.subscribe("all", "#")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     batch: list[dict[str, Any]] = [{"topic": "t", "payload": i} for i in range(10)]
     batch[bad_index] = {"topic": "t", "payload": math.nan}
     with pytest.raises(sqlbroker.InvalidPayload) as caught:
         broker.publish_many(batch)
     assert caught.value.field == f"messages[{bad_index}].payload"
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_send_many_with_one_invalid_item_writes_nothing(broker: sqlbroker.Broker) -> None:
     broker.send("q", "first")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.InvalidPayload) as caught:
         broker.send_many("q", [1, 2, {"bad": {1, 2}}, 4])
     assert caught.value.field == "messages[2].payload"
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 def test_publish_many_is_one_transaction_when_the_database_refuses_an_item(
@@ -122,7 +122,7 @@ def test_publish_many_is_one_transaction_when_the_database_refuses_an_item(
     """An idempotency conflict is found by the database mid-batch: the whole batch rolls back."""
     broker.subscribe("all", "#")
     broker.publish("t", {"v": 1}, idempotency_key="k1")
-    before = broker.backend.table_counts()
+    before = table_counts(broker.backend)
     with pytest.raises(sqlbroker.IdempotencyConflict):
         broker.publish_many(
             [
@@ -131,7 +131,7 @@ def test_publish_many_is_one_transaction_when_the_database_refuses_an_item(
                 {"topic": "t", "payload": {"v": 2}, "idempotency_key": "k1"},
             ]
         )
-    assert broker.backend.table_counts() == before
+    assert table_counts(broker.backend) == before
 
 
 JSON_PAYLOADS = [

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import sqlbroker
+from helpers import table_counts
 from sqlbroker import ManualClock, Missed
 from sqlbroker.core.schedules import MAX_MISSED_TICKS
 from sqlbroker.storage.schedules import ScheduleFire
@@ -390,7 +391,7 @@ NAIVE = datetime(2024, 1, 1)
 def test_bad_definitions_are_refused_before_any_sql(
     sb: sqlbroker.Broker, options: dict[str, Any], error: type[Exception], field: str
 ) -> None:
-    before = sb.backend.table_counts()
+    before = table_counts(sb.backend)
     assert "sqlbroker_schedule" in before
     arguments = {"name": "s", "topic": "t.s", "payload": {"ok": True}, **options}
     name, topic, payload = arguments.pop("name"), arguments.pop("topic"), arguments.pop("payload")
@@ -398,7 +399,7 @@ def test_bad_definitions_are_refused_before_any_sql(
         sb.schedule(name, topic, payload, **arguments)
     assert isinstance(raised.value, sqlbroker.ValidationError)
     assert raised.value.field == field
-    assert sb.backend.table_counts() == before
+    assert table_counts(sb.backend) == before
 
 
 def test_interval_schedules_work_without_croniter(

@@ -23,6 +23,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 import sqlbroker
+from helpers import table_counts
 
 Call = Callable[["Target"], Any]
 
@@ -57,7 +58,7 @@ class Target:
         return value
 
     def snapshot(self) -> tuple[Any, ...]:
-        return (self.broker.backend.table_counts(), self.broker.pending(limit=1000))
+        return (table_counts(self.broker.backend), self.broker.pending(limit=1000))
 
 
 @dataclass(frozen=True)

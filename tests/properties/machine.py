@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import sqlbroker
+from helpers import table_counts
 from properties.model import (
     DEAD_EXHAUSTED,
     DEAD_REJECTED,
@@ -98,7 +99,7 @@ class BrokerMachine(RuleBasedStateMachine):
         cls = type(self)
         if cls.tables is None:
             with sqlbroker.Broker(self.url, migrate=True) as probe:
-                cls.tables = sorted(probe.backend.table_counts())
+                cls.tables = sorted(table_counts(probe.backend))
         empty_database(self.url, cls.tables)
         self.clock = sqlbroker.ManualClock(START)
         self.broker = self._open()

@@ -199,6 +199,35 @@ def test_coroutine_steps_keep_their_bookkeeping_off_the_default_executor(
         ] * count
 
 
+class _AsyncCallable:
+    """An object whose ``__call__`` is a coroutine function: run like an ``async def``."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    async def __call__(self, ctx: StepContext | sqlbroker.Message) -> str:
+        await asyncio.sleep(0)
+        return self.value
+
+
+@pytest.mark.filterwarnings("ignore::sqlbroker.SagaWarning")  # no compensations
+def test_async_callable_objects_are_awaited_as_steps_and_handlers(backend_url: str) -> None:
+    """A saga step or a subscriber that is an object with ``async def __call__`` is awaited
+    (called as a plain function, it would hand back a coroutine never awaited)."""
+    handled = _AsyncCallable("handled")
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+        broker.saga_step(PAYMENT, "reserve")(_AsyncCallable("reserved"))
+        broker.saga_step(PAYMENT, "charge")(_AsyncCallable("charged"))
+        broker.subscriber(queue="plain")(handled)
+        saga_id = broker.sagas.start(PAYMENT, {"n": 1})
+        (message_id,) = broker.send_many("plain", [1])
+        run_until_idle(broker)
+        assert broker.sagas.get(saga_id).outputs() == {"reserve": "reserved", "charge": "charged"}
+        result = broker.result(message_id)
+        assert result is not None
+        assert result.value == "handled"
+
+
 class _SagaWorker:
     def __init__(self, url: str, workdir: Path, number: int) -> None:
         self.ready = workdir / f"saga-worker-{number}.ready"

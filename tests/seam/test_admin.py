@@ -8,6 +8,7 @@ from typing import Any
 
 from tests.seam.support import claim, publish
 
+from helpers import table_counts
 from sqlbroker.core.message import Outcome, State
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.storage.base import DeadFilter
@@ -100,7 +101,7 @@ def test_stats_archive_and_counts(backend: Any) -> None:
         subscription="orders", outcome=Outcome.COMPLETED, message_id=None, limit=10
     )
     assert [a.id for a in archived] == [done[0].id]
-    counts = backend.table_counts()
+    counts = table_counts(backend)
     assert counts["sqlbroker_message"] == 2
     assert counts["sqlbroker_dead"] == 1
     assert counts["sqlbroker_archive"] == 1

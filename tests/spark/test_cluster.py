@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import sqlbroker
+from helpers import table_counts
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -248,7 +249,7 @@ def test_a_write_whose_executor_is_killed_publishes_each_row_once(
         broker.subscribe("orders", "orders.#")
 
         def staging() -> bool:
-            counts = broker.backend.table_counts()
+            counts = table_counts(broker.backend)
             return bool(counts.get("sqlbroker_spark_stage"))
 
         job = _launch(cluster, "write", url, "40000", "orders.created", cwd=tmp_path)
@@ -256,7 +257,7 @@ def test_a_write_whose_executor_is_killed_publishes_each_row_once(
         _kill_an_executor(cluster, job)
         output, _ = job.communicate(timeout=600)
         assert job.returncode == 0, output[-3000:]
-        counts = broker.backend.table_counts()
+        counts = table_counts(broker.backend)
         assert counts.get("sqlbroker_message") == 40000
         assert not counts.get("sqlbroker_spark_stage")
 
@@ -277,7 +278,7 @@ def test_a_stream_whose_executor_then_driver_are_killed_loses_nothing(
         )
 
         def acked(at_least: int) -> Any:
-            return lambda: broker.backend.table_counts().get("sqlbroker_archive", 0) >= at_least
+            return lambda: table_counts(broker.backend).get("sqlbroker_archive", 0) >= at_least
 
         job = _launch(cluster, "stream", url, "orders", str(sink), checkpoint, "1000", cwd=tmp_path)
         _wait_until(acked(1000), job)
@@ -285,7 +286,7 @@ def test_a_stream_whose_executor_then_driver_are_killed_loses_nothing(
         _wait_until(acked(3000), job)
         os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
-        assert broker.backend.table_counts().get("sqlbroker_message", 0) > 0, "drained already"
+        assert table_counts(broker.backend).get("sqlbroker_message", 0) > 0, "drained already"
 
         done = _submit(
             cluster, "stream", url, "orders", str(sink), checkpoint, "1000", cwd=tmp_path

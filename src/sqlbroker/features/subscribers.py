@@ -27,6 +27,14 @@ DEFAULT_CONCURRENCY = 10
 DEFAULT_TIMEOUT = 300.0
 
 
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def`` function, or an object
+    whose ``__call__`` is one (a handler, a saga step)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
+    )
+
+
 @dataclass(frozen=True)
 class SubscriberSpec:
     """One subscription's consumer.
@@ -53,9 +61,7 @@ class SubscriberSpec:
 
     @functools.cached_property  # asked per message by the worker
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
-            getattr(self.handler, "__call__", None)  # noqa: B004 - async callable objects
-        )
+        return is_async_callable(self.handler)
 
 
 class SubscriberOptions(TypedDict, total=False):

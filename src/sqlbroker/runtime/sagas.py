@@ -26,7 +26,6 @@ which is user code's and smaller than a step's concurrency may be).
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from sqlbroker.core.errors import InvalidOption, InvalidPayload, LeaseLost, Sqlb
 from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.sagas import SagaInstance, Step
 from sqlbroker.features.sagas import Sagas
+from sqlbroker.features.subscribers import is_async_callable
 from sqlbroker.runtime.message import Message
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.seam import Tx
@@ -74,12 +74,6 @@ class StepContext:
     conn: CallerConnection | None = None
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
-    )
-
-
 def saga_handler(
     sagas: Callable[[], Sagas],
     step: Step,
@@ -92,12 +86,12 @@ def saga_handler(
     """The subscriber handler for ``step``'s action (or, with ``undo``, its compensation)."""
     if not callable(function):
         raise InvalidOption("handler", "must be a function or other callable")
-    if transactional and _is_async(function):
+    if transactional and is_async_callable(function):
         raise InvalidOption(
             "transactional", "a transactional step is a plain function (it runs in a thread)"
         )
     runner = _StepRunner(sagas, step, function, undo, transactional, retry)
-    return runner.handle_async if _is_async(function) else runner.handle
+    return runner.handle_async if is_async_callable(function) else runner.handle
 
 
 @dataclass(frozen=True, slots=True)

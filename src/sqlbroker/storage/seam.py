@@ -54,7 +54,8 @@ class Settings:
     """What an operation's plan may read besides its arguments: the backend's options."""
 
     dialect: str
-    """``"sqlite"`` or ``"postgresql"``: for the rare rule that differs (documented where)."""
+    """``"sqlite"`` or ``"postgresql"``, for messages: no plan branches on it, a rule that
+    differs between the dialects reads one of the capability flags below."""
     limits: Limits = field(default_factory=Limits)
     clock: Clock = field(default_factory=DatabaseClock)
     """Every statement's ``now`` comes from it (``None``: the database's own clock)."""
@@ -83,6 +84,17 @@ class Settings:
     array_params: bool = False
     """Whether the driver binds whole arrays (PostgreSQL): a batch is then one statement;
     else (SQLite, in-process) one statement per row (operations/publishing.py)."""
+    inserts_create_queue: bool = False
+    """Whether an insert into a queue creates the queue itself (PostgreSQL's statements do);
+    else a known queue's insert checks it is still there or creates it first
+    (operations/publishing.py)."""
+    writes_in_with: bool = False
+    """Whether a statement's ``WITH`` may change data (PostgreSQL): a settle of mixed kinds
+    is then one statement, a complete deletes what it archives in the same one; SQLite
+    settles kind by kind and deletes completed copies by a statement of its own."""
+    roles: bool = False
+    """Whether the database has roles and row-level security (PostgreSQL): least-privilege
+    roles and tenant isolation need them."""
     known_queues: KnownQueues | None = None
     """The queues this process saw exist: on PostgreSQL a send to one is one statement;
     on SQLite a single send to one skips ``queue_create`` (its insert checks the queue is
@@ -206,7 +218,6 @@ class Operations(ABC):
     dead_purge = Operation(admin.dead_purge)
     archive_list = Operation(admin.archive_list)
     stats_collect = Operation(admin.stats_collect)
-    table_counts = Operation(admin.table_counts)
     # --- sagas (multi-step workflows; features/sagas.py) ---------------------------------
     saga_insert = Operation(sagas.insert)
     saga_get = Operation(sagas.get)

@@ -147,10 +147,3 @@ def stats_collect(settings: Settings) -> Plan[list[SubscriptionStats]]:
         )
         for row in rows
     ]
-
-
-@reads
-def table_counts(settings: Settings) -> Plan[dict[str, int]]:
-    """Row count of every sqlbroker table (for tests, health checks and the CLI)."""
-    rows = yield query("table_counts")
-    return {row[0]: int(row[1]) for row in rows}

@@ -19,6 +19,7 @@ from sqlbroker.core.serde import encode_json
 from sqlbroker.core.settlements import SETTLE_KINDS, Lease, Settlement
 from sqlbroker.storage.base import ReapResult, storable_reason, undecodable_deaths
 from sqlbroker.storage.columns import utc
+from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import Plan, Query, Rows, ahead, atomic, query, relaxed
 from sqlbroker.storage.rows import error_json
@@ -156,7 +157,7 @@ def message_settle_many(
     if kinds == {"complete"} and [s.value for s in settlements].count(None) == len(ids):
         removed = yield from _complete(settings, ids, [s.lease.token for s in settlements])
         done = [row[0] for row in removed]
-    elif settings.dialect == "postgresql":
+    elif settings.writes_in_with:
         rows = yield query(
             "message_settle",
             **_leases(settlements),
@@ -192,7 +193,7 @@ def _complete(settings: Settings, ids: list[int], tokens: list[str]) -> Plan[Row
     back; the deletion by id is a statement of its own (``message_complete_delete``)."""
     block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
     rows = yield query(block, ids=ids, tokens=tokens)
-    if settings.dialect == "sqlite" and rows:
+    if not settings.writes_in_with and rows:
         yield query("message_complete_delete", ids=[row[0] for row in rows])
     return rows
 
@@ -284,9 +285,7 @@ def message_cancel_many(
             "flagged": len(flagged),
             "note": note,
         }
-        yield query(
-            "audit_insert", actor=actor, action="message.cancel", detail=encode_json(detail)
-        )
+        yield audit(actor, "message.cancel", detail)
     return len(flagged) + len(rows)
 
 

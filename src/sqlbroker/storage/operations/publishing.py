@@ -140,7 +140,7 @@ def message_insert_many(
             check_copies(len(fresh), len(messages), max_copies)
             if known is None or subscription not in known:
                 existed = not (yield from queue_create(settings, name=subscription))
-            elif settings.dialect == "sqlite":
+            elif not settings.inserts_create_queue:
                 # SQLite's inserts do not create their queue: a single unkeyed send checks
                 # that the known queue is still there, any other insert creates it first.
                 unsure = len(fresh) == 1 and not ordering_keys

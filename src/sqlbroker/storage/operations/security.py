@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 def _roles_needed(settings: Settings, what: str) -> None:
-    """The one SQLite rule of this group: refuse."""
-    if settings.dialect == "sqlite":
+    """Refuse where the database has no roles (SQLite)."""
+    if not settings.roles:
         raise ConfigurationError(
             f"{what} needs PostgreSQL: SQLite has no database roles or row-level security, so"
             " anyone who can open the file can read and write every message (protect the"
@@ -77,7 +77,7 @@ def tenant_enable(settings: Settings, *, enabled: bool) -> Plan[None]:
 
 @reads
 def tenant_enabled(settings: Settings) -> Plan[bool]:
-    if settings.dialect == "sqlite":
+    if not settings.roles:
         return False
     row = yield query("tenants_enabled")
     return bool(row and row[0][0])

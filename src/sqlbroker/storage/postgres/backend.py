@@ -127,6 +127,9 @@ class PostgresBackend(Backend):
             archive_completed=self._archive_completed,
             result_channel=self.result_channel,
             array_params=True,
+            inserts_create_queue=True,
+            writes_in_with=True,
+            roles=True,
             known_queues=known_queues,
         )
         # Transactions of several operations (the caller's, begin()'s) may roll back what

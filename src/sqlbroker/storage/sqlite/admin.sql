@@ -123,27 +123,3 @@ FROM names n
 LEFT JOIN hot h ON h.subscription = n.name
 LEFT JOIN dead d ON d.subscription = n.name
 ORDER BY n.name
-
--- name: table_counts
-SELECT 'sqlbroker_subscription', count(*) FROM sqlbroker_subscription
-UNION ALL SELECT 'sqlbroker_subscription_pattern', count(*) FROM sqlbroker_subscription_pattern
-UNION ALL SELECT 'sqlbroker_message', count(*) FROM sqlbroker_message
-UNION ALL SELECT 'sqlbroker_archive', count(*) FROM sqlbroker_archive
-UNION ALL SELECT 'sqlbroker_dead', count(*) FROM sqlbroker_dead
-UNION ALL SELECT 'sqlbroker_result', count(*) FROM sqlbroker_result
-UNION ALL SELECT 'sqlbroker_dedupe', count(*) FROM sqlbroker_dedupe
-UNION ALL SELECT 'sqlbroker_audit', count(*) FROM sqlbroker_audit
-UNION ALL SELECT 'sqlbroker_processed', count(*) FROM sqlbroker_processed
-UNION ALL SELECT 'sqlbroker_worker', count(*) FROM sqlbroker_worker
-UNION ALL SELECT 'sqlbroker_metric_minute', count(*) FROM sqlbroker_metric_minute
-UNION ALL SELECT 'sqlbroker_metric_total', count(*) FROM sqlbroker_metric_total
-UNION ALL SELECT 'sqlbroker_schedule', count(*) FROM sqlbroker_schedule
-UNION ALL SELECT 'sqlbroker_saga', count(*) FROM sqlbroker_saga
-UNION ALL SELECT 'sqlbroker_saga_step', count(*) FROM sqlbroker_saga_step
-UNION ALL SELECT 'sqlbroker_spark_stage', count(*) FROM sqlbroker_spark_stage
-UNION ALL SELECT 'sqlbroker_spark_stream', count(*) FROM sqlbroker_spark_stream
-UNION ALL SELECT 'sqlbroker_spark_claim', count(*) FROM sqlbroker_spark_claim
-UNION ALL SELECT 'sqlbroker_spark_export', count(*) FROM sqlbroker_spark_export
-UNION ALL SELECT 'sqlbroker_identity', count(*) FROM sqlbroker_identity
-UNION ALL SELECT 'sqlbroker_flow_bucket', count(*) FROM sqlbroker_flow_bucket
-UNION ALL SELECT 'sqlbroker_task_result', count(*) FROM sqlbroker_task_result

@@ -173,8 +173,9 @@ RETURNING sqlbroker_message.id
 -- name: message_extend
 UPDATE sqlbroker_message
 SET lease_expires_at = :now + :lease
-FROM (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key) l
+FROM
+-- include: leases_given
+  AS l
 WHERE sqlbroker_message.id = l.id AND sqlbroker_message.lease_token = l.token
   AND sqlbroker_message.state = 'running'
 RETURNING sqlbroker_message.id, sqlbroker_message.lease_expires_at
@@ -186,8 +187,9 @@ SET state = 'available',
     lease_token = NULL,
     lease_expires_at = NULL,
     worker = NULL
-FROM (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key) l
+FROM
+-- include: leases_given
+  AS l
 WHERE sqlbroker_message.id = l.id AND sqlbroker_message.lease_token = l.token
   AND sqlbroker_message.state = 'running'
 RETURNING sqlbroker_message.id
@@ -234,8 +236,8 @@ JOIN (SELECT i.value AS id, t.value AS token, r.value AS reason, et.value AS err
 WHERE m.state = 'running'
 ORDER BY m.id;
 DELETE FROM sqlbroker_message
-WHERE state = 'running' AND (id, lease_token) IN (SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
+WHERE state = 'running' AND (id, lease_token) IN
+-- include: leases_given
 RETURNING id, subscription, ordering_key, state
 
 -- name: archive_copies
