@@ -133,11 +133,8 @@ def _run(arguments: argparse.Namespace) -> int:
             )
             from sqlbroker.spark.options import Connection
 
-            broker, _ = Connection.of({"url": arguments.url, **options}).open()
-            try:
+            with Connection.of({"url": arguments.url, **options}).session() as (broker, _):
                 now: datetime = broker.backend.now()
-            finally:
-                broker.close()
             result = exporter.run(cutoff=now - arguments.older_than, delete=not arguments.keep)
             output["export"] = result.as_json()
         if arguments.command in ("report", "run"):

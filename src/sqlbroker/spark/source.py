@@ -8,6 +8,7 @@ Register it once per session with :func:`sqlbroker.spark.register`, then use
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -49,24 +50,13 @@ class MessagesReader(DataSourceReader):
         self.fetch = opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
         low = opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1)
         high = opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1)
-        self.where = SparkRowFilter(
-            table=self.where.table,
-            subscription=self.where.subscription,
-            topic_regex=self.where.topic_regex,
-            since=self.where.since,
-            until=self.where.until,
-            min_id=low or None,
-            max_id=high or None,
-        )
+        self.where = replace(self.where, min_id=low or None, max_id=high or None)
         # Last: the options are all valid before the database is opened.
         self.connection = self.connection.bind()
 
     def partitions(self) -> list[IdSlice]:
-        broker, store = self.connection.open()
-        try:
+        with self.connection.session() as (_, store):
             found = store.id_range(where=self.where)
-        finally:
-            broker.close()
         if found is None:
             return [IdSlice(0, 0)]
         first = found.low - 1
@@ -80,16 +70,13 @@ class MessagesReader(DataSourceReader):
         assert isinstance(partition, IdSlice)
         if partition.upto_id <= partition.after_id:
             return
-        broker, store = self.connection.open()  # the identity check, before any row
-        try:
+        with self.connection.session() as (_, store):  # the identity check, before any row
             yield from store.rows_read(
                 where=self.where,
                 after_id=partition.after_id,
                 upto_id=partition.upto_id,
                 fetch=self.fetch,
             )
-        finally:
-            broker.close()
 
 
 def check_options(options: Mapping[str, str]) -> None:

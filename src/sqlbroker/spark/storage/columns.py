@@ -34,6 +34,20 @@ from sqlbroker.storage.sql import load_sql, parse_blocks
 if TYPE_CHECKING:
     import pyarrow as pa
 
+_DELIVERY = (
+    "priority",
+    "ordering_key",
+    "idempotency_key",
+    "payload",
+    "content_type",
+    "headers",
+    "attempts",
+    "max_attempts",
+    "replay_count",
+)
+"""The columns a message keeps through its life, in the middle of each table's list."""
+_FINISHED = ("id", "delivery_id", "message_id", "subscription", "topic")
+"""The first columns of the archive and of dead letters."""
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
     "messages": (
         "id",
@@ -41,15 +55,7 @@ SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
         "subscription",
         "topic",
         "state",
-        "priority",
-        "ordering_key",
-        "idempotency_key",
-        "payload",
-        "content_type",
-        "headers",
-        "attempts",
-        "max_attempts",
-        "replay_count",
+        *_DELIVERY,
         "enqueued_at",
         "available_at",
         "expires_at",
@@ -58,40 +64,16 @@ SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
         "last_error",
     ),
     "archive": (
-        "id",
-        "delivery_id",
-        "message_id",
-        "subscription",
-        "topic",
+        *_FINISHED,
         "outcome",
-        "priority",
-        "ordering_key",
-        "idempotency_key",
-        "payload",
-        "content_type",
-        "headers",
-        "attempts",
-        "max_attempts",
-        "replay_count",
+        *_DELIVERY,
         "enqueued_at",
         "first_started_at",
         "finished_at",
     ),
     "dead": (
-        "id",
-        "delivery_id",
-        "message_id",
-        "subscription",
-        "topic",
-        "priority",
-        "ordering_key",
-        "idempotency_key",
-        "payload",
-        "content_type",
-        "headers",
-        "attempts",
-        "max_attempts",
-        "replay_count",
+        *_FINISHED,
+        *_DELIVERY,
         "reason",
         "error_type",
         "error_message",
@@ -115,17 +97,7 @@ SNAPSHOT_COLUMNS: tuple[str, ...] = tuple(c for c in STREAM_COLUMNS if c not in 
 ``delivery_id`` and no state: a claimed message is running)."""
 
 TIME_COLUMNS = frozenset(
-    {
-        "enqueued_at",
-        "available_at",
-        "expires_at",
-        "first_started_at",
-        "lease_expires_at",
-        "finished_at",
-        "first_failed_at",
-        "last_failed_at",
-        "dead_at",
-    }
+    name for names in SPARK_COLUMNS.values() for name in names if name.endswith("_at")
 )
 
 

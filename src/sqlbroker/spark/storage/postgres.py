@@ -42,7 +42,6 @@ from sqlbroker.spark.storage.columns import (
     SqlStore,
     StagedKeys,
     check_table,
-    content_hash,
     id_bounds,
     load_store_sql,
     stage_params,
@@ -172,20 +171,19 @@ class PostgresSparkStore(SqlStore):
     def stage_insert(
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
     ) -> int:
-        staged_at = self._backend.now()
+        params = stage_params(
+            job=job,
+            partition=partition,
+            attempt=attempt,
+            first_seq=first_seq,
+            rows=rows,
+            now=self._backend.now(),
+        )
         with self._write() as conn:
             (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
             if secured:
                 # Under tenant isolation the staging table has row security, which COPY
                 # refuses: the rows go in one INSERT each (the policy checks every one).
-                params = stage_params(
-                    job=job,
-                    partition=partition,
-                    attempt=attempt,
-                    first_seq=first_seq,
-                    rows=rows,
-                    now=staged_at,
-                )
                 with conn.cursor() as cursor:
                     cursor.executemany(self._sql["stage_insert"], params)
                 return len(params)
@@ -195,27 +193,9 @@ class PostgresSparkStore(SqlStore):
             cursor.copy(self._sql["stage_copy"]) as copy,
         ):
             copy.set_types(_STAGE_TYPES)
-            for index, message in enumerate(rows):
-                copy.write_row(
-                    (
-                        job,
-                        partition,
-                        attempt,
-                        first_seq + index,
-                        message.topic,
-                        message.payload,
-                        message.content_type,
-                        message.headers,
-                        message.priority,
-                        message.ordering_key,
-                        message.idempotency_key,
-                        content_hash(message),
-                        message.max_attempts,
-                        message.dedupe_window,
-                        staged_at,
-                    )
-                )
-        return len(rows)
+            for row in params:  # stage_params' keys are stage_copy's columns, in order
+                copy.write_row(tuple(row.values()))
+        return len(params)
 
     def stage_publish(
         self,
