@@ -31,8 +31,9 @@ from typing import Any
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.spark.options import Connection
 from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore
+from sqlbroker.spark.storage.columns import EXPORTED_TABLES, TABLE_SOURCES
 
-TIME_COLUMN = {"archive": "finished_at", "dead": "dead_at"}
+TIME_COLUMN = {table: TABLE_SOURCES[table][1] for table in EXPORTED_TABLES}
 CHECKSUM_COLUMNS = ("id", "message_id", "topic", "payload", "attempts", "enqueued_at")
 
 Step = Callable[[str], None]

@@ -105,12 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _run(arguments)
-    except ValidationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     except SqlbrokerError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, ValidationError) else 1
 
 
 def _run(arguments: argparse.Namespace) -> int:

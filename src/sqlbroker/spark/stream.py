@@ -94,8 +94,8 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         return {
             name: value
             for name, value in self.__dict__.items()
-            if name in ("connection", "subscription", "stream", "max_batch", "lease", "parts")
-            or name == "worker"
+            if name
+            in ("connection", "subscription", "stream", "max_batch", "lease", "parts", "worker")
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -101,8 +101,29 @@ TIME_COLUMNS = frozenset(
 )
 
 
+TABLE_SOURCES: dict[str, tuple[str, str]] = {
+    "messages": ("sqlbroker_message", "enqueued_at"),
+    "archive": ("sqlbroker_archive", "finished_at"),
+    "dead": ("sqlbroker_dead", "dead_at"),
+}
+"""The SQL table of each Spark table, and the time column its ``since``/``until`` bound."""
+EXPORTED_TABLES = ("archive", "dead")
+"""The tables the archive export moves to Parquet."""
+_PER_TABLE = {
+    "table_range": SPARK_TABLES,
+    "table_read": SPARK_TABLES,
+    "table_export_delete": EXPORTED_TABLES,
+    "table_export_totals": EXPORTED_TABLES,
+}
+"""The blocks written once for every table, and the tables each is made for."""
+
+
 def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
     """The blocks of a store's SQL file with their column markers filled in.
+
+    A block ``table_<kind>`` of :data:`_PER_TABLE` becomes ``<table>_<kind>`` for each of
+    its tables: ``{table}`` the SQL table, ``{time_column}`` its time column and
+    ``{columns}`` the table's column marker.
 
     ``{messages_columns}``, ``{archive_columns}``, ``{dead_columns}`` and
     ``{stream_columns}`` become the select list of that read; ``{snapshot_columns}`` the
@@ -127,6 +148,16 @@ def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
     markers["{stream_columns}"] = select(STREAM_COLUMNS, "stream_column_", "column_")
     markers["{snapshot_columns}"] = ", ".join(SNAPSHOT_COLUMNS)
     markers["{snapshot_values}"] = ", ".join(f"m.{name}" for name in SNAPSHOT_COLUMNS)
+    blocks = dict(blocks)
+    for template, tables in _PER_TABLE.items():
+        for table in tables:
+            source, time_column = TABLE_SOURCES[table]
+            blocks[table + template.removeprefix("table")] = (
+                blocks[template]
+                .replace("{table}", source)
+                .replace("{time_column}", time_column)
+                .replace("{columns}", f"{{{table}_columns}}")
+            )
     filled = {}
     for name, body in blocks.items():
         for marker, text in markers.items():
@@ -471,10 +502,10 @@ class SqlStore(ABC):
         with self._write() as conn:
             archived = self._export_drop(conn, run)
             archived += conn.execute(
-                self._sql["export_delete_archive"], {"cutoff": cutoff, "max_id": run.archive_max_id}
+                self._sql["archive_export_delete"], {"cutoff": cutoff, "max_id": run.archive_max_id}
             ).rowcount
             dead = conn.execute(
-                self._sql["export_delete_dead"], {"cutoff": cutoff, "max_id": run.dead_max_id}
+                self._sql["dead_export_delete"], {"cutoff": cutoff, "max_id": run.dead_max_id}
             ).rowcount
             if (archived, dead) != (run.archive_rows, run.dead_rows):
                 raise StorageError(
@@ -505,11 +536,11 @@ class SqlStore(ABC):
     def export_totals(
         self, *, table: str, cutoff: datetime, max_id: int
     ) -> dict[str, ExportTotals]:
-        if table not in ("archive", "dead"):
+        if table not in EXPORTED_TABLES:
             raise InvalidOption("table", f"must be archive or dead, not {table!r}")
         params = {"cutoff": self._time(cutoff), "max_id": max_id}
         with self._read() as conn:
-            rows = conn.execute(self._sql[f"export_totals_{table}"], params).fetchall()
+            rows = conn.execute(self._sql[f"{table}_export_totals"], params).fetchall()
         return {
             str(topic): ExportTotals(rows=int(n), id_sum=int(ids), low=int(low), high=int(high))
             for topic, n, ids, low, high in rows
