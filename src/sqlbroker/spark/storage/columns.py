@@ -334,9 +334,11 @@ def publish_staged(
 
 class Driver(Protocol):
     """What the shared store code uses of its dialect's own driver connection (psycopg's
-    or sqlite3's): statements, run by ``execute``."""
+    or sqlite3's): statements, run by ``execute`` (SQLite: ``executemany`` too)."""
 
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, query: Any, params: Any, /) -> Any: ...
 
 
 class SqlStore(ABC):
@@ -387,6 +389,25 @@ class SqlStore(ABC):
                     self._sql["stage_delete_older"], {"older_than": self._time(older_than)}
                 ).rowcount
         return int(deleted)
+
+    def stage_insert(
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
+    ) -> int:
+        params = stage_params(
+            job=job,
+            partition=partition,
+            attempt=attempt,
+            first_seq=first_seq,
+            rows=rows,
+            now=self._time(self._backend.now()),
+        )
+        with self._write() as conn:
+            self._stage(conn, params)
+        return len(params)
+
+    def _stage(self, conn: Driver, params: list[dict[str, Any]]) -> None:
+        """Insert the staged rows of :meth:`stage_insert`."""
+        conn.executemany(self._sql["stage_insert"], params)
 
     def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
         with self._write() as conn:

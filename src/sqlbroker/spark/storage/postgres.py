@@ -33,7 +33,6 @@ from sqlbroker.spark.storage.base import (
     IdRange,
     Published,
     SparkRowFilter,
-    StageRow,
 )
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
@@ -44,7 +43,6 @@ from sqlbroker.spark.storage.columns import (
     check_table,
     id_bounds,
     load_store_sql,
-    stage_params,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.postgres.dialect import channel_name
@@ -168,34 +166,18 @@ class PostgresSparkStore(SqlStore):
 
     # --- idempotent batch write --------------------------------------------------------------
 
-    def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
-    ) -> int:
-        params = stage_params(
-            job=job,
-            partition=partition,
-            attempt=attempt,
-            first_seq=first_seq,
-            rows=rows,
-            now=self._backend.now(),
-        )
-        with self._write() as conn:
-            (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
+    def _stage(self, conn: Any, params: list[dict[str, Any]]) -> None:
+        """By COPY, unless the staging table has row security (tenant isolation), which
+        COPY refuses: then one INSERT a row (the policy checks every one)."""
+        (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
+        with conn.cursor() as cursor:
             if secured:
-                # Under tenant isolation the staging table has row security, which COPY
-                # refuses: the rows go in one INSERT each (the policy checks every one).
-                with conn.cursor() as cursor:
-                    cursor.executemany(self._sql["stage_insert"], params)
-                return len(params)
-        with (
-            self._write() as conn,
-            conn.cursor() as cursor,
-            cursor.copy(self._sql["stage_copy"]) as copy,
-        ):
-            copy.set_types(_STAGE_TYPES)
-            for row in params:  # stage_params' keys are stage_copy's columns, in order
-                copy.write_row(tuple(row.values()))
-        return len(params)
+                cursor.executemany(self._sql["stage_insert"], params)
+                return
+            with cursor.copy(self._sql["stage_copy"]) as copy:
+                copy.set_types(_STAGE_TYPES)
+                for row in params:  # stage_params' keys are stage_copy's columns, in order
+                    copy.write_row(tuple(row.values()))
 
     def stage_publish(
         self,

@@ -22,7 +22,7 @@ from sqlbroker.core.message import NewMessage
 from sqlbroker.core.settlements import Lease
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter, StageRow
+from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
     SPARK_COLUMNS,
     SqlStore,
@@ -32,7 +32,6 @@ from sqlbroker.spark.storage.columns import (
     id_bounds,
     load_store_sql,
     publish_staged,
-    stage_params,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import InsertResult
@@ -127,21 +126,6 @@ class SqliteSparkStore(SqlStore):
                     return
 
     # --- idempotent batch write --------------------------------------------------------------
-
-    def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
-    ) -> int:
-        params = stage_params(
-            job=job,
-            partition=partition,
-            attempt=attempt,
-            first_seq=first_seq,
-            rows=rows,
-            now=self._time(None),
-        )
-        with self._write() as conn:
-            conn.executemany(self._sql["stage_insert"], params)
-        return len(params)
 
     def stage_publish(
         self,
