@@ -99,6 +99,7 @@ SNAPSHOT_COLUMNS: tuple[str, ...] = tuple(c for c in STREAM_COLUMNS if c not in 
 TIME_COLUMNS = frozenset(
     name for names in SPARK_COLUMNS.values() for name in names if name.endswith("_at")
 )
+"""The times among the columns: every column named ``*_at``."""
 
 
 TABLE_SOURCES: dict[str, tuple[str, str]] = {
