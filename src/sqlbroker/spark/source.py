@@ -38,19 +38,24 @@ class IdSlice(InputPartition):
         self.upto_id = upto_id
 
 
+def read_settings(options: Mapping[str, str]) -> tuple[int, int, int | None, int | None]:
+    """``partitions``, ``fetch_size``, ``min_id`` and ``max_id`` of a batch read, checked
+    (an id bound not given: ``None``)."""
+    return (
+        opt.integer(options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000),
+        opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000),
+        opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1) or None,
+        opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1) or None,
+    )
+
+
 class MessagesReader(DataSourceReader):
     """A batch read of one table, split into id ranges read in parallel."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self.connection = opt.Connection.of(options)
-        self.where: SparkRowFilter = opt.row_filter(options)
-        self.parts = opt.integer(
-            options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000
-        )
-        self.fetch = opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
-        low = opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1)
-        high = opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1)
-        self.where = replace(self.where, min_id=low or None, max_id=high or None)
+        self.parts, self.fetch, low, high = read_settings(options)
+        self.where: SparkRowFilter = replace(opt.row_filter(options), min_id=low, max_id=high)
         # Last: the options are all valid before the database is opened.
         self.connection = self.connection.bind()
 
@@ -85,8 +90,7 @@ def check_options(options: Mapping[str, str]) -> None:
 
     opt.Connection.of(options)
     opt.row_filter(options)
-    opt.integer(options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000)
-    opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
+    read_settings(options)
     if opt.text(options, "subscription") is not None:
         stream_settings(options)
 

@@ -182,6 +182,10 @@ def check_table(where: SparkRowFilter) -> str:
     return where.table
 
 
+EVERY_ID = (-(2**63), 2**63 - 1)
+"""The id range ``(after_id, upto_id]`` of every row."""
+
+
 def id_bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[int, int]:
     """The id range ``(after_id, upto_id]`` narrowed to the filter's ``min_id``/``max_id``."""
     if where.min_id is not None:

@@ -35,6 +35,7 @@ from sqlbroker.spark.storage.base import (
     SparkRowFilter,
 )
 from sqlbroker.spark.storage.columns import (
+    EVERY_ID,
     SPARK_COLUMNS,
     STREAM_COLUMNS,
     Driver,
@@ -50,8 +51,6 @@ from sqlbroker.storage.postgres.dialect import channel_name
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC)
-_NO_ID = -(2**63)
-_ANY_ID = 2**63 - 1
 _UNLIMITED = 2**62  # no copy limit on a staged publish (the broker's max_copies unset)
 _STAGE_TYPES = (
     "text",
@@ -133,7 +132,7 @@ class PostgresSparkStore(SqlStore):
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
         table = check_table(where)
         with self._arrow() as cursor:
-            cursor.execute(self._sql[f"{table}_range"], _bounds(where, _NO_ID, _ANY_ID))
+            cursor.execute(self._sql[f"{table}_range"], _bounds(where, *EVERY_ID))
             row = cursor.fetchone()
         if row is None or not row[2]:
             return None

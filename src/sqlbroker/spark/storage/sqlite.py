@@ -24,6 +24,7 @@ from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
+    EVERY_ID,
     SPARK_COLUMNS,
     SqlStore,
     StagedKeys,
@@ -35,9 +36,6 @@ from sqlbroker.spark.storage.columns import (
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import InsertResult
-
-_NO_ID = -(2**63)
-_ANY_ID = 2**63 - 1
 
 
 @cache
@@ -104,7 +102,7 @@ class SqliteSparkStore(SqlStore):
         table = check_table(where)
         with self._read() as conn:
             low, high, count = conn.execute(
-                self._sql[f"{table}_range"], _bounds(where, _NO_ID, _ANY_ID)
+                self._sql[f"{table}_range"], _bounds(where, *EVERY_ID)
             ).fetchone()
         return None if not count else IdRange(low=low, high=high, count=count)
 
