@@ -183,6 +183,17 @@ def test_bad_options_fail_before_anything_runs(spark: Any, sqlite_broker: sqlbro
         _write(df, broker.url, topic="bad topic!")
 
 
+def test_a_bad_id_bound_fails_at_load_before_the_database_is_opened(tmp_path: Path) -> None:
+    from sqlbroker.core.errors import InvalidOption
+    from sqlbroker.spark.source import SqlbrokerDataSource
+
+    url = f"sqlite:///{tmp_path}/never.db"
+    for option, value in (("min_id", "first"), ("max_id", "-1")):
+        with pytest.raises(InvalidOption, match=option):
+            SqlbrokerDataSource({"url": url, option: value})
+    assert not (tmp_path / "never.db").exists()
+
+
 def test_a_row_with_an_invalid_value_fails_the_job_with_a_clear_error(
     spark: Any, sqlite_broker: sqlbroker.Broker
 ) -> None:

@@ -31,8 +31,9 @@ from typing import Any
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.spark.options import Connection
 from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore
+from sqlbroker.spark.storage.columns import EXPORTED_TABLES, TABLE_SOURCES
 
-TIME_COLUMN = {"archive": "finished_at", "dead": "dead_at"}
+TIME_COLUMN = {table: TABLE_SOURCES[table][1] for table in EXPORTED_TABLES}
 CHECKSUM_COLUMNS = ("id", "message_id", "topic", "payload", "attempts", "enqueued_at")
 
 Step = Callable[[str], None]
@@ -172,14 +173,9 @@ def _setting(spark: Any, name: str, value: str) -> Iterator[None]:
 def read_parquet(spark: Any, path: str) -> Any:
     """An export directory as a DataFrame, its partition values kept as strings (a topic
     such as ``2024`` must not turn into a number)."""
-    setting = "spark.sql.sources.partitionColumnTypeInference.enabled"
-    previous = spark.conf.get(setting)
-    spark.conf.set(setting, "false")
-    try:
-        # Listing the files happens here, while the setting holds.
+    # Listing the files happens here, while the setting holds.
+    with _setting(spark, "spark.sql.sources.partitionColumnTypeInference.enabled", "false"):
         return spark.read.parquet(path)
-    finally:
-        spark.conf.set(setting, previous)
 
 
 def _with_date(frame: Any, table: str) -> Any:
@@ -227,8 +223,7 @@ class ArchiveExport:
         )
 
     def run(self, *, cutoff: datetime, delete: bool = True) -> ExportResult:
-        broker, store = Connection.of(self.options).open()
-        try:
+        with Connection.of(self.options).session() as (broker, store):
             result = ExportResult(
                 run_id=_run_id(broker.backend.now()), root=self.root, cutoff=cutoff
             )
@@ -288,8 +283,6 @@ class ArchiveExport:
             self._publish(result.run_id)
             self._tidy()
             return result
-        finally:
-            broker.close()
 
     def _verify(
         self,

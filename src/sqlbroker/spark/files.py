@@ -41,10 +41,3 @@ class Files:
         self._fs.mkdirs(destination.getParent())
         if not self._fs.rename(self._path(source), destination):
             raise OSError(f"could not move {source} to {target}")
-
-    def write_text(self, path: str, text: str) -> None:
-        stream = self._fs.create(self._path(path), True)
-        try:
-            stream.write(bytearray(text.encode()))
-        finally:
-            stream.close()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -116,11 +117,8 @@ class Connection:
     def bind(self) -> Connection:
         """On the driver: this connection with the identity of the database it reaches (a
         missing SQLite file is created and migrated there, as by ``Broker``)."""
-        broker, store = self.open()
-        try:
+        with self.session() as (_, store):
             return replace(self, identity=store.identity())
-        finally:
-            broker.close()
 
     def open(self) -> tuple[Broker, SparkStore]:
         """A broker and its Spark store: without an identity, as ``Broker(url)`` opens it;
@@ -154,6 +152,13 @@ class Connection:
             broker.close()
             raise
         return broker, store
+
+    @contextmanager
+    def session(self) -> Iterator[tuple[Broker, SparkStore]]:
+        """What :meth:`open` opens, the broker closed when the block ends."""
+        broker, store = self.open()
+        with broker:
+            yield broker, store
 
 
 def _absolute_sqlite(parsed: DatabaseURL) -> str:

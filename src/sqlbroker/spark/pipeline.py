@@ -105,12 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _run(arguments)
-    except ValidationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     except SqlbrokerError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, ValidationError) else 1
 
 
 def _run(arguments: argparse.Namespace) -> int:
@@ -133,11 +130,8 @@ def _run(arguments: argparse.Namespace) -> int:
             )
             from sqlbroker.spark.options import Connection
 
-            broker, _ = Connection.of({"url": arguments.url, **options}).open()
-            try:
+            with Connection.of({"url": arguments.url, **options}).session() as (broker, _):
                 now: datetime = broker.backend.now()
-            finally:
-                broker.close()
             result = exporter.run(cutoff=now - arguments.older_than, delete=not arguments.keep)
             output["export"] = result.as_json()
         if arguments.command in ("report", "run"):

@@ -20,6 +20,7 @@ from typing import Any
 from sqlbroker.spark.charts import render_html
 
 TOP_REASONS = 10
+TABLES = ("throughput", "latency", "attempts", "dlq_rate", "failure_reasons")
 
 
 @dataclass
@@ -51,7 +52,7 @@ def compute(spark: Any, root: str, *, step: Callable[[str], None] | None = None)
     root = root.rstrip("/")
     archive = _load(spark, f"{root}/archive")
     dead = _load(spark, f"{root}/dead")
-    report = Report()
+    report = Report(tables={name: [] for name in TABLES})  # each empty without its data
     completed = None if archive is None else archive.where(F.col("outcome") == "completed")
 
     say("throughput per minute")
@@ -62,8 +63,6 @@ def compute(spark: Any, root: str, *, step: Callable[[str], None] | None = None)
             .agg(F.count("*").alias("messages"))
             .orderBy("minute", "topic")
         )
-    else:
-        report.tables["throughput"] = []
 
     say("latency percentiles")
     if completed is not None:
@@ -81,8 +80,6 @@ def compute(spark: Any, root: str, *, step: Callable[[str], None] | None = None)
         per_topic = percentiles(timed.groupBy("topic")).orderBy("topic")
         overall = percentiles(timed).select(F.lit("(all)").alias("topic"), "*")
         report.tables["latency"] = _rows(per_topic) + _rows(overall)
-    else:
-        report.tables["latency"] = []
 
     say("attempts, dead-letter rate and failure reasons")
     parts = []
@@ -108,8 +105,6 @@ def compute(spark: Any, root: str, *, step: Callable[[str], None] | None = None)
             )
             .orderBy("topic")
         )
-    else:
-        report.tables["attempts"] = report.tables["dlq_rate"] = []
     if dead is not None:
         report.tables["failure_reasons"] = _rows(
             dead.groupBy("reason", F.coalesce("error_type", F.lit("")).alias("error_type"))
@@ -117,8 +112,6 @@ def compute(spark: Any, root: str, *, step: Callable[[str], None] | None = None)
             .orderBy(F.desc("messages"), "reason")
             .limit(TOP_REASONS)
         )
-    else:
-        report.tables["failure_reasons"] = []
 
     completed_count = sum(r["completed"] for r in report.tables["dlq_rate"])
     dead_count = sum(r["dead"] for r in report.tables["dlq_rate"])

@@ -15,32 +15,21 @@ _INT = frozenset({"priority", "attempts", "max_attempts", "replay_count"})
 _BINARY = frozenset({"payload"})
 
 
-def _arrow_type(column: str) -> pa.DataType:
+def _types(column: str) -> tuple[pa.DataType, str]:
+    """The Arrow type and the Spark SQL type of a column."""
     if column in _LONG:
-        return pa.int64()
+        return pa.int64(), "BIGINT"
     if column in _INT:
-        return pa.int32()
+        return pa.int32(), "INT"
     if column in _BINARY:
-        return pa.binary()
+        return pa.binary(), "BINARY"
     if column in TIME_COLUMNS:
-        return pa.timestamp("us", tz="UTC")
-    return pa.string()
-
-
-def _spark_type(column: str) -> str:
-    if column in _LONG:
-        return "BIGINT"
-    if column in _INT:
-        return "INT"
-    if column in _BINARY:
-        return "BINARY"
-    if column in TIME_COLUMNS:
-        return "TIMESTAMP"
-    return "STRING"
+        return pa.timestamp("us", tz="UTC"), "TIMESTAMP"
+    return pa.string(), "STRING"
 
 
 def _ddl(columns: tuple[str, ...]) -> str:
-    return ", ".join(f"{name} {_spark_type(name)}" for name in columns)
+    return ", ".join(f"{name} {_types(name)[1]}" for name in columns)
 
 
 TABLE_SCHEMAS: dict[str, str] = {table: _ddl(cols) for table, cols in SPARK_COLUMNS.items()}
@@ -48,7 +37,7 @@ TABLE_SCHEMAS: dict[str, str] = {table: _ddl(cols) for table, cols in SPARK_COLU
 
 
 def arrow_schema(columns: tuple[str, ...]) -> pa.Schema:
-    return pa.schema([pa.field(name, _arrow_type(name)) for name in columns])
+    return pa.schema([pa.field(name, _types(name)[0]) for name in columns])
 
 
 def _time_array(values: list[Any]) -> pa.Array:
@@ -62,11 +51,10 @@ def _time_array(values: list[Any]) -> pa.Array:
 def record_batch(columns: Columns, names: tuple[str, ...]) -> pa.RecordBatch:
     """An Arrow batch of storage columns; times arrive as float Unix seconds (SQLite) or
     aware datetimes (PostgreSQL)."""
-    arrays = []
-    for name in names:
-        values = columns[name]
-        if name in TIME_COLUMNS:
-            arrays.append(_time_array(values))
-        else:
-            arrays.append(pa.array(values, type=_arrow_type(name)))
+    arrays = [
+        _time_array(columns[name])
+        if name in TIME_COLUMNS
+        else pa.array(columns[name], type=_types(name)[0])
+        for name in names
+    ]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(names))

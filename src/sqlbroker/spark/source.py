@@ -8,6 +8,7 @@ Register it once per session with :func:`sqlbroker.spark.register`, then use
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -37,36 +38,30 @@ class IdSlice(InputPartition):
         self.upto_id = upto_id
 
 
+def read_settings(options: Mapping[str, str]) -> tuple[int, int, int | None, int | None]:
+    """``partitions``, ``fetch_size``, ``min_id`` and ``max_id`` of a batch read, checked
+    (an id bound not given: ``None``)."""
+    return (
+        opt.integer(options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000),
+        opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000),
+        opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1) or None,
+        opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1) or None,
+    )
+
+
 class MessagesReader(DataSourceReader):
     """A batch read of one table, split into id ranges read in parallel."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self.connection = opt.Connection.of(options)
-        self.where: SparkRowFilter = opt.row_filter(options)
-        self.parts = opt.integer(
-            options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000
-        )
-        self.fetch = opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
-        low = opt.integer(options, "min_id", 0, minimum=0, maximum=2**63 - 1)
-        high = opt.integer(options, "max_id", 0, minimum=0, maximum=2**63 - 1)
-        self.where = SparkRowFilter(
-            table=self.where.table,
-            subscription=self.where.subscription,
-            topic_regex=self.where.topic_regex,
-            since=self.where.since,
-            until=self.where.until,
-            min_id=low or None,
-            max_id=high or None,
-        )
+        self.parts, self.fetch, low, high = read_settings(options)
+        self.where: SparkRowFilter = replace(opt.row_filter(options), min_id=low, max_id=high)
         # Last: the options are all valid before the database is opened.
         self.connection = self.connection.bind()
 
     def partitions(self) -> list[IdSlice]:
-        broker, store = self.connection.open()
-        try:
+        with self.connection.session() as (_, store):
             found = store.id_range(where=self.where)
-        finally:
-            broker.close()
         if found is None:
             return [IdSlice(0, 0)]
         first = found.low - 1
@@ -80,16 +75,13 @@ class MessagesReader(DataSourceReader):
         assert isinstance(partition, IdSlice)
         if partition.upto_id <= partition.after_id:
             return
-        broker, store = self.connection.open()  # the identity check, before any row
-        try:
+        with self.connection.session() as (_, store):  # the identity check, before any row
             yield from store.rows_read(
                 where=self.where,
                 after_id=partition.after_id,
                 upto_id=partition.upto_id,
                 fetch=self.fetch,
             )
-        finally:
-            broker.close()
 
 
 def check_options(options: Mapping[str, str]) -> None:
@@ -98,8 +90,7 @@ def check_options(options: Mapping[str, str]) -> None:
 
     opt.Connection.of(options)
     opt.row_filter(options)
-    opt.integer(options, "partitions", DEFAULT_PARTITIONS, minimum=1, maximum=10_000)
-    opt.integer(options, "fetch_size", DEFAULT_FETCH, minimum=1, maximum=1_000_000)
+    read_settings(options)
     if opt.text(options, "subscription") is not None:
         stream_settings(options)
 

@@ -94,8 +94,8 @@ class SubscriptionStreamReader(DataSourceStreamReader):
         return {
             name: value
             for name, value in self.__dict__.items()
-            if name in ("connection", "subscription", "stream", "max_batch", "lease", "parts")
-            or name == "worker"
+            if name
+            in ("connection", "subscription", "stream", "max_batch", "lease", "parts", "worker")
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -198,8 +198,7 @@ class SubscriptionStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ClaimSlice)
-        broker, store = self.connection.open()  # the identity check, before any row
-        try:
+        with self.connection.session() as (_, store):  # the identity check, before any row
             yield from store.stream_batches(
                 stream=self.stream,
                 after_seq=partition.after_seq,
@@ -207,5 +206,3 @@ class SubscriptionStreamReader(DataSourceStreamReader):
                 part=partition.part,
                 parts=partition.parts,
             )
-        finally:
-            broker.close()

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pyspark import TaskContext
@@ -241,27 +242,12 @@ class MessageWriter(DataSourceWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.taskAttemptId() if context else 0
-        broker, store = self.connection.open()
-        staged = 0
-        try:
-            chunk: list[StagedRow] = []
-            for row in rows:
-                chunk.append(self._staged(row))
-                if len(chunk) >= self.stage_batch:
-                    staged += store.stage_insert(
-                        job=self.job,
-                        partition=partition,
-                        attempt=attempt,
-                        first_seq=staged,
-                        rows=chunk,
-                    )
-                    chunk = []
-            if chunk:
+        rows, staged = iter(rows), 0
+        with self.connection.session() as (_, store):
+            while chunk := [self._staged(row) for row in islice(rows, self.stage_batch)]:
                 staged += store.stage_insert(
                     job=self.job, partition=partition, attempt=attempt, first_seq=staged, rows=chunk
                 )
-        finally:
-            broker.close()
         return StagedPartition(partition=partition, attempt=attempt, rows=staged)
 
     # --- on the driver -----------------------------------------------------------------------
@@ -270,8 +256,7 @@ class MessageWriter(DataSourceWriter):
         winners = sorted(
             {(m.partition, m.attempt) for m in messages if isinstance(m, StagedPartition)}
         )
-        broker, store = self.connection.open()
-        try:
+        with self.connection.session() as (broker, store):
             store.stage_publish(
                 job=self.job,
                 winners=winners,
@@ -282,15 +267,10 @@ class MessageWriter(DataSourceWriter):
             )
             # Jobs whose driver died between staging and commit leave rows behind.
             store.stage_discard(job=None, older_than=broker.backend.now() - STALE_STAGE)
-        finally:
-            broker.close()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        broker, store = self.connection.open()
-        try:
+        with self.connection.session() as (_, store):
             store.stage_discard(job=self.job, older_than=None)
-        finally:
-            broker.close()
 
 
 class MessageArrowWriter(DataSourceArrowWriter):

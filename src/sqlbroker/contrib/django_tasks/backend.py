@@ -144,20 +144,7 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
         queue = self.sqlbroker_queue(task.queue_name)
         alias = database_alias()
         now = timezone.now()
-        result = TaskResult(
-            task=task,
-            id="",
-            status=TaskResultStatus.READY,
-            enqueued_at=now,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=list(args),
-            kwargs=dict(kwargs),
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        result = _ready(task, "", now, list(args), dict(kwargs), self.alias)
         run_after = _aware(task.run_after)
         payload = {"task": task.module_path, "args": result.args, "kwargs": result.kwargs}
         from sqlbroker.contrib.django_tasks.models import TaskRecord
@@ -206,19 +193,8 @@ class SqlbrokerBackend(BaseTaskBackend):  # type: ignore[misc]
         if record is None:
             raise TaskResultDoesNotExist(result_id)
         task = _task_of(record)
-        result = TaskResult(
-            task=task,
-            id=message_id,
-            status=TaskResultStatus.READY,
-            enqueued_at=record.enqueued_at,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=record.args,
-            kwargs=record.kwargs,
-            backend=record.backend,
-            errors=[],
-            worker_ids=[],
+        result = _ready(
+            task, message_id, record.enqueued_at, record.args, record.kwargs, record.backend
         )
         try:
             locate(result, self.sqlbroker_queue(record.queue_name))
@@ -300,6 +276,26 @@ def _trace(queue: str, done: Result) -> ArchivedMessage | DeadLetter | None:
 
 
 _NEAR = timedelta(seconds=1)
+
+
+def _ready(
+    task: Task, result_id: str, enqueued_at: datetime, args: Any, kwargs: Any, backend: str
+) -> TaskResult:
+    """A result not started yet (:func:`locate` then sets where the task is)."""
+    return TaskResult(
+        task=task,
+        id=result_id,
+        status=TaskResultStatus.READY,
+        enqueued_at=enqueued_at,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=backend,
+        errors=[],
+        worker_ids=[],
+    )
 
 
 def _finish(result: TaskResult, done: Result, trace: ArchivedMessage | DeadLetter | None) -> None:

@@ -34,6 +34,20 @@ from sqlbroker.storage.sql import load_sql, parse_blocks
 if TYPE_CHECKING:
     import pyarrow as pa
 
+_DELIVERY = (
+    "priority",
+    "ordering_key",
+    "idempotency_key",
+    "payload",
+    "content_type",
+    "headers",
+    "attempts",
+    "max_attempts",
+    "replay_count",
+)
+"""The columns a message keeps through its life, in the middle of each table's list."""
+_FINISHED = ("id", "delivery_id", "message_id", "subscription", "topic")
+"""The first columns of the archive and of dead letters."""
 SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
     "messages": (
         "id",
@@ -41,15 +55,7 @@ SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
         "subscription",
         "topic",
         "state",
-        "priority",
-        "ordering_key",
-        "idempotency_key",
-        "payload",
-        "content_type",
-        "headers",
-        "attempts",
-        "max_attempts",
-        "replay_count",
+        *_DELIVERY,
         "enqueued_at",
         "available_at",
         "expires_at",
@@ -58,40 +64,16 @@ SPARK_COLUMNS: dict[str, tuple[str, ...]] = {
         "last_error",
     ),
     "archive": (
-        "id",
-        "delivery_id",
-        "message_id",
-        "subscription",
-        "topic",
+        *_FINISHED,
         "outcome",
-        "priority",
-        "ordering_key",
-        "idempotency_key",
-        "payload",
-        "content_type",
-        "headers",
-        "attempts",
-        "max_attempts",
-        "replay_count",
+        *_DELIVERY,
         "enqueued_at",
         "first_started_at",
         "finished_at",
     ),
     "dead": (
-        "id",
-        "delivery_id",
-        "message_id",
-        "subscription",
-        "topic",
-        "priority",
-        "ordering_key",
-        "idempotency_key",
-        "payload",
-        "content_type",
-        "headers",
-        "attempts",
-        "max_attempts",
-        "replay_count",
+        *_FINISHED,
+        *_DELIVERY,
         "reason",
         "error_type",
         "error_message",
@@ -115,22 +97,34 @@ SNAPSHOT_COLUMNS: tuple[str, ...] = tuple(c for c in STREAM_COLUMNS if c not in 
 ``delivery_id`` and no state: a claimed message is running)."""
 
 TIME_COLUMNS = frozenset(
-    {
-        "enqueued_at",
-        "available_at",
-        "expires_at",
-        "first_started_at",
-        "lease_expires_at",
-        "finished_at",
-        "first_failed_at",
-        "last_failed_at",
-        "dead_at",
-    }
+    name for names in SPARK_COLUMNS.values() for name in names if name.endswith("_at")
 )
+"""The times among the columns: every column named ``*_at``."""
+
+
+TABLE_SOURCES: dict[str, tuple[str, str]] = {
+    "messages": ("sqlbroker_message", "enqueued_at"),
+    "archive": ("sqlbroker_archive", "finished_at"),
+    "dead": ("sqlbroker_dead", "dead_at"),
+}
+"""The SQL table of each Spark table, and the time column its ``since``/``until`` bound."""
+EXPORTED_TABLES = ("archive", "dead")
+"""The tables the archive export moves to Parquet."""
+_PER_TABLE = {
+    "table_range": SPARK_TABLES,
+    "table_read": SPARK_TABLES,
+    "table_export_delete": EXPORTED_TABLES,
+    "table_export_totals": EXPORTED_TABLES,
+}
+"""The blocks written once for every table, and the tables each is made for."""
 
 
 def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
     """The blocks of a store's SQL file with their column markers filled in.
+
+    A block ``table_<kind>`` of :data:`_PER_TABLE` becomes ``<table>_<kind>`` for each of
+    its tables: ``{table}`` the SQL table, ``{time_column}`` its time column and
+    ``{columns}`` the table's column marker.
 
     ``{messages_columns}``, ``{archive_columns}``, ``{dead_columns}`` and
     ``{stream_columns}`` become the select list of that read; ``{snapshot_columns}`` the
@@ -155,6 +149,16 @@ def fill_columns(blocks: Mapping[str, str]) -> dict[str, str]:
     markers["{stream_columns}"] = select(STREAM_COLUMNS, "stream_column_", "column_")
     markers["{snapshot_columns}"] = ", ".join(SNAPSHOT_COLUMNS)
     markers["{snapshot_values}"] = ", ".join(f"m.{name}" for name in SNAPSHOT_COLUMNS)
+    blocks = dict(blocks)
+    for template, tables in _PER_TABLE.items():
+        for table in tables:
+            source, time_column = TABLE_SOURCES[table]
+            blocks[table + template.removeprefix("table")] = (
+                blocks[template]
+                .replace("{table}", source)
+                .replace("{time_column}", time_column)
+                .replace("{columns}", f"{{{table}_columns}}")
+            )
     filled = {}
     for name, body in blocks.items():
         for marker, text in markers.items():
@@ -176,6 +180,10 @@ def check_table(where: SparkRowFilter) -> str:
     if where.table not in SPARK_TABLES:
         raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
     return where.table
+
+
+EVERY_ID = (-(2**63), 2**63 - 1)
+"""The id range ``(after_id, upto_id]`` of every row."""
 
 
 def id_bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[int, int]:
@@ -331,9 +339,11 @@ def publish_staged(
 
 class Driver(Protocol):
     """What the shared store code uses of its dialect's own driver connection (psycopg's
-    or sqlite3's): statements, run by ``execute``."""
+    or sqlite3's): statements, run by ``execute`` (SQLite: ``executemany`` too)."""
 
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+
+    def executemany(self, query: Any, params: Any, /) -> Any: ...
 
 
 class SqlStore(ABC):
@@ -384,6 +394,25 @@ class SqlStore(ABC):
                     self._sql["stage_delete_older"], {"older_than": self._time(older_than)}
                 ).rowcount
         return int(deleted)
+
+    def stage_insert(
+        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
+    ) -> int:
+        params = stage_params(
+            job=job,
+            partition=partition,
+            attempt=attempt,
+            first_seq=first_seq,
+            rows=rows,
+            now=self._time(self._backend.now()),
+        )
+        with self._write() as conn:
+            self._stage(conn, params)
+        return len(params)
+
+    def _stage(self, conn: Driver, params: list[dict[str, Any]]) -> None:
+        """Insert the staged rows of :meth:`stage_insert`."""
+        conn.executemany(self._sql["stage_insert"], params)
 
     def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
         with self._write() as conn:
@@ -499,10 +528,10 @@ class SqlStore(ABC):
         with self._write() as conn:
             archived = self._export_drop(conn, run)
             archived += conn.execute(
-                self._sql["export_delete_archive"], {"cutoff": cutoff, "max_id": run.archive_max_id}
+                self._sql["archive_export_delete"], {"cutoff": cutoff, "max_id": run.archive_max_id}
             ).rowcount
             dead = conn.execute(
-                self._sql["export_delete_dead"], {"cutoff": cutoff, "max_id": run.dead_max_id}
+                self._sql["dead_export_delete"], {"cutoff": cutoff, "max_id": run.dead_max_id}
             ).rowcount
             if (archived, dead) != (run.archive_rows, run.dead_rows):
                 raise StorageError(
@@ -533,11 +562,11 @@ class SqlStore(ABC):
     def export_totals(
         self, *, table: str, cutoff: datetime, max_id: int
     ) -> dict[str, ExportTotals]:
-        if table not in ("archive", "dead"):
+        if table not in EXPORTED_TABLES:
             raise InvalidOption("table", f"must be archive or dead, not {table!r}")
         params = {"cutoff": self._time(cutoff), "max_id": max_id}
         with self._read() as conn:
-            rows = conn.execute(self._sql[f"export_totals_{table}"], params).fetchall()
+            rows = conn.execute(self._sql[f"{table}_export_totals"], params).fetchall()
         return {
             str(topic): ExportTotals(rows=int(n), id_sum=int(ids), low=int(low), high=int(high))
             for topic, n, ids, low, high in rows

@@ -33,19 +33,17 @@ from sqlbroker.spark.storage.base import (
     IdRange,
     Published,
     SparkRowFilter,
-    StageRow,
 )
 from sqlbroker.spark.storage.columns import (
+    EVERY_ID,
     SPARK_COLUMNS,
     STREAM_COLUMNS,
     Driver,
     SqlStore,
     StagedKeys,
     check_table,
-    content_hash,
     id_bounds,
     load_store_sql,
-    stage_params,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.postgres.dialect import channel_name
@@ -53,8 +51,6 @@ from sqlbroker.storage.postgres.dialect import channel_name
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 _LATEST = datetime(9999, 1, 1, tzinfo=UTC)
-_NO_ID = -(2**63)
-_ANY_ID = 2**63 - 1
 _UNLIMITED = 2**62  # no copy limit on a staged publish (the broker's max_copies unset)
 _STAGE_TYPES = (
     "text",
@@ -136,7 +132,7 @@ class PostgresSparkStore(SqlStore):
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
         table = check_table(where)
         with self._arrow() as cursor:
-            cursor.execute(self._sql[f"{table}_range"], _bounds(where, _NO_ID, _ANY_ID))
+            cursor.execute(self._sql[f"{table}_range"], _bounds(where, *EVERY_ID))
             row = cursor.fetchone()
         if row is None or not row[2]:
             return None
@@ -169,53 +165,18 @@ class PostgresSparkStore(SqlStore):
 
     # --- idempotent batch write --------------------------------------------------------------
 
-    def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
-    ) -> int:
-        staged_at = self._backend.now()
-        with self._write() as conn:
-            (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
+    def _stage(self, conn: Any, params: list[dict[str, Any]]) -> None:
+        """By COPY, unless the staging table has row security (tenant isolation), which
+        COPY refuses: then one INSERT a row (the policy checks every one)."""
+        (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
+        with conn.cursor() as cursor:
             if secured:
-                # Under tenant isolation the staging table has row security, which COPY
-                # refuses: the rows go in one INSERT each (the policy checks every one).
-                params = stage_params(
-                    job=job,
-                    partition=partition,
-                    attempt=attempt,
-                    first_seq=first_seq,
-                    rows=rows,
-                    now=staged_at,
-                )
-                with conn.cursor() as cursor:
-                    cursor.executemany(self._sql["stage_insert"], params)
-                return len(params)
-        with (
-            self._write() as conn,
-            conn.cursor() as cursor,
-            cursor.copy(self._sql["stage_copy"]) as copy,
-        ):
-            copy.set_types(_STAGE_TYPES)
-            for index, message in enumerate(rows):
-                copy.write_row(
-                    (
-                        job,
-                        partition,
-                        attempt,
-                        first_seq + index,
-                        message.topic,
-                        message.payload,
-                        message.content_type,
-                        message.headers,
-                        message.priority,
-                        message.ordering_key,
-                        message.idempotency_key,
-                        content_hash(message),
-                        message.max_attempts,
-                        message.dedupe_window,
-                        staged_at,
-                    )
-                )
-        return len(rows)
+                cursor.executemany(self._sql["stage_insert"], params)
+                return
+            with cursor.copy(self._sql["stage_copy"]) as copy:
+                copy.set_types(_STAGE_TYPES)
+                for row in params:  # stage_params' keys are stage_copy's columns, in order
+                    copy.write_row(tuple(row.values()))
 
     def stage_publish(
         self,

@@ -1,5 +1,6 @@
 -- PostgreSQL queries of the Spark data source and the archive pipeline.
--- {..._columns} markers are the column lists of spark/storage/columns.py (fill_columns).
+-- {..._columns} markers are the column lists of spark/storage/columns.py, and each table_*
+-- block is made for every table it serves there (fill_columns).
 -- Batch reads go through ADBC (Arrow all the way) with positional parameters:
 -- $1 subscription ('' for any), $2 topic regex ('' for any), $3/$4 the time window
 -- [since, until), $5/$6 the id range (after, upto]. The regex is matched against
@@ -17,43 +18,18 @@ delivery_id AS id
 -- name: stream_column_state
 'running' AS state
 
--- name: messages_where
+-- name: table_where
+-- (A fragment of the per-table blocks below: see fill_columns for the markers.)
 WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR ('.' || topic) ~ $2)
-  AND enqueued_at >= $3 AND enqueued_at < $4 AND id > $5 AND id <= $6
+  AND {time_column} >= $3 AND {time_column} < $4 AND id > $5 AND id <= $6
 
--- name: archive_where
-WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR ('.' || topic) ~ $2)
-  AND finished_at >= $3 AND finished_at < $4 AND id > $5 AND id <= $6
+-- name: table_range
+SELECT min(id), max(id), count(*) FROM {schema}{table}
+-- include: table_where
 
--- name: dead_where
-WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR ('.' || topic) ~ $2)
-  AND dead_at >= $3 AND dead_at < $4 AND id > $5 AND id <= $6
-
--- name: messages_range
-SELECT min(id), max(id), count(*) FROM {schema}sqlbroker_message
--- include: messages_where
-
--- name: archive_range
-SELECT min(id), max(id), count(*) FROM {schema}sqlbroker_archive
--- include: archive_where
-
--- name: dead_range
-SELECT min(id), max(id), count(*) FROM {schema}sqlbroker_dead
--- include: dead_where
-
--- name: messages_read
-SELECT {messages_columns} FROM {schema}sqlbroker_message
--- include: messages_where
-ORDER BY id
-
--- name: archive_read
-SELECT {archive_columns} FROM {schema}sqlbroker_archive
--- include: archive_where
-ORDER BY id
-
--- name: dead_read
-SELECT {dead_columns} FROM {schema}sqlbroker_dead
--- include: dead_where
+-- name: table_read
+SELECT {columns} FROM {schema}{table}
+-- include: table_where
 ORDER BY id
 
 -- name: stage_insert
@@ -159,11 +135,8 @@ DELETE FROM {schema}sqlbroker_spark_claim WHERE stream = %(stream)s AND seq <= %
 UPDATE {schema}sqlbroker_spark_stream SET acked_seq = greatest(acked_seq, %(upto_seq)s)
 WHERE name = %(stream)s
 
--- name: export_delete_archive
-DELETE FROM {schema}sqlbroker_archive WHERE finished_at < %(cutoff)s AND id <= %(max_id)s
-
--- name: export_delete_dead
-DELETE FROM {schema}sqlbroker_dead WHERE dead_at < %(cutoff)s AND id <= %(max_id)s
+-- name: table_export_delete
+DELETE FROM {schema}{table} WHERE {time_column} < %(cutoff)s AND id <= %(max_id)s
 
 -- name: export_record
 INSERT INTO {schema}sqlbroker_spark_export (
@@ -379,14 +352,9 @@ ORDER BY seq, delivery_id
 
 -- ---------------------------------------------------------------------------------------
 -- The export's check against the database (issue 28 item 6): per topic, the rows that
--- export_delete_* would remove now, counted here instead of read again through Spark.
+-- <table>_export_delete would remove now, counted here instead of read again through Spark.
 
--- name: export_totals_archive
-SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}sqlbroker_archive
-WHERE finished_at < %(cutoff)s AND id <= %(max_id)s
-GROUP BY topic
-
--- name: export_totals_dead
-SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}sqlbroker_dead
-WHERE dead_at < %(cutoff)s AND id <= %(max_id)s
+-- name: table_export_totals
+SELECT topic, count(*), sum(id), min(id), max(id) FROM {schema}{table}
+WHERE {time_column} < %(cutoff)s AND id <= %(max_id)s
 GROUP BY topic

@@ -22,8 +22,9 @@ from sqlbroker.core.message import NewMessage
 from sqlbroker.core.settlements import Lease
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
-from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter, StageRow
+from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
+    EVERY_ID,
     SPARK_COLUMNS,
     SqlStore,
     StagedKeys,
@@ -32,13 +33,9 @@ from sqlbroker.spark.storage.columns import (
     id_bounds,
     load_store_sql,
     publish_staged,
-    stage_params,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import InsertResult
-
-_NO_ID = -(2**63)
-_ANY_ID = 2**63 - 1
 
 
 @cache
@@ -105,7 +102,7 @@ class SqliteSparkStore(SqlStore):
         table = check_table(where)
         with self._read() as conn:
             low, high, count = conn.execute(
-                self._sql[f"{table}_range"], _bounds(where, _NO_ID, _ANY_ID)
+                self._sql[f"{table}_range"], _bounds(where, *EVERY_ID)
             ).fetchone()
         return None if not count else IdRange(low=low, high=high, count=count)
 
@@ -127,21 +124,6 @@ class SqliteSparkStore(SqlStore):
                     return
 
     # --- idempotent batch write --------------------------------------------------------------
-
-    def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
-    ) -> int:
-        params = stage_params(
-            job=job,
-            partition=partition,
-            attempt=attempt,
-            first_seq=first_seq,
-            rows=rows,
-            now=self._time(None),
-        )
-        with self._write() as conn:
-            conn.executemany(self._sql["stage_insert"], params)
-        return len(params)
 
     def stage_publish(
         self,

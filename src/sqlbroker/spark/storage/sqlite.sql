@@ -1,5 +1,6 @@
 -- SQLite queries of the Spark data source and the archive pipeline. Times are REAL seconds.
--- {..._columns} markers are the column lists of spark/storage/columns.py (fill_columns).
+-- {..._columns} markers are the column lists of spark/storage/columns.py, and each table_*
+-- block is made for every table it serves there (fill_columns).
 
 -- name: stream_column_id
 delivery_id
@@ -7,54 +8,21 @@ delivery_id
 -- name: stream_column_state
 'running'
 
--- name: messages_where
+-- name: table_where
+-- (A fragment of the per-table blocks below: see fill_columns for the markers.)
 WHERE (:subscription IS NULL OR subscription = :subscription)
   AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
-  AND (:since IS NULL OR enqueued_at >= :since)
-  AND (:until IS NULL OR enqueued_at < :until)
+  AND (:since IS NULL OR {time_column} >= :since)
+  AND (:until IS NULL OR {time_column} < :until)
   AND id > :after_id AND id <= :upto_id
 
--- name: archive_where
-WHERE (:subscription IS NULL OR subscription = :subscription)
-  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
-  AND (:since IS NULL OR finished_at >= :since)
-  AND (:until IS NULL OR finished_at < :until)
-  AND id > :after_id AND id <= :upto_id
+-- name: table_range
+SELECT min(id), max(id), count(*) FROM {table}
+-- include: table_where
 
--- name: dead_where
-WHERE (:subscription IS NULL OR subscription = :subscription)
-  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
-  AND (:since IS NULL OR dead_at >= :since)
-  AND (:until IS NULL OR dead_at < :until)
-  AND id > :after_id AND id <= :upto_id
-
--- name: messages_range
-SELECT min(id), max(id), count(*) FROM sqlbroker_message
--- include: messages_where
-
--- name: archive_range
-SELECT min(id), max(id), count(*) FROM sqlbroker_archive
--- include: archive_where
-
--- name: dead_range
-SELECT min(id), max(id), count(*) FROM sqlbroker_dead
--- include: dead_where
-
--- name: messages_read
-SELECT {messages_columns} FROM sqlbroker_message
--- include: messages_where
-ORDER BY id
-LIMIT :limit
-
--- name: archive_read
-SELECT {archive_columns} FROM sqlbroker_archive
--- include: archive_where
-ORDER BY id
-LIMIT :limit
-
--- name: dead_read
-SELECT {dead_columns} FROM sqlbroker_dead
--- include: dead_where
+-- name: table_read
+SELECT {columns} FROM {table}
+-- include: table_where
 ORDER BY id
 LIMIT :limit
 
@@ -143,11 +111,8 @@ DELETE FROM sqlbroker_spark_claim WHERE stream = :stream AND seq <= :upto_seq
 -- name: stream_acked
 UPDATE sqlbroker_spark_stream SET acked_seq = max(acked_seq, :upto_seq) WHERE name = :stream
 
--- name: export_delete_archive
-DELETE FROM sqlbroker_archive WHERE finished_at < :cutoff AND id <= :max_id
-
--- name: export_delete_dead
-DELETE FROM sqlbroker_dead WHERE dead_at < :cutoff AND id <= :max_id
+-- name: table_export_delete
+DELETE FROM {table} WHERE {time_column} < :cutoff AND id <= :max_id
 
 -- name: export_record
 INSERT INTO sqlbroker_spark_export (
@@ -170,14 +135,9 @@ SELECT database_id FROM sqlbroker_identity
 
 -- ---------------------------------------------------------------------------------------
 -- The export's check against the database (issue 28 item 6): per topic, the rows that
--- export_delete_* would remove now, counted here instead of read again through Spark.
+-- <table>_export_delete would remove now, counted here instead of read again through Spark.
 
--- name: export_totals_archive
-SELECT topic, count(*), sum(id), min(id), max(id) FROM sqlbroker_archive
-WHERE finished_at < :cutoff AND id <= :max_id
-GROUP BY topic
-
--- name: export_totals_dead
-SELECT topic, count(*), sum(id), min(id), max(id) FROM sqlbroker_dead
-WHERE dead_at < :cutoff AND id <= :max_id
+-- name: table_export_totals
+SELECT topic, count(*), sum(id), min(id), max(id) FROM {table}
+WHERE {time_column} < :cutoff AND id <= :max_id
 GROUP BY topic
