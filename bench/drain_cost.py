@@ -32,6 +32,23 @@ WHERE query NOT ILIKE '%%pg_stat_statements%%' AND query NOT ILIKE '%%pg_current
 """
 
 
+PROFILED = """
+import cProfile, sys, time
+out = sys.argv[1]
+sys.argv[1:2] = []
+sys.path.insert(0, "bench")
+import consumer
+profile = cProfile.Profile(time.process_time)
+profile.enable()
+try:
+    consumer.main()
+finally:
+    profile.disable()
+    profile.dump_stats(out)
+"""
+"""bench/consumer.py under cProfile counting CPU time (not wall time: waits are not work)."""
+
+
 def _one(target: PostgresTarget, count: int) -> dict[str, Any]:
     with target.fresh() as database:
         sqlbroker_system.prepublish(database, count)
@@ -118,10 +135,16 @@ def main() -> None:
         if args.profile:
             with target.fresh() as database:
                 sqlbroker_system.prepublish(database, n)
-                command = [sys.executable, "/tmp/prof_consumer.py", args.profile]
-                command += ["sqlbroker", "drain"]
+                command = [sys.executable, "-c", PROFILED, args.profile, "sqlbroker", "drain"]
                 command += ["--url", database.url, "--concurrency", "4", "--prefetch", "10"]
-                subprocess.run([*command, "--expect", str(n)], check=True, capture_output=True)
+                subprocess.run(
+                    [*command, "--expect", str(n)],
+                    check=True,
+                    capture_output=True,
+                    cwd=harness.REPO_DIR,
+                )
+        if args.repeats < 1:
+            return
         results: dict[int, list[dict[str, Any]]] = {n: [], 2 * n: []}
         for _ in range(args.repeats):
             for count in (n, 2 * n):
