@@ -17,6 +17,7 @@ import inspect
 import logging
 from collections.abc import Callable, Generator
 from concurrent.futures import Executor
+from types import CoroutineType
 from typing import Any
 
 from sqlbroker.core.errors import InvalidPayload
@@ -40,13 +41,19 @@ class WorkerStopped(Exception):
 async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message) -> Any:
     """Run the handler; return what it returned (awaited, if it returned an awaitable)."""
     handler = spec.handler
+    if spec.is_async and spec.timeout is None:
+        # No deadline: nothing to do between its steps, so the handler is simply awaited.
+        result = handler(message)
+        if type(result) is CoroutineType or inspect.isawaitable(result):
+            return await result
+        return result
     loop = asyncio.get_running_loop()
     deadline = None if spec.timeout is None else loop.time() + spec.timeout
     rest: _Resumed | None = None
     if spec.is_async:
         # A timeout can only strike where the handler waits: its first step runs with no
-        # scope around it, and one that returns without waiting (the drain's no-op, say)
-        # costs no scope and no timer. The rest runs under the deadline from its start.
+        # scope around it, and one that returns without waiting costs no scope and no
+        # timer. The rest runs under the deadline from its start.
         result = handler(message)
         if not inspect.isawaitable(result):
             return result
@@ -56,8 +63,6 @@ async def call_handler(spec: SubscriberSpec, threads: Executor, message: Message
         except StopIteration as done:
             return done.value
         rest = _Resumed(steps, waiting)
-        if deadline is None:
-            return await rest
     scope = asyncio.timeout_at(deadline)
     try:
         async with scope:

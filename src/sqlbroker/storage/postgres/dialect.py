@@ -202,11 +202,13 @@ async def _send_async(
 
 # --- a hot statement straight through libpq ---------------------------------------------------
 
-DIRECT = frozenset({"message_insert_queue_one"})
+DIRECT = frozenset(
+    {"message_insert_queue_one", "message_claim", "message_complete", "message_complete_unarchived"}
+)
 """Blocks :func:`run_async` runs by :func:`direct` on a pooled connection: a single send's
-statement, where psycopg's cursor (its prepare manager, result bookkeeping) and its wait
-(a timer and a poll beside the selector registration, per wait) were most of the client's
-work."""
+statement, and the worker's claim and plain complete, where psycopg's cursor (its prepare
+manager, result bookkeeping) and its wait (a timer and a poll beside the selector
+registration, per wait) were most of the client's work."""
 
 _PLACEHOLDER = re.compile(rb"%%|%\((\w+)\)([sbt])")
 _FORMATS = {b"s": PyFormat.AUTO, b"b": PyFormat.BINARY, b"t": PyFormat.TEXT}
