@@ -47,7 +47,8 @@ def test_both_claims_give_the_lease_of_one_block(package: str) -> None:
 @pytest.mark.parametrize("package", ["sqlbroker.storage.sqlite", "sqlbroker.storage.postgres"])
 def test_queries_sql_loads_on_its_own(package: str) -> None:
     """The schema printer and the Spark plugin load ``queries.sql`` alone: a fragment that
-    blocks of both files include (``gone_archived``, ``archive_copies``) lives there."""
+    blocks of both files include (``gone_archived``, ``archive_copies``,
+    ``leases_given``) lives there."""
     alone = load_blocks(package, "queries.sql")
     every = load_sql(package)
     assert all(alone[name] == every[name] for name in alone)

@@ -28,11 +28,6 @@ WHERE state = 'running' AND (id, lease_token) IN
 -- include: leases_given
 RETURNING id, subscription, ordering_key, state
 
--- name: leases_given
--- (A fragment: the (id, lease token) pairs given as the JSON arrays :ids and :tokens.)
-(SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
-      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
-
 -- name: lease_expired_cancelled
 -- Two statements, as in message_dead: cancelled copies whose worker was lost (their lease
 -- expired) end cancelled instead of going back to the queue.

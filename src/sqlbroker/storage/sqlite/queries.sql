@@ -240,6 +240,11 @@ WHERE state = 'running' AND (id, lease_token) IN
 -- include: leases_given
 RETURNING id, subscription, ordering_key, state
 
+-- name: leases_given
+-- (A fragment: the (id, lease token) pairs given as the JSON arrays :ids and :tokens.)
+(SELECT i.value AS id, t.value AS token FROM json_each(:ids) i
+      CROSS JOIN (SELECT key, value FROM json_each(:tokens) LIMIT -1) t ON t.key = i.key)
+
 -- name: archive_copies
 -- (A fragment, included by message_cancel, message_expire and lease_expired_cancelled,
 -- each followed by its outcome.) Copies of sqlbroker_message into the archive, finished now.
