@@ -9,6 +9,7 @@ gives each ordering key whose head left its next copy: one rule, one home.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -120,6 +121,7 @@ def message_claim_many(
         "worker": worker,
         "max_attempts": max_attempts,
         "claim_commit": settings.claim_commit,
+        "token": os.urandom(16).hex(),  # SQLite: its copies' lease tokens (with their ids)
     }
     deliveries, damaged = yield from claim_copies(settings, subscription, params)
     if damaged:

@@ -91,12 +91,17 @@ WITH claim_ids AS (
 -- include: message_claim_lease
 
 -- name: message_claim_lease
-UPDATE sqlbroker_message
 -- The lease and attempt a claim gives each copy of its `claim_ids` (message_claim here,
--- message_claim_flow in flow.sql): one home for the rule on this dialect.
+-- message_claim_flow in flow.sql): one home for the rule on this dialect. A copy's lease
+-- token is the claim's random :token and its id. No function call and OR FAIL (no
+-- constraint can fail on these columns): either makes SQLite keep a statement journal of
+-- every page the UPDATE changes, which past 64 KiB (a claim of 100: every one) spilled
+-- into a temporary file created and removed in each claim. A failure still undoes the
+-- whole claim (our transaction, or the savepoint in a caller's).
+UPDATE OR FAIL sqlbroker_message
 SET state = 'running',
     attempts = attempts + 1,
-    lease_token = lower(hex(randomblob(16))),
+    lease_token = :token || '.' || id,
     lease_expires_at = :now + :lease,
     first_started_at = coalesce(first_started_at, :now),
     worker = :worker,

@@ -1,0 +1,108 @@
+"""A SQLite claim keeps no statement journal. SQLite keeps one for a statement that may
+fail halfway (its default ABORT, or any function call in it) and, past 64 KiB (a claim of
+100 copies), spills it into a temporary file created in the claim and held open, deleted,
+until the transaction ends. The claim's UPDATE runs OR FAIL, its lease tokens made of the
+claim's random token and each copy's id; a failure of the claim still undoes all of it."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sqlbroker
+from sqlbroker.core.message import Delivery
+from sqlbroker.storage.factory import open_backend
+from sqlbroker.storage.sql import load_sql
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
+
+
+def _temporary_files() -> list[str]:
+    """SQLite's temporary files this process holds open (named ``etilqs_…``)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "etilqs_" in target:
+            found.append(target)
+    return found
+
+
+def _published(path: Path, count: int) -> str:
+    url = f"sqlite:///{path}"
+    with sqlbroker.Broker(url) as broker:
+        broker.send_many("jobs", [{"n": n, "pad": "x" * 300} for n in range(count)])
+    return url
+
+
+def test_a_claim_of_100_writes_no_temporary_file(tmp_path: Path) -> None:
+    path = tmp_path / "broker.db"
+    _published(path, 150)
+    claim = load_sql("sqlbroker.storage.sqlite")["message_claim"]
+    params = {
+        "subscription": "jobs",
+        "limit": 100,
+        "now": time.time(),
+        "lease": 60,
+        "worker": None,
+        "max_attempts": None,
+        "token": os.urandom(16).hex(),
+    }
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")  # as the backend's own write transaction
+        rows = conn.execute(claim, params).fetchall()
+        held = _temporary_files()  # before the commit closes any
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    assert (len(rows), held) == (100, [])
+    assert len({row[-2] for row in rows}) == 100  # one lease token per copy
+
+
+def _claim(url: str, conn: sqlite3.Connection, limit: int) -> list[Delivery]:
+    """A claim in the caller's transaction (``conn``), through the storage seam."""
+    backend = open_backend(url)
+    try:
+        with backend.begin(conn) as tx:
+            return tx.message_claim_many(subscription="jobs", limit=limit, lease=60, worker=None)
+    finally:
+        backend.close()
+
+
+def test_a_claim_that_fails_halfway_in_a_callers_transaction_leases_nothing(
+    tmp_path: Path,
+) -> None:
+    """A claim that fails halfway (here SQLite runs out of pages as the leased rows grow)
+    raises ``StorageFull`` and leases nothing: without a statement journal SQLite cannot
+    undo the statement alone and rolls the caller's transaction back, as a complete's."""
+    path = tmp_path / "broker.db"
+    url = _published(path, 150)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("VACUUM")  # no free pages left for the leased rows to grow into
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        conn.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlbroker.StorageFull):
+            _claim(url, conn, 100)
+        if conn.in_transaction:
+            conn.rollback()
+        running = conn.execute(
+            "SELECT count(*) FROM sqlbroker_message WHERE state = 'running'"
+        ).fetchone()
+    finally:
+        conn.close()
+    assert running == (0,)
+    with sqlbroker.Broker(url) as broker:
+        claimed = broker.claim("jobs", limit=150)
+        assert len(claimed) == 150  # none was left leased
+        broker.complete(claimed)
+        assert broker.pending("jobs") == []
