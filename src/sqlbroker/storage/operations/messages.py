@@ -83,7 +83,9 @@ def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
 
 
 def _promote(heads: Sequence[tuple[str, str]]) -> Plan[set[tuple[str, str]]]:
-    """``key_promote`` for these ``(subscription, key)`` pairs; the pairs it promoted."""
+    """``key_promote`` for these distinct ``(subscription, key)`` pairs; the pairs it
+    promoted where publishers hold key locks (``settings.key_locks``: only they are read;
+    SQLite's block returns none)."""
     rows = yield query(
         "key_promote",
         subscriptions=[subscription for subscription, _ in heads],
