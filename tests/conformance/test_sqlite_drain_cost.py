@@ -20,6 +20,7 @@ import pytest
 import sqlbroker
 from sqlbroker.core.message import Delivery
 from sqlbroker.storage.factory import open_backend
+from sqlbroker.storage.plan import WRITE, Plan, commit_point, query
 from sqlbroker.storage.sql import load_sql
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/fd")
@@ -172,3 +173,49 @@ def test_a_key_promotion_costs_little_more_than_updating_the_copies_it_promotes(
     (promotion, promoted), (floor, updated) = costs
     assert (promoted, updated) == (10, 10)
     assert promotion < 1.7 * floor, (promotion, floor)
+
+
+def _subscriptions(path: Path) -> list[str] | None:
+    """The subscriptions another connection sees; None while a write holds the lock."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        conn.close()
+        return None
+    try:
+        return sorted(row[0] for row in conn.execute("SELECT name FROM sqlbroker_subscription"))
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def test_a_plan_commits_at_its_commit_point_and_writes_after_it_in_a_new_transaction(
+    tmp_path: Path,
+) -> None:
+    """What lets a claim decode its rows outside the write lock (SQLite's claim decodes
+    after a commit point): run alone, the writes before the point are committed and the
+    lock is free while the plan goes on; a write after it runs in a transaction of its
+    own. In a transaction the plan does not own (``begin``), the point changes nothing."""
+    path = tmp_path / "broker.db"
+    backend = open_backend(f"sqlite:///{path}")
+    backend.migrate()
+    seen: list[list[str] | None] = []
+
+    def plan(first: str, second: str) -> Plan[str]:
+        yield query("queue_create", name=first)
+        yield commit_point()
+        seen.append(_subscriptions(path))
+        yield query("queue_create", name=second)
+        return second
+
+    try:
+        assert backend.execute(plan("a", "b"), WRITE) == "b"
+        assert seen == [["a"]]  # committed, and the lock free
+        assert _subscriptions(path) == ["a", "b"]
+        with backend.begin() as tx:
+            assert tx.execute(plan("c", "d"), WRITE) == "d"
+        assert seen == [["a"], None]  # still in the transaction at the point
+        assert _subscriptions(path) == ["a", "b", "c", "d"]
+    finally:
+        backend.close()
