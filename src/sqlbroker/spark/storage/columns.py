@@ -5,6 +5,7 @@ that reads the same on both backends."""
 from __future__ import annotations
 
 import hashlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
@@ -446,6 +447,7 @@ class SqlStore(ABC):
                     "worker": worker,
                     "max_attempts": None,
                     "claim_commit": settings.claim_commit,
+                    "token": os.urandom(16).hex(),  # SQLite: the claim's lease tokens
                     "now": now,
                 },
             )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlbroker.core.flow import Claimed, Flow, FlowLimits, Rate
 from sqlbroker.core.message import Delivery
 from sqlbroker.storage.operations.admin import audit
-from sqlbroker.storage.plan import Plan, atomic, query, reads
+from sqlbroker.storage.plan import Plan, atomic, commit_point, query, reads
 from sqlbroker.storage.rows import deliveries_of
 
 if TYPE_CHECKING:
@@ -156,6 +156,10 @@ def claim_copies(
         limited.discard(subscription)
     rows = yield query("message_claim", subscription=subscription, **params)
     if rows:
+        if settings.dialect == "sqlite":
+            # Decoded after the claim commits: inside, the decoding (8 us a row) held the
+            # write lock 70% longer (a claim of 100: 1.9 ms, against 1.1).
+            yield commit_point()
         return deliveries_of(rows)
     controlled = yield query("flow_controlled", subscription=subscription)
     if not controlled:

@@ -9,6 +9,7 @@ gives each ordering key whose head left its next copy: one rule, one home.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,9 @@ def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
 
 
 def _promote(heads: Sequence[tuple[str, str]]) -> Plan[set[tuple[str, str]]]:
-    """``key_promote`` for these ``(subscription, key)`` pairs; the pairs it promoted."""
+    """``key_promote`` for these distinct ``(subscription, key)`` pairs; the pairs it
+    promoted where publishers hold key locks (``settings.key_locks``: only they are read;
+    SQLite's block returns none)."""
     rows = yield query(
         "key_promote",
         subscriptions=[subscription for subscription, _ in heads],
@@ -121,6 +124,7 @@ def message_claim_many(
         "worker": worker,
         "max_attempts": max_attempts,
         "claim_commit": settings.claim_commit,
+        "token": os.urandom(16).hex(),  # SQLite: its copies' lease tokens (with their ids)
     }
     deliveries, damaged = yield from claim_copies(settings, subscription, params)
     if damaged:

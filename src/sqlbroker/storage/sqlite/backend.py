@@ -30,7 +30,7 @@ from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
-from sqlbroker.storage.plan import Access, Plan
+from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Query, Rows, drive
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.schema import pending
@@ -109,8 +109,25 @@ class SqliteBackend(Backend):
             with self._db.read() as conn:
                 return dialect.run(conn, self._statements, plan, self._now())
         flush = self._flush_claims or not access.relaxed
+        now = self._now()
         with self._db.write(flush=flush) as conn:
-            return dialect.run(conn, self._statements, plan, self._now())
+            step = dialect.stepper(conn, self._statements, now)
+            try:
+                statement = next(plan)
+                while statement.block != COMMIT_POINT:
+                    statement = plan.send(step(statement))
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        # Committed at the plan's commit point: the rest runs outside the write lock (a
+        # claim's decoding, while another thread writes), a statement in a transaction of
+        # its own (a claim's undecodable rows, dead-lettered).
+        try:
+            statement = plan.send(Rows([], 0))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        with self._db.write() as conn:
+            step = dialect.stepper(conn, self._statements, now)
+            return drive(_resumed(statement, plan), step)
 
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` on one of the backend's threads."""
@@ -265,3 +282,14 @@ class SqliteBackend(Backend):
                 await held.leave(commit=True)
             finally:
                 del self._held[id(conn)]
+
+
+def _resumed(first: Query, plan: Plan[T]) -> Plan[T]:
+    """``plan`` from ``first`` on: the statement it yielded after its commit point."""
+    rows = yield first
+    while True:
+        try:
+            statement = plan.send(rows)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        rows = yield statement

@@ -12,11 +12,11 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlbroker.storage.plan import Plan, Query, Rows, drive
+from sqlbroker.storage.plan import COMMIT_POINT, Plan, Query, Rows, drive
 from sqlbroker.storage.schema import SchemaFiles
 
 T = TypeVar("T")
@@ -64,10 +64,19 @@ def _encoded(params: Mapping[str, Any]) -> dict[str, Any]:
 def run(
     conn: sqlite3.Connection, sql: Mapping[str, tuple[str, ...]], plan: Plan[T], now: float
 ) -> T:
-    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds); ``sql``:
-    each block's statements (:func:`split`)."""
+    """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds, so that a
+    commit point is nothing); ``sql``: each block's statements (:func:`split`)."""
+    return drive(plan, stepper(conn, sql, now))
+
+
+def stepper(
+    conn: sqlite3.Connection, sql: Mapping[str, tuple[str, ...]], now: float
+) -> Callable[[Query], Rows]:
+    """The function that runs one statement of a plan on ``conn`` (a commit point: none)."""
 
     def step(query: Query) -> Rows:
+        if query.block == COMMIT_POINT:
+            return Rows([], 0)
         params = _encoded(query.params)
         params["now"] = now
         block = sql[query.block]
@@ -82,4 +91,4 @@ def run(
         cursor = conn.execute(block[-1], params)
         return Rows(cursor.fetchall(), cursor.rowcount)
 
-    return drive(plan, step)
+    return step
