@@ -92,6 +92,10 @@ class Settings:
     """Whether a statement's ``WITH`` may change data (PostgreSQL): a settle of mixed kinds
     is then one statement, a complete deletes what it archives in the same one; SQLite
     settles kind by kind and deletes completed copies by a statement of its own."""
+    one_writer: bool = False
+    """Whether a write transaction holds the database's only write lock (SQLite): a claim
+    then commits before it decodes its rows (``commit_point``), so that other writers do
+    not wait for Python work."""
     roles: bool = False
     """Whether the database has roles and row-level security (PostgreSQL): least-privilege
     roles and tenant isolation need them."""

@@ -92,6 +92,7 @@ class SqliteBackend(Backend):
             promotion=self._promotion,
             archive_completed=self._archive_completed,
             known_queues=known_queues,
+            one_writer=True,
         )
         # Transactions of several operations (the caller's, begin()'s) may roll back what
         # they created: they read the known queues and learn none.
