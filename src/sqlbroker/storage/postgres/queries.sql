@@ -755,23 +755,31 @@ UPDATE {schema}sqlbroker_message m
 SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
                  THEN 'scheduled' ELSE 'available' END
 FROM (
-    -- Per key: no head (one probe of the key-head index), then the oldest blocked copy.
-    SELECT b.id
-    FROM (SELECT DISTINCT subscription, ordering_key
-          FROM unnest(%(subscriptions)b::text[], %(keys)b::text[]) AS k(subscription, ordering_key)
-    ) k
-    CROSS JOIN LATERAL (
-        SELECT b.id FROM {schema}sqlbroker_message b
-        WHERE b.subscription = k.subscription AND b.ordering_key = k.ordering_key
-          AND b.state = 'blocked'
-        ORDER BY b.id
-        LIMIT 1
-    ) b
-    WHERE NOT EXISTS (
-        SELECT 1 FROM {schema}sqlbroker_message o
-        WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
-          AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
+    -- The copies are locked in id order, as key_repair's are: two statements promoting
+    -- overlapping keys (a worker's and the reaper's) then never wait for each other in a
+    -- cycle (the keys came in hash order, and such a pair was a deadlock).
+    SELECT l.id FROM {schema}sqlbroker_message l
+    WHERE l.state = 'blocked' AND l.id IN (
+        -- Per key: no head (one probe of the key-head index), then the oldest blocked copy.
+        SELECT b.id
+        FROM (SELECT DISTINCT subscription, ordering_key
+              FROM unnest(%(subscriptions)b::text[], %(keys)b::text[]) AS k(subscription, ordering_key)
+        ) k
+        CROSS JOIN LATERAL (
+            SELECT b.id FROM {schema}sqlbroker_message b
+            WHERE b.subscription = k.subscription AND b.ordering_key = k.ordering_key
+              AND b.state = 'blocked'
+            ORDER BY b.id
+            LIMIT 1
+        ) b
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {schema}sqlbroker_message o
+            WHERE o.subscription = k.subscription AND o.ordering_key = k.ordering_key
+              AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
+        )
     )
+    ORDER BY l.id
+    FOR UPDATE OF l
 ) nxt
 -- The state again on the row itself: a concurrent statement may have promoted and claimed
 -- the copy since this statement's snapshot, and only this condition is checked again.
@@ -785,16 +793,23 @@ UPDATE {schema}sqlbroker_message m
 SET state = CASE WHEN m.available_at > coalesce(%(now)s::timestamptz, statement_timestamp())
                  THEN 'scheduled' ELSE 'available' END
 FROM (
-    SELECT DISTINCT ON (b.subscription, b.ordering_key) b.id
-    FROM {schema}sqlbroker_message b
-    WHERE b.state = 'blocked'
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}sqlbroker_message o
-          WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
-            AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
-      )
-    ORDER BY b.subscription, b.ordering_key, b.id
-    LIMIT %(limit)s
+    -- Locked in id order (as key_promote's), skipping a copy another statement is
+    -- promoting right now: the safety net never waits for the promotion it backs up.
+    SELECT l.id FROM {schema}sqlbroker_message l
+    WHERE l.state = 'blocked' AND l.id IN (
+        SELECT DISTINCT ON (b.subscription, b.ordering_key) b.id
+        FROM {schema}sqlbroker_message b
+        WHERE b.state = 'blocked'
+          AND NOT EXISTS (
+              SELECT 1 FROM {schema}sqlbroker_message o
+              WHERE o.subscription = b.subscription AND o.ordering_key = b.ordering_key
+                AND o.ordering_key IS NOT NULL AND o.state <> 'blocked'
+          )
+        ORDER BY b.subscription, b.ordering_key, b.id
+        LIMIT %(limit)s
+    )
+    ORDER BY l.id
+    FOR UPDATE OF l SKIP LOCKED
 ) nxt
 -- As in key_promote: never reopen a copy promoted and claimed since the snapshot.
 WHERE m.id = nxt.id AND m.state = 'blocked'
