@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import psycopg
+import pytest
 
 from sqlbroker.core.message import Delivery, NewMessage
 from sqlbroker.core.serde import encode_json
@@ -39,3 +44,33 @@ def claim(backend: Any, queue: str, limit: int = 10) -> list[Delivery]:
         subscription=queue, limit=limit, lease=30, worker="seam-test"
     )
     return deliveries
+
+
+def _lock_waits(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def cancel_while_locked(admin_url: str, start: Callable[[], Awaitable[Any]]) -> None:
+    """PostgreSQL: run ``start()`` while another session holds the message table, cancel it
+    once its statement waits for the lock, and check that the server stopped the statement
+    (no session is left waiting for the lock) before the lock is let go."""
+    with (
+        psycopg.connect(admin_url) as locker,
+        psycopg.connect(admin_url, autocommit=True) as admin,
+    ):
+        locker.execute("LOCK TABLE sqlbroker_message IN EXCLUSIVE MODE")
+        task = asyncio.ensure_future(start())
+        while _lock_waits(admin) == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(1000):  # the cancel request reaches the server
+            if _lock_waits(admin) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert _lock_waits(admin) == 0

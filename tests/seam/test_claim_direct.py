@@ -19,7 +19,7 @@ from sqlbroker.core.message import Delivery
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.storage.factory import open_backend
 
-from .support import new_message, publish
+from .support import cancel_while_locked, new_message, publish
 
 LEASE = 30.0
 # On a test clock that stands still, only a subscription's first claim promotes its delayed
@@ -158,34 +158,12 @@ def test_a_cancelled_direct_claim_is_stopped_on_the_server(pg_url: str, pg_serve
     try:
         publish(backend, "jobs", 3)
 
-        def waiting(admin: psycopg.Connection[Any]) -> int:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            ).fetchone()
-            return int(row[0]) if row else 0
-
         async def scenario() -> list[Delivery]:
             claim = backend.async_ops.message_claim_many
             await claim(subscription="jobs", limit=1, lease=LEASE, worker="w")  # prepared
-            with (
-                psycopg.connect(admin_url) as locker,
-                psycopg.connect(admin_url, autocommit=True) as admin,
-            ):
-                locker.execute("LOCK TABLE sqlbroker_message IN EXCLUSIVE MODE")
-                task = asyncio.create_task(
-                    claim(subscription="jobs", limit=1, lease=LEASE, worker="w")
-                )
-                while waiting(admin) == 0:
-                    await asyncio.sleep(0.01)
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task
-                for _ in range(1000):  # the cancel request reaches the server
-                    if waiting(admin) == 0:
-                        break
-                    await asyncio.sleep(0.01)
-                assert waiting(admin) == 0
+            await cancel_while_locked(
+                admin_url, lambda: claim(subscription="jobs", limit=1, lease=LEASE, worker="w")
+            )
             return list(await claim(subscription="jobs", limit=5, lease=LEASE, worker="w"))
 
         # The cancelled claim leased nothing: both copies it did not take are claimable.

@@ -17,7 +17,7 @@ import pytest
 from sqlbroker.core.errors import ConnectionLost, DatabaseBusy
 from sqlbroker.storage.factory import open_backend
 
-from .support import new_message, publish
+from .support import cancel_while_locked, new_message, publish
 
 COLUMNS = (
     "subscription, topic, state, priority, idempotency_key, payload, content_type, headers,"
@@ -120,32 +120,12 @@ def test_a_cancelled_direct_send_is_stopped_on_the_server(pg_url: str, pg_server
         publish(backend, "jobs")
         cancelled = new_message("jobs")
 
-        def waiting(admin: psycopg.Connection[Any]) -> int:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-            ).fetchone()
-            return int(row[0]) if row else 0
-
         async def scenario() -> list[str]:
             send = backend.async_ops.message_insert_many
             await send(messages=[new_message("jobs")], subscription="jobs")  # prepared
-            with (
-                psycopg.connect(admin_url) as locker,
-                psycopg.connect(admin_url, autocommit=True) as admin,
-            ):
-                locker.execute("LOCK TABLE sqlbroker_message IN EXCLUSIVE MODE")
-                task = asyncio.create_task(send(messages=[cancelled], subscription="jobs"))
-                while waiting(admin) == 0:
-                    await asyncio.sleep(0.01)
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task
-                for _ in range(1000):  # the cancel request reaches the server
-                    if waiting(admin) == 0:
-                        break
-                    await asyncio.sleep(0.01)
-                assert waiting(admin) == 0
+            await cancel_while_locked(
+                admin_url, lambda: send(messages=[cancelled], subscription="jobs")
+            )
             after = await send(messages=[new_message("jobs")], subscription="jobs")
             return after.message_ids
 
