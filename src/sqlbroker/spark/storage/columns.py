@@ -340,11 +340,9 @@ def publish_staged(
 
 class Driver(Protocol):
     """What the shared store code uses of its dialect's own driver connection (psycopg's
-    or sqlite3's): statements, run by ``execute`` (SQLite: ``executemany`` too)."""
+    or sqlite3's): statements, run by ``execute``."""
 
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
-
-    def executemany(self, query: Any, params: Any, /) -> Any: ...
 
 
 class SqlStore(ABC):
@@ -407,13 +405,12 @@ class SqlStore(ABC):
             rows=rows,
             now=self._time(self._backend.now()),
         )
-        with self._write() as conn:
-            self._stage(conn, params)
+        self._stage(params)
         return len(params)
 
-    def _stage(self, conn: Driver, params: list[dict[str, Any]]) -> None:
-        """Insert the staged rows of :meth:`stage_insert`."""
-        conn.executemany(self._sql["stage_insert"], params)
+    @abstractmethod
+    def _stage(self, params: list[dict[str, Any]]) -> None:
+        """Insert the staged rows of :meth:`stage_insert`, in a transaction of the broker."""
 
     def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
         with self._write() as conn:

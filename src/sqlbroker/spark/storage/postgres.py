@@ -165,11 +165,11 @@ class PostgresSparkStore(SqlStore):
 
     # --- idempotent batch write --------------------------------------------------------------
 
-    def _stage(self, conn: Any, params: list[dict[str, Any]]) -> None:
+    def _stage(self, params: list[dict[str, Any]]) -> None:
         """By COPY, unless the staging table has row security (tenant isolation), which
         COPY refuses: then one INSERT a row (the policy checks every one)."""
-        (secured,) = conn.execute(self._sql["stage_row_security"]).fetchone() or (False,)
-        with conn.cursor() as cursor:
+        with self._write() as conn, conn.cursor() as cursor:
+            (secured,) = cursor.execute(self._sql["stage_row_security"]).fetchone() or (False,)
             if secured:
                 cursor.executemany(self._sql["stage_insert"], params)
                 return

@@ -96,6 +96,10 @@ class SqliteSparkStore(SqlStore):
         with self._backend.begin(timed=False) as tx, _translated():
             yield tx.connection
 
+    def _stage(self, params: list[dict[str, Any]]) -> None:
+        with self._write() as conn:
+            conn.executemany(self._sql["stage_insert"], params)
+
     # --- batch read --------------------------------------------------------------------------
 
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
