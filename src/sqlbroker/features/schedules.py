@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, Unpack
@@ -324,49 +324,6 @@ def schedule_define(
     )
     record = yield call("schedule_upsert", definition=replace(definition, next_run_at=first))
     return public_schedule(record)
-
-
-def schedule_delete(name: str) -> Plan[bool]:
-    """Delete the schedule ``name``; return whether it existed. Published ticks stay."""
-    deleted: bool = yield call("schedule_delete", name=validate_topic(name, "name"))
-    return deleted
-
-
-def schedule_list(names: Iterable[str] | None = None) -> Plan[list[Schedule]]:
-    """Every schedule (or the named ones), by name."""
-    chosen = None
-    if names is not None:
-        if isinstance(names, str):
-            raise InvalidSchedule("names", "must be a list of schedule names")
-        chosen = [
-            validate_topic(name, "names")
-            for name in validate.items(names, "names", "schedule names")
-        ]
-    found: list[ScheduleRecord] = yield call("schedule_list", names=chosen)
-    return [public_schedule(r) for r in found]
-
-
-def schedule_pause(name: str) -> Plan[bool]:
-    """Stop publishing ticks of ``name`` until resumed; return whether it exists."""
-    checked = validate_topic(name, "name")
-    paused: bool = yield call("schedule_set_paused", name=checked, paused=True, next_run_at=None)
-    return paused
-
-
-def schedule_resume(name: str) -> Plan[bool]:
-    """Publish ticks of ``name`` again, from the first tick after now: ticks that fell
-    while it was paused are not published. Return whether it exists."""
-    checked = validate_topic(name, "name")
-    found: list[ScheduleRecord] = yield call("schedule_list", names=[checked])
-    if not found:
-        return False
-    if not found[0].paused:
-        return True
-    following = ticks_of(found[0]).next_after((yield call("clock_now")))
-    resumed: bool = yield call(
-        "schedule_set_paused", name=checked, paused=False, next_run_at=following
-    )
-    return resumed
 
 
 def schedule_run_due(defaults: PublishDefaults) -> Plan[ScheduleRun]:
