@@ -1,23 +1,26 @@
-"""The schedules of both faces: define, list, pause and run them, as plans (see
-:mod:`sqlbroker.features.faces`) of :mod:`sqlbroker.features.schedules`."""
+"""The schedules of both faces, as plans (see :mod:`sqlbroker.features.faces`): listed,
+paused, resumed and deleted here; defined and run by the multi-step plans of
+:mod:`sqlbroker.features.schedules`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Unpack
 
+from sqlbroker.core import validate
+from sqlbroker.core.errors import InvalidSchedule
 from sqlbroker.core.schedules import Schedule
-from sqlbroker.features.faces import Plan
+from sqlbroker.core.topics import validate_topic
+from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.schedules import (
     ScheduleOptions,
     ScheduleRun,
+    public_schedule,
     schedule_define,
-    schedule_delete,
-    schedule_list,
-    schedule_pause,
-    schedule_resume,
     schedule_run_due,
+    ticks_of,
 )
+from sqlbroker.storage.schedules import ScheduleRecord
 
 if TYPE_CHECKING:
     from sqlbroker.client.base import BrokerBase
@@ -47,24 +50,46 @@ def schedule(
 
 def unschedule(broker: BrokerBase, name: str) -> Plan[bool]:
     """Delete a schedule; return whether it existed. Messages it published stay."""
-    return (yield from schedule_delete(name))
+    deleted: bool = yield call("schedule_delete", name=validate_topic(name, "name"))
+    return deleted
 
 
 def schedules(broker: BrokerBase, names: Iterable[str] | None = None) -> Plan[list[Schedule]]:
     """Every schedule (or the named ones), by name, with its next and last run."""
-    return (yield from schedule_list(names))
+    chosen = None
+    if names is not None:
+        if isinstance(names, str):
+            raise InvalidSchedule("names", "must be a list of schedule names")
+        chosen = [
+            validate_topic(name, "names")
+            for name in validate.items(names, "names", "schedule names")
+        ]
+    found: list[ScheduleRecord] = yield call("schedule_list", names=chosen)
+    return [public_schedule(r) for r in found]
 
 
 def pause_schedule(broker: BrokerBase, name: str) -> Plan[bool]:
     """Publish no ticks of ``name`` until :meth:`resume_schedule`; return whether it
     exists."""
-    return (yield from schedule_pause(name))
+    checked = validate_topic(name, "name")
+    paused: bool = yield call("schedule_set_paused", name=checked, paused=True, next_run_at=None)
+    return paused
 
 
 def resume_schedule(broker: BrokerBase, name: str) -> Plan[bool]:
     """Resume a paused schedule from its first tick after now (ticks that fell while it
     was paused are not published); return whether it exists."""
-    return (yield from schedule_resume(name))
+    checked = validate_topic(name, "name")
+    found: list[ScheduleRecord] = yield call("schedule_list", names=[checked])
+    if not found:
+        return False
+    if not found[0].paused:
+        return True
+    following = ticks_of(found[0]).next_after((yield call("clock_now")))
+    resumed: bool = yield call(
+        "schedule_set_paused", name=checked, paused=False, next_run_at=following
+    )
+    return resumed
 
 
 def run_due_schedules(broker: BrokerBase) -> Plan[ScheduleRun]:

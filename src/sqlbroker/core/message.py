@@ -230,16 +230,11 @@ class SharedBatch(Sequence[NewMessage]):
     def __iter__(self) -> Iterator[NewMessage]:
         # Through the class's slots, at about half the cost of the frozen dataclass's
         # __init__ (which sets each of its fields through object.__setattr__).
-        setters = [getattr(NewMessage, name).__set__ for name in _OWN]
-        shared = [
-            (getattr(NewMessage, name).__set__, getattr(self.template, name))
-            for name in NewMessage.__slots__
-            if name not in _OWN
-        ]
+        shared = [(setter, getattr(self.template, name)) for name, setter in _SHARED_SETTERS]
         make = object.__new__
         for own in zip(*self._columns.values(), strict=True):
             message = make(NewMessage)
-            for setter, value in zip(setters, own, strict=True):
+            for setter, value in zip(_OWN_SETTERS, own, strict=True):
                 setter(message, value)
             for setter, value in shared:
                 setter(message, value)

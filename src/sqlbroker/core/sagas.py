@@ -138,13 +138,9 @@ class Saga:
     def queues(self) -> tuple[str, ...]:
         """Every queue its steps need a handler on: each action, each compensation."""
         return tuple(
-            queue
+            self.queue(step.name, undo=undo)
             for step in self.steps
-            for queue in (
-                (self.queue(step.name), self.queue(step.name, undo=True))
-                if step.compensate
-                else (self.queue(step.name),)
-            )
+            for undo in ((False, True) if step.compensate else (False,))
         )
 
 

@@ -84,19 +84,15 @@ def retain(defaults: RetentionDefaults, *, limit: int) -> Plan[dict[str, int]]:
             dropped,
             extra={"partitions_created": created, "partitions_dropped": dropped},
         )
-    archived: int = yield call("archive_trim", keep=archive_longest, limit=limit)
-    if archived < limit and _has_shorter(
-        defaults.archive, bounds.archive_shortest, archive_longest
+    trimmed: dict[str, int] = {}
+    for kind, default, shortest, longest in (
+        ("archive", defaults.archive, bounds.archive_shortest, archive_longest),
+        ("dead", defaults.dead, bounds.dead_shortest, dead_longest),
     ):
-        archived += yield call(
-            "archive_trim_shorter",
-            keep=defaults.archive,
-            longest=archive_longest,
-            limit=limit - archived,
-        )
-    dead: int = yield call("dead_trim", keep=dead_longest, limit=limit)
-    if dead < limit and _has_shorter(defaults.dead, bounds.dead_shortest, dead_longest):
-        dead += yield call(
-            "dead_trim_shorter", keep=defaults.dead, longest=dead_longest, limit=limit - dead
-        )
-    return {"archive_trimmed": archived, "dead_trimmed": dead}
+        count: int = yield call(f"{kind}_trim", keep=longest, limit=limit)
+        if count < limit and _has_shorter(default, shortest, longest):
+            count += yield call(
+                f"{kind}_trim_shorter", keep=default, longest=longest, limit=limit - count
+            )
+        trimmed[f"{kind}_trimmed"] = count
+    return trimmed

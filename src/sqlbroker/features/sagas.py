@@ -151,9 +151,8 @@ class Sagas:
         """
         if not isinstance(saga, Saga):
             raise InvalidOption("saga", "must be a Saga")
-        checked_id = validate.key(saga_id, "saga_id") if saga_id is not None else None
         new = NewSaga(
-            id=checked_id or str(uuid.uuid4()),
+            id=validate.key(saga_id, "saga_id") or str(uuid.uuid4()),
             name=saga.name,
             data=self.encode(data, "data"),
             steps=tuple((step.name, step.compensate) for step in saga.steps),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, Unpack
@@ -167,6 +167,11 @@ def ticks_of(record: ScheduleFields) -> TickSource:
 
 
 _AS_STORED = tuple(f.name for f in fields(Schedule) if f.name not in {"payload", "headers", "key"})
+_MESSAGE_FIELDS = tuple(
+    name for name in ScheduleFields.__slots__ if name in NewMessage.__slots__ and name != "headers"
+)
+"""The fields of a tick's message that its schedule holds as they are (topic, payload,
+priority, …; its headers are held without the two the scheduler adds)."""
 
 
 def public_schedule(record: ScheduleRecord) -> Schedule:
@@ -294,8 +299,8 @@ def schedule_define(
     )
     now: datetime = yield call("clock_now")
     definition = ScheduleDefinition(
+        **{field: getattr(message, field) for field in _MESSAGE_FIELDS},
         name=name_text,
-        topic=message.topic,
         cron=cron_text,
         every=every_s,
         tz=tz,
@@ -303,13 +308,7 @@ def schedule_define(
         grace=grace_s,
         start_at=start,
         anchor_at=None if every_s is None else start or now + timedelta(seconds=every_s),
-        payload=message.payload,
-        content_type=message.content_type,
         headers=message.headers,
-        priority=message.priority,
-        ordering_key=message.ordering_key,
-        ttl=message.ttl,
-        max_attempts=message.max_attempts,
         definition_hash=definition_hash,
         timing_hash=_digest(timing),
         next_run_at=now,  # a stand-in: the first tick follows from the timing, just below
@@ -324,49 +323,6 @@ def schedule_define(
     )
     record = yield call("schedule_upsert", definition=replace(definition, next_run_at=first))
     return public_schedule(record)
-
-
-def schedule_delete(name: str) -> Plan[bool]:
-    """Delete the schedule ``name``; return whether it existed. Published ticks stay."""
-    deleted: bool = yield call("schedule_delete", name=validate_topic(name, "name"))
-    return deleted
-
-
-def schedule_list(names: Iterable[str] | None = None) -> Plan[list[Schedule]]:
-    """Every schedule (or the named ones), by name."""
-    chosen = None
-    if names is not None:
-        if isinstance(names, str):
-            raise InvalidSchedule("names", "must be a list of schedule names")
-        chosen = [
-            validate_topic(name, "names")
-            for name in validate.items(names, "names", "schedule names")
-        ]
-    found: list[ScheduleRecord] = yield call("schedule_list", names=chosen)
-    return [public_schedule(r) for r in found]
-
-
-def schedule_pause(name: str) -> Plan[bool]:
-    """Stop publishing ticks of ``name`` until resumed; return whether it exists."""
-    checked = validate_topic(name, "name")
-    paused: bool = yield call("schedule_set_paused", name=checked, paused=True, next_run_at=None)
-    return paused
-
-
-def schedule_resume(name: str) -> Plan[bool]:
-    """Publish ticks of ``name`` again, from the first tick after now: ticks that fell
-    while it was paused are not published. Return whether it exists."""
-    checked = validate_topic(name, "name")
-    found: list[ScheduleRecord] = yield call("schedule_list", names=[checked])
-    if not found:
-        return False
-    if not found[0].paused:
-        return True
-    following = ticks_of(found[0]).next_after((yield call("clock_now")))
-    resumed: bool = yield call(
-        "schedule_set_paused", name=checked, paused=False, next_run_at=following
-    )
-    return resumed
 
 
 def schedule_run_due(defaults: PublishDefaults) -> Plan[ScheduleRun]:
@@ -424,25 +380,20 @@ def _fire(record: ScheduleRecord, now: datetime, defaults: PublishDefaults) -> S
             extra={"schedule": record.name, "missed": record.missed.value},
         )
     own = headers_of(record.headers)
+    stored = {field: getattr(record, field) for field in _MESSAGE_FIELDS}
     messages = []
     for tick in plan.ticks:
         when = tick_text(tick)
         messages.append(
             NewMessage(
+                **stored,
                 message_id=new_message_id(),
-                topic=record.topic,
-                payload=record.payload,
-                content_type=record.content_type,
                 headers=encode_json({**own, SCHEDULE_HEADER: record.name, TICK_HEADER: when}),
-                priority=record.priority,
-                ordering_key=record.ordering_key,
                 idempotency_key=f"schedule:{record.name}:{when}",
                 payload_hash=payload_hash(record.payload, record.content_type),
                 delay=None,
                 available_at=None,
-                ttl=record.ttl,
                 expires_at=None,
-                max_attempts=record.max_attempts,
                 dedupe_window=defaults.dedupe_window,
             )
         )

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.settlements import Settlement
@@ -69,25 +70,20 @@ class Observers(WorkerObserver):
                     log.exception("observer %r failed to open its handler scope", observer)
             yield None
 
+    def _each(self, event: str, *args: Any, **kwargs: Any) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, event)(*args, **kwargs)
+            except Exception:
+                log.exception("observer %r failed on %s", observer, event)
+
     def handler_finished(
         self, delivery: Delivery, *, seconds: float, error: BaseException | None
     ) -> None:
-        for observer in self._observers:
-            try:
-                observer.handler_finished(delivery, seconds=seconds, error=error)
-            except Exception:
-                log.exception("observer %r failed on handler_finished", observer)
+        self._each("handler_finished", delivery, seconds=seconds, error=error)
 
     def outcomes_written(self, outcomes: Sequence[Settlement]) -> None:
-        for observer in self._observers:
-            try:
-                observer.outcomes_written(outcomes)
-            except Exception:
-                log.exception("observer %r failed on outcomes_written", observer)
+        self._each("outcomes_written", outcomes)
 
     def outcomes_lost(self, outcomes: Sequence[Settlement]) -> None:
-        for observer in self._observers:
-            try:
-                observer.outcomes_lost(outcomes)
-            except Exception:
-                log.exception("observer %r failed on outcomes_lost", observer)
+        self._each("outcomes_lost", outcomes)

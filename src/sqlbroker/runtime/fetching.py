@@ -28,9 +28,8 @@ class Fetching(Holding):
     def wake(self) -> None:
         """A hint that copies are claimable (or the stop): end the fetch's sleep now."""
         self._hinted = True
-        waiter = self._hint_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._hint_waiter is not None:
+            _resolve(self._hint_waiter)
 
     async def fetch(self, stop: asyncio.Event) -> None:
         """Claim while there is capacity; sleep until a hint or the (jittered) poll."""

@@ -37,6 +37,8 @@ TRIM_INTERVAL = 600.0
 TRIM_LIMIT = 10_000
 
 MinuteKey = tuple[str, datetime]
+_COUNTERS = {"complete": "completed", "retry": "retried", "dead": "dead"}
+"""The counter of :class:`MinuteCounts` (and of the totals) each settlement kind adds to."""
 
 
 class MetricsRecorder(WorkerObserver):
@@ -88,15 +90,10 @@ class MetricsRecorder(WorkerObserver):
             if row is None or delivery.subscription != subscription:
                 subscription = delivery.subscription
                 row = self._row(subscription)
-            if outcome.kind == "complete":
-                row.completed += 1
-                self._totals[(subscription, "completed")] += 1
-            elif outcome.kind == "retry":
-                row.retried += 1
-                self._totals[(subscription, "retried")] += 1
-            elif outcome.kind == "dead":
-                row.dead += 1
-                self._totals[(subscription, "dead")] += 1
+            counter = _COUNTERS.get(outcome.kind)
+            if counter is not None:
+                setattr(row, counter, getattr(row, counter) + 1)
+                self._totals[(subscription, counter)] += 1
 
     def take(self) -> tuple[list[MinuteCounts], dict[tuple[str, str], int]]:
         """Copies of the rows changed since the last take, and the totals not yet written.

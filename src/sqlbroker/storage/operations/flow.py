@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlbroker.core.flow import Claimed, Flow, FlowLimits, Rate
 from sqlbroker.core.message import Delivery
 from sqlbroker.storage.operations.admin import audit
+from sqlbroker.storage.operations.subscriptions import Names
 from sqlbroker.storage.plan import Plan, atomic, commit_point, query, reads
 from sqlbroker.storage.rows import deliveries_of
 
@@ -115,25 +116,9 @@ def flow_list(settings: Settings, *, name: str | None) -> Plan[list[Flow]]:
     ]
 
 
-class FlowLimited:
+class FlowLimited(Names):
     """The subscriptions this process last found flow-limited: their claims go to the
     flow claim first, skipping the plain claim's round trip (which would find nothing)."""
-
-    MAX = 10_000
-
-    def __init__(self) -> None:
-        self._names: set[str] = set()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
-    def add(self, name: str) -> None:
-        if len(self._names) >= self.MAX:
-            self._names.clear()
-        self._names.add(name)
-
-    def discard(self, name: str) -> None:
-        self._names.discard(name)
 
 
 def claim_copies(

@@ -52,7 +52,28 @@ def subscription_list(settings: Settings) -> Plan[list[Subscription]]:
     return subscriptions_of(rows)
 
 
-class KnownQueues:
+class Names:
+    """Subscription names a process remembers, at most ``LIMIT`` (all forgotten when it is
+    reached: a name forgotten costs a statement more, never a wrong answer)."""
+
+    LIMIT = 10_000
+
+    def __init__(self, names: set[str] | None = None) -> None:
+        self._names: set[str] = set() if names is None else names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def add(self, name: str) -> None:
+        if len(self._names) >= self.LIMIT:
+            self._names.clear()
+        self._names.add(name)
+
+    def discard(self, name: str) -> None:
+        self._names.discard(name)
+
+
+class KnownQueues(Names):
     """The queues this process saw exist (PostgreSQL): a send to one of them is a single
     statement, which creates the queue again if it was deleted meanwhile, without the
     check of the limits that a queue's first send makes.
@@ -63,29 +84,18 @@ class KnownQueues:
     exist. Transactions of several operations read the names through
     :meth:`in_transactions` and learn none."""
 
-    LIMIT = 10_000
-
     def __init__(self, names: set[str] | None = None, *, learns: bool = True) -> None:
-        self._names: set[str] = set() if names is None else names
+        super().__init__(names)
         self._learns = learns
 
     def in_transactions(self) -> KnownQueues:
         """The same names, for transactions of several operations: read, never learnt."""
         return KnownQueues(self._names, learns=False)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
     def add(self, name: str) -> None:
         """Learn that ``name`` exists, committed (ignored by :meth:`in_transactions`)."""
-        if not self._learns:
-            return
-        if len(self._names) >= self.LIMIT:
-            self._names.clear()
-        self._names.add(name)
-
-    def discard(self, name: str) -> None:
-        self._names.discard(name)
+        if self._learns:
+            super().add(name)
 
 
 def queue_create(settings: Settings, *, name: str) -> Plan[bool]:

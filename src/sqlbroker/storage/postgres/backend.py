@@ -94,9 +94,6 @@ class PostgresBackend(Backend):
         self._db = PostgresPool(self._options, sql=self._sql)
         self._threads = OwnThreads(name="sqlbroker-pg", size=2)
         self.notify_channel = dialect.channel_name(schema)
-        self._promotion = PromotionThrottle()
-        # A claim's own commit: see message_claim in queries.sql.
-        self._claim_commit = self._options.synchronous_commit if durable_claims else "off"
         self.dead_channel = dialect.channel_name(schema, "_dead")
         self.result_channel = dialect.channel_name(schema, "_result")
         self.cancel_channel = dialect.channel_name(schema, "_cancel")
@@ -109,22 +106,22 @@ class PostgresBackend(Backend):
             ),
             name="sqlbroker-result",
         )
-        self._archive_completed = archive
         known_queues = KnownQueues()
         self.settings = Settings(
             dialect="postgresql",
             limits=self.limits,
             clock=clock,
-            promotion=self._promotion,
+            promotion=PromotionThrottle(),
             dead_channel=self.dead_channel,
             cancel_channel=self.cancel_channel,
-            claim_commit=self._claim_commit,
+            # A claim's own commit: see message_claim in queries.sql.
+            claim_commit=self._options.synchronous_commit if durable_claims else "off",
             supports_notify=True,
             notify_channel=self.notify_channel,
             key_locks=True,
             partitioned_archive=True,
-            schema=self._schema,
-            archive_completed=self._archive_completed,
+            schema=schema,
+            archive_completed=archive,
             result_channel=self.result_channel,
             array_params=True,
             inserts_create_queue=True,
@@ -146,9 +143,6 @@ class PostgresBackend(Backend):
     @property
     def conninfo(self) -> str:
         return self._options.conninfo
-
-    def _now_param(self) -> datetime | None:
-        return self._clock.now()
 
     # --- the seam ----------------------------------------------------------------------------
 
@@ -197,7 +191,7 @@ class PostgresBackend(Backend):
 
     def now(self) -> datetime:
         with self._db.connection(write=False) as conn:
-            row = conn.execute(self._sql["now"], {"now": self._now_param()}).fetchone()
+            row = conn.execute(self._sql["now"], {"now": self._clock.now()}).fetchone()
         assert row is not None
         return utc(row[0])
 

@@ -22,37 +22,6 @@ Conn = psycopg.Connection[TupleRow]
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 
 
-def _silent(seconds: float, *, write: bool) -> ConnectionLost:
-    return ConnectionLost(
-        f"no answer from PostgreSQL within {seconds:g} s (network_timeout);"
-        " the connection was closed",
-        ambiguous=write,
-    )
-
-
-class Watchdog:
-    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
-    running loop): a statement waiting for an answer then fails at once with the driver's
-    "server closed the connection", where psycopg's own cancellation would first try a
-    cancel request over the same silent network."""
-
-    def __init__(self, conn: AsyncConn, seconds: float) -> None:
-        self.fired = False
-        self.seconds = seconds
-        self._conn = conn
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
-
-    def _fire(self) -> None:
-        self.fired = True
-        sever(self._conn)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-    def lost(self, *, write: bool) -> ConnectionLost:
-        return _silent(self.seconds, write=write)
-
-
 class Watch:
     """One checked-out connection under a :class:`Watcher` or a :class:`LoopWatcher`."""
 
@@ -65,7 +34,29 @@ class Watch:
         self.fired = False
 
     def lost(self, *, write: bool) -> ConnectionLost:
-        return _silent(self.seconds, write=write)
+        return ConnectionLost(
+            f"no answer from PostgreSQL within {self.seconds:g} s (network_timeout);"
+            " the connection was closed",
+            ambiguous=write,
+        )
+
+
+class Watchdog(Watch):
+    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
+    running loop): a statement waiting for an answer then fails at once with the driver's
+    "server closed the connection", where psycopg's own cancellation would first try a
+    cancel request over the same silent network."""
+
+    def __init__(self, conn: AsyncConn, seconds: float) -> None:
+        super().__init__(conn, seconds)
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        sever(self.conn)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 class Watcher:
