@@ -17,6 +17,7 @@ import psycopg
 import pytest
 import sqlalchemy
 from sqlalchemy.orm import Session
+from tests.helpers import stats_of
 
 import sqlbroker
 
@@ -167,3 +168,33 @@ def test_a_search_path_without_the_brokers_tables_is_refused(
         conn.execute("SET search_path TO pg_catalog")
         with pytest.raises(sqlbroker.ValidationError, match="search_path"):
             pg_broker.publish("orders.created", 1, conn=conn)
+
+
+def _terminate(url: str, pid: int) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def test_a_session_lost_before_the_publish_began_is_not_ambiguous(pg_url: str) -> None:
+    """A caller's idle autocommit connection whose session ended: the read of its database
+    identity fails before our transaction begins, so nothing was written (sync and async
+    say the same)."""
+    with sqlbroker.Broker(pg_url) as broker:
+        broker.subscribe("sub", "orders.#")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            _terminate(pg_url, conn.info.backend_pid)
+            with pytest.raises(sqlbroker.ConnectionLost) as lost:
+                broker.publish("orders.created", 1, conn=conn)
+        assert not lost.value.ambiguous
+        assert stats_of(broker, "sub").ready == 0
+
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(pg_url) as broker:
+            conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+            async with conn:
+                _terminate(pg_url, conn.info.backend_pid)
+                with pytest.raises(sqlbroker.ConnectionLost) as lost:
+                    await broker.publish("orders.created", 1, conn=conn)
+            assert not lost.value.ambiguous
+
+    asyncio.run(scenario())

@@ -19,6 +19,7 @@ from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import Delivery
 
 MAX_CAP = 1_000_000
+"""The largest ``max_running`` or ``key_concurrency``."""
 
 
 class Keep(enum.Enum):
@@ -29,7 +30,6 @@ class Keep(enum.Enum):
 
 
 KEEP = Keep.KEEP
-"""The largest ``max_running`` or ``key_concurrency``."""
 MAX_RATE_COUNT = 1_000_000_000
 MIN_RATE_PERIOD = 0.001
 MAX_RATE_PERIOD = 366 * 86400.0

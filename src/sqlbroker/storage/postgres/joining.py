@@ -64,13 +64,14 @@ class CallerConnections:
                 "a PostgreSQL broker needs a psycopg 3 connection (or SQLAlchemy / Django"
                 f" over psycopg 3), not {caller.describe(raw)}",
             )
-        # Only a transaction of our own commits here; a connection lost inside the
-        # caller's transaction takes that transaction with it, so nothing was applied.
-        ours = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+        # Only a transaction of our own commits here (a connection lost before it began, or
+        # inside the caller's transaction, which it takes along, applied nothing).
+        ours = False
         try:
             self._check_same_database(raw)
             status = _status(raw)
             if raw.autocommit and status == TransactionStatus.IDLE:
+                ours = True
                 with raw.transaction():
                     yield raw
                 return
