@@ -519,6 +519,16 @@ USING unnest(%(ids)b::bigint[], %(tokens)b::text[]) AS l(id, token)
 WHERE m.id = l.id AND m.lease_token::text = l.token
 RETURNING m.id, m.subscription, m.ordering_key, m.state
 
+-- name: dead_insert
+-- (A fragment, included by message_settle and lease_expired_dead: the dead-letter table's
+-- columns, in the order their SELECTs give them.)
+INSERT INTO {schema}sqlbroker_dead (
+    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
+    payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
+    error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
+    dead_at, tenant
+)
+
 -- name: message_settle
 -- A mixed batch of settlements in one statement: kind 'complete' (archived when :archive,
 -- its value stored as a result and announced on the result channel), 'dead' (to the dead
@@ -568,12 +578,7 @@ stored AS (
     RETURNING message_id
 ),
 dead AS (
-    INSERT INTO {schema}sqlbroker_dead (
-        delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
-        payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
-        error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
-        dead_at, tenant
-    )
+-- include: dead_insert
     SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
            payload, content_type, headers, attempts, max_attempts, replay_count, reason,
            error_type, error_message, traceback, enqueued_at, first_started_at,
@@ -646,12 +651,7 @@ gone AS (
     DELETE FROM {schema}sqlbroker_message m USING spent WHERE m.id = spent.id RETURNING m.*
 ),
 dead AS (
-    INSERT INTO {schema}sqlbroker_dead (
-        delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
-        payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
-        error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
-        dead_at, tenant
-    )
+-- include: dead_insert
     SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
            payload, content_type, headers, attempts, max_attempts, replay_count,
            %(reason)s, %(error_type)s, %(error_message)s, NULL, enqueued_at,

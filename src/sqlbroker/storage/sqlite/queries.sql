@@ -217,16 +217,21 @@ WHERE id IN (
     LIMIT :limit
 )
 
--- name: message_dead
--- Two statements (SQLite has no DML in a WITH): the valid leases' copies are copied to
--- the dead letters, then deleted, returning what promote_heads needs; both select the same
--- rows inside one write transaction.
+-- name: dead_insert
+-- (A fragment, included by message_dead and lease_expired_dead: the dead-letter table's
+-- columns, in the order their SELECTs give them.)
 INSERT INTO sqlbroker_dead (
     delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
     payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
     error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
     dead_at
 )
+
+-- name: message_dead
+-- Two statements (SQLite has no DML in a WITH): the valid leases' copies are copied to
+-- the dead letters, then deleted, returning what promote_heads needs; both select the same
+-- rows inside one write transaction.
+-- include: dead_insert
 SELECT m.id, m.message_id, m.subscription, m.topic, m.priority, m.ordering_key,
        m.idempotency_key, m.payload, m.content_type, m.headers, m.attempts, m.max_attempts,
        m.replay_count, b.reason, b.error_type, b.error_message, b.traceback, m.enqueued_at,
@@ -277,12 +282,7 @@ RETURNING id, subscription, ordering_key, state
 
 -- name: lease_expired_dead
 -- Two statements, as in message_dead: copies whose lease expired on their last attempt.
-INSERT INTO sqlbroker_dead (
-    delivery_id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
-    payload, content_type, headers, attempts, max_attempts, replay_count, reason, error_type,
-    error_message, traceback, enqueued_at, first_started_at, first_failed_at, last_failed_at,
-    dead_at
-)
+-- include: dead_insert
 SELECT id, message_id, subscription, topic, priority, ordering_key, idempotency_key,
        payload, content_type, headers, attempts, max_attempts, replay_count, :reason,
        :error_type, :error_message, NULL, enqueued_at, first_started_at,
