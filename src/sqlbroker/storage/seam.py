@@ -133,7 +133,9 @@ class Operation(Generic[P, T]):
             return self
         plan, access, execute = self.plan, self.access, executor.execute
         call: Callable[..., Any]
-        if access.atomic_when is None:
+        # A database with one writer runs every write in one transaction: nothing for a
+        # call's arguments to decide (Access.atomic_when).
+        if access.atomic_when is None or executor.settings.one_writer:
 
             def call(*args: P.args, **kwargs: P.kwargs) -> Any:
                 return execute(plan(executor.settings, *args, **kwargs), access)

@@ -6,6 +6,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -14,6 +15,7 @@ from sqlbroker.core.errors import (
     DatabaseBusy,
     InvalidOption,
     SchemaError,
+    SqlbrokerError,
     StorageError,
     StorageFull,
 )
@@ -148,9 +150,13 @@ class SqlitePool:
                     " or PostgreSQL"
                 )
         self._writer = _writer_for(self.path)
-        self._slots = threading.BoundedSemaphore(pool_size)
-        self._idle: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._free: deque[sqlite3.Connection | None] = deque([None] * pool_size)
+        """A free slot for each connection the pool may hold: an idle connection, or
+        ``None`` (not opened yet, or discarded). Taken from the right, as given back: the
+        connection used last, its page cache the warmest."""
+        self._given_back = threading.Condition(threading.Lock())
+        self._waiting = 0
+        """Threads waiting for a free slot (changed under ``_given_back``)."""
         self._closed = False
         self._token = object()
 
@@ -209,28 +215,47 @@ class SqlitePool:
     def _connection(self) -> Iterator[sqlite3.Connection]:
         if self._closed:
             raise StorageError("the broker is closed")
-        self._slots.acquire()
+        conn = self._take()
+        broken = False
+        started = time.monotonic()
         try:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            broken = False
-            try:
-                with self.translated():
-                    if conn is None:
-                        conn = self._connect()
-                    yield conn
-            except BaseException:
-                broken = conn is not None and (conn.in_transaction or not self._at_level(conn))
-                raise
-            finally:
-                if conn is not None:
-                    if broken or self._closed:
-                        self._discard(conn)
-                    else:
-                        with self._lock:
-                            self._idle.append(conn)
+            if conn is None:
+                conn = self._connect()
+            yield conn
+        except BaseException as error:
+            broken = conn is not None and (conn.in_transaction or not self._at_level(conn))
+            if isinstance(error, sqlite3.Error):
+                raise self._translate(error, started) from None
+            raise
         finally:
-            self._slots.release()
+            if conn is not None and (broken or self._closed):
+                self._discard(conn)
+                conn = None
+            self._give_back(conn)
+
+    def _take(self) -> sqlite3.Connection | None:
+        """A free slot (see ``_free``), waiting for one when every slot is taken."""
+        try:
+            return self._free.pop()  # atomic: no lock when a slot is free
+        except IndexError:
+            pass
+        with self._given_back:
+            # Counted before looking again: a slot given back after this look is announced.
+            self._waiting += 1
+            try:
+                while True:
+                    try:
+                        return self._free.pop()
+                    except IndexError:
+                        self._given_back.wait()
+            finally:
+                self._waiting -= 1
+
+    def _give_back(self, slot: sqlite3.Connection | None) -> None:
+        self._free.append(slot)
+        if self._waiting:
+            with self._given_back:
+                self._given_back.notify()
 
     def _at_level(self, conn: sqlite3.Connection) -> bool:
         """Whether ``conn`` still commits at the configured ``synchronous`` level (a claim
@@ -258,30 +283,34 @@ class SqlitePool:
 
     @contextmanager
     def translated(self) -> Iterator[None]:
+        """SQLite's errors raised in the block as sqlbroker's (:meth:`_translate`)."""
         started = time.monotonic()
         try:
             yield
-        except sqlite3.OperationalError as error:
-            text = str(error)
-            if _disk_full(error):
-                raise StorageFull("SQLite", text) from None
-            if "locked" in text or "busy" in text:
-                waited = time.monotonic() - started
-                # SQLite answers some conflicts at once, without waiting for the lock (its
-                # busy handler gives up a step before the timeout, hence the half).
-                how = (
-                    f"stayed locked for the whole busy timeout ({self._busy_timeout:g} s)"
-                    if waited >= self._busy_timeout / 2
-                    else f"was locked ({text} after {waited:.2f} s)"
-                )
-                raise DatabaseBusy(f"the SQLite database {how}; nothing was written") from None
-            if "no such table" in text:
-                raise SchemaError(
-                    f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`"
-                ) from None
-            raise StorageError(f"SQLite error: {text}") from None
         except sqlite3.Error as error:
-            raise StorageError(f"SQLite error: {error}") from None
+            raise self._translate(error, started) from None
+
+    def _translate(self, error: sqlite3.Error, started: float) -> SqlbrokerError:
+        """The sqlbroker error for ``error``, raised by a statement begun at ``started``
+        (``time.monotonic()``)."""
+        if not isinstance(error, sqlite3.OperationalError):
+            return StorageError(f"SQLite error: {error}")
+        text = str(error)
+        if _disk_full(error):
+            return StorageFull("SQLite", text)
+        if "locked" in text or "busy" in text:
+            waited = time.monotonic() - started
+            # SQLite answers some conflicts at once, without waiting for the lock (its
+            # busy handler gives up a step before the timeout, hence the half).
+            how = (
+                f"stayed locked for the whole busy timeout ({self._busy_timeout:g} s)"
+                if waited >= self._busy_timeout / 2
+                else f"was locked ({text} after {waited:.2f} s)"
+            )
+            return DatabaseBusy(f"the SQLite database {how}; nothing was written")
+        if "no such table" in text:
+            return SchemaError(f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`")
+        return StorageError(f"SQLite error: {text}")
 
     @contextmanager
     def write(
@@ -391,7 +420,13 @@ class SqlitePool:
 
     def close(self) -> None:
         self._closed = True
-        with self._lock:
-            idle, self._idle = self._idle, []
+        # The idle connections closed, their slots kept; one in use is closed when given
+        # back (_connection).
+        idle = []
+        with suppress(IndexError):
+            for _ in range(len(self._free)):
+                idle.append(self._free.pop())
         for conn in idle:
-            self._discard(conn)
+            self._give_back(None)
+            if conn is not None:
+                self._discard(conn)
