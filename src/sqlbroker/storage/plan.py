@@ -102,8 +102,8 @@ def commit_point() -> Query:
     next (Python work) may run outside the transaction; a statement it yields after it
     runs in a write transaction of its own. Where the operation runs in a transaction it
     does not own (a caller's, :meth:`Backend.begin`), nothing happens. SQLite's claim
-    decodes its rows after it, outside the write lock (``Settings.one_writer``; PostgreSQL's
-    plans yield none)."""
+    decodes its rows after it, outside the write lock (``Settings.one_writer``). PostgreSQL
+    runs it as nothing: alone, each statement commits on its own anyway."""
     return Query(COMMIT_POINT, {})
 
 

@@ -25,7 +25,7 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg.rows import TupleRow, dict_row
 
 from sqlbroker.core.errors import InvalidOption
-from sqlbroker.storage.plan import Plan, Query, Rows, drive, drive_async
+from sqlbroker.storage.plan import COMMIT_POINT, Plan, Query, Rows, drive, drive_async
 from sqlbroker.storage.schema import SchemaFiles
 from sqlbroker.storage.sql import load_blocks
 
@@ -110,6 +110,8 @@ def run(
         if query.ahead:
             held.append(query)
             return Rows([], -1)
+        if query.block == COMMIT_POINT:  # each statement commits anyway, or the caller's
+            return Rows([], 0)
         cursor: psycopg.Cursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
@@ -159,6 +161,8 @@ async def run_async(
         if query.ahead:
             held.append(query)
             return Rows([], -1)
+        if query.block == COMMIT_POINT:  # as in run
+            return Rows([], 0)
         if (
             pooled
             and query.block in DIRECT
