@@ -46,7 +46,8 @@ def claim(backend: Any, queue: str, limit: int = 10) -> list[Delivery]:
     return deliveries
 
 
-def _lock_waits(admin: psycopg.Connection[Any]) -> int:
+def lock_waits(admin: psycopg.Connection[Any]) -> int:
+    """PostgreSQL: how many sessions of this database wait for a lock now."""
     row = admin.execute(
         "SELECT count(*) FROM pg_stat_activity"
         " WHERE wait_event_type = 'Lock' AND datname = current_database()"
@@ -64,13 +65,13 @@ async def cancel_while_locked(admin_url: str, start: Callable[[], Awaitable[Any]
     ):
         locker.execute("LOCK TABLE sqlbroker_message IN EXCLUSIVE MODE")
         task = asyncio.ensure_future(start())
-        while _lock_waits(admin) == 0:
+        while lock_waits(admin) == 0:
             await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         for _ in range(1000):  # the cancel request reaches the server
-            if _lock_waits(admin) == 0:
+            if lock_waits(admin) == 0:
                 break
             await asyncio.sleep(0.01)
-        assert _lock_waits(admin) == 0
+        assert lock_waits(admin) == 0

@@ -5,16 +5,19 @@ dialects, alone or inside one transaction."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import psycopg
 import pytest
 from tests.seam.support import claim, publish
 
 from sqlbroker.core.clock import ManualClock
-from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.errors import DatabaseBusy, InvalidOption
 from sqlbroker.core.message import ErrorInfo
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.storage.base import DeadFilter
+from sqlbroker.storage.factory import open_backend
 
 ERROR = ErrorInfo(type="KeyError", message="k", traceback="tb")
 
@@ -224,3 +227,55 @@ def test_plain_completes_archive_and_remove_exactly_the_valid_leases(backend: An
     assert sorted(row.message_id for row in archived) == sorted(
         [d.message_id for d in earlier] + [done.message_id]
     )
+
+
+@pytest.mark.parametrize("kind", ["complete", "dead"])
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_settle_whose_promotion_fails_after_it_committed_reports_its_copies_settled(
+    pg_url: str, face: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL settles alone in autocommit: the complete (or dead letter) commits, then
+    the key's promotion runs. When the promotion fails (here ``lock_timeout`` on the next
+    copy, held by another session; a deadlock in CI), the settle still reports the copy
+    settled — it used to fail, so the write-back retried it, found the copy gone and the
+    worker reported its lease lost — and the key waits for the reaper's key repair. In a
+    transaction the failure undoes the settle and reaches the caller."""
+    backend = open_backend(pg_url, lock_timeout=0.2, clock=ManualClock())
+    try:
+        publish(backend, "jobs", 1)
+        second = publish(backend, "jobs", 2, key="k")[1]
+        unkeyed, head = claim(backend, "jobs", 5)
+        settlements = [
+            Settlement.complete(Lease.of(d))
+            if kind == "complete"
+            else Settlement.dead(Lease.of(d), "poison")
+            for d in (unkeyed, head)
+        ]
+        with psycopg.connect(pg_url) as holder:
+            holder.execute(
+                "SELECT 1 FROM sqlbroker_message WHERE message_id = %s FOR UPDATE", (second,)
+            )
+            with pytest.raises(DatabaseBusy, match="lock_timeout"), backend.begin() as tx:
+                tx.message_settle_many(settlements=settlements)
+            assert states(backend, "jobs")[head.message_id] == "running"  # undone
+            with caplog.at_level(logging.WARNING, logger="sqlbroker.storage"):
+                if face == "sync":
+                    done = backend.message_settle_many(settlements=settlements)
+                else:
+                    done = asyncio.run(_settle_async(backend, settlements))
+        assert done == sorted([unkeyed.id, head.id])
+        assert "key repair" in caplog.text
+        assert states(backend, "jobs") == {second: "blocked"}
+        assert claim(backend, "jobs") == []
+        assert backend.key_repair(limit=10) == 1
+        assert [d.message_id for d in claim(backend, "jobs")] == [second]
+    finally:
+        backend.close()
+
+
+async def _settle_async(backend: Any, settlements: list[Settlement]) -> list[int]:
+    try:
+        done: list[int] = await backend.async_ops.message_settle_many(settlements=settlements)
+        return done
+    finally:
+        await backend.close_async()

@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sqlbroker.storage.url import redact
+
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,12 +58,32 @@ class Rows(list[Any]):
 Plan = Generator[Query, Rows, T]
 
 
+class StatementFailed(Exception):
+    """Raised by a dialect's ``step`` for a statement that failed on its own: run alone in
+    autocommit, nothing of the plan's sent with it, so that every statement the plan ran
+    before it has committed and stays. :func:`drive` throws it into the plan at that
+    statement's ``yield``: a plan whose earlier writes make sense without the rest may
+    catch it and carry on; uncaught, the driver's own ``error`` goes on to the caller.
+    Inside a transaction (ours or a caller's) a failed statement undoes the plan's
+    writes, and the error is never handed to the plan."""
+
+    def __init__(self, error: Exception) -> None:
+        lines = redact(str(error)).strip().splitlines()
+        super().__init__(lines[0] if lines else type(error).__name__)
+        self.error = error
+
+
 def drive(plan: Plan[T], step: Callable[[Query], Rows]) -> T:
     """Run ``plan`` to its result, each of its statements by ``step`` (a dialect's)."""
     try:
         statement = next(plan)
         while True:
-            statement = plan.send(step(statement))
+            try:
+                rows = step(statement)
+            except StatementFailed as failed:
+                statement = _hand_back(plan, failed)
+                continue
+            statement = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
@@ -71,9 +93,25 @@ async def drive_async(plan: Plan[T], step: Callable[[Query], Awaitable[Rows]]) -
     try:
         statement = next(plan)
         while True:
-            statement = plan.send(await step(statement))
+            try:
+                rows = await step(statement)
+            except StatementFailed as failed:
+                statement = _hand_back(plan, failed)
+                continue
+            statement = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
+
+
+def _hand_back(plan: Plan[Any], failed: StatementFailed) -> Query:
+    """Throw ``failed`` into ``plan``; its next statement when it carried on, else the
+    driver's error (for the backend to translate)."""
+    try:
+        return plan.throw(failed)
+    except StatementFailed as uncaught:
+        if uncaught is not failed:
+            raise
+        raise failed.error from None
 
 
 def query(block: str, /, **params: Any) -> Query:
@@ -102,8 +140,8 @@ def commit_point() -> Query:
     next (Python work) may run outside the transaction; a statement it yields after it
     runs in a write transaction of its own. Where the operation runs in a transaction it
     does not own (a caller's, :meth:`Backend.begin`), nothing happens. SQLite's claim
-    decodes its rows after it, outside the write lock (``Settings.one_writer``; PostgreSQL's
-    plans yield none)."""
+    decodes its rows after it, outside the write lock (``Settings.one_writer``). PostgreSQL
+    runs it as nothing: alone, each statement commits on its own anyway."""
     return Query(COMMIT_POINT, {})
 
 

@@ -9,6 +9,7 @@ gives each ordering key whose head left its next copy: one rule, one home.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from datetime import datetime
@@ -22,11 +23,22 @@ from sqlbroker.storage.base import ReapResult, storable_reason, undecodable_deat
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.operations.flow import claim_copies
-from sqlbroker.storage.plan import Plan, Query, Rows, ahead, atomic, query, relaxed
+from sqlbroker.storage.plan import (
+    Plan,
+    Query,
+    Rows,
+    StatementFailed,
+    ahead,
+    atomic,
+    query,
+    relaxed,
+)
 from sqlbroker.storage.rows import error_json
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
+
+log = logging.getLogger("sqlbroker.storage")
 
 PROMOTE_BATCH = 1000
 """Due delayed copies a claim promotes at most (the rest follow at the next claims)."""
@@ -53,7 +65,13 @@ def _leases(items: Sequence[Lease] | Sequence[Settlement]) -> dict[str, Any]:
 def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
     """Rows ``(id, subscription, ordering_key, state)`` just left the hot table: each key
     whose head was among them gets its next copy. A crash before this statement (on
-    PostgreSQL it commits on its own) leaves the key headless until :func:`key_repair`.
+    PostgreSQL it commits on its own) leaves the key headless until :func:`key_repair`;
+    so does a promotion that fails where the removal has committed already (PostgreSQL's
+    autocommit: a deadlock, ``lock_timeout``, a dropped connection; see
+    :class:`~sqlbroker.storage.plan.StatementFailed`): the removal stands, and the
+    operation reports it as done rather than failing, which would have its caller retry a
+    removal that happened (a worker then reported its settled copies' leases lost). In a
+    transaction the failure undoes the removal, and the error goes to the caller.
 
     Where publishers of a key hold its lock (PostgreSQL), a key whose promotion found no
     copy to promote may have one being published right now, queued blocked behind the head
@@ -69,18 +87,26 @@ def _promote_heads(settings: Settings, removed: Sequence[Any]) -> Plan[None]:
     )
     if not heads:
         return
-    promoted = yield from _promote(heads)
-    empty = sorted(set(heads) - promoted) if settings.key_locks else []
-    if not empty:
-        return
-    busy = sorted({key for _, key in empty})
-    for attempt in range(KEY_WAIT_TRIES):
-        if attempt:
-            yield query("pause", seconds=KEY_WAIT / KEY_WAIT_TRIES)
-        busy = [row[0] for row in (yield query("key_try_lock", keys=busy))]
-        if not busy:
-            break
-    yield from _promote(empty)
+    try:
+        promoted = yield from _promote(heads)
+        empty = sorted(set(heads) - promoted) if settings.key_locks else []
+        if not empty:
+            return
+        busy = sorted({key for _, key in empty})
+        for attempt in range(KEY_WAIT_TRIES):
+            if attempt:
+                yield query("pause", seconds=KEY_WAIT / KEY_WAIT_TRIES)
+            busy = [row[0] for row in (yield query("key_try_lock", keys=busy))]
+            if not busy:
+                break
+        yield from _promote(empty)
+    except StatementFailed as failed:
+        log.warning(
+            "the next copies of %d ordering keys were not promoted after their heads left"
+            " (%s); the reaper's key repair will promote them",
+            len(heads),
+            failed,
+        )
 
 
 def _promote(heads: Sequence[tuple[str, str]]) -> Plan[set[tuple[str, str]]]:

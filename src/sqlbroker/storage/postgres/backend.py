@@ -153,7 +153,7 @@ class PostgresBackend(Backend):
             with self._db.transaction() as conn:
                 return dialect.run(conn, self._statements, plan, self._clock.now())
         with self._db.connection(write=not access.read_only) as conn:
-            return dialect.run(conn, self._statements, plan, self._clock.now())
+            return dialect.run(conn, self._statements, plan, self._clock.now(), pooled=True)
 
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` on the running loop's async pool."""

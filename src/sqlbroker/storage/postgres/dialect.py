@@ -25,7 +25,15 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg.rows import TupleRow, dict_row
 
 from sqlbroker.core.errors import InvalidOption
-from sqlbroker.storage.plan import Plan, Query, Rows, drive, drive_async
+from sqlbroker.storage.plan import (
+    COMMIT_POINT,
+    Plan,
+    Query,
+    Rows,
+    StatementFailed,
+    drive,
+    drive_async,
+)
 from sqlbroker.storage.schema import SchemaFiles
 from sqlbroker.storage.sql import load_blocks
 
@@ -99,17 +107,28 @@ def _rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 
 
 def run(
-    conn: psycopg.Connection[TupleRow], sql: Statements, plan: Plan[T], now: datetime | None
+    conn: psycopg.Connection[TupleRow],
+    sql: Statements,
+    plan: Plan[T],
+    now: datetime | None,
+    *,
+    pooled: bool = False,
 ) -> T:
     """Run ``plan`` on ``conn`` (inside whatever transaction the caller holds). A query
     sent ``ahead`` waits for the next one, and both go in one pipeline: one round trip,
-    one implicit transaction (the next statement sees what the first changed)."""
+    one implicit transaction (the next statement sees what the first changed).
+    ``pooled``: one of ours, in autocommit, outside any transaction, where a statement
+    that fails alone (nothing held back went with it, not one run per row) is handed back
+    to the plan: everything the plan ran before it has committed
+    (:class:`~sqlbroker.storage.plan.StatementFailed`)."""
     held: list[Query] = []
 
     def step(query: Query) -> Rows:
         if query.ahead:
             held.append(query)
             return Rows([], -1)
+        if query.block == COMMIT_POINT:  # each statement commits anyway, or the caller's
+            return Rows([], 0)
         cursor: psycopg.Cursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
@@ -123,7 +142,12 @@ def run(
                 _send(conn, sql, held, now)
                 cursor.execute(sql[query.block], params)
         else:
-            cursor.execute(sql[query.block], params)
+            try:
+                cursor.execute(sql[query.block], params)
+            except psycopg.Error as error:
+                if pooled:
+                    raise StatementFailed(error) from error
+                raise
         return Rows(cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
 
     done = drive(plan, step)
@@ -151,14 +175,16 @@ async def run_async(
     *,
     pooled: bool = False,
 ) -> T:
-    """:func:`run` on an async connection; ``pooled``: one of ours, in autocommit, whose
-    blocks of :data:`DIRECT` may go :func:`direct`."""
+    """:func:`run` on an async connection; ``pooled`` as there, and its blocks of
+    :data:`DIRECT` may go :func:`direct`."""
     held: list[Query] = []
 
     async def step(query: Query) -> Rows:
         if query.ahead:
             held.append(query)
             return Rows([], -1)
+        if query.block == COMMIT_POINT:  # as in run
+            return Rows([], 0)
         if (
             pooled
             and query.block in DIRECT
@@ -166,7 +192,10 @@ async def run_async(
             and not query.named
             and conn.prepare_threshold is not None  # None: behind a transaction pooler
         ):
-            return await direct(conn, sql[query.block], _params(query, now))
+            try:
+                return await direct(conn, sql[query.block], _params(query, now))
+            except psycopg.Error as error:
+                raise StatementFailed(error) from error
         cursor: psycopg.AsyncCursor[Any] = (
             conn.cursor(row_factory=dict_row) if query.named else conn.cursor()
         )
@@ -180,7 +209,12 @@ async def run_async(
                 await _send_async(conn, sql, held, now)
                 await cursor.execute(sql[query.block], params)
         else:
-            await cursor.execute(sql[query.block], params)
+            try:
+                await cursor.execute(sql[query.block], params)
+            except psycopg.Error as error:
+                if pooled:
+                    raise StatementFailed(error) from error
+                raise
         return Rows(await cursor.fetchall() if _rows(cursor) else [], cursor.rowcount)
 
     done = await drive_async(plan, step)

@@ -60,6 +60,18 @@ def connect_failure(context: str, error: psycopg.Error, *, write: bool = True) -
     return ConnectionLost(f"{context}: {text}", ambiguous=False, write=write)
 
 
+_ROLLED_BACK: dict[type[psycopg.Error], str] = {
+    psycopg.errors.DeadlockDetected: "a deadlock with another session (SQLSTATE 40P01)",
+    psycopg.errors.SerializationFailure: (
+        "a serialization failure: a concurrent transaction changed what this one read or"
+        " wrote (SQLSTATE 40001)"
+    ),
+}
+"""Of SQLSTATE class 40 (psycopg files it under ``OperationalError``), the errors whose
+outcome is known: the server rolled the transaction back and the session goes on. Not
+40003 (statement completion unknown)."""
+
+
 def _disk_full(error: psycopg.Error, text: str) -> bool:
     """Whether the server refused a statement for want of disk space (SQLSTATE 53100, or
     ENOSPC in the words of an error filed under another code). A PANIC or FATAL one ended
@@ -75,8 +87,9 @@ def translate(
 ) -> Exception:
     """The sqlbroker error for a driver error of an open connection: a broken connection
     is ``ConnectionLost`` (``ambiguous`` for writes, whose commit may or may not have
-    happened), a missing table ``SchemaError``, a lock or statement timeout
-    ``DatabaseBusy``, anything else ``StorageError``; passwords are redacted."""
+    happened), a missing table ``SchemaError``, a lock or statement timeout, a deadlock or
+    a serialization failure ``DatabaseBusy``, anything else ``StorageError``; passwords
+    are redacted."""
     text = (
         redact(str(error)).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     )
@@ -93,6 +106,12 @@ def translate(
         return DatabaseBusy(
             f"PostgreSQL: a lock was held by another session longer than lock_timeout"
             f" ({options.lock_timeout:g} s); nothing was changed, try again: {text}"
+        )
+    rolled_back = _ROLLED_BACK.get(type(error))
+    if rolled_back is not None and not (conn is not None and conn.broken):
+        return DatabaseBusy(
+            f"PostgreSQL: {rolled_back}; the server rolled the transaction back, so nothing"
+            f" was changed, try again: {text}"
         )
     if isinstance(error, psycopg.errors.QueryCanceled) and "statement timeout" in text:
         return DatabaseBusy(
