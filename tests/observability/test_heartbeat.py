@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import sqlbroker
 from runtime.support import run_until_idle, wait_until
 from sqlbroker.core.message import Delivery
+from sqlbroker.core.observability import HANDLER_BUCKETS, bucket_index
 from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.events import WorkerObserver
+from sqlbroker.runtime.heartbeat import MetricsRecorder
 
 
 class Recording(WorkerObserver):
@@ -103,3 +106,39 @@ def test_a_running_worker_is_alive_with_a_fresh_heartbeat(broker: sqlbroker.Brok
         runner.join(20)
     assert not runner.is_alive()
     assert broker.workers()[0].stopped_at is not None
+
+
+def test_handler_times_fill_the_histogram_bucket_of_their_bound() -> None:
+    """The recorder's shortcut for the first bucket agrees with ``bucket_index``, also on
+    the bounds themselves (a bound belongs to its own bucket)."""
+    recorder = MetricsRecorder("w", wall=lambda: 120.0)
+    times = [0.0, 1e-6, *HANDLER_BUCKETS[:-1], *(b * 1.001 for b in HANDLER_BUCKETS[:-1])]
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    delivery = Delivery(
+        id=1,
+        message_id="m",
+        subscription="jobs",
+        topic="jobs",
+        payload=None,
+        content_type="application/json",
+        headers={},
+        priority=5,
+        key=None,
+        idempotency_key=None,
+        attempt=1,
+        max_attempts=5,
+        replay_count=0,
+        enqueued_at=at,
+        available_at=at,
+        expires_at=None,
+        lease_token="t",
+        lease_expires_at=at,
+    )
+    for seconds in times:
+        recorder.handler_finished(delivery, seconds=seconds, error=None)
+    (row,), _ = recorder.take()
+    expected = [0] * len(HANDLER_BUCKETS)
+    for seconds in times:
+        expected[bucket_index(seconds)] += 1
+    assert row.handler_buckets == expected
+    assert row.handler_buckets[0] == 3  # 0, 1 us, and the first bound itself

@@ -17,6 +17,7 @@ from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.errors import DatabaseBusy
 from sqlbroker.core.message import Delivery
 from sqlbroker.core.settlements import Lease, Settlement
+from sqlbroker.storage.base import DeadFilter
 from sqlbroker.storage.factory import open_backend
 
 from .support import cancel_while_locked, new_message, publish
@@ -195,5 +196,40 @@ def test_behind_a_transaction_pooler_a_claim_prepares_nothing(
 
         names = asyncio.run(scenario())
         assert names == [] if pooler else len(names) == 2
+    finally:
+        backend.close()
+
+
+def test_a_direct_claim_dead_letters_a_row_with_infinite_times(pg_url: str, pg_server: Any) -> None:
+    """The direct claim loads times with psycopg's own loader, which refuses ``infinity``
+    (adapters.Strict): a copy holding one (raw SQL) is damage, dead-lettered, and the claim
+    hands out the rest, as the cursor path does."""
+    backend = open_backend(pg_url, pool_size=1, clock=ManualClock())
+    admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
+    try:
+        publish(backend, "jobs", 3)
+
+        async def scenario() -> tuple[list[Delivery], list[str]]:
+            claim = backend.async_ops.message_claim_many
+            await claim(subscription="jobs", limit=1, lease=LEASE, worker="w")  # prepared
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                admin.execute(
+                    "UPDATE sqlbroker_message SET expires_at = 'infinity',"
+                    " available_at = '-infinity' WHERE id = (SELECT min(id) FROM"
+                    " sqlbroker_message WHERE state = 'available')"
+                )
+            claimed = list(await claim(subscription="jobs", limit=5, lease=LEASE, worker="w"))
+            async with backend.begin_async() as tx:  # the same (only) connection
+                cursor = await tx.connection.execute(
+                    "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'sqlbroker%'"
+                )
+                return claimed, [row[0] for row in await cursor.fetchall()]
+
+        (delivery,), prepared = asyncio.run(scenario())
+        assert delivery.payload == {"n": 2}
+        assert any("SKIP LOCKED" in text for text in prepared)  # the claims went direct
+        (dead,) = backend.dead_list(where=DeadFilter(), limit=10, after_id=None)
+        infinite = "is infinity, not a time"
+        assert dead.reason == f"undecodable: available_at {infinite}; expires_at {infinite}"
     finally:
         backend.close()

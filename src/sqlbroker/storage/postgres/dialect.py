@@ -34,6 +34,7 @@ from sqlbroker.storage.plan import (
     drive,
     drive_async,
 )
+from sqlbroker.storage.postgres.adapters import Strict
 from sqlbroker.storage.schema import SchemaFiles
 from sqlbroker.storage.sql import load_blocks
 
@@ -276,8 +277,9 @@ _libpq: dict[bytes, _Libpq] = {}
 _sessions: weakref.WeakKeyDictionary[
     psycopg.AsyncConnection[Any], tuple[Adapting, dict[Any, bytes], asyncio.AbstractEventLoop]
 ] = weakref.WeakKeyDictionary()
-"""Per connection, :func:`direct`'s adapter (its dumpers found once), the statements it
-prepared there, by text and parameter types, and the loop it belongs to."""
+"""Per connection, :func:`direct`'s adapter (its dumpers and loaders found once, the
+loaders :class:`~sqlbroker.storage.postgres.adapters.Strict`), the statements it prepared
+there, by text and parameter types, and the loop it belongs to."""
 
 
 async def direct(
@@ -293,7 +295,7 @@ async def direct(
         libpq = _libpq[sql] = _Libpq(sql)
     session = _sessions.get(conn)
     if session is None:
-        session = _sessions[conn] = (Transformer(conn), {}, asyncio.get_running_loop())
+        session = _sessions[conn] = (Transformer(Strict(conn)), {}, asyncio.get_running_loop())
     dumper, prepared, loop = session
     values = dumper.dump_sequence([params[name] for name in libpq.names], libpq.formats)
     pgconn = conn.pgconn
@@ -310,7 +312,12 @@ async def direct(
     if result.status != ExecStatus.TUPLES_OK:
         return Rows([], -1 if rowcount is None else rowcount)
     dumper.set_pgresult(result)
-    rows = dumper.load_rows(0, result.ntuples, tuple)
+    try:
+        rows = dumper.load_rows(0, result.ntuples, tuple)
+    except psycopg.DataError:
+        tolerant = Transformer(conn)  # the connection's own loaders read what Strict refuses
+        tolerant.set_pgresult(result)
+        rows = tolerant.load_rows(0, result.ntuples, tuple)
     return Rows(rows, len(rows) if rowcount is None else rowcount)
 
 
