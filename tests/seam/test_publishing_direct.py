@@ -202,3 +202,24 @@ def test_behind_a_transaction_pooler_a_send_prepares_nothing(
         assert asyncio.run(scenario()) == ([] if pooler else ["sqlbroker_0"])
     finally:
         backend.close()
+
+
+def test_a_connection_used_by_the_direct_path_is_freed_once_dropped(pg_url: str) -> None:
+    """What the direct path keeps per connection (its adapters, its prepared statements)
+    goes with the connection: the pool replaces connections (``max_lifetime``, reconnects),
+    and a worker runs for weeks."""
+    import gc
+    import weakref
+
+    from sqlbroker.storage.postgres.dialect import direct
+
+    async def run() -> weakref.ref[Any]:
+        conn = await psycopg.AsyncConnection.connect(pg_url, autocommit=True)
+        rows = await direct(conn, b"SELECT %(n)s::int", {"n": 7})
+        assert list(rows) == [(7,)]
+        await conn.close()
+        return weakref.ref(conn)
+
+    gone = asyncio.run(run())
+    gc.collect()
+    assert gone() is None

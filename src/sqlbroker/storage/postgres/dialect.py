@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import hashlib
 import re
-import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
@@ -274,12 +273,12 @@ class _Libpq:
 
 
 _libpq: dict[bytes, _Libpq] = {}
-_sessions: weakref.WeakKeyDictionary[
-    psycopg.AsyncConnection[Any], tuple[Adapting, dict[Any, bytes], asyncio.AbstractEventLoop]
-] = weakref.WeakKeyDictionary()
-"""Per connection, :func:`direct`'s adapter (its dumpers and loaders found once, the
-loaders :class:`~sqlbroker.storage.postgres.adapters.Strict`), the statements it prepared
-there, by text and parameter types, and the loop it belongs to."""
+_SESSION = "_sqlbroker_direct"
+"""The attribute of a connection holding :func:`direct`'s state there: its adapter (its
+dumpers and loaders found once, the loaders
+:class:`~sqlbroker.storage.postgres.adapters.Strict`), the statements it prepared, by text
+and parameter types, and the loop it belongs to. On the connection, not in a weak map keyed
+by it: the adapter refers to the connection, so a map's entry would keep it alive forever."""
 
 
 async def direct(
@@ -293,9 +292,11 @@ async def direct(
     libpq = _libpq.get(sql)
     if libpq is None:
         libpq = _libpq[sql] = _Libpq(sql)
-    session = _sessions.get(conn)
+    session: tuple[Adapting, dict[Any, bytes], asyncio.AbstractEventLoop] | None
+    session = getattr(conn, _SESSION, None)
     if session is None:
-        session = _sessions[conn] = (Transformer(Strict(conn)), {}, asyncio.get_running_loop())
+        session = (Transformer(Strict(conn)), {}, asyncio.get_running_loop())
+        setattr(conn, _SESSION, session)
     dumper, prepared, loop = session
     values = dumper.dump_sequence([params[name] for name in libpq.names], libpq.formats)
     pgconn = conn.pgconn
