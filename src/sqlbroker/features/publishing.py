@@ -20,6 +20,7 @@ from sqlbroker.core.message import (
     NewMessage,
     SharedBatch,
     message_like,
+    new_message,
     new_message_id,
     new_message_ids,
 )
@@ -158,7 +159,7 @@ def build_message(
     )
     idem = validate.key(idempotency_key, name("idempotency_key"))
     header_map = validate.headers(headers, name("headers"))
-    message = NewMessage(
+    message = new_message(
         message_id=new_message_id(),
         topic=topic_text,
         payload=data,
