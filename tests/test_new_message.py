@@ -1,19 +1,18 @@
-"""A publish's message is made by ``new_message`` (without the frozen dataclass's
-``__init__``): it is the ``NewMessage`` the constructor makes, field by field, and behaves
-as any other (type, equality, repr, frozenness, replace, copy, pickle)."""
+"""A publish's message is made as a draft filled in field by field (without the frozen
+dataclass's ``__init__``): it is the ``NewMessage`` the constructor makes, field by field,
+and behaves as any other (type, equality, repr, frozenness, replace, copy, pickle)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import pickle
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from sqlbroker.core.message import NewMessage, new_message
+from sqlbroker.core.message import NewMessage, finish_message, new_message_draft
 from sqlbroker.features.publishing import PublishDefaults, build_message
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -38,29 +37,33 @@ REQUIRED: dict[str, Any] = {
 DISTINCT = {name: f"value of {name}" for name in NewMessage.__slots__}
 
 
-def test_its_parameters_are_the_fields_of_new_message_with_their_defaults() -> None:
-    parameters = inspect.signature(new_message).parameters.values()
-    fields = dataclasses.fields(NewMessage)
-    assert [(p.name, p.kind, p.default) for p in parameters] == [
-        (
-            f.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
-        )
-        for f in fields
-    ]
+def _made(values: dict[str, Any]) -> NewMessage:
+    draft = new_message_draft()
+    for name, value in values.items():
+        setattr(draft, name, value)
+    return finish_message(draft)
+
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(NewMessage) if f.name not in REQUIRED}
+
+
+def test_a_draft_takes_the_fields_of_new_message_and_nothing_else() -> None:
+    with pytest.raises(AttributeError):
+        new_message_draft().topics = "orders.created"
+    with pytest.raises(AttributeError):  # a field left unset is not read as anything
+        _made(REQUIRED).replace  # noqa: B018
 
 
 @pytest.mark.parametrize(
     "values",
     [
-        REQUIRED,
+        {**REQUIRED, **DEFAULTS},
         {**REQUIRED, "replace": True, "debounce": 2.0, "debounce_max": 9.0},
         DISTINCT,
     ],
 )
 def test_it_makes_what_the_constructor_makes(values: dict[str, Any]) -> None:
-    made, expected = new_message(**values), NewMessage(**values)
+    made, expected = _made(values), NewMessage(**values)
     assert type(made) is NewMessage
     for field in dataclasses.fields(NewMessage):  # every slot set, to its own value
         assert getattr(made, field.name) == getattr(expected, field.name), field.name
@@ -70,7 +73,7 @@ def test_it_makes_what_the_constructor_makes(values: dict[str, Any]) -> None:
 
 
 def test_a_made_message_is_a_frozen_dataclass_like_any_other() -> None:
-    message = new_message(**REQUIRED)
+    message = _made({**REQUIRED, **DEFAULTS})
     with pytest.raises(dataclasses.FrozenInstanceError):
         message.priority = 0  # type: ignore[misc]
     assert not hasattr(message, "__dict__")

@@ -195,50 +195,19 @@ def thawed(frozen: type) -> type:
 _ThawedNewMessage = thawed(NewMessage)
 
 
-def new_message(
-    *,
-    message_id: str,
-    topic: str,
-    payload: bytes,
-    content_type: str,
-    headers: str | None,
-    priority: int,
-    ordering_key: str | None,
-    idempotency_key: str | None,
-    payload_hash: str | None,
-    delay: float | None,
-    available_at: datetime | None,
-    ttl: float | None,
-    expires_at: datetime | None,
-    max_attempts: int,
-    dedupe_window: float,
-    replace: bool = False,
-    debounce: float | None = None,
-    debounce_max: float | None = None,
-) -> NewMessage:
-    """``NewMessage(...)`` of the same fields, without the frozen dataclass's ``__init__``
-    (:func:`thawed`): a publish makes one per message."""
-    message: Any = _ThawedNewMessage()
-    message.message_id = message_id
-    message.topic = topic
-    message.payload = payload
-    message.content_type = content_type
-    message.headers = headers
-    message.priority = priority
-    message.ordering_key = ordering_key
-    message.idempotency_key = idempotency_key
-    message.payload_hash = payload_hash
-    message.delay = delay
-    message.available_at = available_at
-    message.ttl = ttl
-    message.expires_at = expires_at
-    message.max_attempts = max_attempts
-    message.dedupe_window = dedupe_window
-    message.replace = replace
-    message.debounce = debounce
-    message.debounce_max = debounce_max
-    message.__class__ = NewMessage
-    return message  # type: ignore[no-any-return]
+def new_message_draft() -> Any:
+    """A :class:`NewMessage` to fill in, field by field as attributes (a name that is not
+    a field raises ``AttributeError``), then to hand to :func:`finish_message`. A publish
+    makes one per message: cheaper than the frozen dataclass's ``__init__``
+    (:func:`thawed`) and than a call of eighteen keywords."""
+    return _ThawedNewMessage()
+
+
+def finish_message(draft: Any) -> NewMessage:
+    """``draft`` (of :func:`new_message_draft`), every field set, as the
+    :class:`NewMessage` it now is."""
+    draft.__class__ = NewMessage
+    return draft  # type: ignore[no-any-return]
 
 
 _OWN = ("message_id", "payload", "content_type", "payload_hash")

@@ -19,8 +19,9 @@ from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
     SharedBatch,
+    finish_message,
     message_like,
-    new_message,
+    new_message_draft,
     new_message_id,
     new_message_ids,
 )
@@ -160,27 +161,28 @@ def build_message(
         None if idempotency_key is None else validate.key(idempotency_key, name("idempotency_key"))
     )
     header_map = None if headers is None else validate.headers(headers, name("headers"))
-    message = new_message(
-        message_id=new_message_id(),
-        topic=topic_text,
-        payload=data,
-        content_type=kind,
-        headers=None if header_map is None else encode_json(header_map),
-        priority=_NORMAL if priority is NORMAL else validate.priority(priority, name("priority")),
-        ordering_key=ordering_key,
-        idempotency_key=idem,
-        payload_hash=None if idem is None else payload_hash(data, kind),
-        delay=delay_s,
-        available_at=at_dt,
-        ttl=ttl_s,
-        expires_at=expires_dt,
-        max_attempts=attempts,
-        dedupe_window=window,
-        replace=replacing,
-        debounce=debounce_s,
-        debounce_max=debounce_max_s,
+    message = new_message_draft()
+    message.message_id = new_message_id()
+    message.topic = topic_text
+    message.payload = data
+    message.content_type = kind
+    message.headers = None if header_map is None else encode_json(header_map)
+    message.priority = (
+        _NORMAL if priority is NORMAL else validate.priority(priority, name("priority"))
     )
-    return message
+    message.ordering_key = ordering_key
+    message.idempotency_key = idem
+    message.payload_hash = None if idem is None else payload_hash(data, kind)
+    message.delay = delay_s
+    message.available_at = at_dt
+    message.ttl = ttl_s
+    message.expires_at = expires_dt
+    message.max_attempts = attempts
+    message.dedupe_window = window
+    message.replace = replacing
+    message.debounce = debounce_s
+    message.debounce_max = debounce_max_s
+    return finish_message(message)
 
 
 _NORMAL = int(NORMAL)
