@@ -19,7 +19,9 @@ from sqlbroker.core.message import (
     NORMAL,
     NewMessage,
     SharedBatch,
+    finish_message,
     message_like,
+    new_message_draft,
     new_message_id,
     new_message_ids,
 )
@@ -105,15 +107,14 @@ def build_message(
     topic_text = validate_topic(topic, name("topic"))
     if content_type is not None and not isinstance(content_type, str):
         raise InvalidOption(name("content_type"), "must be a string")
-    data, kind = encode_payload(
-        payload, content_type=content_type, limit=defaults.payload_limit, field=name("payload")
-    )
+    data, kind = _encode(payload, content_type, defaults.payload_limit, name("payload"))
     if delay is not None and at is not None:
         raise InvalidOption(name("at"), "give delay or at, not both")
     if ttl is not None and expires_at is not None:
         raise InvalidOption(name("expires_at"), "give ttl or expires_at, not both")
-    delay_s = validate.optional_seconds(delay, name("delay"))
-    ordering_key = validate.key(key, name("key"))
+    # An option left unset is not handed to its check (nor its field named): most are.
+    delay_s = None if delay is None else validate.seconds(delay, name("delay"))
+    ordering_key = None if key is None else validate.key(key, name("key"))
     replacing, debounce_s, debounce_max_s = (
         (False, None, None)  # the defaults, nothing to check
         if replace is False and debounce is None and debounce_max is None
@@ -126,7 +127,7 @@ def build_message(
             raise InvalidOption(name("debounce"), "give debounce or delay/at, not both")
         # A debounced message that replaces nothing waits debounce, as a delay would.
         delay_s = debounce_s
-    ttl_s = validate.optional_seconds(ttl, name("ttl"))
+    ttl_s = None if ttl is None else validate.seconds(ttl, name("ttl"))
     if ttl_s == 0:
         raise InvalidDuration(name("ttl"), "must be greater than zero")
     at_dt = None if at is None else validate.point_in_time(at, name("at"))
@@ -156,29 +157,46 @@ def build_message(
         if dedupe_window is None
         else validate.seconds(dedupe_window, name("dedupe_window"), allow_zero=False)
     )
-    idem = validate.key(idempotency_key, name("idempotency_key"))
-    header_map = validate.headers(headers, name("headers"))
-    message = NewMessage(
-        message_id=new_message_id(),
-        topic=topic_text,
-        payload=data,
-        content_type=kind,
-        headers=None if header_map is None else encode_json(header_map),
-        priority=validate.priority(priority, name("priority")),
-        ordering_key=ordering_key,
-        idempotency_key=idem,
-        payload_hash=None if idem is None else payload_hash(data, kind),
-        delay=delay_s,
-        available_at=at_dt,
-        ttl=ttl_s,
-        expires_at=expires_dt,
-        max_attempts=attempts,
-        dedupe_window=window,
-        replace=replacing,
-        debounce=debounce_s,
-        debounce_max=debounce_max_s,
+    idem = (
+        None if idempotency_key is None else validate.key(idempotency_key, name("idempotency_key"))
     )
-    return message
+    header_map = None if headers is None else validate.headers(headers, name("headers"))
+    message = new_message_draft()
+    message.message_id = new_message_id()
+    message.topic = topic_text
+    message.payload = data
+    message.content_type = kind
+    message.headers = None if header_map is None else encode_json(header_map)
+    message.priority = (
+        _NORMAL if priority is NORMAL else validate.priority(priority, name("priority"))
+    )
+    message.ordering_key = ordering_key
+    message.idempotency_key = idem
+    message.payload_hash = None if idem is None else payload_hash(data, kind)
+    message.delay = delay_s
+    message.available_at = at_dt
+    message.ttl = ttl_s
+    message.expires_at = expires_dt
+    message.max_attempts = attempts
+    message.dedupe_window = window
+    message.replace = replacing
+    message.debounce = debounce_s
+    message.debounce_max = debounce_max_s
+    return finish_message(message)
+
+
+_NORMAL = int(NORMAL)
+"""The default priority as :func:`validate.priority` returns it (a plain ``int``)."""
+
+
+def _encode(payload: Any, content_type: str | None, limit: int, field: str) -> tuple[bytes, str]:
+    """:func:`encode_payload`'s ``(data, content_type)``, by :func:`encode_plain` when
+    ``payload`` is plain JSON (without the checks a payload of another kind needs)."""
+    if content_type is None or content_type == JSON_CONTENT_TYPE:
+        data = encode_plain(payload, limit)
+        if data is not None:
+            return data, JSON_CONTENT_TYPE
+    return encode_payload(payload, content_type=content_type, limit=limit, field=field)
 
 
 def _replace_options(
