@@ -78,3 +78,23 @@ def test_limits_are_validated() -> None:
     for option in ("max_copies", "max_subscriptions", "max_patterns"):
         with pytest.raises(sqlbroker.InvalidOption, match=option):
             sqlbroker.Broker("sqlite:///:memory:", **{option: 0})
+
+
+def test_a_single_publish_past_max_copies_writes_nothing(backend_url: str) -> None:
+    """One routed message whose fan-out passes ``max_copies`` is refused by its own insert
+    (no count beforehand): nothing written, an idempotency key not taken."""
+    with sqlbroker.Broker(backend_url, migrate=True, max_copies=2) as broker:
+        for name in ("a", "b", "c"):
+            broker.subscribe(name, ["orders.#"])
+        before = counts(broker)
+        with pytest.raises(sqlbroker.LimitExceeded) as refused:
+            broker.publish("orders.new", 1, idempotency_key="k1")
+        assert (refused.value.field, refused.value.limit, refused.value.wanted) == (
+            "max_copies",
+            2,
+            3,
+        )
+        assert counts(broker) == before
+        broker.unsubscribe("c")
+        broker.publish("orders.new", 2, idempotency_key="k1")  # the key was not taken
+        assert len(broker.pending()) == 2

@@ -153,9 +153,16 @@ def message_insert_many(
         elif subscription is not None and len(fresh) == 1:
             block = "message_insert_keyed"  # its _one form: see _rows
         routed = block != "message_insert_queue"
-        if routed and subscription is None and max_copies is not None and not settings.array_params:
+        if (
+            routed
+            and subscription is None
+            and max_copies is not None
+            and not settings.array_params
+            and len(fresh) > 1
+        ):
             # Run row by row, the statements cannot see the batch: count its copies first,
-            # so that a refused fan-out writes nothing at all (nor holds the write lock).
+            # so that a refused fan-out writes nothing at all. (One message's statement
+            # counts its own routes and writes nothing past the limit.)
             topics = Counter(message_column(fresh, "topic"))
             ((copies,),) = yield query(
                 "message_copies",
