@@ -49,6 +49,16 @@ WORKLOADS: dict[str, WorkloadInfo] = {
             "one producer thread, one message per transaction (`send`)",
         ),
         WorkloadInfo(
+            "publish.routed",
+            THROUGHPUT,
+            "msg/s",
+            True,
+            None,
+            "as publish.single, to a topic that two subscriptions' patterns match (`publish`,"
+            " fan-out on write: two copies per message): what routing costs",
+            baseline="publish.single",
+        ),
+        WorkloadInfo(
             "publish.batch",
             THROUGHPUT,
             "msg/s",

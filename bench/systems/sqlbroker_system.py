@@ -153,6 +153,30 @@ def publish_single(database: Database, sizes: Sizes) -> Sample:
     )
 
 
+ROUTED_TOPIC = "bench.orders.created"
+ROUTED_SUBSCRIPTIONS = {"bench-billing": ["bench.orders.#"], "bench-audit": ["bench.*.created"]}
+
+
+def publish_routed(database: Database, sizes: Sizes) -> Sample:
+    with open_broker(database) as broker:
+        for name, patterns in ROUTED_SUBSCRIPTIONS.items():
+            broker.subscribe(name, patterns)
+        for i in range(sizes.warmup):
+            broker.publish(ROUTED_TOPIC, payload(i))
+        started = time.perf_counter()
+        for i in range(sizes.publish_single):
+            broker.publish(ROUTED_TOPIC, payload(i))
+        elapsed = time.perf_counter() - started
+        ready = {s.subscription: s.ready for s in broker.stats()}
+        expected = sizes.warmup + sizes.publish_single
+        if any(ready.get(name) != expected for name in ROUTED_SUBSCRIPTIONS):
+            raise BenchError(f"{ready} ready after publishing {expected} to two subscriptions")
+    return Sample(
+        {"rate": sizes.publish_single / elapsed},
+        {"messages": sizes.publish_single, "copies": 2, "seconds": round(elapsed, 3)},
+    )
+
+
 def publish_batch(database: Database, sizes: Sizes) -> Sample:
     with open_broker(database) as broker:
         broker.send_many(QUEUE, [payload(i) for i in range(sizes.warmup)])
@@ -547,6 +571,7 @@ def latency(database: Database, sizes: Sizes) -> Sample:
 
 WORKLOADS: dict[str, Callable[[Database, Sizes], Sample]] = {
     "publish.single": publish_single,
+    "publish.routed": publish_routed,
     "publish.batch": publish_batch,
     "drain.runtime": drain_runtime,
     "drain.claim10": drain_claim(10),
