@@ -26,12 +26,17 @@ log = logging.getLogger("sqlbroker.runtime")
 _PACE_WEIGHT = 0.2
 
 
-def _running(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether this thread runs ``loop``."""
+def _on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args: Any) -> None:
+    """Call ``function(*args)`` on ``loop``: now when this thread runs it, else soon."""
     try:
-        return asyncio.get_running_loop() is loop
+        running = asyncio.get_running_loop() is loop
     except RuntimeError:
-        return False
+        running = False
+    if running:
+        function(*args)
+    else:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to do there
+            loop.call_soon_threadsafe(function, *args)
 
 
 class Executing(Holding):
@@ -157,14 +162,10 @@ class Executing(Holding):
     ) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
         a handler may hand its message to any thread; the pump's state is the loop's."""
-        if _running(loop):
-            self._settle(settlement)
-            return
         # Thread-safe, and raises once the worker's final write-back began: a late ack
         # must fail loudly rather than land in a buffer nobody writes.
         self._writeback.add(settlement)
-        with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
-            loop.call_soon_threadsafe(self._free_slot, settlement.lease)
+        _on_loop(loop, self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
         committed = functools.partial(self._committed_from_any_thread, loop, message)
@@ -174,12 +175,7 @@ class Executing(Holding):
         """The message was completed in the handler's own transaction: nothing is left to
         write back, only the slot and the lease to let go."""
         message._end_settling()
-        delivery = message.delivery
-        if _running(loop):
-            self._committed(delivery)
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
-                loop.call_soon_threadsafe(self._committed, delivery)
+        _on_loop(loop, self._committed, message.delivery)
 
     def _committed(self, delivery: Delivery) -> None:
         settlement = Settlement.complete(delivery)
