@@ -43,8 +43,9 @@ class Executing(Holding):
     async def execute(self, stop: asyncio.Event) -> None:
         """Run handlers one at a time until ``stop``; the current one always finishes.
 
-        An idle slot waits on the buffer alone, the cheapest wake-up a claim can give it;
-        :meth:`stop_idle` ends that wait with a ``None`` per slot."""
+        An idle slot waits for a claim to wake it (one future), and :meth:`stop_idle` ends
+        that wait; a slot takes from the buffer only before the stop, so a delivery a claim
+        buffered just before it is left to :meth:`release_unstarted`."""
         loop = asyncio.get_running_loop()
         # What every message of this slot gets: made once, not per message.
         manual = self.spec.ack == "manual"
@@ -52,19 +53,12 @@ class Executing(Holding):
         effects = functools.partial(self._effects, loop)
         task = asyncio.current_task()  # each handler of this slot runs in it
         while not stop.is_set():
-            try:
-                # With a backlog buffered, take it without a wait per message.
-                delivery = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                delivery = await self._queue.get()
-            if delivery is None:
-                return
-            if stop.is_set():
-                # A claim woke this slot just before the stop: release_unstarted hands it
-                # back instead.
-                self._queue.put_nowait(delivery)
-                return
-            await self._handle(delivery, settle, effects, task)
+            if self._buffer:
+                await self._handle(self._buffer.popleft(), settle, effects, task)
+                continue
+            waiter = loop.create_future()
+            self._idle_slots.append(waiter)
+            await waiter
 
     async def _handle(
         self,
