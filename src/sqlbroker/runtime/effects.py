@@ -63,34 +63,30 @@ class EffectsTransaction:
 
     @contextlib.contextmanager
     def _run(self) -> Iterator[Any]:
-        done = self._start()
-        try:
-            with self._backend.begin(timed=False) as tx:
-                yield tx.connection
-                if not tx.message_settle_many(settlements=[done]):
-                    raise LeaseLost([done.lease.id])
-        except BaseException:
-            self._message._abort_settling()
-            raise
-        self._committed()
+        with self._settling() as done, self._backend.begin(timed=False) as tx:
+            yield tx.connection
+            if not tx.message_settle_many(settlements=[done]):
+                raise LeaseLost([done.lease.id])
 
     @contextlib.asynccontextmanager
     async def _run_async(self) -> AsyncIterator[Any]:
-        done = self._start()
-        try:
+        with self._settling() as done:
             async with self._backend.begin_async(timed=False) as tx:
                 yield tx.connection
                 if not await tx.message_settle_many(settlements=[done]):
                     raise LeaseLost([done.lease.id])
-        except BaseException:
-            self._message._abort_settling()
-            raise
-        self._committed()
 
-    def _start(self) -> Settlement:
-        """Claim the message's settlement for this transaction; return its complete."""
+    @contextlib.contextmanager
+    def _settling(self) -> Iterator[Settlement]:
+        """Claim the message's settlement for the transaction inside, whose commit
+        completes it (the complete is yielded); hand it back if that fails."""
         if self._entered:
             raise SqlbrokerError("a message's transaction can be entered only once")
         self._message._begin_settling()
         self._entered = True
-        return Settlement.complete(self._message.delivery)
+        try:
+            yield Settlement.complete(self._message.delivery)
+        except BaseException:
+            self._message._abort_settling()
+            raise
+        self._committed()

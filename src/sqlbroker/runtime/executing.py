@@ -26,20 +26,26 @@ log = logging.getLogger("sqlbroker.runtime")
 _PACE_WEIGHT = 0.2
 
 
-def _running(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether this thread runs ``loop``."""
+def _on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., None], *args: Any) -> None:
+    """Call ``function(*args)`` on ``loop``: now when this thread runs it, else soon."""
     try:
-        return asyncio.get_running_loop() is loop
+        running = asyncio.get_running_loop() is loop
     except RuntimeError:
-        return False
+        running = False
+    if running:
+        function(*args)
+    else:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to do there
+            loop.call_soon_threadsafe(function, *args)
 
 
 class Executing(Holding):
     async def execute(self, stop: asyncio.Event) -> None:
         """Run handlers one at a time until ``stop``; the current one always finishes.
 
-        An idle slot waits on the buffer alone, the cheapest wake-up a claim can give it;
-        :meth:`stop_idle` ends that wait with a ``None`` per slot."""
+        An idle slot waits for a claim to wake it (one future), and :meth:`stop_idle` ends
+        that wait; a slot takes from the buffer only before the stop, so a delivery a claim
+        buffered just before it is left to :meth:`release_unstarted`."""
         loop = asyncio.get_running_loop()
         # What every message of this slot gets: made once, not per message.
         manual = self.spec.ack == "manual"
@@ -47,19 +53,12 @@ class Executing(Holding):
         effects = functools.partial(self._effects, loop)
         task = asyncio.current_task()  # each handler of this slot runs in it
         while not stop.is_set():
-            try:
-                # With a backlog buffered, take it without a wait per message.
-                delivery = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                delivery = await self._queue.get()
-            if delivery is None:
-                return
-            if stop.is_set():
-                # A claim woke this slot just before the stop: release_unstarted hands it
-                # back instead.
-                self._queue.put_nowait(delivery)
-                return
-            await self._handle(delivery, settle, effects, task)
+            if self._buffer:
+                await self._handle(self._buffer.popleft(), settle, effects, task)
+                continue
+            waiter = loop.create_future()
+            self._idle_slots.append(waiter)
+            await waiter
 
     async def _handle(
         self,
@@ -157,14 +156,10 @@ class Executing(Holding):
     ) -> None:
         """A manual ``ack``/``nack``/``reject``: sync handlers call it from their thread, and
         a handler may hand its message to any thread; the pump's state is the loop's."""
-        if _running(loop):
-            self._settle(settlement)
-            return
         # Thread-safe, and raises once the worker's final write-back began: a late ack
         # must fail loudly rather than land in a buffer nobody writes.
         self._writeback.add(settlement)
-        with contextlib.suppress(RuntimeError):  # the loop is gone: no slot to free
-            loop.call_soon_threadsafe(self._free_slot, settlement.lease)
+        _on_loop(loop, self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
         committed = functools.partial(self._committed_from_any_thread, loop, message)
@@ -174,12 +169,7 @@ class Executing(Holding):
         """The message was completed in the handler's own transaction: nothing is left to
         write back, only the slot and the lease to let go."""
         message._end_settling()
-        delivery = message.delivery
-        if _running(loop):
-            self._committed(delivery)
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to free
-                loop.call_soon_threadsafe(self._committed, delivery)
+        _on_loop(loop, self._committed, message.delivery)
 
     def _committed(self, delivery: Delivery) -> None:
         settlement = Settlement.complete(delivery)

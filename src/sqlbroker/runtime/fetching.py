@@ -42,7 +42,7 @@ class Fetching(Holding):
             # While claimed messages still wait in the buffer the executors have work, so
             # wait until half the room is free: one claim then fetches a useful batch
             # instead of a row or two per round trip.
-            if capacity <= 0 or (capacity < room // 2 and not self._queue.empty()):
+            if capacity <= 0 or (capacity < room // 2 and self._buffer):
                 await self._until_slot_freed()
                 continue
             # The write-back's backlog is full (a slow database): claim when a write frees it.
@@ -83,7 +83,9 @@ class Fetching(Holding):
             for delivery in found:
                 self._open.add(_key(delivery))
                 self._held[delivery.id] = delivery
-                self._queue.put_nowait(delivery)
+                self._buffer.append(delivery)
+            for _ in range(min(len(found), len(self._idle_slots))):
+                _resolve(self._idle_slots.popleft())
             if len(found) >= min(capacity, limit_per_claim):
                 pause = self._poll_min
                 self._drained = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -59,7 +60,10 @@ class Holding:
         self._threads = handler_threads
         self._poll_min = poll_min
         self._poll_max = poll_max
-        self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        # Claimed deliveries waiting for a handler slot, and the idle slots waiting for
+        # one: a deque and a future per wait, about a tenth of asyncio.Queue's cost.
+        self._buffer: deque[Delivery] = deque()
+        self._idle_slots: deque[asyncio.Future[None]] = deque()
         self._open: set[LeaseKey] = set()  # claimed, no outcome yet
         self._held: dict[int, Delivery] = {}  # by copy: a new claim replaces a lost lease
         self._hinted = False
@@ -176,14 +180,13 @@ class Holding:
         return await self._release(self._unqueue(lambda _: True))
 
     def _unqueue(self, wanted: Callable[[Delivery], bool]) -> list[Delivery]:
-        """Take the buffered deliveries ``wanted`` picks out of the buffer; the rest (and
-        the stop's ``None`` marks) stay, in their order."""
-        taken = []
-        for item in [self._queue.get_nowait() for _ in range(self._queue.qsize())]:
-            if item is not None and wanted(item):
-                taken.append(item)
-            else:
-                self._queue.put_nowait(item)
+        """Take the buffered deliveries ``wanted`` picks out of the buffer; the rest stay,
+        in their order."""
+        taken: list[Delivery] = []
+        kept: deque[Delivery] = deque()
+        for item in self._buffer:
+            (taken if wanted(item) else kept).append(item)
+        self._buffer = kept
         return taken
 
     async def _release(self, unstarted: list[Delivery]) -> int:

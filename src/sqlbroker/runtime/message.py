@@ -203,23 +203,26 @@ class Message:
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await loop.run_in_executor(self._threads, call)
 
+    def _move(self, allowed: tuple[int, ...], to: int) -> bool:
+        """Move the state to ``to`` if it is one of ``allowed``: ``True`` then."""
+        with self._lock:
+            if self._state not in allowed:
+                return False
+            self._state = to
+            return True
+
     def _begin_settling(self) -> None:
         """The message's transaction is entered."""
-        with self._lock:
-            if self._state != _OPEN:
-                raise AlreadySettled(f"message {self.id} was already settled")
-            self._state = _COMMITTING
+        if not self._move((_OPEN,), _COMMITTING):
+            raise AlreadySettled(f"message {self.id} was already settled")
 
     def _abort_settling(self) -> None:
         """The message's transaction rolled back (unless the pump took the message over)."""
-        with self._lock:
-            if self._state == _COMMITTING:
-                self._state = _OPEN
+        self._move((_COMMITTING,), _OPEN)
 
     def _end_settling(self) -> None:
         """The message's transaction committed: the message is completed."""
-        with self._lock:
-            self._state = _SETTLED
+        self._move((_OPEN, _COMMITTING, _SETTLED), _SETTLED)
 
     def _take_over(self, *, uncommitted: bool) -> bool:
         """For the pump, when the handler ended: ``True`` if the pump must write the
@@ -227,27 +230,20 @@ class Message:
         with ``uncommitted``, also when its transaction has not committed yet: the thread
         running it was given up (a timeout, a stop at once) and may never finish. Should
         that commit still come, the lease token lets exactly one of the two writes win."""
-        with self._lock:
-            if self._state == _SETTLED or (self._state == _COMMITTING and not uncommitted):
-                return False
-            self._state = _SETTLED
-            return True
+        return self._move((_OPEN, _COMMITTING) if uncommitted else (_OPEN,), _SETTLED)
 
     def _finish(self, settlement: Settlement) -> None:
         if self._settle is None:
             raise SqlbrokerError("ack/nack/reject are for subscribers with ack='manual'")
-        with self._lock:
-            if self._state != _OPEN:
-                raise AlreadySettled(f"message {self.id} was already settled")
-            self._state = _SETTLED
+        if not self._move((_OPEN,), _SETTLED):
+            raise AlreadySettled(f"message {self.id} was already settled")
         if self.cancelled:
             settlement = Settlement.cancel(self._delivery)
         try:
             self._settle(settlement)
         except BaseException:
             # Not taken (the worker has stopped): the message is not settled.
-            with self._lock:
-                self._state = _OPEN
+            self._move((_SETTLED,), _OPEN)
             raise
 
     def ack(self, result: Any = None) -> None:

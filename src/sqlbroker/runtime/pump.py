@@ -42,9 +42,9 @@ log = logging.getLogger("sqlbroker.runtime")
 class Pump(Fetching, Executing):
     def stop_idle(self) -> None:
         """After the stop: end the wait of every idle handler slot (busy ones see the stop
-        when their handler returns and leave the ``None`` for :meth:`release_unstarted`)."""
-        for _ in range(self.spec.concurrency):
-            self._queue.put_nowait(None)
+        when their handler returns and leave the buffer to :meth:`release_unstarted`)."""
+        while self._idle_slots:
+            _resolve(self._idle_slots.popleft())
         self.wake()  # and the fetch's sleep
         if self._slot_waiter is not None:
             _resolve(self._slot_waiter)  # or its wait for a free slot

@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Sequence
-from typing import Any, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 from sqlbroker.client import inspection, publishing, scheduling
 from sqlbroker.client.base import BrokerBase
@@ -31,7 +31,7 @@ from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.observability import WorkerBeat
-from sqlbroker.features.faces import Blocking, Part, drive_async
+from sqlbroker.features.faces import drive_async
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
@@ -60,31 +60,6 @@ Task = asyncio.Task[None]
 
 class WorkerCrashed(SqlbrokerError):
     """A task of the worker died unexpectedly; the worker stopped after draining."""
-
-
-class _BrokerView(Part, Blocking):
-    """What the worker needs of a broker of either face: the reaper's and the scheduler's
-    passes as coroutines on the worker's loop; the set-up at its start, blocking (it runs
-    on the backend's own threads)."""
-
-    def __init__(self, broker: BrokerBase) -> None:
-        super().__init__(broker)
-        self._base = broker
-        self.lease = broker.lease
-        self.publish_defaults = broker.publish_defaults
-
-    @property
-    def backend(self) -> Backend:
-        return self._ready()
-
-    async def reap_async(self) -> dict[str, int]:
-        return await drive_async(self.backend, inspection.reap(self._base))
-
-    def subscribe(self, name: str, patterns: Sequence[str]) -> Any:
-        return self._drive(publishing.subscribe(self._base, name, patterns, replace=True))
-
-    async def run_due_schedules_async(self) -> ScheduleRun:
-        return await drive_async(self.backend, scheduling.run_due_schedules(self._base))
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -141,7 +116,7 @@ class Worker:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
-        self._broker = _BrokerView(broker)
+        self._broker = broker
         self._specs = list(specs)
         get = options.get
         seconds, integer = validate.seconds, validate.integer
@@ -223,14 +198,14 @@ class Worker:
         self._stop, self._hard = asyncio.Event(), asyncio.Event()
         if self._pending_stop is not None:
             self._request_stop(self._pending_stop)
-        backend = self._broker.backend
+        backend = self._broker._ready()
         handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
 
         installed: list[signal.Signals] = []
         writeback: WriteBack | None = None
         stop_timer: asyncio.TimerHandle | None = None
         try:
-            await backend.offload(self._ensure_subscriptions)
+            await self._ensure_subscriptions(backend)
             writeback = WriteBack(
                 backend.async_ops.message_settle_many,
                 on_flushed=self._flushed,
@@ -336,16 +311,20 @@ class Worker:
             if self._listen:
                 start("listener", self._hints(backend))
             flusher = start("write-back", writeback.run(side_stop))
-            start("reaper", self._reap(side_stop))
+            start("reaper", self._reap(backend, side_stop))
             host, pid = socket.gethostname(), os.getpid()
             beat = WorkerBeat(name=self.name, host=host, pid=pid, subscriptions=tuple(self._pumps))
             heartbeat = Heartbeat(backend, self.recorder, beat, interval=self._heartbeat_interval)
             start("heartbeat", heartbeat.run(side_stop))
             if self._schedules:
+
+                def run_due() -> Awaitable[ScheduleRun]:
+                    return drive_async(backend, scheduling.run_due_schedules(self._broker))
+
                 scheduler = Scheduler(poll_interval=self._poll_max)
-                start("scheduler", scheduler.run(self._stop, self._broker.run_due_schedules_async))
+                start("scheduler", scheduler.run(self._stop, run_due))
             if until_idle:
-                start("idle watch", self._watch_idle(writeback))
+                start("idle watch", self._watch_idle(backend, writeback))
             group.create_task(self._shutdown(executors, writeback, flusher, side_stop))
 
     async def _hints(self, backend: Backend) -> None:
@@ -373,15 +352,16 @@ class Worker:
         announced = self._listen and getattr(backend, "supports_notify", False)
         return CANCEL_SAFETY_POLL if announced else CANCEL_POLL
 
-    def _ensure_subscriptions(self) -> None:
-        backend = self._broker.backend
+    async def _ensure_subscriptions(self, backend: Backend) -> None:
         for spec in self._specs:
             if spec.is_queue:
-                backend.subscription_ensure(name=spec.name)
+                await backend.async_ops.subscription_ensure(name=spec.name)
             else:
-                self._broker.subscribe(spec.name, list(spec.patterns))
+                patterns = list(spec.patterns)
+                subscribe = publishing.subscribe(self._broker, spec.name, patterns, replace=True)
+                await drive_async(backend, subscribe)
             if spec.flow is not None:
-                backend.flow_set(name=spec.name, limits=spec.flow)
+                await backend.async_ops.flow_set(name=spec.name, limits=spec.flow)
 
     async def _guard(self, name: str, work: Awaitable[None]) -> None:
         try:
@@ -488,10 +468,10 @@ class Worker:
                 if delivery is not None:  # always: the worker settles deliveries
                     self._pumps[delivery.subscription].flushed(settlement, delivery, lost=lost)
 
-    async def _reap(self, stop: asyncio.Event) -> None:
+    async def _reap(self, backend: Backend, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                counts = await self._broker.reap_async()
+                counts = await drive_async(backend, inspection.reap(self._broker))
             except SqlbrokerError as error:
                 log.warning("reaper pass failed: %s", error)
             else:
@@ -503,7 +483,7 @@ class Worker:
                     log.info("reaper: %s", counts)
             await wait_any(stop, timeout=self._reap_interval * random.uniform(0.8, 1.2))
 
-    async def _watch_idle(self, writeback: WriteBack) -> None:
+    async def _watch_idle(self, backend: Backend, writeback: WriteBack) -> None:
         """Stop once every pump is idle, nothing waits to be written and the database
         has nothing left for the subscriptions. Looked at every tenth of a second, and at
         once when a write-back lands (the last outcomes of a drain): a drain ends a write
@@ -519,7 +499,7 @@ class Worker:
                 continue
             try:
                 # The gauges alone: rates and handler times would cost queries for nothing.
-                stats = await self._broker.backend.async_ops.stats_collect()
+                stats = await backend.async_ops.stats_collect()
             except SqlbrokerError:
                 await wait_any(self._stop, timeout=0.1)
                 continue
