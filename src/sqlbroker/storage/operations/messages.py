@@ -30,6 +30,7 @@ from sqlbroker.storage.plan import (
     StatementFailed,
     ahead,
     atomic,
+    changed_count,
     query,
     relaxed,
 )
@@ -348,11 +349,9 @@ def message_expire(settings: Settings, *, limit: int) -> Plan[int]:
 def key_repair(settings: Settings, *, limit: int) -> Plan[int]:
     """Promote the oldest blocked copy of every ordering key left without a head; return
     how many. A safety net: removals promote the next copy themselves."""
-    done = yield query("key_repair", limit=limit)
-    return done.rowcount
+    return changed_count("key_repair", limit=limit)
 
 
 def dedupe_trim(settings: Settings, *, limit: int) -> Plan[int]:
     """Delete idempotency keys whose window has passed; return how many."""
-    done = yield query("dedupe_trim", limit=limit)
-    return done.rowcount
+    return changed_count("dedupe_trim", limit=limit)
