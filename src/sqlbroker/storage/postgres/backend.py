@@ -101,8 +101,7 @@ class PostgresBackend(Backend):
                 self._sql,
                 result_channel=self.result_channel,
                 dead_channel=self.dead_channel,
-            ),
-            name="sqlbroker-result",
+            )
         )
         known_queues = KnownQueues()
         self.settings = Settings(

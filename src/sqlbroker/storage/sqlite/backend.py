@@ -98,7 +98,7 @@ class SqliteBackend(Backend):
             self.settings, known_queues=known_queues.in_transactions()
         )
         self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
-        self.result_hub = ResultHub(self._result_source, name="sqlbroker-result")
+        self.result_hub = ResultHub(self._result_source)
 
     # --- the seam ----------------------------------------------------------------------------
 
