@@ -29,7 +29,7 @@ from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
-from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Query, Rows, drive
+from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Rows
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.schema import pending
@@ -126,7 +126,11 @@ class SqliteBackend(Backend):
             return done.value  # type: ignore[no-any-return]
         with self._db.write() as conn:
             step = dialect.stepper(conn, self._statements, now)
-            return drive(_resumed(statement, plan), step)
+            while True:
+                try:
+                    statement = plan.send(step(statement))
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
 
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` on one of the backend's threads."""
@@ -271,14 +275,3 @@ class SqliteBackend(Backend):
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
         self._threads.shutdown()
-
-
-def _resumed(first: Query, plan: Plan[T]) -> Plan[T]:
-    """``plan`` from ``first`` on: the statement it yielded after its commit point."""
-    rows = yield first
-    while True:
-        try:
-            statement = plan.send(rows)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        rows = yield statement
