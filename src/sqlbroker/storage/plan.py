@@ -145,6 +145,18 @@ def commit_point() -> Query:
     return Query(COMMIT_POINT, {})
 
 
+def changed(block: str, /, **params: Any) -> Plan[bool]:
+    """A statement run for what it changes: whether it changed a row (found its target)."""
+    done = yield Query(block, params)
+    return done.rowcount > 0
+
+
+def changed_count(block: str, /, **params: Any) -> Plan[int]:
+    """A statement run for what it changes: how many rows it changed."""
+    done = yield Query(block, params)
+    return max(0, done.rowcount)
+
+
 def named(block: str, /, **params: Any) -> Query:
     """A statement whose rows are read by column name."""
     return Query(block, params, named=True)

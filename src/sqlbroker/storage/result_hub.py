@@ -101,9 +101,8 @@ class _Ready(threading.Event):
 
 
 class ResultHub:
-    def __init__(self, source: Source, *, name: str) -> None:
+    def __init__(self, source: Source) -> None:
         self._source = source
-        self._name = name
         self._lock = threading.Lock()
         self._waiters: dict[str, set[Waiter]] = {}
         self._thread: threading.Thread | None = None
@@ -129,7 +128,7 @@ class ResultHub:
                 self._thread = threading.Thread(
                     target=self._source,
                     args=(self.hint, self.ready, self._stop),
-                    name=self._name,
+                    name="sqlbroker-result",
                     daemon=True,
                 )
                 self._thread.start()

@@ -25,11 +25,11 @@ from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import (
     Plan,
-    Query,
     Rows,
     StatementFailed,
     ahead,
     atomic,
+    changed_count,
     query,
     relaxed,
 )
@@ -208,7 +208,14 @@ def message_settle_many(
             if kind == "complete" and all(s.value is None for s in group):
                 rows = yield from _complete(settings, **_leases(group))
             else:
-                rows = yield _settle_kind(settings, kind, group)
+                block, columns = _SQLITE_SETTLE[kind]
+                params = _settle_params(group)
+                rows = yield query(
+                    block,
+                    **_leases(group),
+                    **{column: params[column] for column in columns},
+                    archive=settings.archive_completed,
+                )
             done.extend(row[0] for row in rows)
             if kind != "retry":
                 removed.extend(rows)
@@ -228,6 +235,17 @@ def _complete(settings: Settings, ids: list[int], tokens: list[str]) -> Plan[Row
     return rows
 
 
+_SQLITE_SETTLE = {
+    "complete": ("message_complete_valued", ("values",)),
+    "retry": ("message_retry", ("afters", "errors", "snoozes")),
+    "dead": ("message_dead", ("reasons", "error_types", "error_messages", "tracebacks")),
+    "cancel": ("message_cancel_leased", ()),
+}
+"""SQLite's block for each kind of settlement (a complete's with values: see
+:func:`_complete` for the plain one) and the columns of :func:`_settle_params` it reads
+(``archive``: only the complete's)."""
+
+
 def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
     """The per-copy columns of a settlement, one array each (unused ones are NULL)."""
     errors = [s.error for s in settlements]
@@ -242,37 +260,6 @@ def _settle_params(settlements: Sequence[Settlement]) -> dict[str, list[Any]]:
         "error_messages": [e.message if e else None for e in errors],
         "tracebacks": [e.traceback if e else None for e in errors],
     }
-
-
-def _settle_kind(settings: Settings, kind: str, group: Sequence[Settlement]) -> Query:
-    """SQLite's statement for one kind of settlement."""
-    if kind == "complete":  # with values (see _complete for the plain one)
-        return query(
-            "message_complete_valued",
-            **_leases(group),
-            values=_settle_params(group)["values"],
-            archive=settings.archive_completed,
-        )
-    if kind == "retry":
-        params = _settle_params(group)
-        return query(
-            "message_retry",
-            **_leases(group),
-            afters=params["afters"],
-            errors=params["errors"],
-            snoozes=params["snoozes"],
-        )
-    if kind == "dead":
-        params = _settle_params(group)
-        return query(
-            "message_dead",
-            **_leases(group),
-            reasons=params["reasons"],
-            error_types=params["error_types"],
-            error_messages=params["error_messages"],
-            tracebacks=params["tracebacks"],
-        )
-    return query("message_cancel_leased", **_leases(group))
 
 
 def message_extend_leases(
@@ -348,11 +335,9 @@ def message_expire(settings: Settings, *, limit: int) -> Plan[int]:
 def key_repair(settings: Settings, *, limit: int) -> Plan[int]:
     """Promote the oldest blocked copy of every ordering key left without a head; return
     how many. A safety net: removals promote the next copy themselves."""
-    done = yield query("key_repair", limit=limit)
-    return done.rowcount
+    return changed_count("key_repair", limit=limit)
 
 
 def dedupe_trim(settings: Settings, *, limit: int) -> Plan[int]:
     """Delete idempotency keys whose window has passed; return how many."""
-    done = yield query("dedupe_trim", limit=limit)
-    return done.rowcount
+    return changed_count("dedupe_trim", limit=limit)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlbroker.storage.plan import Plan, query
+from sqlbroker.storage.plan import Plan, changed, changed_count, query
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -29,29 +29,24 @@ def reserve(
 
 def confirm(settings: Settings, *, scope: str, key: str, token: str, window: float) -> Plan[bool]:
     """Mark our reservation done, kept ``window`` seconds; False if it is no longer ours."""
-    done = yield query("processed_confirm", scope=scope, key=key, token=token, window=window)
-    return done.rowcount > 0
+    return changed("processed_confirm", scope=scope, key=key, token=token, window=window)
 
 
 def extend(settings: Settings, *, scope: str, key: str, token: str, lease: float) -> Plan[bool]:
     """Push our reservation's lease to now + ``lease``; False if it is no longer ours."""
-    done = yield query("processed_extend", scope=scope, key=key, token=token, lease=lease)
-    return done.rowcount > 0
+    return changed("processed_extend", scope=scope, key=key, token=token, lease=lease)
 
 
 def release(settings: Settings, *, scope: str, key: str, token: str) -> Plan[bool]:
     """Give up our reservation (the effect failed): the next attempt may take the key."""
-    done = yield query("processed_release", scope=scope, key=key, token=token)
-    return done.rowcount > 0
+    return changed("processed_release", scope=scope, key=key, token=token)
 
 
 def forget(settings: Settings, *, scope: str, key: str) -> Plan[bool]:
     """Delete the key whatever its state (an operator's undo)."""
-    done = yield query("processed_forget", scope=scope, key=key)
-    return done.rowcount > 0
+    return changed("processed_forget", scope=scope, key=key)
 
 
 def trim(settings: Settings, *, limit: int) -> Plan[int]:
     """Delete up to ``limit`` keys past their window; return how many."""
-    done = yield query("processed_trim", limit=limit)
-    return done.rowcount
+    return changed_count("processed_trim", limit=limit)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.results import ResultRecord
 from sqlbroker.storage.columns import utc
-from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.storage.plan import Plan, changed_count, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -36,5 +36,4 @@ def result_lookup(settings: Settings, *, message_id: str) -> Plan[list[ResultRec
 
 def result_trim(settings: Settings, *, ttl: float, limit: int) -> Plan[int]:
     """Delete up to ``limit`` results older than ``ttl`` seconds; return how many."""
-    done = yield query("result_trim", ttl=ttl, limit=limit)
-    return done.rowcount
+    return changed_count("result_trim", ttl=ttl, limit=limit)

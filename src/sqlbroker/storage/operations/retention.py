@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sqlbroker.storage.base import RetentionBounds
-from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.storage.plan import Plan, changed, changed_count, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -28,7 +28,7 @@ def retention_set(
     change_dead: bool,
 ) -> Plan[bool]:
     """Set the subscription's own retentions (``change_*``: which); False if it is unknown."""
-    done = yield query(
+    return changed(
         "retention_set",
         name=name,
         archive=archive,
@@ -36,7 +36,6 @@ def retention_set(
         change_archive=change_archive,
         change_dead=change_dead,
     )
-    return done.rowcount > 0
 
 
 @reads
@@ -67,28 +66,23 @@ def archive_partitions_maintain(
     return int(created), int(dropped)
 
 
-def _trim(block: str, **params: float | int) -> Plan[int]:
-    done = yield query(block, **params)
-    return max(0, done.rowcount)
-
-
 def archive_trim(settings: Settings, *, keep: float, limit: int) -> Plan[int]:
     """At most ``limit`` archive rows past the longest retention in force (``keep``)."""
-    return (yield from _trim("archive_trim_before", keep=keep, limit=limit))
+    return changed_count("archive_trim_before", keep=keep, limit=limit)
 
 
 def archive_trim_shorter(
     settings: Settings, *, keep: float, longest: float, limit: int
 ) -> Plan[int]:
     """At most ``limit`` archive rows of subscriptions with a shorter retention."""
-    return (yield from _trim("archive_trim_shorter", keep=keep, longest=longest, limit=limit))
+    return changed_count("archive_trim_shorter", keep=keep, longest=longest, limit=limit)
 
 
 def dead_trim(settings: Settings, *, keep: float, limit: int) -> Plan[int]:
     """At most ``limit`` dead letters past the longest retention in force (``keep``)."""
-    return (yield from _trim("dead_trim_before", keep=keep, limit=limit))
+    return changed_count("dead_trim_before", keep=keep, limit=limit)
 
 
 def dead_trim_shorter(settings: Settings, *, keep: float, longest: float, limit: int) -> Plan[int]:
     """At most ``limit`` dead letters of subscriptions with a shorter retention."""
-    return (yield from _trim("dead_trim_shorter", keep=keep, longest=longest, limit=limit))
+    return changed_count("dead_trim_shorter", keep=keep, longest=longest, limit=limit)

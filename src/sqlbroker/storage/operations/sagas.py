@@ -23,7 +23,7 @@ from sqlbroker.storage.columns import (
     utc,
     utc_or_none,
 )
-from sqlbroker.storage.plan import Plan, atomic, named, query, reads
+from sqlbroker.storage.plan import Plan, atomic, changed, named, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -76,7 +76,7 @@ def update(
     """Compare-and-set: when the saga is still at ``version``, set its fields and bump the
     version (``restart_deadline``: the deadline becomes now + its timeout; a terminal
     status clears it and stamps ``finished_at``). False if it moved on."""
-    done = yield query(
+    return changed(
         "saga_update",
         id=id,
         version=version,
@@ -86,7 +86,6 @@ def update(
         message_id=message_id,
         restart_deadline=restart_deadline,
     )
-    return done.rowcount > 0
 
 
 def step_update(
@@ -101,7 +100,7 @@ def step_update(
 ) -> Plan[bool]:
     """Set a step's status (stamping the time that status stands for), raise its attempts
     to at least ``attempts``, and set ``output`` (JSON text) and ``error`` when given."""
-    done = yield query(
+    return changed(
         "saga_step_update",
         saga_id=saga_id,
         idx=index,
@@ -110,7 +109,6 @@ def step_update(
         output=output,
         error=error,
     )
-    return done.rowcount > 0
 
 
 @reads

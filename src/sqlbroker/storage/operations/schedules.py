@@ -18,7 +18,7 @@ from sqlbroker.core.schedules import Missed
 from sqlbroker.storage import columns as convert
 from sqlbroker.storage.columns import EPOCH, Columns, decode_headers, utc, utc_or_none
 from sqlbroker.storage.operations.publishing import message_insert_many
-from sqlbroker.storage.plan import Plan, atomic, named, query, reads
+from sqlbroker.storage.plan import Plan, atomic, changed, named, query, reads
 from sqlbroker.storage.schedules import (
     DueSchedules,
     ScheduleDefinition,
@@ -49,8 +49,7 @@ def list_(settings: Settings, *, names: Sequence[str] | None) -> Plan[list[Sched
 
 
 def delete(settings: Settings, *, name: str) -> Plan[bool]:
-    done = yield query("schedule_delete", name=name)
-    return done.rowcount > 0
+    return changed("schedule_delete", name=name)
 
 
 def set_paused(
@@ -58,8 +57,7 @@ def set_paused(
 ) -> Plan[bool]:
     """Pause, or resume with ``next_run_at`` (a paused schedule only: resuming a running
     one changes nothing). Returns whether the schedule exists."""
-    done = yield query("schedule_set_paused", name=name, paused=paused, next_run_at=next_run_at)
-    return done.rowcount > 0
+    return changed("schedule_set_paused", name=name, paused=paused, next_run_at=next_run_at)
 
 
 @reads

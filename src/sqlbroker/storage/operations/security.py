@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from sqlbroker.core.errors import ConfigurationError, NotFound
 from sqlbroker.storage.base import ROLE_GROUPS, TenantRole
-from sqlbroker.storage.plan import Plan, atomic, query, reads
+from sqlbroker.storage.plan import Plan, atomic, changed, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -94,8 +94,7 @@ def tenant_set(settings: Settings, *, role: str, tenant: str) -> Plan[None]:
 
 def tenant_remove(settings: Settings, *, role: str) -> Plan[bool]:
     _roles_needed(settings, "tenant isolation")
-    done = yield query("tenant_remove", role=role)
-    return done.rowcount > 0
+    return (yield from changed("tenant_remove", role=role))
 
 
 @reads

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from sqlbroker.core.message import Subscription
 from sqlbroker.core.topics import pattern_regex
-from sqlbroker.storage.plan import Plan, atomic, named, query, reads
+from sqlbroker.storage.plan import Plan, atomic, changed, named, query, reads
 from sqlbroker.storage.rows import subscriptions_of
 
 if TYPE_CHECKING:
@@ -122,5 +122,4 @@ def subscription_delete(settings: Settings, *, name: str) -> Plan[bool]:
     """Delete the subscription ``name`` and its copies; False if there was none."""
     if settings.known_queues is not None:
         settings.known_queues.discard(name)
-    deleted = yield query("subscription_delete", name=name)
-    return deleted.rowcount > 0
+    return (yield from changed("subscription_delete", name=name))

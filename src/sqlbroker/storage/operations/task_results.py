@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlbroker.storage.plan import Plan, query, reads
+from sqlbroker.storage.plan import Plan, changed, changed_count, query, reads
 
 if TYPE_CHECKING:
     from sqlbroker.storage.seam import Settings
@@ -41,17 +41,14 @@ def task_result_incr(settings: Settings, *, key: str, ttl: float) -> Plan[int]:
 
 def task_result_expire(settings: Settings, *, key: str, ttl: float) -> Plan[bool]:
     """Keep ``key`` ``ttl`` seconds from now; False when there is no such unexpired key."""
-    done = yield query("task_result_expire", key=key, ttl=ttl)
-    return done.rowcount > 0
+    return changed("task_result_expire", key=key, ttl=ttl)
 
 
 def task_result_delete(settings: Settings, *, keys: list[str]) -> Plan[int]:
     """Delete ``keys``; return how many existed."""
-    done = yield query("task_result_delete", keys=list(keys))
-    return done.rowcount
+    return changed_count("task_result_delete", keys=list(keys))
 
 
 def task_result_trim(settings: Settings, *, limit: int) -> Plan[int]:
     """Delete up to ``limit`` expired rows; return how many."""
-    done = yield query("task_result_trim", limit=limit)
-    return done.rowcount
+    return changed_count("task_result_trim", limit=limit)

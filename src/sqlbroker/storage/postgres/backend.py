@@ -29,10 +29,8 @@ from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect, listening
-from sqlbroker.storage.postgres.connection import (
-    Conn,
-    PostgresPool,
-)
+from sqlbroker.storage.postgres.connection import PostgresPool
+from sqlbroker.storage.postgres.errors import Conn
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
@@ -103,8 +101,7 @@ class PostgresBackend(Backend):
                 self._sql,
                 result_channel=self.result_channel,
                 dead_channel=self.dead_channel,
-            ),
-            name="sqlbroker-result",
+            )
         )
         known_queues = KnownQueues()
         self.settings = Settings(

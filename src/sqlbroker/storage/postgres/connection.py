@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from sqlbroker.core.errors import (
@@ -23,7 +22,7 @@ from sqlbroker.core.errors import (
     StorageError,
 )
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.postgres.errors import connect_failure, translate
+from sqlbroker.storage.postgres.errors import AsyncConn, Conn, connect_failure, translate
 from sqlbroker.storage.postgres.joining import CallerConnections
 from sqlbroker.storage.postgres.liveness import (
     Watch,
@@ -34,9 +33,6 @@ from sqlbroker.storage.postgres.liveness import (
 )
 from sqlbroker.storage.postgres.loop_pool import LoopPool
 from sqlbroker.storage.postgres.options import SessionOptions
-
-Conn = psycopg.Connection[TupleRow]
-AsyncConn = psycopg.AsyncConnection[TupleRow]
 
 
 class PostgresPool:

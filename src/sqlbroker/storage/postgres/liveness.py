@@ -13,13 +13,10 @@ import threading
 import time
 
 import psycopg
-from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from sqlbroker.core.errors import ConnectionLost
-
-Conn = psycopg.Connection[TupleRow]
-AsyncConn = psycopg.AsyncConnection[TupleRow]
+from sqlbroker.storage.postgres.errors import AsyncConn, Conn
 
 
 class Watch:

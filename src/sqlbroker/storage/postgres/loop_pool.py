@@ -19,12 +19,10 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow
 from psycopg_pool import PoolTimeout
 
+from sqlbroker.storage.postgres.errors import AsyncConn
 from sqlbroker.storage.postgres.liveness import LoopWatcher, sound
-
-AsyncConn = psycopg.AsyncConnection[TupleRow]
 
 
 class LoopPool:

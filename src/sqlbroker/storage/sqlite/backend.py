@@ -17,7 +17,6 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -30,7 +29,7 @@ from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
-from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Query, Rows, drive
+from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Rows
 from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.schema import pending
@@ -38,7 +37,8 @@ from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
-from sqlbroker.storage.sqlite.threads import HeldTransaction, sqlite_threads
+from sqlbroker.storage.sqlite.threads import THREADS, HeldTransaction
+from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL
 
 log = logging.getLogger("sqlbroker.storage")
@@ -81,9 +81,7 @@ class SqliteBackend(Backend):
         self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
         )
-        self._threads = sqlite_threads()
-        self._held: dict[int, HeldTransaction] = {}
-        """The transactions of :meth:`transaction_async` by ``id()`` of their connection."""
+        self._threads = OwnThreads(name="sqlbroker-sqlite", size=THREADS)
         known_queues = KnownQueues()
         self.settings = Settings(
             dialect="sqlite",
@@ -100,7 +98,7 @@ class SqliteBackend(Backend):
             self.settings, known_queues=known_queues.in_transactions()
         )
         self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
-        self.result_hub = ResultHub(self._result_source, name="sqlbroker-result")
+        self.result_hub = ResultHub(self._result_source)
 
     # --- the seam ----------------------------------------------------------------------------
 
@@ -128,7 +126,11 @@ class SqliteBackend(Backend):
             return done.value  # type: ignore[no-any-return]
         with self._db.write() as conn:
             step = dialect.stepper(conn, self._statements, now)
-            return drive(_resumed(statement, plan), step)
+            while True:
+                try:
+                    statement = plan.send(step(statement))
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
 
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` on one of the backend's threads."""
@@ -159,13 +161,23 @@ class SqliteBackend(Backend):
                 "SQLite has no async connections: pass the sqlite3.Connection itself, to"
                 f" Broker (not {caller.describe(conn)})",
             )
-        async with self.transaction_async() as raw:
-            held = self._held[id(raw)]
+        # The transaction lives on a thread of our own (HeldTransaction), one per
+        # coroutine: two coroutines of one loop queue on an asyncio lock rather than hold
+        # two threads, the second waiting on the write lock for the first.
+        lock = self._loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        async with lock:
+            held = HeldTransaction(self._threads, self._db.write)
+            raw = await held.enter()
 
             async def run(plan: Plan[Any]) -> Any:
                 return await held.call(functools.partial(self._run_on, raw, plan))
 
-            yield AsyncTx(self._tx_settings, run, raw)
+            try:
+                yield AsyncTx(self._tx_settings, run, raw)
+            except BaseException:
+                await held.leave(commit=False)
+                raise
+            await held.leave(commit=True)
 
     def _now(self) -> float:
         now = self._clock.now()
@@ -263,34 +275,3 @@ class SqliteBackend(Backend):
     async def close_async(self) -> None:
         self._loop_locks.pop(asyncio.get_running_loop(), None)
         self._threads.shutdown()
-
-    @asynccontextmanager
-    async def transaction_async(self) -> AsyncIterator[sqlite3.Connection]:
-        # The transaction lives on a thread of our own (HeldTransaction), one per
-        # coroutine: two coroutines of one loop queue on an asyncio lock rather than hold
-        # two threads, the second waiting on the write lock for the first.
-        lock = self._loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
-        async with lock:
-            held = HeldTransaction(self._threads, self._db.write)
-            conn = await held.enter()
-            self._held[id(conn)] = held
-            try:
-                try:
-                    yield conn
-                except BaseException:
-                    await held.leave(commit=False)
-                    raise
-                await held.leave(commit=True)
-            finally:
-                del self._held[id(conn)]
-
-
-def _resumed(first: Query, plan: Plan[T]) -> Plan[T]:
-    """``plan`` from ``first`` on: the statement it yielded after its commit point."""
-    rows = yield first
-    while True:
-        try:
-            statement = plan.send(rows)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        rows = yield statement

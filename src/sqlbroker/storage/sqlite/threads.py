@@ -25,11 +25,6 @@ THREADS = 4
 """At most this many of the backend's operations run at once (claims, held transactions)."""
 
 
-def sqlite_threads() -> OwnThreads:
-    """The SQLite backend's threads (at most :data:`THREADS`)."""
-    return OwnThreads(name="sqlbroker-sqlite", size=THREADS)
-
-
 class _Rollback(Exception):
     """Raised inside a held transaction to leave it by rolling back."""
 
