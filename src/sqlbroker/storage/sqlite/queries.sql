@@ -473,7 +473,9 @@ SELECT coalesce(sum(c.value), 0) FROM r JOIN json_each(:counts) c ON c.key = r.s
 -- One message: a copy for each of its routes, none past :max_copies copies (the caller
 -- raises LimitExceeded from the count), and none routed: archived as unrouted. A copy
 -- whose ordering key already has a copy in its subscription waits, blocked, behind it.
--- Returns (unrouted, notified, copies) as PostgreSQL's does.
+-- Returns (unrouted, notified, copies) as PostgreSQL's does. The routes are matched once
+-- when the message was routed: the later statements look again only when no copy went in
+-- (changes() is 0; the count is of the copies inserted, found by the message's new id).
 WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
 -- include: message_routes
 )
@@ -508,7 +510,9 @@ WHERE changes() = 0 AND NOT EXISTS (SELECT 1 FROM r);
 WITH m(seq, topic) AS (SELECT 1, :topic), r AS (
 -- include: message_routes
 )
-SELECT changes() AS unrouted, 0 AS notified, count(*) AS copies FROM r
+SELECT changes() AS unrouted, 0 AS notified,
+       coalesce(nullif((SELECT count(*) FROM sqlbroker_message WHERE message_id = :message_id), 0),
+                (SELECT count(*) FROM r)) AS copies
 
 -- name: message_insert_queue_one
 -- message_insert_one for a queue publish without ordering keys (the common case): one copy,
