@@ -21,8 +21,8 @@ from faststream.specification.asyncapi.utils import resolve_payloads
 from faststream.specification.schema import Message as SpecMessage
 from faststream.specification.schema import Operation, SubscriberSpec
 
-from sqlbroker import InvalidOption, Message, Retry, RetryPolicy
-from sqlbroker.core.topics import is_wildcard, validate_pattern, validate_topic
+from sqlbroker import Message, Retry, RetryPolicy
+from sqlbroker.core.topics import validate_pattern, validate_topic
 
 from .config import SqlBrokerConfig
 from .connection import Consumption, WorkerRun
@@ -222,62 +222,3 @@ class SqlSubscriber(SubscriberUsecase[Message]):
     async def __aiter__(self) -> AsyncIterator[SqlMessage]:
         raise FeatureNotSupportedException("SqlBroker subscribers cannot be iterated")
         yield  # pragma: no cover
-
-
-def create_subscriber(
-    *,
-    topics: tuple[str, ...],
-    group: str | None,
-    config: SqlBrokerConfig,
-    ack_policy: AckPolicy,
-    no_reply: bool,
-    max_workers: int,
-    prefetch: int | None,
-    lease: float | None,
-    timeout: Any,
-    retry: RetryPolicy | None,
-    title_: str | None,
-    description_: str | None,
-    include_in_schema: bool,
-) -> SqlSubscriber:
-    if not topics:
-        raise InvalidOption("topic", "give the topic (or topic patterns) to consume")
-    for topic in topics:
-        validate_pattern(topic, "topic")
-    if group is None:
-        if len(topics) > 1 or is_wildcard(topics[0]):
-            raise InvalidOption(
-                "group",
-                "several topics or a wildcard need group=NAME (the subscription's name)",
-            )
-    else:
-        validate_topic(group, "group")
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise InvalidOption("retry", "must be a sqlbroker RetryPolicy")
-    if not isinstance(max_workers, int) or max_workers < 1:
-        raise InvalidOption("max_workers", "must be a positive integer")
-    subscriber_config = SqlSubscriberConfig(
-        topics=topics,
-        group=group,
-        max_workers=max_workers,
-        prefetch=prefetch,
-        lease=lease,
-        timeout=timeout,
-        retry=retry or default_retry(),
-        no_reply=no_reply,
-        _outer_config=config,
-        _ack_policy=ack_policy,
-    )
-    calls = CallsCollection[Any]()
-    specification = SqlSubscriberSpecification(
-        config,
-        SqlSubscriberSpecificationConfig(
-            topics=topics,
-            group=group,
-            title_=title_,
-            description_=description_,
-            include_in_schema=include_in_schema,
-        ),
-        calls,
-    )
-    return SqlSubscriber(subscriber_config, specification, calls)
