@@ -19,11 +19,12 @@ from faststream.response import PublishType
 from faststream.specification.schema import BrokerSpec
 
 from sqlbroker import Message
+from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.url import parse_url
 
 from .config import SqlBrokerConfig
-from .connection import Consumption, SqlConnection
+from .connection import SqlConnection
 from .logs import make_sql_logger_state
 from .message import ErrorCapture
 from .producer import SqlPublishCommand, publish_options
@@ -146,7 +147,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         self.config.connect(connection)
         return connection
 
-    def _consumptions(self) -> list[Consumption]:
+    def _consumptions(self) -> list[SubscriberSpec]:
         """What the subscribers with handlers consume."""
         return [
             sub.consumption()

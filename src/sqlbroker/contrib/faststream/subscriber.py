@@ -23,9 +23,11 @@ from faststream.specification.schema import Operation, SubscriberSpec
 
 from sqlbroker import Message, Retry, RetryPolicy
 from sqlbroker.core.topics import validate_pattern, validate_topic
+from sqlbroker.features.subscribers import SubscriberSpec as SqlbrokerSpec
+from sqlbroker.features.subscribers import make_spec
 
 from .config import SqlBrokerConfig
-from .connection import Consumption, WorkerRun
+from .connection import WorkerRun
 from .message import SqlMessage, decode, make_parser
 from .producer import SqlPublishCommand
 
@@ -151,18 +153,22 @@ class SqlSubscriber(SubscriberUsecase[Message]):
         """The sqlbroker subscription this subscriber consumes."""
         return self.group or self.topics[0]
 
-    def consumption(self) -> Consumption:
+    def consumption(self) -> SqlbrokerSpec:
+        """The ``ack="manual"`` sqlbroker subscriber that runs this one's handlers."""
         config, defaults = self._sql_config, self._outer_config
-        return Consumption(
-            name=validate_topic(self.name, "group" if self.group else "topic"),
-            patterns=tuple(validate_pattern(t, "topic") for t in self.topics),
-            is_queue=self.group is None,
+        name = validate_topic(self.name, "group" if self.group else "topic")
+        patterns = [validate_pattern(t, "topic") for t in self.topics]
+        return make_spec(
+            self._on_message,
+            name=name if self.group else None,
+            topics=patterns if self.group else None,
+            queue=None if self.group else name,
             concurrency=config.max_workers,
             prefetch=config.prefetch,
             lease=config.lease if config.lease is not None else defaults.lease,
             timeout=config.timeout if config.timeout is not EMPTY else defaults.timeout,
             retry=config.retry,
-            handler=self._on_message,
+            ack="manual",
         )
 
     async def _on_message(self, raw: Message) -> None:
