@@ -15,7 +15,6 @@ from faststream._internal.constants import EMPTY
 from faststream._internal.context.repository import ContextRepo
 from faststream._internal.di import FastDependsConfig
 from faststream.middlewares import AckPolicy
-from faststream.response import PublishType
 from faststream.specification.schema import BrokerSpec
 
 from sqlbroker import Message
@@ -260,7 +259,6 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             conn=conn,
             options=options,
             extra_bodies=tuple(rest),
-            _publish_type=PublishType.PUBLISH,
         )
         result: list[str] = await self._basic_publish_batch(cmd, producer=self.config.producer)
         return result

@@ -9,9 +9,10 @@ from faststream.exceptions import FeatureNotSupportedException, IncorrectState
 from faststream.response import PublishCommand, PublishType
 
 from sqlbroker import RetryPolicy
+from sqlbroker.core.serde import BYTES_CONTENT_TYPE
 from sqlbroker.storage.caller import CallerConnection
 
-from .message import CORRELATION_HEADER, OCTETS, REPLY_TO_HEADER, decode, make_parser
+from .message import CORRELATION_HEADER, REPLY_TO_HEADER, decode, make_parser
 
 if TYPE_CHECKING:
     from fast_depends.library.serializer import SerializerProto
@@ -113,7 +114,7 @@ async def encode_command(
     return {
         "topic": cmd.destination,
         "payload": payload,
-        "content_type": content_type or OCTETS,
+        "content_type": content_type or BYTES_CONTENT_TYPE,
         "headers": headers or None,
     }
 
