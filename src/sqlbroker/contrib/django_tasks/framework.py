@@ -38,7 +38,6 @@ else:
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.utils import normalize_json
 
-DEFAULT_TASK_QUEUE_NAME = base.DEFAULT_TASK_QUEUE_NAME
 Task = base.Task
 TaskContext = base.TaskContext
 TaskError = base.TaskError
@@ -54,7 +53,6 @@ def set_field(result: Any, name: str, value: Any) -> None:
 
 
 __all__ = [
-    "DEFAULT_TASK_QUEUE_NAME",
     "NAME",
     "BaseTaskBackend",
     "Task",
