@@ -81,21 +81,15 @@ class LeaseKeeper:
             self._start()
             self._wake.notify()
 
-    def drain(self, timeout: float = 10.0) -> None:
-        """Wait until every queued settlement is committed (or given up)."""
-        deadline = time.monotonic() + timeout
-        with self._wake:
-            while (self._pending or self._flushing) and self._thread is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._idle.wait(left)
-
     def close(self) -> None:
-        """Commit what is queued, then stop the thread; held leases are left to the caller
-        (the transport releases them first)."""
-        self.drain()
+        """Commit what is queued (waiting up to 10 s for it to be committed or given up),
+        then stop the thread; held leases are left to the caller (the transport releases
+        them first)."""
         with self._wake:
+            self._idle.wait_for(
+                lambda: not (self._pending or self._flushing) or self._thread is None,
+                timeout=10.0,
+            )
             self._stopped = True
             self._wake.notify()
             thread = self._thread

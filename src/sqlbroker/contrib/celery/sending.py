@@ -31,6 +31,7 @@ from typing import Any
 
 from sqlbroker.app import Broker
 from sqlbroker.core.errors import SqlbrokerError, ValidationError
+from sqlbroker.features.publishing import PublishOptions
 
 GATHER_SHARE = 0.5
 """The longest wait for company, as a share of a commit's (moving average) duration."""
@@ -159,41 +160,26 @@ class GroupSender:
             self._write_group(list(grouped))
 
     def _write_group(self, items: list[_Send]) -> None:
-        if len(items) == 1:
-            self._write_one(items[0])
-            return
         first = items[0]
+        options: PublishOptions = {
+            "priority": first.priority,
+            "at": first.at,
+            "headers": labels(first.task),
+        }
         try:
-            self._broker.send_many(
-                first.queue,
-                [item.message for item in items],
-                priority=first.priority,
-                at=first.at,
-                headers=labels(first.task),
-            )
-        except ValidationError:
-            # One message is bad (too large, not JSON): each caller gets its own answer.
-            for item in items:
-                self._write_one(item)
-            return
+            if len(items) == 1:
+                self._broker.send(first.queue, first.message, **options)
+            else:
+                self._broker.send_many(first.queue, [item.message for item in items], **options)
         except SqlbrokerError as error:
-            _finish(items, error)
+            if len(items) > 1 and isinstance(error, ValidationError):
+                # One message is bad (too large, not JSON): each caller gets its own answer.
+                for item in items:
+                    self._write_group([item])
+            else:
+                _finish(items, error)
             return
         _finish(items, None)
-
-    def _write_one(self, item: _Send) -> None:
-        try:
-            self._broker.send(
-                item.queue,
-                item.message,
-                priority=item.priority,
-                at=item.at,
-                headers=labels(item.task),
-            )
-        except SqlbrokerError as error:
-            _finish([item], error)
-            return
-        _finish([item], None)
 
 
 def _finish(items: Iterable[_Send], error: BaseException | None) -> None:

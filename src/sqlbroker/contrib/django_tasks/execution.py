@@ -3,11 +3,11 @@ that ``manage.py sqlbroker_worker`` runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import traceback
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.db import close_old_connections
@@ -181,32 +181,28 @@ def trim_records(backend: SqlbrokerBackend) -> int:
     return int(deleted)
 
 
-class Trimmer:
-    """Runs :func:`trim_records` now and every ``interval`` seconds in a thread of its own
-    until :meth:`stop`."""
+@contextlib.contextmanager
+def trimming(backend: SqlbrokerBackend) -> Iterator[None]:
+    """Runs :func:`trim_records` now and every :data:`TRIM_INTERVAL` seconds in a thread of
+    its own while the block runs."""
+    stopped = threading.Event()
 
-    def __init__(self, backend: SqlbrokerBackend, interval: float = TRIM_INTERVAL) -> None:
-        self._backend = backend
-        self._interval = timedelta(seconds=interval).total_seconds()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="sqlbroker-task-trim", daemon=True)
-
-    def start(self) -> Trimmer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stopped.is_set():
+    def loop() -> None:
+        while not stopped.is_set():
             try:
-                trim_records(self._backend)
+                trim_records(backend)
             except Exception:  # a failed trim is retried next round; tasks go on
                 import logging
 
                 logging.getLogger(__name__).exception("trimming task records failed")
             finally:
                 close_old_connections()
-            self._stopped.wait(self._interval)
+            stopped.wait(TRIM_INTERVAL)
+
+    thread = threading.Thread(target=loop, name="sqlbroker-task-trim", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join(timeout=10)

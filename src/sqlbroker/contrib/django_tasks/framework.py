@@ -24,38 +24,26 @@ except ImportError:
     NAME = "django_tasks"
 
 if NAME == "django.tasks":
+    from django.tasks import base, signals, task_backends  # type: ignore[import-not-found,unused-ignore]
     from django.tasks import exceptions as _exceptions  # type: ignore[import-not-found,unused-ignore]
-    from django.tasks import signals, task_backends  # type: ignore[import-not-found,unused-ignore]
     from django.tasks.backends.base import (  # type: ignore[import-not-found,unused-ignore]
         BaseTaskBackend,
-    )
-    from django.tasks.base import (  # type: ignore[import-not-found,unused-ignore]
-        DEFAULT_TASK_QUEUE_NAME,
-        Task,
-        TaskContext,
-        TaskError,
-        TaskResult,
-        TaskResultStatus,
-        task,
     )
     from django.utils.json import (  # type: ignore[import-not-found,unused-ignore]
         normalize_json,
     )
 else:
+    from django_tasks import base, signals, task_backends
     from django_tasks import exceptions as _exceptions
-    from django_tasks import signals, task_backends
     from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import (
-        DEFAULT_TASK_QUEUE_NAME,
-        Task,
-        TaskContext,
-        TaskError,
-        TaskResult,
-        TaskResultStatus,
-        task,
-    )
     from django_tasks.utils import normalize_json
 
+Task = base.Task
+TaskContext = base.TaskContext
+TaskError = base.TaskError
+TaskResult = base.TaskResult
+TaskResultStatus = base.TaskResultStatus
+task = base.task
 TaskResultDoesNotExist: type[Exception] = _exceptions.TaskResultDoesNotExist
 
 
@@ -65,7 +53,6 @@ def set_field(result: Any, name: str, value: Any) -> None:
 
 
 __all__ = [
-    "DEFAULT_TASK_QUEUE_NAME",
     "NAME",
     "BaseTaskBackend",
     "Task",

@@ -15,15 +15,15 @@ from faststream._internal.constants import EMPTY
 from faststream._internal.context.repository import ContextRepo
 from faststream._internal.di import FastDependsConfig
 from faststream.middlewares import AckPolicy
-from faststream.response import PublishType
 from faststream.specification.schema import BrokerSpec
 
 from sqlbroker import Message
+from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.url import parse_url
 
 from .config import SqlBrokerConfig
-from .connection import Consumption, SqlConnection
+from .connection import SqlConnection
 from .logs import make_sql_logger_state
 from .message import ErrorCapture
 from .producer import SqlPublishCommand, publish_options
@@ -146,7 +146,7 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
         self.config.connect(connection)
         return connection
 
-    def _consumptions(self) -> list[Consumption]:
+    def _consumptions(self) -> list[SubscriberSpec]:
         """What the subscribers with handlers consume."""
         return [
             sub.consumption()
@@ -259,7 +259,6 @@ class SqlBroker(SqlRegistrator, BrokerUsecase[Message, SqlConnection, SqlBrokerC
             conn=conn,
             options=options,
             extra_bodies=tuple(rest),
-            _publish_type=PublishType.PUBLISH,
         )
         result: list[str] = await self._basic_publish_batch(cmd, producer=self.config.producer)
         return result

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from faststream._internal.configs import BrokerConfig
 from faststream._internal.parser import DefaultCodec
-from faststream.exceptions import IncorrectState
 
 from .connection import SqlConnection
 from .producer import SqlProducer
@@ -17,21 +16,17 @@ class SqlBrokerConfig(BrokerConfig):
     producer: SqlProducer = field(default_factory=lambda: SqlProducer(DefaultCodec()))
     lease: float | None = None
     timeout: float | None = 300.0
-    _connection: SqlConnection | None = field(default=None, init=False, repr=False)
     started: bool = field(default=False, init=False)
 
     @property
     def connection(self) -> SqlConnection:
-        if self._connection is None:
-            raise IncorrectState("SqlBroker is not connected: call connect() or start() first")
-        return self._connection
+        """The producer's connection (``IncorrectState`` before ``connect()``)."""
+        return self.producer.connection
 
     def connect(self, connection: SqlConnection) -> None:
-        self._connection = connection
         self.producer.connect(connection, self.fd_config._serializer)
         self.producer.codec = self.broker_codec or DefaultCodec()
 
     def disconnect(self) -> None:
-        self._connection = None
         self.started = False
         self.producer.disconnect()

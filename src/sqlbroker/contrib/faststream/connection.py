@@ -11,26 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from sqlbroker import AsyncBroker, Broker, Message, RetryPolicy, Worker
-
-
-@dataclass(frozen=True)
-class Consumption:
-    """What one FastStream subscriber consumes, in sqlbroker's terms."""
-
-    name: str
-    patterns: tuple[str, ...]
-    is_queue: bool
-    concurrency: int
-    prefetch: int | None
-    lease: float | None
-    timeout: float | None
-    retry: RetryPolicy
-    handler: Callable[[Message], Awaitable[None]]
+from sqlbroker import AsyncBroker, Broker, Worker
+from sqlbroker.features.subscribers import SubscriberSpec
 
 
 class WorkerRun:
@@ -39,25 +24,13 @@ class WorkerRun:
     def __init__(
         self,
         broker: Broker,
-        consumptions: Sequence[Consumption],
+        consumptions: Sequence[SubscriberSpec],
         worker_options: dict[str, Any],
         *,
         owns_broker: bool,
     ) -> None:
-        self.names = [c.name for c in consumptions]
-        for item in consumptions:
-            broker.subscribers.pop(item.name, None)
-            broker.subscriber(
-                item.name if not item.is_queue else None,
-                topics=None if item.is_queue else list(item.patterns),
-                queue=item.name if item.is_queue else None,
-                concurrency=item.concurrency,
-                prefetch=item.prefetch,
-                lease=item.lease,
-                timeout=item.timeout,
-                retry=item.retry,
-                ack="manual",
-            )(item.handler)
+        self.names = [spec.name for spec in consumptions]
+        broker.subscribers.update((spec.name, spec) for spec in consumptions)
         self.broker = broker
         self.worker: Worker = broker.worker(
             subscriptions=self.names,
@@ -100,13 +73,13 @@ class SqlConnection:
             raise
         self.runs: list[WorkerRun] = []
 
-    async def declare(self, consumptions: Sequence[Consumption]) -> None:
+    async def declare(self, consumptions: Sequence[SubscriberSpec]) -> None:
         """Create the subscriptions now, so messages published before a worker first starts
         are routed to them rather than recorded as unrouted."""
         for item in consumptions:
             await self.publisher.subscribe(item.name, list(item.patterns))
 
-    def run(self, consumptions: Sequence[Consumption], *, dedicated: bool) -> WorkerRun:
+    def run(self, consumptions: Sequence[SubscriberSpec], *, dedicated: bool) -> WorkerRun:
         """Start a worker for ``consumptions``: on the shared consumer broker, or (for a
         subscriber started while others run) on a broker of its own."""
         broker = Broker(self.url, **self.options) if dedicated else self.consumer

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,6 @@ class SqlParamsStorage(DefaultLoggerStorage):
     def __init__(self) -> None:
         super().__init__()
         self._max_topic_len = 4
-        self.logger_log_level = logging.INFO
 
     def set_level(self, level: int) -> None:
         self.logger_log_level = level

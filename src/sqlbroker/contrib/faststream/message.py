@@ -28,8 +28,6 @@ from sqlbroker.core.policies import RetryPolicy
 from sqlbroker.core.serde import BYTES_CONTENT_TYPE, JSON_CONTENT_TYPE
 from sqlbroker.runtime import Message
 
-JSON = JSON_CONTENT_TYPE
-OCTETS = BYTES_CONTENT_TYPE
 CORRELATION_HEADER = "correlation_id"
 REPLY_TO_HEADER = "reply_to"
 
@@ -159,7 +157,7 @@ def make_parser(retry: RetryPolicy) -> Callable[[Message], Awaitable[SqlMessage]
         )
         headers = dict(raw.headers)
         content_type: str | None = raw.content_type
-        if content_type == OCTETS:
+        if content_type == BYTES_CONTENT_TYPE:
             # Published without a content type: FastStream then guesses (JSON, else bytes).
             content_type = None
         return SqlMessage(
@@ -183,7 +181,7 @@ async def decode(msg: StreamMessage[Any]) -> Any:
         isinstance(msg, SqlMessage)
         and msg._body is _ENCODE_LATER
         and isinstance(raw, Message)
-        and msg.content_type == JSON
+        and msg.content_type == JSON_CONTENT_TYPE
     ):
         return raw.payload
     return decode_message(msg)

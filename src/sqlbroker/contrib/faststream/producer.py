@@ -9,9 +9,10 @@ from faststream.exceptions import FeatureNotSupportedException, IncorrectState
 from faststream.response import PublishCommand, PublishType
 
 from sqlbroker import RetryPolicy
+from sqlbroker.core.serde import BYTES_CONTENT_TYPE
 from sqlbroker.storage.caller import CallerConnection
 
-from .message import CORRELATION_HEADER, OCTETS, REPLY_TO_HEADER, decode, make_parser
+from .message import CORRELATION_HEADER, REPLY_TO_HEADER, decode, make_parser
 
 if TYPE_CHECKING:
     from fast_depends.library.serializer import SerializerProto
@@ -101,16 +102,21 @@ async def encode_command(
     codec: CodecProto,
     serializer: SerializerProto | None,
     body: Any = None,
-) -> tuple[bytes, str, dict[str, Any]]:
-    """The payload bytes, their content type and the headers a command publishes (for
-    ``body``, one of a batch's, when given)."""
+) -> dict[str, Any]:
+    """The sqlbroker message a command publishes (for ``body``, one of a batch's, when
+    given): its topic, payload bytes, content type and headers."""
     payload, content_type = await codec.encode(cmd.body if body is None else body, serializer)
     headers = dict(cmd.headers)
     if cmd.correlation_id:
         headers[CORRELATION_HEADER] = cmd.correlation_id
     if cmd.reply_to:
         headers[REPLY_TO_HEADER] = cmd.reply_to
-    return payload, content_type or OCTETS, headers
+    return {
+        "topic": cmd.destination,
+        "payload": payload,
+        "content_type": content_type or BYTES_CONTENT_TYPE,
+        "headers": headers or None,
+    }
 
 
 class SqlProducer:
@@ -143,15 +149,8 @@ class SqlProducer:
     async def publish(self, cmd: SqlPublishCommand) -> str:
         connection = self.connection
         cmd = SqlPublishCommand.from_cmd(cmd)
-        payload, content_type, headers = await encode_command(cmd, self.codec, self.serializer)
-        message_id = await connection.publisher.publish(
-            cmd.destination,
-            payload,
-            conn=cmd.conn,
-            content_type=content_type,
-            headers=headers or None,
-            **cmd.options,
-        )
+        message = await encode_command(cmd, self.codec, self.serializer)
+        message_id = await connection.publisher.publish(**message, conn=cmd.conn, **cmd.options)
         if cmd.conn is None:
             connection.hint()
         return message_id
@@ -166,20 +165,10 @@ class SqlProducer:
         """All the batch's messages in one transaction (the caller's, with ``conn=``)."""
         connection = self.connection
         cmd = SqlPublishCommand.from_cmd(cmd)
-        items = []
-        for body in cmd.batch_bodies:
-            payload, content_type, headers = await encode_command(
-                cmd, self.codec, self.serializer, body
-            )
-            items.append(
-                {
-                    "topic": cmd.destination,
-                    "payload": payload,
-                    "content_type": content_type,
-                    "headers": headers or None,
-                    **cmd.options,
-                }
-            )
+        items = [
+            {**await encode_command(cmd, self.codec, self.serializer, body), **cmd.options}
+            for body in cmd.batch_bodies
+        ]
         message_ids = await connection.publisher.publish_many(items, conn=cmd.conn)
         if cmd.conn is None:
             connection.hint()

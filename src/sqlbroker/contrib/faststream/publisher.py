@@ -13,7 +13,6 @@ from faststream.specification.asyncapi.utils import resolve_payloads
 from faststream.specification.schema import Message as SpecMessage
 from faststream.specification.schema import Operation, PublisherSpec
 
-from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.caller import CallerConnection
 
 from .config import SqlBrokerConfig
@@ -124,35 +123,3 @@ class SqlPublisher(PublisherUsecase):
 
     async def request(self, message: SendableMessage, topic: str = "", **kwargs: Any) -> Any:
         raise FeatureNotSupportedException("SqlBroker does not support request/reply (RPC)")
-
-
-def create_publisher(
-    *,
-    topic: str,
-    headers: dict[str, str] | None,
-    options: dict[str, Any],
-    config: SqlBrokerConfig,
-    schema_: Any | None,
-    title_: str | None,
-    description_: str | None,
-    include_in_schema: bool,
-) -> SqlPublisher:
-    validate_topic(topic, "topic")
-    return SqlPublisher(
-        SqlPublisherConfig(
-            topic=topic,
-            headers=headers,
-            options=options,
-            _outer_config=config,
-        ),
-        SqlPublisherSpecification(
-            config,
-            SqlPublisherSpecificationConfig(
-                topic=topic,
-                schema_=schema_,
-                title_=title_,
-                description_=description_,
-                include_in_schema=include_in_schema,
-            ),
-        ),
-    )

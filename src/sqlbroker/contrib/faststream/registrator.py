@@ -9,14 +9,27 @@ from typing import TYPE_CHECKING, Any, cast
 from faststream._internal.broker.registrator import Registrator
 from faststream._internal.broker.router import ArgsContainer, BrokerRouter, SubscriberRoute
 from faststream._internal.constants import EMPTY
+from faststream._internal.endpoint.subscriber.call_item import CallsCollection
 from faststream.middlewares import AckPolicy
 
-from sqlbroker import Message, RetryPolicy
+from sqlbroker import InvalidOption, Message, RetryPolicy
+from sqlbroker.core.topics import is_wildcard, validate_pattern, validate_topic
 
 from .config import SqlBrokerConfig
 from .producer import publish_options
-from .publisher import SqlPublisher, create_publisher
-from .subscriber import SqlSubscriber, create_subscriber
+from .publisher import (
+    SqlPublisher,
+    SqlPublisherConfig,
+    SqlPublisherSpecification,
+    SqlPublisherSpecificationConfig,
+)
+from .subscriber import (
+    SqlSubscriber,
+    SqlSubscriberConfig,
+    SqlSubscriberSpecification,
+    SqlSubscriberSpecificationConfig,
+    default_retry,
+)
 
 if TYPE_CHECKING:
     from fast_depends.dependencies import Dependant
@@ -65,20 +78,49 @@ class SqlRegistrator(Registrator[Message, SqlBrokerConfig]):
         payloads failing validation dead-lettered at once).
         """
         topics = (topic,) if isinstance(topic, str) else tuple(topic)
-        subscriber = create_subscriber(
-            topics=topics,
-            group=group,
-            config=cast("SqlBrokerConfig", self.config),
-            ack_policy=ack_policy,
-            no_reply=no_reply,
-            max_workers=max_workers,
-            prefetch=prefetch,
-            lease=seconds(lease),
-            timeout=timeout if timeout is EMPTY else seconds(timeout),
-            retry=retry,
-            title_=title,
-            description_=description,
-            include_in_schema=include_in_schema,
+        if not topics:
+            raise InvalidOption("topic", "give the topic (or topic patterns) to consume")
+        for pattern in topics:
+            validate_pattern(pattern, "topic")
+        if group is None:
+            if len(topics) > 1 or is_wildcard(topics[0]):
+                raise InvalidOption(
+                    "group",
+                    "several topics or a wildcard need group=NAME (the subscription's name)",
+                )
+        else:
+            validate_topic(group, "group")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidOption("retry", "must be a sqlbroker RetryPolicy")
+        if not isinstance(max_workers, int) or max_workers < 1:
+            raise InvalidOption("max_workers", "must be a positive integer")
+        config = cast("SqlBrokerConfig", self.config)
+        calls = CallsCollection[Any]()
+        subscriber = SqlSubscriber(
+            SqlSubscriberConfig(
+                topics=topics,
+                group=group,
+                max_workers=max_workers,
+                prefetch=prefetch,
+                lease=seconds(lease),
+                timeout=timeout if timeout is EMPTY else seconds(timeout),
+                retry=retry or default_retry(),
+                no_reply=no_reply,
+                _outer_config=config,
+                _ack_policy=ack_policy,
+            ),
+            SqlSubscriberSpecification(
+                config,
+                SqlSubscriberSpecificationConfig(
+                    topics=topics,
+                    group=group,
+                    title_=title,
+                    description_=description,
+                    include_in_schema=include_in_schema,
+                ),
+                calls,
+            ),
+            calls,
         )
         super().subscriber(subscriber, persistent=persistent)
         return subscriber.add_call(
@@ -110,15 +152,20 @@ class SqlRegistrator(Registrator[Message, SqlBrokerConfig]):
         """A publisher to ``topic``; as a decorator of a handler it publishes the
         handler's return value. The sqlbroker options apply to every message it sends."""
         options = publish_options(locals())
-        publisher = create_publisher(
-            topic=topic,
-            headers=headers,
-            options=options,
-            config=cast("SqlBrokerConfig", self.config),
-            schema_=schema,
-            title_=title,
-            description_=description,
-            include_in_schema=include_in_schema,
+        validate_topic(topic, "topic")
+        config = cast("SqlBrokerConfig", self.config)
+        publisher = SqlPublisher(
+            SqlPublisherConfig(topic=topic, headers=headers, options=options, _outer_config=config),
+            SqlPublisherSpecification(
+                config,
+                SqlPublisherSpecificationConfig(
+                    topic=topic,
+                    schema_=schema,
+                    title_=title,
+                    description_=description,
+                    include_in_schema=include_in_schema,
+                ),
+            ),
         )
         super().publisher(publisher, persistent=persistent)
         return publisher

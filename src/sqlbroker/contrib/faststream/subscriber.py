@@ -21,11 +21,13 @@ from faststream.specification.asyncapi.utils import resolve_payloads
 from faststream.specification.schema import Message as SpecMessage
 from faststream.specification.schema import Operation, SubscriberSpec
 
-from sqlbroker import InvalidOption, Message, Retry, RetryPolicy
-from sqlbroker.core.topics import is_wildcard, validate_pattern, validate_topic
+from sqlbroker import Message, Retry, RetryPolicy
+from sqlbroker.core.topics import validate_pattern, validate_topic
+from sqlbroker.features.subscribers import SubscriberSpec as SqlbrokerSpec
+from sqlbroker.features.subscribers import make_spec
 
 from .config import SqlBrokerConfig
-from .connection import Consumption, WorkerRun
+from .connection import WorkerRun
 from .message import SqlMessage, decode, make_parser
 from .producer import SqlPublishCommand
 
@@ -151,18 +153,22 @@ class SqlSubscriber(SubscriberUsecase[Message]):
         """The sqlbroker subscription this subscriber consumes."""
         return self.group or self.topics[0]
 
-    def consumption(self) -> Consumption:
+    def consumption(self) -> SqlbrokerSpec:
+        """The ``ack="manual"`` sqlbroker subscriber that runs this one's handlers."""
         config, defaults = self._sql_config, self._outer_config
-        return Consumption(
-            name=validate_topic(self.name, "group" if self.group else "topic"),
-            patterns=tuple(validate_pattern(t, "topic") for t in self.topics),
-            is_queue=self.group is None,
+        name = validate_topic(self.name, "group" if self.group else "topic")
+        patterns = [validate_pattern(t, "topic") for t in self.topics]
+        return make_spec(
+            self._on_message,
+            name=name if self.group else None,
+            topics=patterns if self.group else None,
+            queue=None if self.group else name,
             concurrency=config.max_workers,
             prefetch=config.prefetch,
             lease=config.lease if config.lease is not None else defaults.lease,
             timeout=config.timeout if config.timeout is not EMPTY else defaults.timeout,
             retry=config.retry,
-            handler=self._on_message,
+            ack="manual",
         )
 
     async def _on_message(self, raw: Message) -> None:
@@ -222,62 +228,3 @@ class SqlSubscriber(SubscriberUsecase[Message]):
     async def __aiter__(self) -> AsyncIterator[SqlMessage]:
         raise FeatureNotSupportedException("SqlBroker subscribers cannot be iterated")
         yield  # pragma: no cover
-
-
-def create_subscriber(
-    *,
-    topics: tuple[str, ...],
-    group: str | None,
-    config: SqlBrokerConfig,
-    ack_policy: AckPolicy,
-    no_reply: bool,
-    max_workers: int,
-    prefetch: int | None,
-    lease: float | None,
-    timeout: Any,
-    retry: RetryPolicy | None,
-    title_: str | None,
-    description_: str | None,
-    include_in_schema: bool,
-) -> SqlSubscriber:
-    if not topics:
-        raise InvalidOption("topic", "give the topic (or topic patterns) to consume")
-    for topic in topics:
-        validate_pattern(topic, "topic")
-    if group is None:
-        if len(topics) > 1 or is_wildcard(topics[0]):
-            raise InvalidOption(
-                "group",
-                "several topics or a wildcard need group=NAME (the subscription's name)",
-            )
-    else:
-        validate_topic(group, "group")
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise InvalidOption("retry", "must be a sqlbroker RetryPolicy")
-    if not isinstance(max_workers, int) or max_workers < 1:
-        raise InvalidOption("max_workers", "must be a positive integer")
-    subscriber_config = SqlSubscriberConfig(
-        topics=topics,
-        group=group,
-        max_workers=max_workers,
-        prefetch=prefetch,
-        lease=lease,
-        timeout=timeout,
-        retry=retry or default_retry(),
-        no_reply=no_reply,
-        _outer_config=config,
-        _ack_policy=ack_policy,
-    )
-    calls = CallsCollection[Any]()
-    specification = SqlSubscriberSpecification(
-        config,
-        SqlSubscriberSpecificationConfig(
-            topics=topics,
-            group=group,
-            title_=title_,
-            description_=description_,
-            include_in_schema=include_in_schema,
-        ),
-        calls,
-    )
-    return SqlSubscriber(subscriber_config, specification, calls)

@@ -76,7 +76,7 @@ class FakeProducer(SqlProducer):
 
     async def publish(self, cmd: SqlPublishCommand) -> str:
         cmd = SqlPublishCommand.from_cmd(cmd)
-        payload, content_type, headers = await encode_command(cmd, self.codec, self.serializer)
+        message = await encode_command(cmd, self.codec, self.serializer)
         message_id = str(uuid.uuid4())
         delivered: set[str] = set()
         for sub in self.broker.subscribers:
@@ -85,9 +85,7 @@ class FakeProducer(SqlProducer):
             if not _matches(sub, cmd.destination):
                 continue
             delivered.add(sub.name)
-            raw = fake_message(
-                message_id, sub.name, cmd.destination, payload, content_type, headers
-            )
+            raw = fake_message(message_id, sub.name, **message)
             await sub.process_message(raw)
         if not delivered and cmd.destination and cmd.publish_type.value == "reply":
             raise SubscriberNotFound(f"no subscriber for the reply topic {cmd.destination!r}")
@@ -117,7 +115,7 @@ def fake_message(
     topic: str,
     payload: bytes,
     content_type: str,
-    headers: dict[str, Any],
+    headers: dict[str, Any] | None,
 ) -> Message:
     """A sqlbroker message as a worker would deliver it (first attempt), settled into a
     :class:`RecordedOutcome` (its ``settled_with`` attribute)."""
@@ -134,7 +132,7 @@ def fake_message(
         topic=topic,
         payload=value,
         content_type=content_type,
-        headers=dict(headers),
+        headers=dict(headers or {}),
         priority=2,
         key=None,
         idempotency_key=None,

@@ -48,8 +48,8 @@ class Command(BaseCommand):  # type: ignore[misc]
 
     def handle(self, *args: Any, **options: Any) -> None:
         from sqlbroker.contrib.django_tasks.execution import (
-            Trimmer,
             backend_named,
+            trimming,
             worker_broker,
         )
 
@@ -66,9 +66,8 @@ class Command(BaseCommand):  # type: ignore[misc]
         names = ", ".join(backend.sqlbroker_queue(name) for name in queues)
         self.stdout.write(f"sqlbroker worker for tasks of {backend.alias!r} on {names}")
         self.stdout.flush()
-        trimmer = Trimmer(backend).start()
         try:
-            broker.run(grace=options["grace"])
+            with trimming(backend):
+                broker.run(grace=options["grace"])
         finally:
-            trimmer.stop()
             broker.close()
