@@ -13,7 +13,7 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import SchemaError, SqlbrokerError
 from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
-from sqlbroker.interfaces.cli.params import DURATION, json_option, options
+from sqlbroker.interfaces.cli.params import DURATION, PORT, json_option, options
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 
@@ -31,8 +31,7 @@ observe_options = options(
     ),
     click.option(
         "--metrics-port",
-        type=click.IntRange(min=0, max=65535),
-        default=None,
+        type=PORT,
         metavar="PORT",
         help="Serve Prometheus metrics on this port (needs the metrics extra).",
     ),
@@ -56,11 +55,7 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
 
 
 @click.command()
-@click.option(
-    "--port",
-    type=click.IntRange(min=0, max=65535),
-    default=prometheus.DEFAULT_PORT,
-)
+@click.option("--port", type=PORT, default=prometheus.DEFAULT_PORT)
 @click.option(
     "--host",
     default="127.0.0.1",
