@@ -15,14 +15,7 @@ from sqlbroker.interfaces.cli.params import (
     parse_headers,
     read_payload,
 )
-from sqlbroker.interfaces.cli.render import (
-    echo_json,
-    human_time,
-    payload_preview,
-    plural,
-    print_table,
-    table,
-)
+from sqlbroker.interfaces.cli.render import human_time, listing, payload_preview, plural
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
 publish_options = options(
@@ -139,22 +132,19 @@ def claim(
     )
     if deliveries and complete:
         broker.complete(deliveries)
-    if as_json:
-        echo_json(deliveries)
-    else:
-        rows = [
-            (
-                d.id,
-                d.topic,
-                f"{d.attempt}/{d.max_attempts}",
-                payload_preview(d.payload, d.content_type),
-            )
-            for d in deliveries
-        ]
-        print_table(
-            table(None, ["id", "topic", "attempt", "payload"], rows, numeric=["id"]),
-            empty=f"nothing to claim in {subscription}",
-        )
+    listing(
+        deliveries,
+        {
+            "id": lambda d: d.id,
+            "topic": lambda d: d.topic,
+            "attempt": lambda d: f"{d.attempt}/{d.max_attempts}",
+            "payload": lambda d: payload_preview(d.payload, d.content_type),
+        },
+        as_json=as_json,
+        empty=f"nothing to claim in {subscription}",
+        damaged=None,
+        numeric=["id"],
+    )
     if not deliveries:
         return
     if complete:
