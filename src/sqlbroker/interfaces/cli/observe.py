@@ -205,26 +205,21 @@ def healthcheck(
     """
     if max_heartbeat_age <= 0 or max_lag <= 0:
         raise InvalidUsage("--max-heartbeat-age and --max-lag must be more than 0 seconds")
-    broker = session.reader()
-    try:
-        checks = _checks(
-            broker,
-            probe=probe,
-            max_heartbeat_age=max_heartbeat_age,
-            max_lag=max_lag,
-            this_host=this_host,
-            subscriptions=subscriptions,
-        )
-    finally:
-        broker.close()
+    checks = _checks(
+        session.reader(),
+        probe=probe,
+        max_heartbeat_age=max_heartbeat_age,
+        max_lag=max_lag,
+        this_host=this_host,
+        subscriptions=subscriptions,
+    )
     failed = [check for check in checks if not check.ok]
-    status = "healthy" if not failed else "not live" if any(c.live for c in failed) else "not ready"
+    not_live = any(check.live for check in failed)
+    status = "not live" if not_live else "not ready" if failed else "healthy"
     if as_json:
         echo_json({"status": status, "probe": probe, "checks": [asdict(c) for c in checks]})
     else:
         body = [(c.name, "ok" if c.ok else "FAIL", c.detail) for c in checks]
         print_table(table(f"{status} ({probe})", ["check", "", "detail"], body), empty="")
     if failed:
-        raise click.exceptions.Exit(
-            EXIT_NOT_LIVE if any(c.live for c in failed) else EXIT_NOT_READY
-        )
+        raise click.exceptions.Exit(EXIT_NOT_LIVE if not_live else EXIT_NOT_READY)
