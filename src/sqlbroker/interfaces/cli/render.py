@@ -87,8 +87,7 @@ def json_text(value: Any, *, indent: int | None = None) -> str:
 
 def json_view(value: Any) -> Text:
     """``value`` as indented, highlighted JSON for a terminal (see :func:`json_text`)."""
-    highlighted: Text = JSONHighlighter()(Text(json_text(value, indent=2)))
-    return highlighted
+    return JSONHighlighter()(Text(json_text(value, indent=2)))
 
 
 def human_age(seconds: float | None) -> str:
