@@ -40,8 +40,8 @@ from sqlbroker.interfaces.cli.session import (
 )
 
 CONFIRM_PREVIEW = 1000
-_PAST = {"replay": "replayed", "purge": "purged"}
 """How many matching dead letters are counted before asking; more shows as "more than"."""
+_PAST = {"replay": "replayed", "purge": "purged"}
 
 filter_options = options(
     click.option("--subscription", help="Only dead letters of this subscription."),
