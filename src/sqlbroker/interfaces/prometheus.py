@@ -14,7 +14,7 @@ Two sources, one exposition:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.app import Broker
@@ -211,7 +211,6 @@ def exposition(registry: CollectorRegistry) -> bytes:
     return data
 
 
-def serve(registry: CollectorRegistry, *, port: int, host: str) -> Sequence[Any]:
-    """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns (server, thread)."""
-    server, thread = _client().start_http_server(port, addr=host, registry=registry)
-    return server, thread
+def serve(registry: CollectorRegistry, *, port: int, host: str) -> None:
+    """Serve ``/metrics`` on ``host:port`` from a daemon thread."""
+    _client().start_http_server(port, addr=host, registry=registry)

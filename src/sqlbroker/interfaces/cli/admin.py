@@ -16,7 +16,7 @@ from sqlbroker.storage.url import parse_url
 
 def schema_option(help: str) -> Callable[[F], F]:
     """``--schema NAME``: the PostgreSQL schema of the sqlbroker tables."""
-    return click.option("--schema", "pg_schema", default=None, metavar="NAME", help=help)
+    return click.option("--schema", "pg_schema", metavar="NAME", help=help)
 
 
 def broker_in(session: Session, pg_schema: str | None, *, read_only: bool = False) -> Broker:
@@ -81,13 +81,7 @@ def schema_sql(url: str, pg_schema: str | None = None) -> str:
 @click.option(
     "--print", "print_sql", is_flag=True, help="Print the full schema SQL, without connecting."
 )
-@click.option(
-    "--schema",
-    "pg_schema",
-    default=None,
-    metavar="NAME",
-    help="PostgreSQL schema for the tables (with --print).",
-)
+@schema_option("PostgreSQL schema for the tables (with --print).")
 @pass_session
 def schema(session: Session, print_sql: bool, pg_schema: str | None) -> None:
     """Show the schema version, or print the schema SQL.

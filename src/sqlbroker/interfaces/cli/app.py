@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from sqlbroker import __version__
 from sqlbroker.client.base import DEFAULT_URL
 from sqlbroker.interfaces.cli.admin import migrate, pause, resume, schema, subscribe
 from sqlbroker.interfaces.cli.dashboard import audit, dashboard
@@ -24,12 +25,6 @@ from sqlbroker.interfaces.cli.worker import worker
 URL_ENV = "SQLBROKER_URL"
 
 
-def _version() -> str:
-    from sqlbroker import __version__
-
-    return __version__
-
-
 @click.group(
     cls=BrokerGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
 )
@@ -43,7 +38,7 @@ def _version() -> str:
         " keeps a password out of `ps`)."
     ),
 )
-@click.version_option(_version(), "--version", "-V", prog_name="sqlbroker")
+@click.version_option(__version__, "--version", "-V", prog_name="sqlbroker")
 @click.pass_context
 def cli(ctx: click.Context, url: str) -> None:
     """sqlbroker: a message broker that lives in your database.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from sqlbroker.interfaces.cli.admin import broker_in, schema_option
-from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.params import DURATION, PORT, json_option
 from sqlbroker.interfaces.cli.render import human_time, listing
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 from sqlbroker.interfaces.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, Dashboard
@@ -20,11 +20,10 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
     default=DEFAULT_HOST,
     help="Address to listen on; anything but loopback needs --token.",
 )
-@click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT)
+@click.option("--port", type=PORT, default=DEFAULT_PORT)
 @click.option(
     "--token",
     envvar=TOKEN_ENV,
-    default=None,
     metavar="TOKEN",
     help=f"Access token (at least 16 characters). Prefer ${TOKEN_ENV} or --token-file:"
     " a command line is visible to every local user (ps).",
@@ -32,7 +31,6 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, readable=True),
-    default=None,
     metavar="PATH",
     help="Read the access token from this file (its first line).",
 )

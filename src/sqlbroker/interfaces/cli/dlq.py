@@ -40,17 +40,16 @@ from sqlbroker.interfaces.cli.session import (
 )
 
 CONFIRM_PREVIEW = 1000
-_PAST = {"replay": "replayed", "purge": "purged"}
 """How many matching dead letters are counted before asking; more shows as "more than"."""
+_PAST = {"replay": "replayed", "purge": "purged"}
 
 filter_options = options(
-    click.option("--subscription", default=None, help="Only dead letters of this subscription."),
-    click.option("--topic", default=None, help="Only dead letters of this topic."),
-    click.option("--error-type", default=None, help="Only this exception type (e.g. ValueError)."),
+    click.option("--subscription", help="Only dead letters of this subscription."),
+    click.option("--topic", help="Only dead letters of this topic."),
+    click.option("--error-type", help="Only this exception type (e.g. ValueError)."),
     click.option(
         "--reason",
         "reason_contains",
-        default=None,
         metavar="TEXT",
         help="Only reasons containing TEXT.",
     ),
@@ -79,9 +78,7 @@ def dlq() -> None:
 @dlq.command("list")
 @filter_options
 @click.option("--limit", type=int, default=100)
-@click.option(
-    "--after", "after_id", type=int, default=None, metavar="ID", help="Only ids after ID (to page)."
-)
+@click.option("--after", "after_id", type=int, metavar="ID", help="Only ids after ID (to page).")
 @json_option()
 @pass_session
 def list_dead(

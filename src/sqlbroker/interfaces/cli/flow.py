@@ -15,19 +15,25 @@ from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, p
 _OFF = "none"
 
 
-def _cap(value: str | None, option: str) -> object:
-    """An integer, ``none`` (remove the limit) or the text as given (the broker rejects it
-    in its own words, as for any caller)."""
-    if value is None or value.strip().lower() == _OFF:
+# The options whose name is not the keyword of Broker.set_flow they set.
+_KEYWORDS = {"rate": "rate_limit", "key_rate": "key_rate_limit"}
+
+
+def _limit(option: str, value: Any) -> Any:
+    """The value of the option ``option`` (a parameter name) as given to
+    ``Broker.set_flow``: ``none`` removes the limit, a cap must be an integer, a rate stays
+    text (the broker rejects a bad one in its own words, as for any caller)."""
+    if option == "fair":
+        return value
+    if value.strip().lower() == _OFF:
         return None
+    if option in _KEYWORDS:
+        return value
     try:
         return int(value)
     except ValueError:
-        raise InvalidUsage(f"{option} must be an integer or 'none', not {value!r}") from None
-
-
-def _rate(value: str) -> str | None:
-    return None if value.strip().lower() == _OFF else value
+        flag = "--" + option.replace("_", "-")
+        raise InvalidUsage(f"{flag} must be an integer or 'none', not {value!r}") from None
 
 
 @click.command()
@@ -40,34 +46,18 @@ def _rate(value: str) -> str | None:
 @click.option("--reset", is_flag=True, help="Remove the limits not given with this command.")
 @json_option()
 @pass_session
-def flow(
-    session: Session,
-    name: str | None,
-    max_running: str | None,
-    key_concurrency: str | None,
-    rate: str | None,
-    key_rate: str | None,
-    fair: bool | None,
-    reset: bool,
-    as_json: bool,
-) -> None:
+def flow(session: Session, name: str | None, reset: bool, as_json: bool, **given: Any) -> None:
     """Show or set flow limits: concurrency caps, rate limits, fairness.
 
     Without options, show every subscription's limits (or NAME's), its running copies and
     whether claims wait now. With options, change NAME's for every worker at once: 'none'
     removes a limit, the limits not named stay (--reset: are removed).
     """
-    limits: dict[str, Any] = {}
-    if max_running is not None:
-        limits["max_running"] = _cap(max_running, "--max-running")
-    if key_concurrency is not None:
-        limits["key_concurrency"] = _cap(key_concurrency, "--key-concurrency")
-    if rate is not None:
-        limits["rate_limit"] = _rate(rate)
-    if key_rate is not None:
-        limits["key_rate_limit"] = _rate(key_rate)
-    if fair is not None:
-        limits["fair"] = fair
+    limits = {
+        _KEYWORDS.get(option, option): _limit(option, value)
+        for option, value in given.items()
+        if value is not None
+    }
     try:
         if limits or reset:
             if name is None:

@@ -15,14 +15,7 @@ from sqlbroker.interfaces.cli.params import (
     parse_headers,
     read_payload,
 )
-from sqlbroker.interfaces.cli.render import (
-    echo_json,
-    human_time,
-    payload_preview,
-    plural,
-    print_table,
-    table,
-)
+from sqlbroker.interfaces.cli.render import human_time, listing, payload_preview, plural
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 
 publish_options = options(
@@ -30,18 +23,11 @@ publish_options = options(
     click.option(
         "--priority",
         type=PRIORITY,
-        default=None,
         help="0-9 (0 most urgent) or urgent/high/normal/low. [default: normal]",
     ),
-    click.option(
-        "--delay", type=DURATION, default=None, help="Deliver no sooner than this (30, 5m)."
-    ),
-    click.option(
-        "--ttl", type=DURATION, default=None, help="Expire, undelivered, after this long."
-    ),
-    click.option(
-        "--key", default=None, help="Ordering key: one key's messages are handled in order."
-    ),
+    click.option("--delay", type=DURATION, help="Deliver no sooner than this (30, 5m)."),
+    click.option("--ttl", type=DURATION, help="Expire, undelivered, after this long."),
+    click.option("--key", help="Ordering key: one key's messages are handled in order."),
     click.option(
         "--replace",
         is_flag=True,
@@ -50,30 +36,23 @@ publish_options = options(
     click.option(
         "--debounce",
         type=DURATION,
-        default=None,
         help="Replace (as --replace) and deliver once the --key is quiet this long.",
     ),
     click.option(
         "--debounce-max",
         type=DURATION,
-        default=None,
         help="With --debounce: deliver at the latest this long after the first publish.",
     ),
-    click.option(
-        "--idempotency-key", default=None, help="A repeated key returns the first message id."
-    ),
+    click.option("--idempotency-key", help="A repeated key returns the first message id."),
     click.option(
         "--header", "headers", multiple=True, metavar="NAME=VALUE", help="A header (repeatable)."
     ),
-    click.option(
-        "--max-attempts", type=int, default=None, help="Deliveries before dead-lettering."
-    ),
+    click.option("--max-attempts", type=int, help="Deliveries before dead-lettering."),
     click.option(
         "--raw", is_flag=True, help="Send PAYLOAD as bytes instead of parsing it as JSON."
     ),
     click.option(
         "--content-type",
-        default=None,
         help="Content type of a --raw payload. [default: application/octet-stream]",
     ),
     pass_session,
@@ -128,9 +107,7 @@ def publish(session: Session, topic: str, payload: str, raw: bool, **options: An
 @click.command()
 @click.argument("subscription")
 @click.option("--limit", type=int, default=1, help="Claim at most this many.")
-@click.option(
-    "--lease", type=DURATION, default=None, help="Lease length (e.g. 30, 2m). [default: 30s]"
-)
+@click.option("--lease", type=DURATION, help="Lease length (e.g. 30, 2m). [default: 30s]")
 @click.option("--complete", is_flag=True, help="Acknowledge the claimed deliveries at once.")
 @json_option("Print the deliveries as JSON.")
 @pass_session
@@ -155,22 +132,19 @@ def claim(
     )
     if deliveries and complete:
         broker.complete(deliveries)
-    if as_json:
-        echo_json(deliveries)
-    else:
-        rows = [
-            (
-                d.id,
-                d.topic,
-                f"{d.attempt}/{d.max_attempts}",
-                payload_preview(d.payload, d.content_type),
-            )
-            for d in deliveries
-        ]
-        print_table(
-            table(None, ["id", "topic", "attempt", "payload"], rows, numeric=["id"]),
-            empty=f"nothing to claim in {subscription}",
-        )
+    listing(
+        deliveries,
+        {
+            "id": lambda d: d.id,
+            "topic": lambda d: d.topic,
+            "attempt": lambda d: f"{d.attempt}/{d.max_attempts}",
+            "payload": lambda d: payload_preview(d.payload, d.content_type),
+        },
+        as_json=as_json,
+        empty=f"nothing to claim in {subscription}",
+        damaged=None,
+        numeric=["id"],
+    )
     if not deliveries:
         return
     if complete:

@@ -13,7 +13,7 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import SchemaError, SqlbrokerError
 from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
-from sqlbroker.interfaces.cli.params import DURATION, json_option, options
+from sqlbroker.interfaces.cli.params import DURATION, PORT, json_option, options
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 
@@ -31,8 +31,7 @@ observe_options = options(
     ),
     click.option(
         "--metrics-port",
-        type=click.IntRange(min=0, max=65535),
-        default=None,
+        type=PORT,
         metavar="PORT",
         help="Serve Prometheus metrics on this port (needs the metrics extra).",
     ),
@@ -56,11 +55,7 @@ def serve_worker_metrics(broker: Broker, *, port: int, host: str) -> None:
 
 
 @click.command()
-@click.option(
-    "--port",
-    type=click.IntRange(min=0, max=65535),
-    default=prometheus.DEFAULT_PORT,
-)
+@click.option("--port", type=PORT, default=prometheus.DEFAULT_PORT)
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -210,26 +205,21 @@ def healthcheck(
     """
     if max_heartbeat_age <= 0 or max_lag <= 0:
         raise InvalidUsage("--max-heartbeat-age and --max-lag must be more than 0 seconds")
-    broker = session.reader()
-    try:
-        checks = _checks(
-            broker,
-            probe=probe,
-            max_heartbeat_age=max_heartbeat_age,
-            max_lag=max_lag,
-            this_host=this_host,
-            subscriptions=subscriptions,
-        )
-    finally:
-        broker.close()
+    checks = _checks(
+        session.reader(),
+        probe=probe,
+        max_heartbeat_age=max_heartbeat_age,
+        max_lag=max_lag,
+        this_host=this_host,
+        subscriptions=subscriptions,
+    )
     failed = [check for check in checks if not check.ok]
-    status = "healthy" if not failed else "not live" if any(c.live for c in failed) else "not ready"
+    not_live = any(check.live for check in failed)
+    status = "not live" if not_live else "not ready" if failed else "healthy"
     if as_json:
         echo_json({"status": status, "probe": probe, "checks": [asdict(c) for c in checks]})
     else:
         body = [(c.name, "ok" if c.ok else "FAIL", c.detail) for c in checks]
         print_table(table(f"{status} ({probe})", ["check", "", "detail"], body), empty="")
     if failed:
-        raise click.exceptions.Exit(
-            EXIT_NOT_LIVE if any(c.live for c in failed) else EXIT_NOT_READY
-        )
+        raise click.exceptions.Exit(EXIT_NOT_LIVE if not_live else EXIT_NOT_READY)

@@ -65,6 +65,7 @@ class PriorityType(click.ParamType):  # type: ignore[type-arg]
 
 DURATION = DurationType()
 PRIORITY = PriorityType()
+PORT = click.IntRange(min=0, max=65535)
 
 
 def parse_headers(items: Iterable[str]) -> dict[str, str]:
@@ -126,9 +127,7 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-note_option = click.option(
-    "--note", default=None, metavar="TEXT", help="Why, recorded in the audit trail."
-)
+note_option = click.option("--note", metavar="TEXT", help="Why, recorded in the audit trail.")
 
 
 def json_option(help_text: str = "Print JSON instead of a table.") -> Callable[[F], F]:

@@ -87,8 +87,7 @@ def json_text(value: Any, *, indent: int | None = None) -> str:
 
 def json_view(value: Any) -> Text:
     """``value`` as indented, highlighted JSON for a terminal (see :func:`json_text`)."""
-    highlighted: Text = JSONHighlighter()(Text(json_text(value, indent=2)))
-    return highlighted
+    return JSONHighlighter()(Text(json_text(value, indent=2)))
 
 
 def human_age(seconds: float | None) -> str:
@@ -111,12 +110,12 @@ def human_time(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def payload_preview(payload: Any, content_type: str, width: int = _PREVIEW) -> str:
+def payload_preview(payload: Any, content_type: str) -> str:
     """One line describing a payload: compact JSON (shortened), or the size of raw bytes."""
     if content_type != JSON_CONTENT_TYPE or isinstance(payload, bytes | bytearray):
         return f"<{len(payload)} bytes {content_type}>"
     text = json_text(payload)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
 
 
 def echo_json(value: Any, *, compact: bool = False) -> None:
@@ -141,11 +140,10 @@ def table(
     numeric: Iterable[str] = (),
     key: str | None = None,
     drop: Sequence[str] = (),
-    width: int | None = None,
 ) -> Table:
     """A table with ``columns`` (those named in ``numeric`` right-aligned) and literal cells,
-    made to fit ``width`` (default: the console's) so that it stays readable in an 80-column
-    terminal: while the rows would need more than ``width`` unwrapped, the columns named in
+    made to fit the console's width so that it stays readable in an 80-column
+    terminal: while the rows would need more than that width unwrapped, the columns named in
     ``drop`` are left out, least important first, and a dim caption names them. The
     ``key`` column (default: the first) is never dropped nor squeezed below a readable
     width; what still does not fit wraps inside its cell."""
@@ -156,7 +154,7 @@ def table(
         name: max([cell_len(name), *(_natural_width(row[index]) for row in body)])
         for index, name in enumerate(columns)
     }
-    available = console().width if width is None else width
+    available = console().width
     shown = list(columns)
     hidden: list[str] = []
     for name in drop:

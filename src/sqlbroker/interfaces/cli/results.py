@@ -21,7 +21,6 @@ from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
 )
 @click.option(
     "--subscription",
-    default=None,
     help="Whose copy: required when the message went to several subscriptions.",
 )
 @json_option("Print the result as JSON.")

@@ -12,8 +12,8 @@ from sqlbroker.interfaces.cli.session import Session, pass_session
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--archive", type=DURATION, default=None, help="Keep finished copies this long (7d).")
-@click.option("--dead", type=DURATION, default=None, help="Keep dead letters this long (30d).")
+@click.option("--archive", type=DURATION, help="Keep finished copies this long (7d).")
+@click.option("--dead", type=DURATION, help="Keep dead letters this long (30d).")
 @click.option(
     "--default",
     "reset",

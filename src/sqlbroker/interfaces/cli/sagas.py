@@ -24,11 +24,10 @@ def saga() -> None:
 
 
 @saga.command("list")
-@click.option("--name", default=None, help="Only sagas of this definition.")
+@click.option("--name", help="Only sagas of this definition.")
 @click.option(
     "--status",
     type=click.Choice([status.value for status in SagaStatus]),
-    default=None,
     help="Only sagas in this status.",
 )
 @click.option("--limit", type=int, default=100)

@@ -136,7 +136,7 @@ def tenants_list(session: Session, pg_schema: str | None, as_json: bool) -> None
 
 @tenants.command("assign")
 @click.argument("subscription")
-@click.option("--tenant", default=None, help="The tenant (omit to make it no tenant's).")
+@click.option("--tenant", help="The tenant (omit to make it no tenant's).")
 @_schema_option
 @pass_session
 def tenants_assign(

@@ -117,7 +117,6 @@ def _snapshots(
 @click.option(
     "--count",
     type=click.IntRange(min=1),
-    default=None,
     help="With --watch: stop after N refreshes.",
 )
 @pass_session
@@ -176,9 +175,7 @@ def _error_summary(last_error: str | None) -> str | None:
 
 @click.command()
 @click.argument("subscription", required=False)
-@click.option(
-    "--state", type=click.Choice([s.value for s in State], case_sensitive=False), default=None
-)
+@click.option("--state", type=click.Choice([s.value for s in State], case_sensitive=False))
 @click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session
@@ -213,10 +210,8 @@ def pending(
 
 @click.command()
 @click.argument("subscription", required=False)
-@click.option(
-    "--outcome", type=click.Choice([o.value for o in Outcome], case_sensitive=False), default=None
-)
-@click.option("--message-id", default=None, help="Only the copies of this message.")
+@click.option("--outcome", type=click.Choice([o.value for o in Outcome], case_sensitive=False))
+@click.option("--message-id", help="Only the copies of this message.")
 @click.option("--limit", type=int, default=100)
 @json_option()
 @pass_session

@@ -119,7 +119,6 @@ def load_broker(reference: str) -> Broker:
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1, max=10_000),
-    default=None,
     metavar="N",
     help="Handlers running at once per subscription. [default: each subscriber's own]",
 )

@@ -28,7 +28,7 @@ SUBSCRIPTION_MINUTES = 60
 PENDING_LIMIT = 50
 DEAD_PAGE = 100
 HEARTBEAT_AGE = 30.0
-PLANNED_EXTENSIONS = (("sagas", "Sagas"), ("schedules", "Schedules"))
+PLANNED_EXTENSIONS = {"sagas": "Sagas", "schedules": "Schedules"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +126,12 @@ class Api:
     def extension_list(self) -> list[dict[str, Any]]:
         pages = [
             {"name": name, "title": title, "available": name in self.extensions}
-            for name, title in PLANNED_EXTENSIONS
+            for name, title in PLANNED_EXTENSIONS.items()
         ]
-        planned = {name for name, _ in PLANNED_EXTENSIONS}
         pages += [
             {"name": e.name, "title": e.title, "available": True}
             for e in self.extensions.values()
-            if e.name not in planned
+            if e.name not in PLANNED_EXTENSIONS
         ]
         return pages
 

@@ -203,9 +203,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # --- checks ------------------------------------------------------------------------------
 
-    def _host_ok(self) -> bool:
-        return self.board.host_allowed(self.headers.get("Host") or "")
-
     def _token_ok(self) -> bool:
         expected = self.board.token
         if expected is None:
@@ -220,11 +217,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 given = cookie[TOKEN_COOKIE].value
         return hmac.compare_digest(given.encode(), expected.encode())
 
-    def _admit(self) -> bool:
-        if not self._host_ok():
+    def _admit(self, *, token: bool = True) -> bool:
+        """Whether to serve the request (else its refusal is sent): the ``Host`` header
+        must be allowed, and unless ``token`` is false, the access token given."""
+        if not self.board.host_allowed(self.headers.get("Host") or ""):
             self._error(HTTPStatus.MISDIRECTED_REQUEST, "unexpected Host header")
             return False
-        if not self._token_ok():
+        if token and not self._token_ok():
             self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong access token")
             return False
         return True
@@ -259,8 +258,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._call(lambda: self._read(segments[1:], query))
 
     def _login(self, token: str) -> None:
-        if not self._host_ok():
-            self._error(HTTPStatus.MISDIRECTED_REQUEST, "unexpected Host header")
+        if not self._admit(token=False):
             return
         expected = self.board.token or ""
         if not hmac.compare_digest(token.encode(), expected.encode()):
