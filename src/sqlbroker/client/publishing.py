@@ -10,7 +10,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.limits import PATTERNS_PER_SUBSCRIPTION
 from sqlbroker.core.message import NewMessage, Subscription
-from sqlbroker.core.topics import validate_pattern, validate_topic
+from sqlbroker.core.topics import validate_patterns, validate_topic
 from sqlbroker.features.faces import Plan, call
 from sqlbroker.features.processed import processed_key
 from sqlbroker.features.publishing import (
@@ -145,18 +145,11 @@ def subscribe(
     patterns to exactly ``patterns``."""
     validate_topic(name, "name")
     replace = validate.flag(replace, "replace")
-    pattern_list = (
-        [patterns]
-        if isinstance(patterns, str)
-        else validate.items(patterns, "patterns", "patterns")
-    )
-    if not pattern_list:
-        raise InvalidOption("patterns", "give at least one pattern")
-    if len(pattern_list) > PATTERNS_PER_SUBSCRIPTION:
+    checked = validate_patterns(patterns, "patterns")
+    if len(checked) > PATTERNS_PER_SUBSCRIPTION:
         raise InvalidOption(
             "patterns", f"a subscription has at most {PATTERNS_PER_SUBSCRIPTION} patterns"
         )
-    checked = [validate_pattern(pattern, "patterns") for pattern in pattern_list]
     created: Subscription = yield call(
         "subscription_upsert", name=name, patterns=checked, replace=replace
     )

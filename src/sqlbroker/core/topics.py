@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from functools import cache, lru_cache
 
-from sqlbroker.core.errors import InvalidName
-from sqlbroker.core.validate import name_text
+from sqlbroker.core.errors import InvalidName, InvalidOption
+from sqlbroker.core.validate import items, name_text
 
 MAX_NAME_LENGTH = 255
 MAX_SEGMENT_LENGTH = 64
@@ -77,6 +77,14 @@ def validate_pattern(value: object, field: str = "pattern") -> str:
                 )
             raise _bad_segment(field, text, segment)
     return text
+
+
+def validate_patterns(value: object, field: str) -> tuple[str, ...]:
+    """One pattern, or a non-empty list of them, each checked by :func:`validate_pattern`."""
+    listed = [value] if isinstance(value, str) else items(value, field, "patterns")
+    if not listed:
+        raise InvalidOption(field, "give at least one pattern")
+    return tuple(validate_pattern(pattern, field) for pattern in listed)
 
 
 def is_wildcard(pattern: str) -> bool:

@@ -107,7 +107,7 @@ def build_message(
     topic_text = validate_topic(topic, name("topic"))
     if content_type is not None and not isinstance(content_type, str):
         raise InvalidOption(name("content_type"), "must be a string")
-    data, kind = _encode(payload, content_type, defaults.payload_limit, name("payload"))
+    data, kind = _encode(payload, content_type, defaults.payload_limit, field_prefix)
     if delay is not None and at is not None:
         raise InvalidOption(name("at"), "give delay or at, not both")
     if ttl is not None and expires_at is not None:
@@ -189,13 +189,19 @@ _NORMAL = int(NORMAL)
 """The default priority as :func:`validate.priority` returns it (a plain ``int``)."""
 
 
-def _encode(payload: Any, content_type: str | None, limit: int, field: str) -> tuple[bytes, str]:
+def _encode(
+    payload: Any, content_type: str | None, limit: int, where: str | int
+) -> tuple[bytes, str]:
     """:func:`encode_payload`'s ``(data, content_type)``, by :func:`encode_plain` when
-    ``payload`` is plain JSON (without the checks a payload of another kind needs)."""
+    ``payload`` is plain JSON (without the checks a payload of another kind needs).
+    ``where`` is the field prefix of the payload's publish (``field_prefix``) or its index
+    in a batch (``messages[i].``): its field's name is formatted only for an error, not
+    for each message of a batch."""
     if content_type is None or content_type == JSON_CONTENT_TYPE:
         data = encode_plain(payload, limit)
         if data is not None:
             return data, JSON_CONTENT_TYPE
+    field = f"messages[{where}].payload" if isinstance(where, int) else f"{where}payload"
     return encode_payload(payload, content_type=content_type, limit=limit, field=field)
 
 
@@ -262,14 +268,7 @@ def build_batch(
         if type(topic) is str and "payload" in item:
             template = bare.get(topic)
             if template is not None:
-                value = item["payload"]
-                data = encode_plain(value, limit)
-                if data is None:
-                    data, kind = encode_payload(
-                        value, limit=limit, field=f"messages[{index}].payload"
-                    )
-                else:
-                    kind = JSON_CONTENT_TYPE
+                data, kind = _encode(item["payload"], None, limit, index)
                 messages.append(message_like(template, ids[index], data, kind, None))
                 continue
         prefix = f"messages[{index}]."
@@ -312,19 +311,11 @@ def _build_queue_batch(
     content_type = shared.get("content_type")
     limit = defaults.payload_limit
     keyed = first.idempotency_key is not None
-    json_only = content_type is None or content_type == JSON_CONTENT_TYPE
     ids = [first.message_id, *new_message_ids(len(payloads) - 1)]
     datas = [first.payload]
     kinds = [first.content_type]
     for index in range(1, len(payloads)):
-        value = payloads[index]
-        data = encode_plain(value, limit) if json_only else None
-        if data is None:
-            data, kind = encode_payload(
-                value, content_type=content_type, limit=limit, field=f"messages[{index}].payload"
-            )
-        else:
-            kind = JSON_CONTENT_TYPE
+        data, kind = _encode(payloads[index], content_type, limit, index)
         datas.append(data)
         kinds.append(kind)
     hashes: list[str | None] = [None] * len(datas)

@@ -17,7 +17,7 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.flow import FLOW_OPTIONS, FlowLimits, Rate, flow_limits
 from sqlbroker.core.policies import RetryPolicy
-from sqlbroker.core.topics import validate_pattern, validate_topic
+from sqlbroker.core.topics import validate_patterns, validate_topic
 
 AckMode = Literal["auto", "manual"]
 Handler = Callable[[Any], Any]
@@ -132,12 +132,7 @@ def make_spec(
         if name != queue:
             raise InvalidOption("name", "a queue subscriber is named after its queue")
     else:
-        topic_list = (
-            [topics] if isinstance(topics, str) else validate.items(topics, "topics", "patterns")
-        )
-        if not topic_list:
-            raise InvalidOption("topics", "give at least one topic pattern")
-        patterns = tuple(validate_pattern(p, "topics") for p in topic_list)
+        patterns = validate_patterns(topics, "topics")
         if name is None:
             name = getattr(handler, "__name__", None)
             if not isinstance(name, str) or name == "<lambda>":
