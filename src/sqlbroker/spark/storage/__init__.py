@@ -15,9 +15,9 @@ from sqlbroker.spark.storage.base import (
     ExportTotals,
     IdRange,
     SparkRowFilter,
-    SparkStore,
     StreamAck,
 )
+from sqlbroker.spark.storage.store import SparkStore
 from sqlbroker.storage.url import parse_url
 
 __all__ = [

@@ -56,16 +56,6 @@ WHERE s.job_id = %(job_id)s AND s.idempotency_key IS NULL
 GROUP BY 2
 HAVING count(*) > 1
 
--- name: stage_page
--- One page of a task attempt's rows, by the primary key.
-SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idempotency_key,
-       content_hash, max_attempts, dedupe_window
-FROM {schema}sqlbroker_spark_stage
-WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s AND attempt = %(attempt)s
-  AND seq > %(after_seq)s
-ORDER BY seq
-LIMIT %(limit)s
-
 -- name: publish_settings
 -- For the transaction of one published page. A page of thousands of messages makes the
 -- planner's estimates of the publish statement (unnest, a window, fan-out) large enough

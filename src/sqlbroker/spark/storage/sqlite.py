@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import datetime
 from functools import cache
@@ -18,24 +18,20 @@ from typing import Any
 import pyarrow as pa
 
 from sqlbroker.core.errors import DatabaseBusy, SchemaError, StorageError
-from sqlbroker.core.message import NewMessage
-from sqlbroker.core.settlements import Lease
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
     EVERY_ID,
     SPARK_COLUMNS,
-    SqlStore,
     StagedKeys,
     check_table,
     columns_of,
     id_bounds,
     load_store_sql,
-    publish_staged,
 )
+from sqlbroker.spark.storage.store import SparkStore
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult
 
 
 @cache
@@ -73,8 +69,8 @@ def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> dict[str, Any
     }
 
 
-class SqliteSparkStore(SqlStore):
-    """:class:`~sqlbroker.spark.storage.base.SparkStore` on the broker's SQLite file."""
+class SqliteSparkStore(SparkStore):
+    """:class:`~sqlbroker.spark.storage.store.SparkStore` on the broker's SQLite file."""
 
     def __init__(self, backend: Backend, *, path: str, busy_timeout: float) -> None:
         super().__init__(backend, _queries())
@@ -129,68 +125,25 @@ class SqliteSparkStore(SqlStore):
 
     # --- idempotent batch write --------------------------------------------------------------
 
-    def stage_publish(
-        self,
-        *,
-        job: str,
-        winners: Sequence[tuple[int, int]],
-        key_prefix: str,
-        chunk: int,
-        connections: int = 1,  # one writer: the pages go one after another
-    ) -> Published:
-        # Pages are read on a connection of our own, outside the write lock: only the
-        # publish of each page holds it.
+    def _publish_page(self, page: dict[str, Any], keys: StagedKeys) -> Published:
+        """The page is read on a connection of our own, outside the write lock: only its
+        publish holds it."""
         with self._read() as reader:
             reader.row_factory = sqlite3.Row
-            repeated = reader.execute(
-                self._sql["stage_repeated"],
-                {"job_id": job, "winners": json.dumps([list(w) for w in winners])},
-            ).fetchall()
+            messages = keys.messages(reader.execute(self._sql["stage_page"], page).fetchall())
+        with self._backend.begin(timed=False) as tx, _translated():
+            result = tx.message_insert_many(messages=messages, subscription=None)
+            tx.connection.execute(self._sql["stage_delete_page"], page)
+        return Published(
+            published=len(result.message_ids) - result.duplicates,
+            duplicates=result.duplicates,
+            unrouted=result.unrouted,
+        )
 
-            def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
-                with _translated():
-                    return reader.execute(
-                        self._sql["stage_page"],
-                        {
-                            "job_id": job,
-                            "partition_id": partition,
-                            "attempt": attempt,
-                            "after_seq": after,
-                            "limit": limit,
-                        },
-                    ).fetchall()
-
-            def publish_page(
-                messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
-            ) -> InsertResult:
-                with self._backend.begin(timed=False) as tx, _translated():
-                    result = tx.message_insert_many(messages=messages, subscription=None)
-                    tx.connection.execute(
-                        self._sql["stage_delete_page"],
-                        {
-                            "job_id": job,
-                            "partition_id": partition,
-                            "attempt": attempt,
-                            "upto_seq": upto,
-                        },
-                    )
-                return result
-
-            published = publish_staged(
-                winners=winners,
-                keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
-                chunk=chunk,
-                read_page=read_page,
-                publish_page=publish_page,
-            )
-        with self._write() as conn:  # what the losing attempts staged
-            conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return published
-
-    # --- the hooks of SqlStore --------------------------------------------------------------
+    # --- the hooks of SparkStore --------------------------------------------------------------
 
     def _time(self, value: datetime | None) -> float:
         return (self._backend.now() if value is None else value).timestamp()
 
-    def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
-        return {"claimed": json.dumps([[c.id, c.token] for c in claimed])}
+    def _array(self, values: list[Any]) -> str:
+        return json.dumps(values)

@@ -40,9 +40,8 @@ INSERT INTO sqlbroker_spark_stage (
 -- The contents without a key that the winning attempts staged more than once.
 SELECT s.topic, s.content_hash
 FROM sqlbroker_spark_stage s
-JOIN (SELECT json_extract(value, '$[0]') AS partition_id,
-             json_extract(value, '$[1]') AS attempt
-      FROM json_each(:winners)) w
+JOIN (SELECT p.value AS partition_id, a.value AS attempt
+      FROM json_each(:partitions) p JOIN json_each(:attempts) a ON a.key = p.key) w
   ON w.partition_id = s.partition_id AND w.attempt = s.attempt
 WHERE s.job_id = :job_id AND s.idempotency_key IS NULL
 GROUP BY s.topic, s.content_hash
@@ -54,9 +53,8 @@ SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idemp
        content_hash, max_attempts, dedupe_window
 FROM sqlbroker_spark_stage
 WHERE job_id = :job_id AND partition_id = :partition_id AND attempt = :attempt
-  AND seq > :after_seq
+  AND seq > :after_seq AND seq <= :upto_seq
 ORDER BY seq
-LIMIT :limit
 
 -- name: stage_delete_page
 DELETE FROM sqlbroker_spark_stage
@@ -89,8 +87,9 @@ INSERT INTO sqlbroker_spark_claim (
 )
 SELECT :stream, :seq, m.id, m.lease_token, {snapshot_values}, :now
 FROM sqlbroker_message m
-JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
-      FROM json_each(:claimed)) c ON c.id = m.id AND c.token = m.lease_token
+JOIN (SELECT i.value AS id, t.value AS token
+      FROM json_each(:ids) i JOIN json_each(:tokens) t ON t.key = i.key) c
+  ON c.id = m.id AND c.token = m.lease_token
 
 -- name: stream_read
 -- The same columns as a batch read of messages, as they were when claimed.
