@@ -10,7 +10,6 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
-    Columns,
     ExportRun,
     ExportTotals,
     IdRange,
@@ -22,7 +21,6 @@ from sqlbroker.storage.url import parse_url
 
 __all__ = [
     "SPARK_TABLES",
-    "Columns",
     "ExportRun",
     "ExportTotals",
     "IdRange",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 SPARK_TABLES = ("messages", "archive", "dead")
 """The tables a Spark batch read can scan (``option("table", …)``)."""
@@ -36,11 +36,6 @@ class IdRange:
     low: int
     high: int
     count: int
-
-
-Columns = dict[str, list[Any]]
-"""Rows column by column; times are float seconds since the Unix epoch (UTC) or aware
-datetimes."""
 
 
 @dataclass(frozen=True, slots=True)

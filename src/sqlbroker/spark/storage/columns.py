@@ -12,7 +12,6 @@ from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import NewMessage, new_message_id
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
-    Columns,
     SparkRowFilter,
     StageRow,
 )
@@ -178,18 +177,6 @@ def id_bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[int, 
     if where.max_id is not None:
         upto_id = min(upto_id, where.max_id)
     return after_id, upto_id
-
-
-def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
-    """Transpose rows into columns; payloads become ``bytes``."""
-    columns: Columns = {name: [] for name in names}
-    lists = [columns[name] for name in names]
-    for row in rows:
-        for target, value in zip(lists, row, strict=True):
-            target.append(value)
-    if "payload" in columns:
-        columns["payload"] = [bytes(value) for value in columns["payload"]]
-    return columns
 
 
 def content_hash(message: StageRow) -> str:

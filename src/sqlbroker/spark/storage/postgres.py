@@ -154,9 +154,7 @@ class PostgresSparkStore(SparkStore):
     ) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(STREAM_COLUMNS)
         with self._arrow() as cursor:
-            cursor.execute(
-                self._sql["stream_read_arrow"], (stream, after_seq, upto_seq, parts, part)
-            )
+            cursor.execute(self._sql["stream_read"], (stream, after_seq, upto_seq, parts, part))
             for batch in cursor.fetch_record_batch():
                 if batch.num_rows:
                     yield batch.cast(target)

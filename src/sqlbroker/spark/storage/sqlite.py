@@ -24,9 +24,9 @@ from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
     EVERY_ID,
     SPARK_COLUMNS,
+    STREAM_COLUMNS,
     StagedKeys,
     check_table,
-    columns_of,
     id_bounds,
     load_store_sql,
 )
@@ -119,9 +119,18 @@ class SqliteSparkStore(SparkStore):
                 if not rows:
                     return
                 after_id = rows[-1][0]
-                yield record_batch(columns_of(names, rows), names)
+                yield record_batch(rows, names)
                 if len(rows) < fetch:
                     return
+
+    def stream_batches(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Iterator[pa.RecordBatch]:
+        params = {"after_seq": after_seq, "upto_seq": upto_seq, "part": part, "parts": parts}
+        with self._read() as conn:
+            rows = conn.execute(self._sql["stream_read"], {"stream": stream, **params}).fetchall()
+        if rows:
+            yield record_batch(rows, STREAM_COLUMNS)
 
     # --- idempotent batch write --------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.spark.storage.base import (
-    Columns,
     ExportRun,
     ExportTotals,
     IdRange,
@@ -32,9 +31,7 @@ from sqlbroker.spark.storage.base import (
 )
 from sqlbroker.spark.storage.columns import (
     EXPORTED_TABLES,
-    STREAM_COLUMNS,
     StagedKeys,
-    columns_of,
     stage_params,
 )
 from sqlbroker.storage.backend import Backend
@@ -323,28 +320,13 @@ class SparkStore(ABC):
         conn.execute(self._sql["stream_claim_snapshot"], params)
         return int(seq)
 
-    def stream_read(
-        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
-    ) -> Columns:
-        """The snapshot of the claims ``after_seq < seq <= upto_seq`` whose delivery id is
-        ``part`` modulo ``parts``, by sequence and delivery id, in ``STREAM_COLUMNS``."""
-        params = {"stream": stream, "after_seq": after_seq, "upto_seq": upto_seq, "part": part}
-        with self._read() as conn:
-            rows = conn.execute(self._sql["stream_read"], {**params, "parts": parts}).fetchall()
-        return columns_of(STREAM_COLUMNS, rows)
-
+    @abstractmethod
     def stream_batches(
         self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
     ) -> Iterator[pa.RecordBatch]:
-        """What :meth:`stream_read` reads, as Arrow batches of ``STREAM_COLUMNS`` (an
-        executor's read: PostgreSQL's rows arrive as Arrow, no Python object per value)."""
-        from sqlbroker.spark.schema import record_batch  # which imports this package
-
-        columns = self.stream_read(
-            stream=stream, after_seq=after_seq, upto_seq=upto_seq, part=part, parts=parts
-        )
-        if columns["id"]:
-            yield record_batch(columns, STREAM_COLUMNS)
+        """The snapshot of the claims ``after_seq < seq <= upto_seq`` whose delivery id is
+        ``part`` modulo ``parts``, by sequence and delivery id, as Arrow batches of
+        ``STREAM_COLUMNS`` (an executor's read; none when there are no such claims)."""
 
     def _stream_leases(self, stream: str, upto_seq: int) -> list[Lease]:
         with self._read() as conn:
