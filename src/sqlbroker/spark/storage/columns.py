@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
-from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import NewMessage, new_message_id
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
-    SparkRowFilter,
     StageRow,
 )
 from sqlbroker.storage.rows import payload_hash
@@ -160,23 +159,9 @@ def load_store_sql(dialect: str, *, schema: str = "") -> dict[str, str]:
     return fill_columns({name: body.replace("{schema}", schema) for name, body in blocks.items()})
 
 
-def check_table(where: SparkRowFilter) -> str:
-    if where.table not in SPARK_TABLES:
-        raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
-    return where.table
-
-
-EVERY_ID = (-(2**63), 2**63 - 1)
-"""The id range ``(after_id, upto_id]`` of every row."""
-
-
-def id_bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[int, int]:
-    """The id range ``(after_id, upto_id]`` narrowed to the filter's ``min_id``/``max_id``."""
-    if where.min_id is not None:
-        after_id = max(after_id, where.min_id - 1)
-    if where.max_id is not None:
-        upto_id = min(upto_id, where.max_id)
-    return after_id, upto_id
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+"""The time window ``[EARLIEST, LATEST)`` of a row filter without ``since``/``until``."""
 
 
 def content_hash(message: StageRow) -> str:

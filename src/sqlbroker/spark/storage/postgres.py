@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -32,12 +32,10 @@ from sqlbroker.spark.storage.base import (
     SparkRowFilter,
 )
 from sqlbroker.spark.storage.columns import (
-    EVERY_ID,
+    LATEST,
     SPARK_COLUMNS,
     STREAM_COLUMNS,
     StagedKeys,
-    check_table,
-    id_bounds,
     load_store_sql,
 )
 from sqlbroker.spark.storage.store import Driver, SparkStore
@@ -45,8 +43,6 @@ from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.postgres.dialect import channel_name
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 _UNLIMITED = 2**62  # no copy limit on a staged publish (the broker's max_copies unset)
 _STAGE_TYPES = (
     "text",
@@ -73,17 +69,6 @@ def _queries(schema: str | None) -> dict[str, str]:
         raise InvalidOption("schema", "must be a lowercase SQL identifier")
     qualifier = "" if schema is None else f'"{schema}".'
     return load_store_sql("postgres", schema=qualifier)
-
-
-def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
-    """The positional parameters of a row filter and an id range ``(after_id, upto_id]``."""
-    return (
-        where.subscription or "",
-        where.topic_regex or "",
-        where.since or _EARLIEST,
-        where.until or _LATEST,
-        *id_bounds(where, after_id, upto_id),
-    )
 
 
 class PostgresSparkStore(SparkStore):
@@ -128,9 +113,9 @@ class PostgresSparkStore(SparkStore):
     # --- batch read --------------------------------------------------------------------------
 
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
-        table = check_table(where)
+        table, params = self._filter(where)
         with self._arrow() as cursor:
-            cursor.execute(self._sql[f"{table}_range"], _bounds(where, *EVERY_ID))
+            cursor.execute(self._sql[f"{table}_range"], params)
             row = cursor.fetchone()
         if row is None or not row[2]:
             return None
@@ -139,10 +124,10 @@ class PostgresSparkStore(SparkStore):
     def rows_read(
         self, *, where: SparkRowFilter, after_id: int, upto_id: int, fetch: int
     ) -> Iterator[pa.RecordBatch]:
-        table = check_table(where)
+        table, params = self._filter(where, after_id, upto_id)
         target = arrow_schema(SPARK_COLUMNS[table])
         with self._arrow() as cursor:
-            cursor.execute(self._sql[f"{table}_read"], _bounds(where, after_id, upto_id))
+            cursor.execute(self._sql[f"{table}_read"], params)
             for batch in cursor.fetch_record_batch():
                 for start in range(0, batch.num_rows, fetch):
                     yield batch.slice(start, fetch).cast(target)
@@ -246,7 +231,7 @@ class PostgresSparkStore(SparkStore):
         parts = conn.execute(self._sql["export_partitions"], {"cutoff": run.cutoff}).fetchall()
         whole = sorted(
             ((upper, name, int(rows), int(max_id)) for name, rows, max_id, upper in parts),
-            key=lambda part: (part[0] is None, part[0] or _LATEST),
+            key=lambda part: (part[0] is None, part[0] or LATEST),
         )
         # Every day before the cutoff, up to the first that holds a row past the watermark
         # (a day without rows there holds no row at all: it goes too).

@@ -22,12 +22,9 @@ from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
-    EVERY_ID,
     SPARK_COLUMNS,
     STREAM_COLUMNS,
     StagedKeys,
-    check_table,
-    id_bounds,
     load_store_sql,
 )
 from sqlbroker.spark.storage.store import SparkStore
@@ -54,19 +51,6 @@ def _translated() -> Iterator[None]:
         raise StorageError(f"SQLite error: {text}") from None
     except sqlite3.Error as error:
         raise StorageError(f"SQLite error: {error}") from None
-
-
-def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> dict[str, Any]:
-    """Bind parameters of a row filter and an id range ``(after_id, upto_id]``."""
-    after_id, upto_id = id_bounds(where, after_id, upto_id)
-    return {
-        "subscription": where.subscription,
-        "topic_regex": where.topic_regex,
-        "since": None if where.since is None else where.since.timestamp(),
-        "until": None if where.until is None else where.until.timestamp(),
-        "after_id": after_id,
-        "upto_id": upto_id,
-    }
 
 
 class SqliteSparkStore(SparkStore):
@@ -99,27 +83,23 @@ class SqliteSparkStore(SparkStore):
     # --- batch read --------------------------------------------------------------------------
 
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
-        table = check_table(where)
+        table, params = self._filter(where)
         with self._read() as conn:
-            low, high, count = conn.execute(
-                self._sql[f"{table}_range"], _bounds(where, *EVERY_ID)
-            ).fetchone()
+            low, high, count = conn.execute(self._sql[f"{table}_range"], params).fetchone()
         return None if not count else IdRange(low=low, high=high, count=count)
 
     def rows_read(
         self, *, where: SparkRowFilter, after_id: int, upto_id: int, fetch: int
     ) -> Iterator[pa.RecordBatch]:
-        table = check_table(where)
-        names = SPARK_COLUMNS[table]
         with self._read() as conn:
             while True:
-                params = {**_bounds(where, after_id, upto_id), "limit": fetch}
+                table, params = self._filter(where, after_id, upto_id)
                 with _translated():
-                    rows = conn.execute(self._sql[f"{table}_read"], params).fetchall()
+                    rows = conn.execute(self._sql[f"{table}_read"], (*params, fetch)).fetchall()
                 if not rows:
                     return
                 after_id = rows[-1][0]
-                yield record_batch(rows, names)
+                yield record_batch(rows, SPARK_COLUMNS[table])
                 if len(rows) < fetch:
                     return
 

@@ -9,12 +9,11 @@ delivery_id
 'running'
 
 -- name: table_where
--- (A fragment of the per-table blocks below: see fill_columns for the markers.)
-WHERE (:subscription IS NULL OR subscription = :subscription)
-  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
-  AND (:since IS NULL OR {time_column} >= :since)
-  AND (:until IS NULL OR {time_column} < :until)
-  AND id > :after_id AND id <= :upto_id
+-- (A fragment of the per-table blocks below: see fill_columns for the markers.) Positional
+-- parameters (SparkStore._filter): ?1 subscription ('' for any), ?2 topic regex ('' for
+-- any), ?3/?4 the time window [since, until), ?5/?6 the id range (after, upto].
+WHERE (?1 = '' OR subscription = ?1) AND (?2 = '' OR sqlbroker_regex_match(?2, topic))
+  AND {time_column} >= ?3 AND {time_column} < ?4 AND id > ?5 AND id <= ?6
 
 -- name: table_range
 SELECT min(id), max(id), count(*) FROM {table}
@@ -24,7 +23,7 @@ SELECT min(id), max(id), count(*) FROM {table}
 SELECT {columns} FROM {table}
 -- include: table_where
 ORDER BY id
-LIMIT :limit
+LIMIT ?7
 
 -- name: stage_insert
 INSERT INTO sqlbroker_spark_stage (

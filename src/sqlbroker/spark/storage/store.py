@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.spark.storage.base import (
+    SPARK_TABLES,
     ExportRun,
     ExportTotals,
     IdRange,
@@ -30,7 +31,9 @@ from sqlbroker.spark.storage.base import (
     StreamAck,
 )
 from sqlbroker.spark.storage.columns import (
+    EARLIEST,
     EXPORTED_TABLES,
+    LATEST,
     StagedKeys,
     stage_params,
 )
@@ -105,6 +108,28 @@ class SparkStore(ABC):
         return str(row[0])
 
     # --- batch read ------------------------------------------------------------------------
+    def _filter(
+        self, where: SparkRowFilter, after_id: int = -(2**63), upto_id: int = 2**63 - 1
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The table of a row filter and the parameters of its ``table_where``, in order:
+        subscription and topic regex (``''`` for any), the time window ``[since, until)``,
+        and the id range ``(after_id, upto_id]`` (by default every id) narrowed to the
+        filter's ``min_id``/``max_id``."""
+        if where.table not in SPARK_TABLES:
+            raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
+        if where.min_id is not None:
+            after_id = max(after_id, where.min_id - 1)
+        if where.max_id is not None:
+            upto_id = min(upto_id, where.max_id)
+        window = (self._time(where.since or EARLIEST), self._time(where.until or LATEST))
+        return where.table, (
+            where.subscription or "",
+            where.topic_regex or "",
+            *window,
+            after_id,
+            upto_id,
+        )
+
     @abstractmethod
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
         """The id range of the selected rows, or ``None`` when there are none."""
