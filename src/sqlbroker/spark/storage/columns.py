@@ -180,31 +180,6 @@ def content_hash(message: StageRow) -> str:
     return digest.hexdigest()[:40]
 
 
-def stage_params(
-    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow], now: Any
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "job_id": job,
-            "partition_id": partition,
-            "attempt": attempt,
-            "seq": first_seq + index,
-            "topic": message.topic,
-            "payload": message.payload,
-            "content_type": message.content_type,
-            "headers": message.headers,
-            "priority": message.priority,
-            "ordering_key": message.ordering_key,
-            "idempotency_key": message.idempotency_key,
-            "content_hash": content_hash(message),
-            "max_attempts": message.max_attempts,
-            "dedupe_window": message.dedupe_window,
-            "now": now,
-        }
-        for index, message in enumerate(rows)
-    ]
-
-
 class StagedKeys:
     """Messages for staged rows, a page at a time, in partition and row order.
 

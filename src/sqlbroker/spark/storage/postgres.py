@@ -156,7 +156,7 @@ class PostgresSparkStore(SparkStore):
                 return
             with cursor.copy(self._sql["stage_copy"]) as copy:
                 copy.set_types(_STAGE_TYPES)
-                for row in params:  # stage_params' keys are stage_copy's columns, in order
+                for row in params:  # stage_insert's keys are stage_copy's columns, in order
                     copy.write_row(tuple(row.values()))
 
     def _publish_page(self, page: dict[str, Any], keys: StagedKeys) -> Published:

@@ -35,7 +35,7 @@ from sqlbroker.spark.storage.columns import (
     EXPORTED_TABLES,
     LATEST,
     StagedKeys,
-    stage_params,
+    content_hash,
 )
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.operations.messages import PROMOTE_BATCH
@@ -146,16 +146,30 @@ class SparkStore(ABC):
         self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
     ) -> int:
         """Stage validated messages of one task attempt (numbered from ``first_seq``)."""
-        params = stage_params(
-            job=job,
-            partition=partition,
-            attempt=attempt,
-            first_seq=first_seq,
-            rows=rows,
-            now=self._time(self._backend.now()),
+        now = self._time(self._backend.now())
+        self._stage(
+            [  # in the columns of stage_copy (PostgreSQL), in order
+                {
+                    "job_id": job,
+                    "partition_id": partition,
+                    "attempt": attempt,
+                    "seq": first_seq + index,
+                    "topic": message.topic,
+                    "payload": message.payload,
+                    "content_type": message.content_type,
+                    "headers": message.headers,
+                    "priority": message.priority,
+                    "ordering_key": message.ordering_key,
+                    "idempotency_key": message.idempotency_key,
+                    "content_hash": content_hash(message),
+                    "max_attempts": message.max_attempts,
+                    "dedupe_window": message.dedupe_window,
+                    "now": now,
+                }
+                for index, message in enumerate(rows)
+            ]
         )
-        self._stage(params)
-        return len(params)
+        return len(rows)
 
     def stage_publish(
         self,
