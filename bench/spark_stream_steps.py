@@ -78,25 +78,12 @@ def drain(url: str, batch: int, page: int, parts: int) -> list[dict[str, Any]]:
                 reader, part_store = connection.open()
                 steps[f"read{part}_open"] = time.perf_counter() - mark
                 mark = time.perf_counter()
-                arrow = getattr(part_store, "stream_batches", None)
-                if arrow is not None:
-                    got = list(
-                        arrow(
-                            stream=STREAM, after_seq=last, upto_seq=latest, part=part, parts=parts
-                        )
-                    )
-                    steps[f"read{part}_arrow"] = time.perf_counter() - mark
-                else:
-                    columns = part_store.stream_read(
+                got = list(
+                    part_store.stream_batches(
                         stream=STREAM, after_seq=last, upto_seq=latest, part=part, parts=parts
                     )
-                    steps[f"read{part}_rows"] = time.perf_counter() - mark
-                    mark = time.perf_counter()
-                    from sqlbroker.spark.schema import record_batch
-                    from sqlbroker.spark.storage.columns import STREAM_COLUMNS
-
-                    got = [record_batch(columns, STREAM_COLUMNS)] if columns["id"] else []
-                    steps[f"read{part}_arrow"] = time.perf_counter() - mark
+                )
+                steps[f"read{part}_arrow"] = time.perf_counter() - mark
                 rows += sum(b.num_rows for b in got)
                 reader.close()
             mark = time.perf_counter()

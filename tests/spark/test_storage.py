@@ -12,7 +12,7 @@ import pytest
 import sqlbroker
 from sqlbroker.core.errors import IdempotencyConflict, StorageError
 from sqlbroker.features.publishing import PublishDefaults, build_message
-from sqlbroker.spark.schema import arrow_schema, record_batch
+from sqlbroker.spark.schema import arrow_schema
 from sqlbroker.spark.storage import ExportRun, SparkRowFilter, SparkStore, open_store
 from sqlbroker.spark.storage.columns import SPARK_COLUMNS, STREAM_COLUMNS
 
@@ -21,6 +21,13 @@ DEFAULTS = PublishDefaults(max_attempts=5, dedupe_window=3600.0, payload_limit=2
 
 def _spark(broker: sqlbroker.Broker, url: str) -> SparkStore:
     return open_store(broker, url=url, options={})
+
+
+def _stream_read(store: SparkStore, **where: Any) -> dict[str, list[Any]]:
+    """A stream's snapshot read back by ``stream_batches``, column by column."""
+    batches = list(store.stream_batches(**where))
+    assert all(b.schema == arrow_schema(STREAM_COLUMNS) for b in batches)
+    return pa.Table.from_batches(batches, schema=arrow_schema(STREAM_COLUMNS)).to_pydict()
 
 
 def _messages(count: int, topic: str = "orders.created", same: bool = False) -> list[Any]:
@@ -176,7 +183,7 @@ def test_stream_claims_are_read_back_and_acked(broker: sqlbroker.Broker, backend
     assert store.stream_claim(limit=4, **claim) == 2
     assert store.stream_claim(limit=4, **claim) == 2
     parts = [
-        store.stream_read(stream="st", after_seq=0, upto_seq=2, part=p, parts=2) for p in range(2)
+        _stream_read(store, stream="st", after_seq=0, upto_seq=2, part=p, parts=2) for p in range(2)
     ]
     read = sorted(m for part in parts for m in part["message_id"])
     assert read == sorted(ids)
@@ -192,8 +199,9 @@ def test_stream_claims_are_read_back_and_acked(broker: sqlbroker.Broker, backend
 def test_a_streams_executor_read_yields_the_snapshot_as_arrow(
     broker: sqlbroker.Broker, backend_url: str
 ) -> None:
-    """``stream_batches`` (PostgreSQL: through ADBC) reads what ``stream_read`` reads, value
-    for value, in the stream's Arrow schema; an empty partition yields no batch."""
+    """``stream_batches`` (PostgreSQL: through ADBC) reads the messages as they were claimed,
+    value for value what a batch read of them then reads (state running, the delivery id as
+    ``id``), in the stream's Arrow schema; an empty partition yields no batch."""
     broker.subscribe("s", "s.#")
     broker.publish_many(
         [{"topic": "s.x", "payload": {"n": n}, "headers": {"h": str(n)}} for n in range(9)]
@@ -203,16 +211,23 @@ def test_a_streams_executor_read_yields_the_snapshot_as_arrow(
     claim = {"stream": "sa", "subscription": "s", "lease": 60.0, "worker": "w"}
     assert store.stream_claim(limit=5, **claim) == 1
     assert store.stream_claim(limit=5, **claim) == 2
+    found = store.id_range(where=SparkRowFilter(table="messages"))
+    batch = store.rows_read(
+        where=SparkRowFilter(table="messages"),
+        after_id=found.low - 1,
+        upto_id=found.high,
+        fetch=100,
+    )
+    claimed = pa.Table.from_batches(list(batch)).to_pylist()
+    assert [row["state"] for row in claimed] == ["running"] * 9
+    read = []
     for part in range(2):
         where = {"stream": "sa", "after_seq": 0, "upto_seq": 2, "part": part, "parts": 2}
-        batches = list(store.stream_batches(**where))
-        assert all(b.schema == arrow_schema(STREAM_COLUMNS) for b in batches)
-        arrow = pa.Table.from_batches(batches, schema=arrow_schema(STREAM_COLUMNS))
-        assert (
-            arrow.to_pydict()
-            == record_batch(store.stream_read(**where), STREAM_COLUMNS).to_pydict()
-        )
-        assert arrow.num_rows > 0
+        columns = _stream_read(store, **where)
+        assert columns["id"]
+        assert all(delivery % 2 == part for delivery in columns["id"])
+        read += pa.Table.from_pydict(columns).to_pylist()
+    assert sorted(read, key=lambda row: row["id"]) == claimed
     assert list(store.stream_batches(stream="sa", after_seq=2, upto_seq=3, part=0, parts=2)) == []
 
 
@@ -230,12 +245,12 @@ def test_stream_claims_keep_the_brokers_flow_limits_and_pauses(
     store.stream_open(stream="sp", subscription="p")
     assert store.stream_claim(stream="sf", subscription="f", **claim) == 1
     assert store.stream_claim(stream="sf", subscription="f", **claim) == 1  # 2 running: full
-    read = store.stream_read(stream="sf", after_seq=0, upto_seq=1, part=0, parts=1)
+    read = _stream_read(store, stream="sf", after_seq=0, upto_seq=1, part=0, parts=1)
     assert len(read["message_id"]) == 2
     assert store.stream_claim(stream="sp", subscription="p", **claim) == 0
     broker.resume("p")
     assert store.stream_claim(stream="sp", subscription="p", **claim) == 1
-    read = store.stream_read(stream="sp", after_seq=0, upto_seq=1, part=0, parts=1)
+    read = _stream_read(store, stream="sp", after_seq=0, upto_seq=1, part=0, parts=1)
     assert len(read["message_id"]) == 5
 
 

@@ -98,29 +98,33 @@ class _Totals:
     checksum: int
 
 
-def _observed(frame: Any, name: str) -> tuple[Any, Any]:
-    """``frame`` counted as an action (the Parquet write) passes its rows through, in that
-    same job: no second read of the database."""
-    from pyspark.sql import Observation
+def _sums() -> list[Any]:
+    """The aggregates of :class:`_Totals`: ``rows``, ``id_sum`` and ``checksum``."""
     from pyspark.sql import functions as F
 
-    observation = Observation(name)
-    observed = frame.observe(
-        observation,
+    return [
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.col("id").cast("decimal(38,0)")).alias("id_sum"),
         F.sum(_row_hash()).alias("checksum"),
-    )
-    return observed, observation
+    ]
 
 
-def _observed_totals(observation: Any) -> _Totals:
-    found = observation.get
+def _totals(found: Any) -> _Totals:
+    """The :class:`_Totals` of a row of :func:`_sums` (of no rows: zeros)."""
     return _Totals(
         rows=int(found["rows"] or 0),
         id_sum=int(found["id_sum"] or 0),
         checksum=int(found["checksum"] or 0),
     )
+
+
+def _observed(frame: Any, name: str) -> tuple[Any, Any]:
+    """``frame`` counted as an action (the Parquet write) passes its rows through, in that
+    same job: no second read of the database."""
+    from pyspark.sql import Observation
+
+    observation = Observation(name)
+    return frame.observe(observation, *_sums()), observation
 
 
 def _file_totals(frame: Any) -> dict[tuple[str, str], tuple[_Totals, int, int]]:
@@ -129,23 +133,10 @@ def _file_totals(frame: Any) -> dict[tuple[str, str], tuple[_Totals, int, int]]:
 
     rows = (
         frame.groupBy(F.col("date").cast("string").alias("date"), F.col("topic"))
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sum(F.col("id").cast("decimal(38,0)")).alias("ids"),
-            F.sum(_row_hash()).alias("h"),
-            F.min("id").alias("low"),
-            F.max("id").alias("high"),
-        )
+        .agg(*_sums(), F.min("id").alias("low"), F.max("id").alias("high"))
         .collect()
     )
-    return {
-        (r["date"], r["topic"]): (
-            _Totals(rows=int(r["n"]), id_sum=int(r["ids"]), checksum=int(r["h"])),
-            int(r["low"]),
-            int(r["high"]),
-        )
-        for r in rows
-    }
+    return {(r["date"], r["topic"]): (_totals(r), int(r["low"]), int(r["high"])) for r in rows}
 
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
@@ -250,7 +241,7 @@ class ArchiveExport:
                             .mode("error")
                             .parquet(f"{staging}/{table}")
                         )
-                    read[table] = _observed_totals(observation)
+                    read[table] = _totals(observation.get)
             self.step("verifying counts and checksums against the database")
             try:
                 for table, (max_id, count) in ranges.items():

@@ -1,13 +1,13 @@
-"""The Spark schema of each readable table, and turning storage columns into Arrow batches."""
+"""The Spark schema of each readable table, and turning SQLite rows into Arrow batches."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sqlbroker.spark.storage.base import Columns
 from sqlbroker.spark.storage.columns import SPARK_COLUMNS, TIME_COLUMNS
 
 _LONG = frozenset({"id", "delivery_id", "seq"})
@@ -40,21 +40,14 @@ def arrow_schema(columns: tuple[str, ...]) -> pa.Schema:
     return pa.schema([pa.field(name, _types(name)[0]) for name in columns])
 
 
-def _time_array(values: list[Any]) -> pa.Array:
-    if any(not isinstance(value, int | float) for value in values if value is not None):
-        return pa.array(values, type=pa.timestamp("us", tz="UTC"))  # aware datetimes
-    seconds = pa.array(values, type=pa.float64())
-    micros = pc.round(pc.multiply(seconds, 1_000_000.0))
-    return pc.cast(pc.cast(micros, pa.int64()), pa.timestamp("us", tz="UTC"))
-
-
-def record_batch(columns: Columns, names: tuple[str, ...]) -> pa.RecordBatch:
-    """An Arrow batch of storage columns; times arrive as float Unix seconds (SQLite) or
-    aware datetimes (PostgreSQL)."""
-    arrays = [
-        _time_array(columns[name])
-        if name in TIME_COLUMNS
-        else pa.array(columns[name], type=_types(name)[0])
-        for name in names
-    ]
+def record_batch(rows: Sequence[Sequence[Any]], names: tuple[str, ...]) -> pa.RecordBatch:
+    """An Arrow batch of SQLite rows (at least one) of the columns ``names``; times arrive
+    as float Unix seconds."""
+    arrays = []
+    for name, values in zip(names, zip(*rows, strict=True), strict=True):
+        if name in TIME_COLUMNS:
+            micros = pc.round(pc.multiply(pa.array(values, type=pa.float64()), 1_000_000.0))
+            arrays.append(pc.cast(pc.cast(micros, pa.int64()), pa.timestamp("us", tz="UTC")))
+        else:
+            arrays.append(pa.array(values, type=_types(name)[0]))
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(names))

@@ -8,7 +8,7 @@ Register it once per session with :func:`sqlbroker.spark.register`, then use
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -29,13 +29,12 @@ DEFAULT_PARTITIONS = 4
 DEFAULT_FETCH = 10_000
 
 
+@dataclass
 class IdSlice(InputPartition):
     """Rows with ``after_id < id <= upto_id``."""
 
-    def __init__(self, after_id: int, upto_id: int) -> None:
-        super().__init__((after_id, upto_id))
-        self.after_id = after_id
-        self.upto_id = upto_id
+    after_id: int
+    upto_id: int
 
 
 def read_settings(options: Mapping[str, str]) -> tuple[int, int, int | None, int | None]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -51,15 +52,14 @@ def stream_settings(options: Mapping[str, str]) -> tuple[int, float, int]:
     )
 
 
+@dataclass
 class ClaimSlice(InputPartition):
     """The claims ``after_seq < seq <= upto_seq`` whose delivery id is ``part`` mod ``parts``."""
 
-    def __init__(self, after_seq: int, upto_seq: int, part: int, parts: int) -> None:
-        super().__init__((after_seq, upto_seq, part, parts))
-        self.after_seq = after_seq
-        self.upto_seq = upto_seq
-        self.part = part
-        self.parts = parts
+    after_seq: int
+    upto_seq: int
+    part: int
+    parts: int
 
 
 def _seq(offset: Any) -> int:

@@ -24,12 +24,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceWriter, Writ
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
-    ByteType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
+    DecimalType,
+    NumericType,
     StringType,
     StructType,
 )
@@ -50,18 +46,9 @@ STAGE_CHUNK = 5_000
 PUBLISH_CHUNK = 5_000
 PUBLISH_CONNECTIONS = 2
 _TOPIC_CACHE = 4096  # validated topics a task remembers (a topic column's distinct values)
-_ARROW_TYPES = (
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
-    StringType,
-)
-"""Column types whose Python values are the same from an Arrow batch as from a ``Row``."""
+_ARROW_TYPES = (BinaryType, BooleanType, NumericType, StringType)
+"""Column types whose Python values are the same from an Arrow batch as from a ``Row``
+(every number but a decimal)."""
 STALE_STAGE = timedelta(days=7)
 _COLUMN_OPTIONS = (
     "topic_column",
@@ -134,12 +121,9 @@ class MessageWriter(DataSourceWriter):
         if self.topic is None and self.columns["topic_column"] is None:
             raise InvalidOption("topic", "give topic or topic_column")
         payload_column = self.columns["payload_column"]
-        self.binary_payload = payload_column is not None and isinstance(
-            schema[payload_column].dataType, BinaryType
-        )
-        self.text_payload = payload_column is not None and isinstance(
-            schema[payload_column].dataType, StringType
-        )
+        payload_type = None if payload_column is None else schema[payload_column].dataType
+        self.binary_payload = isinstance(payload_type, BinaryType)
+        self.text_payload = isinstance(payload_type, StringType)
         self.content_type = opt.text(options, "content_type")
         self.defaults = PublishDefaults(
             max_attempts=opt.integer(
@@ -169,9 +153,6 @@ class MessageWriter(DataSourceWriter):
         self.job = uuid.uuid4().hex
         self.excluded = {c for c in self.columns.values() if c is not None}
         self.names = schema.fieldNames()
-        self.arrow = bool(self.names) and all(
-            isinstance(field.dataType, _ARROW_TYPES) for field in schema.fields
-        )
         self._topics: set[str] = set()
         # Last: the options are all valid before the database is opened.
         self.connection = self.connection.bind()
@@ -273,33 +254,25 @@ class MessageWriter(DataSourceWriter):
             store.stage_discard(job=self.job, older_than=None)
 
 
-class MessageArrowWriter(DataSourceArrowWriter):
+class MessageArrowWriter(MessageWriter, DataSourceArrowWriter):
     """:class:`MessageWriter` for a DataFrame whose columns are all numbers, booleans,
     strings or binary: the tasks take Spark's Arrow batches as they come, a column at a
     time, instead of a ``Row`` object per row (the same values, validated the same way)."""
 
-    def __init__(self, writer: MessageWriter) -> None:
-        self.writer = writer
-
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPartition:
-        names = self.writer.names
-
         def rows() -> Iterator[dict[str, Any]]:
             for batch in iterator:
                 columns = [column.to_pylist() for column in batch.columns]
                 for values in zip(*columns, strict=True):
-                    yield dict(zip(names, values, strict=True))
+                    yield dict(zip(self.names, values, strict=True))
 
-        return self.writer.stage(rows())
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self.writer.commit(messages)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self.writer.abort(messages)
+        return self.stage(rows())
 
 
 def message_writer(options: dict[str, str], schema: StructType) -> DataSourceWriter:
     """The writer of ``df.write.format("sqlbroker")`` for a DataFrame of ``schema``."""
-    writer = MessageWriter(options, schema)
-    return MessageArrowWriter(writer) if writer.arrow else writer
+    arrow = bool(schema.fields) and all(
+        isinstance(field.dataType, _ARROW_TYPES) and not isinstance(field.dataType, DecimalType)
+        for field in schema.fields
+    )
+    return (MessageArrowWriter if arrow else MessageWriter)(options, schema)

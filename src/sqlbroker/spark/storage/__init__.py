@@ -10,19 +10,17 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import ConfigurationError
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
-    Columns,
     ExportRun,
     ExportTotals,
     IdRange,
     SparkRowFilter,
-    SparkStore,
     StreamAck,
 )
+from sqlbroker.spark.storage.store import SparkStore
 from sqlbroker.storage.url import parse_url
 
 __all__ = [
     "SPARK_TABLES",
-    "Columns",
     "ExportRun",
     "ExportTotals",
     "IdRange",

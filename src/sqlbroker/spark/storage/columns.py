@@ -1,39 +1,21 @@
 """The one column list of every Spark read, and what both stores share: staged rows, row
-filters, the SQL markers the column list fills in, and :class:`SqlStore`, every operation
-that reads the same on both backends."""
+filters and the SQL markers the column list fills in."""
 
 from __future__ import annotations
 
 import hashlib
-import os
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, suppress
-from datetime import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from sqlbroker.core.errors import InvalidOption, SchemaError, SqlbrokerError, StorageError
 from sqlbroker.core.message import NewMessage, new_message_id
-from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.spark.storage.base import (
     SPARK_TABLES,
-    Columns,
-    ExportRun,
-    ExportTotals,
-    Published,
-    SparkRowFilter,
     StageRow,
-    StreamAck,
 )
-from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult
-from sqlbroker.storage.operations.messages import PROMOTE_BATCH
 from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.sql import load_sql, parse_blocks
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 _DELIVERY = (
     "priority",
@@ -177,35 +159,9 @@ def load_store_sql(dialect: str, *, schema: str = "") -> dict[str, str]:
     return fill_columns({name: body.replace("{schema}", schema) for name, body in blocks.items()})
 
 
-def check_table(where: SparkRowFilter) -> str:
-    if where.table not in SPARK_TABLES:
-        raise InvalidOption("table", f"must be one of {', '.join(SPARK_TABLES)}")
-    return where.table
-
-
-EVERY_ID = (-(2**63), 2**63 - 1)
-"""The id range ``(after_id, upto_id]`` of every row."""
-
-
-def id_bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[int, int]:
-    """The id range ``(after_id, upto_id]`` narrowed to the filter's ``min_id``/``max_id``."""
-    if where.min_id is not None:
-        after_id = max(after_id, where.min_id - 1)
-    if where.max_id is not None:
-        upto_id = min(upto_id, where.max_id)
-    return after_id, upto_id
-
-
-def columns_of(names: Sequence[str], rows: Iterable[Sequence[Any]]) -> Columns:
-    """Transpose rows into columns; payloads become ``bytes``."""
-    columns: Columns = {name: [] for name in names}
-    lists = [columns[name] for name in names]
-    for row in rows:
-        for target, value in zip(lists, row, strict=True):
-            target.append(value)
-    if "payload" in columns:
-        columns["payload"] = [bytes(value) for value in columns["payload"]]
-    return columns
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+"""The time window ``[EARLIEST, LATEST)`` of a row filter without ``since``/``until``."""
 
 
 def content_hash(message: StageRow) -> str:
@@ -222,31 +178,6 @@ def content_hash(message: StageRow) -> str:
         digest.update(b"\x00")
     digest.update(message.payload)
     return digest.hexdigest()[:40]
-
-
-def stage_params(
-    *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow], now: Any
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "job_id": job,
-            "partition_id": partition,
-            "attempt": attempt,
-            "seq": first_seq + index,
-            "topic": message.topic,
-            "payload": message.payload,
-            "content_type": message.content_type,
-            "headers": message.headers,
-            "priority": message.priority,
-            "ordering_key": message.ordering_key,
-            "idempotency_key": message.idempotency_key,
-            "content_hash": content_hash(message),
-            "max_attempts": message.max_attempts,
-            "dedupe_window": message.dedupe_window,
-            "now": now,
-        }
-        for index, message in enumerate(rows)
-    ]
 
 
 class StagedKeys:
@@ -308,265 +239,3 @@ class StagedKeys:
                 )
             )
         return messages
-
-
-def publish_staged(
-    *,
-    winners: Sequence[tuple[int, int]],
-    keys: StagedKeys,
-    chunk: int,
-    read_page: Callable[[int, int, int, int], list[Mapping[str, Any]]],
-    publish_page: Callable[[Sequence[NewMessage], int, int, int], InsertResult],
-) -> Published:
-    """The paging loop of ``SparkStore.stage_publish``: ``read_page(partition, attempt,
-    after_seq, limit)`` returns staged rows by ``seq``; ``publish_page(messages, partition,
-    attempt, upto_seq)`` publishes them and deletes their staged rows in one transaction."""
-    published = duplicates = unrouted = 0
-    for partition, attempt in sorted(winners):
-        after = -1
-        while True:
-            rows = read_page(partition, attempt, after, chunk)
-            if not rows:
-                break
-            after = int(rows[-1]["seq"])
-            result = publish_page(keys.messages(rows), partition, attempt, after)
-            published += len(result.message_ids) - result.duplicates
-            duplicates += result.duplicates
-            unrouted += result.unrouted
-            if len(rows) < chunk:
-                break
-    return Published(published=published, duplicates=duplicates, unrouted=unrouted)
-
-
-class Driver(Protocol):
-    """What the shared store code uses of its dialect's own driver connection (psycopg's
-    or sqlite3's): statements, run by ``execute``."""
-
-    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
-
-
-class SqlStore(ABC):
-    """The operations of :class:`~sqlbroker.spark.storage.base.SparkStore` that are the
-    same on both backends, written once over what a dialect supplies: its SQL blocks
-    (``_sql``), its read and write connections, and how it binds a time and a claim's
-    leases."""
-
-    def __init__(self, backend: Backend, sql: dict[str, str]) -> None:
-        self._backend = backend
-        self._sql = sql
-
-    @abstractmethod
-    def _read(self) -> AbstractContextManager[Driver]:
-        """A connection for reads that take no write lock."""
-
-    @abstractmethod
-    def _write(self) -> AbstractContextManager[Driver]:
-        """The connection of a broker transaction (``Backend.begin(timed=False)``)."""
-
-    @abstractmethod
-    def _time(self, value: datetime | None) -> Any:
-        """``value`` as the dialect binds a time; ``None`` is "now" (the database's clock
-        or the broker's)."""
-
-    @abstractmethod
-    def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
-        """The parameters that bind a claim's leases in ``stream_claim_snapshot``."""
-
-    def _export_drop(self, conn: Driver, run: ExportRun) -> int:
-        """Rows of the run removed before its row delete (PostgreSQL drops whole days)."""
-        return 0
-
-    def identity(self) -> str:
-        with self._read() as conn:
-            row = conn.execute(self._sql["identity_get"]).fetchone()
-        if row is None:
-            raise SchemaError("the database has no identity row: run `sqlbroker migrate`")
-        return str(row[0])
-
-    def stage_discard(self, *, job: str | None, older_than: datetime | None) -> int:
-        deleted = 0
-        with self._write() as conn:
-            if job is not None:
-                deleted += conn.execute(self._sql["stage_delete_job"], {"job_id": job}).rowcount
-            if older_than is not None:
-                deleted += conn.execute(
-                    self._sql["stage_delete_older"], {"older_than": self._time(older_than)}
-                ).rowcount
-        return int(deleted)
-
-    def stage_insert(
-        self, *, job: str, partition: int, attempt: int, first_seq: int, rows: Sequence[StageRow]
-    ) -> int:
-        params = stage_params(
-            job=job,
-            partition=partition,
-            attempt=attempt,
-            first_seq=first_seq,
-            rows=rows,
-            now=self._time(self._backend.now()),
-        )
-        self._stage(params)
-        return len(params)
-
-    @abstractmethod
-    def _stage(self, params: list[dict[str, Any]]) -> None:
-        """Insert the staged rows of :meth:`stage_insert`, in a transaction of the broker."""
-
-    def stream_open(self, *, stream: str, subscription: str) -> tuple[int, int]:
-        with self._write() as conn:
-            conn.execute(
-                self._sql["stream_insert"],
-                {"stream": stream, "subscription": subscription, "now": self._time(None)},
-            )
-            last, acked = conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()
-        return int(last), int(acked)
-
-    def stream_claim(
-        self, *, stream: str, subscription: str, limit: int, lease: float, worker: str
-    ) -> int:
-        """The broker's plain claim (its ``message_claim`` SQL, only ids and tokens read
-        back) and the snapshot, in one transaction; a subscription it claims nothing from
-        (flow limits, a pause) goes through the broker's own claim."""
-        settings = self._backend.settings
-        injected = settings.clock.now()
-        promote_at = None if injected is None else injected.timestamp()
-        now = self._time(injected)
-        with self._write() as conn:
-            if settings.promotion.due(subscription, promote_at):
-                params = {"subscription": subscription, "limit": PROMOTE_BATCH, "now": now}
-                conn.execute(self._sql["stream_promote"], params)
-            cursor = conn.execute(
-                self._sql["stream_claim_leases"],
-                {
-                    "subscription": subscription,
-                    "limit": limit,
-                    "lease": lease,
-                    "worker": worker,
-                    "max_attempts": None,
-                    "claim_commit": settings.claim_commit,
-                    "token": os.urandom(16).hex(),  # SQLite: the claim's lease tokens
-                    "now": now,
-                },
-            )
-            names = [column[0] for column in cursor.description]
-            at_id, at_token = names.index("id"), names.index("lease_token")
-            claimed = [Lease(id=int(r[at_id]), token=str(r[at_token])) for r in cursor.fetchall()]
-            if claimed:
-                return self._snapshot(conn, stream, claimed)
-        claimed = [
-            Lease.of(delivery)
-            for delivery in self._backend.message_claim_many(
-                subscription=subscription, limit=limit, lease=lease, worker=worker
-            )
-        ]
-        if not claimed:
-            with self._read() as conn:
-                return int(conn.execute(self._sql["stream_get"], {"stream": stream}).fetchone()[0])
-        try:
-            with self._write() as conn:
-                return self._snapshot(conn, stream, claimed)
-        except BaseException:
-            # Not in any snapshot: give the messages back rather than wait out the lease.
-            with suppress(SqlbrokerError):
-                self._backend.message_release_many(leases=claimed)
-            raise
-
-    def _snapshot(self, conn: Driver, stream: str, claimed: Sequence[Lease]) -> int:
-        """Snapshot the claimed messages under the stream's next sequence number."""
-        (seq,) = conn.execute(self._sql["stream_next_seq"], {"stream": stream}).fetchone()
-        params = {"stream": stream, "seq": seq, "now": self._time(None)}
-        params.update(self._leases(claimed))
-        conn.execute(self._sql["stream_claim_snapshot"], params)
-        return int(seq)
-
-    def stream_read(
-        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
-    ) -> Columns:
-        params = {"stream": stream, "after_seq": after_seq, "upto_seq": upto_seq, "part": part}
-        with self._read() as conn:
-            rows = conn.execute(self._sql["stream_read"], {**params, "parts": parts}).fetchall()
-        return columns_of(STREAM_COLUMNS, rows)
-
-    def stream_batches(
-        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
-    ) -> Iterator[pa.RecordBatch]:
-        from sqlbroker.spark.schema import record_batch  # which imports this module
-
-        columns = self.stream_read(
-            stream=stream, after_seq=after_seq, upto_seq=upto_seq, part=part, parts=parts
-        )
-        if columns["id"]:
-            yield record_batch(columns, STREAM_COLUMNS)
-
-    def _stream_leases(self, stream: str, upto_seq: int) -> list[Lease]:
-        with self._read() as conn:
-            rows = conn.execute(
-                self._sql["stream_leases"], {"stream": stream, "upto_seq": upto_seq}
-            ).fetchall()
-        return [Lease(id=int(row[0]), token=str(row[1])) for row in rows]
-
-    def stream_extend(self, *, stream: str, upto_seq: int, lease: float) -> int:
-        leases = self._stream_leases(stream, upto_seq)
-        return len(self._backend.message_extend_leases(leases=leases, lease=lease)) if leases else 0
-
-    def stream_ack(self, *, stream: str, upto_seq: int) -> StreamAck:
-        leases = self._stream_leases(stream, upto_seq)
-        done = self._backend.message_settle_many(
-            settlements=[Settlement.complete(lease) for lease in leases]
-        )
-        # Forgetting the claims after the completion: a crash in between leaves claims
-        # whose leases are gone, which the next ack forgets.
-        with self._write() as conn:
-            params = {"stream": stream, "upto_seq": upto_seq}
-            conn.execute(self._sql["stream_forget"], params)
-            conn.execute(self._sql["stream_acked"], params)
-        return StreamAck(acked=len(done), lost=len(leases) - len(done))
-
-    def export_commit(self, *, run: ExportRun) -> None:
-        cutoff = self._time(run.cutoff)
-        with self._write() as conn:
-            archived = self._export_drop(conn, run)
-            archived += conn.execute(
-                self._sql["archive_export_delete"], {"cutoff": cutoff, "max_id": run.archive_max_id}
-            ).rowcount
-            dead = conn.execute(
-                self._sql["dead_export_delete"], {"cutoff": cutoff, "max_id": run.dead_max_id}
-            ).rowcount
-            if (archived, dead) != (run.archive_rows, run.dead_rows):
-                raise StorageError(
-                    f"export {run.run_id}: the database holds {archived} archive rows and"
-                    f" {dead} dead letters in the exported range, the Parquet files"
-                    f" {run.archive_rows} and {run.dead_rows}; nothing was deleted"
-                )
-            conn.execute(
-                self._sql["export_record"],
-                {
-                    "run_id": run.run_id,
-                    "cutoff": cutoff,
-                    "archive_max_id": run.archive_max_id,
-                    "dead_max_id": run.dead_max_id,
-                    "archive_rows": run.archive_rows,
-                    "dead_rows": run.dead_rows,
-                    "now": self._time(None),
-                },
-            )
-
-    def export_done(self, *, run_id: str) -> bool:
-        with self._read() as conn:
-            row = conn.execute(self._sql["export_get"], {"run_id": run_id}).fetchone()
-        return bool(row and row[0])
-
-    # --- the export's check against the database (issue 28 item 6) -----------------------
-
-    def export_totals(
-        self, *, table: str, cutoff: datetime, max_id: int
-    ) -> dict[str, ExportTotals]:
-        if table not in EXPORTED_TABLES:
-            raise InvalidOption("table", f"must be archive or dead, not {table!r}")
-        params = {"cutoff": self._time(cutoff), "max_id": max_id}
-        with self._read() as conn:
-            rows = conn.execute(self._sql[f"{table}_export_totals"], params).fetchall()
-        return {
-            str(topic): ExportTotals(rows=int(n), id_sum=int(ids), low=int(low), high=int(high))
-            for topic, n, ids, low, high in rows
-        }

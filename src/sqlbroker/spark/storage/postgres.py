@@ -9,11 +9,9 @@ durability), so row-level security sees the same tenant on every path.
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -26,7 +24,6 @@ from sqlbroker.core.errors import (
     SchemaError,
     StorageError,
 )
-from sqlbroker.core.settlements import Lease
 from sqlbroker.spark.schema import arrow_schema
 from sqlbroker.spark.storage.base import (
     ExportRun,
@@ -35,22 +32,17 @@ from sqlbroker.spark.storage.base import (
     SparkRowFilter,
 )
 from sqlbroker.spark.storage.columns import (
-    EVERY_ID,
+    LATEST,
     SPARK_COLUMNS,
     STREAM_COLUMNS,
-    Driver,
-    SqlStore,
     StagedKeys,
-    check_table,
-    id_bounds,
     load_store_sql,
 )
+from sqlbroker.spark.storage.store import Driver, SparkStore
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.postgres.dialect import channel_name
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-_LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 _UNLIMITED = 2**62  # no copy limit on a staged publish (the broker's max_copies unset)
 _STAGE_TYPES = (
     "text",
@@ -79,20 +71,11 @@ def _queries(schema: str | None) -> dict[str, str]:
     return load_store_sql("postgres", schema=qualifier)
 
 
-def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> tuple[Any, ...]:
-    """The positional parameters of a row filter and an id range ``(after_id, upto_id]``."""
-    return (
-        where.subscription or "",
-        where.topic_regex or "",
-        where.since or _EARLIEST,
-        where.until or _LATEST,
-        *id_bounds(where, after_id, upto_id),
-    )
-
-
-class PostgresSparkStore(SqlStore):
-    """:class:`~sqlbroker.spark.storage.base.SparkStore` on the broker's PostgreSQL
+class PostgresSparkStore(SparkStore):
+    """:class:`~sqlbroker.spark.storage.store.SparkStore` on the broker's PostgreSQL
     database (and schema)."""
+
+    parallel_publish = True
 
     def __init__(self, backend: Backend, *, url: str, schema: str | None) -> None:
         super().__init__(backend, _queries(schema))
@@ -130,9 +113,9 @@ class PostgresSparkStore(SqlStore):
     # --- batch read --------------------------------------------------------------------------
 
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
-        table = check_table(where)
+        table, params = self._filter(where)
         with self._arrow() as cursor:
-            cursor.execute(self._sql[f"{table}_range"], _bounds(where, *EVERY_ID))
+            cursor.execute(self._sql[f"{table}_range"], params)
             row = cursor.fetchone()
         if row is None or not row[2]:
             return None
@@ -141,10 +124,10 @@ class PostgresSparkStore(SqlStore):
     def rows_read(
         self, *, where: SparkRowFilter, after_id: int, upto_id: int, fetch: int
     ) -> Iterator[pa.RecordBatch]:
-        table = check_table(where)
+        table, params = self._filter(where, after_id, upto_id)
         target = arrow_schema(SPARK_COLUMNS[table])
         with self._arrow() as cursor:
-            cursor.execute(self._sql[f"{table}_read"], _bounds(where, after_id, upto_id))
+            cursor.execute(self._sql[f"{table}_read"], params)
             for batch in cursor.fetch_record_batch():
                 for start in range(0, batch.num_rows, fetch):
                     yield batch.slice(start, fetch).cast(target)
@@ -156,9 +139,7 @@ class PostgresSparkStore(SqlStore):
     ) -> Iterator[pa.RecordBatch]:
         target = arrow_schema(STREAM_COLUMNS)
         with self._arrow() as cursor:
-            cursor.execute(
-                self._sql["stream_read_arrow"], (stream, after_seq, upto_seq, parts, part)
-            )
+            cursor.execute(self._sql["stream_read"], (stream, after_seq, upto_seq, parts, part))
             for batch in cursor.fetch_record_batch():
                 if batch.num_rows:
                     yield batch.cast(target)
@@ -175,128 +156,16 @@ class PostgresSparkStore(SqlStore):
                 return
             with cursor.copy(self._sql["stage_copy"]) as copy:
                 copy.set_types(_STAGE_TYPES)
-                for row in params:  # stage_params' keys are stage_copy's columns, in order
+                for row in params:  # stage_insert's keys are stage_copy's columns, in order
                     copy.write_row(tuple(row.values()))
 
-    def stage_publish(
-        self,
-        *,
-        job: str,
-        winners: Sequence[tuple[int, int]],
-        key_prefix: str,
-        chunk: int,
-        connections: int = 1,
-    ) -> Published:
-        with self._write() as conn:
-            repeated = conn.execute(
-                self._sql["stage_repeated"],
-                {
-                    "job_id": job,
-                    "partitions": [w[0] for w in winners],
-                    "attempts": [w[1] for w in winners],
-                },
-            ).fetchall()
-        keys = StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated])
-        ordered = sorted(winners)
-        # Repeated contents are counted in partition order (StagedKeys): one connection.
-        lanes = 1 if repeated else max(1, min(connections, len(ordered)))
-        if lanes == 1:
-            published = self._publish_lane(
-                job, ordered, keys, key_prefix, chunk, repeated=bool(repeated)
-            )
-        else:
-            published = self._publish_lanes(
-                job, [ordered[lane::lanes] for lane in range(lanes)], keys, key_prefix, chunk
-            )
-        with self._write() as conn:  # what the losing attempts staged
-            conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return published
-
-    def _publish_lanes(
-        self,
-        job: str,
-        lanes: list[list[tuple[int, int]]],
-        keys: StagedKeys,
-        key_prefix: str,
-        chunk: int,
-    ) -> Published:
-        """The winners' pages on one pooled connection per lane, in parallel (PostgreSQL
-        does the work: the threads only send statements). The first failure stops every
-        lane after its current page and is raised; committed pages stay published, as a
-        sequential publish that fails part-way leaves them (a re-run publishes the rest)."""
-        stop = threading.Event()
-        with ThreadPoolExecutor(len(lanes), thread_name_prefix="sqlbroker-publish") as pool:
-            futures = [
-                pool.submit(
-                    self._publish_lane,
-                    job,
-                    lane,
-                    keys,
-                    key_prefix,
-                    chunk,
-                    repeated=False,
-                    stop=stop,
-                )
-                for lane in lanes
-            ]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            if any(f.exception() is not None for f in done):
-                stop.set()
-            wait(futures)
-        for future in futures:
-            error = future.exception()
-            if error is not None:
-                raise error
-        results = [f.result() for f in futures]
-        return Published(
-            published=sum(r.published for r in results),
-            duplicates=sum(r.duplicates for r in results),
-            unrouted=sum(r.unrouted for r in results),
-        )
-
-    def _publish_lane(
-        self,
-        job: str,
-        winners: Sequence[tuple[int, int]],
-        keys: StagedKeys,
-        key_prefix: str,
-        chunk: int,
-        *,
-        repeated: bool,
-        stop: threading.Event | None = None,
-    ) -> Published:
-        """Publish the pages of ``winners`` one after another, in partition order."""
-        published = duplicates = unrouted = 0
-        for partition, attempt in winners:
-            after = -1
-            while stop is None or not stop.is_set():
-                page = {
-                    "job_id": job,
-                    "partition_id": partition,
-                    "attempt": attempt,
-                    "after_seq": after,
-                    "upto_seq": after + chunk,
-                    "key_prefix": key_prefix,
-                    "now": None,
-                }
-                size, fresh, routed = self._publish_page(page, keys, repeated=repeated)
-                published += fresh
-                duplicates += size - fresh
-                unrouted += routed
-                if size < chunk:
-                    break
-                after += chunk
-        return Published(published=published, duplicates=duplicates, unrouted=unrouted)
-
-    def _publish_page(
-        self, page: dict[str, Any], keys: StagedKeys, *, repeated: bool
-    ) -> tuple[int, int, int]:
-        """Publish one page of staged rows (``after_seq < seq <= upto_seq``) and delete
-        them, in one transaction: ``(rows in the page, published, unrouted)``."""
+    def _publish_page(self, page: dict[str, Any], keys: StagedKeys) -> Published:
+        """Two statements that never bring a payload back to Python: reserve the page's
+        keys, then insert its rows with the broker's own routing."""
         with self._write() as conn:
             conn.execute(self._sql["publish_settings"])
             counted: list[tuple[int, str]] = []
-            if repeated:
+            if keys.hashes:  # contents staged more than once: counted in partition order
                 rows = conn.execute(
                     self._sql["stage_page_repeated"],
                     {**page, "topics": keys.topics, "hashes": keys.hashes},
@@ -341,16 +210,16 @@ class PostgresSparkStore(SqlStore):
                     },
                 ).fetchone()
                 routed = int(result[0]) if result else 0
-            conn.execute(self._sql["stage_delete_page"], {**page, "upto_seq": page["upto_seq"]})
-        return int(size), len(seqs), routed
+            conn.execute(self._sql["stage_delete_page"], page)
+        return Published(published=len(seqs), duplicates=int(size) - len(seqs), unrouted=routed)
 
-    # --- the hooks of SqlStore --------------------------------------------------------------
+    # --- the hooks of SparkStore --------------------------------------------------------------
 
     def _time(self, value: datetime | None) -> datetime | None:
         return value  # None: the server's statement_timestamp()
 
-    def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
-        return {"ids": [c.id for c in claimed], "tokens": [c.token for c in claimed]}
+    def _array(self, values: list[Any]) -> list[Any]:
+        return values
 
     def _export_drop(self, conn: Driver, run: ExportRun) -> int:
         """Drop the archive's daily partitions that lie wholly before the cutoff and hold
@@ -362,7 +231,7 @@ class PostgresSparkStore(SqlStore):
         parts = conn.execute(self._sql["export_partitions"], {"cutoff": run.cutoff}).fetchall()
         whole = sorted(
             ((upper, name, int(rows), int(max_id)) for name, rows, max_id, upper in parts),
-            key=lambda part: (part[0] is None, part[0] or _LATEST),
+            key=lambda part: (part[0] is None, part[0] or LATEST),
         )
         # Every day before the cutoff, up to the first that holds a row past the watermark
         # (a day without rows there holds no row at all: it goes too).

@@ -56,16 +56,6 @@ WHERE s.job_id = %(job_id)s AND s.idempotency_key IS NULL
 GROUP BY 2
 HAVING count(*) > 1
 
--- name: stage_page
--- One page of a task attempt's rows, by the primary key.
-SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idempotency_key,
-       content_hash, max_attempts, dedupe_window
-FROM {schema}sqlbroker_spark_stage
-WHERE job_id = %(job_id)s AND partition_id = %(partition_id)s AND attempt = %(attempt)s
-  AND seq > %(after_seq)s
-ORDER BY seq
-LIMIT %(limit)s
-
 -- name: publish_settings
 -- For the transaction of one published page. A page of thousands of messages makes the
 -- planner's estimates of the publish statement (unnest, a window, fan-out) large enough
@@ -114,14 +104,6 @@ SELECT %(stream)s, %(seq)s, m.id, m.lease_token, {snapshot_values},
 FROM {schema}sqlbroker_message m
 JOIN unnest(%(ids)s::bigint[], %(tokens)s::text[]) AS c(id, token)
   ON c.id = m.id AND c.token = m.lease_token::text
-
--- name: stream_read
--- The same columns as a batch read of messages, as they were when claimed.
-SELECT {stream_columns}
-FROM {schema}sqlbroker_spark_claim
-WHERE stream = %(stream)s AND seq > %(after_seq)s AND seq <= %(upto_seq)s
-  AND delivery_id %% %(parts)s = %(part)s
-ORDER BY seq, delivery_id
 
 -- name: stream_leases
 SELECT delivery_id, lease_token::text FROM {schema}sqlbroker_spark_claim
@@ -342,9 +324,9 @@ SELECT id, lease_token FROM claimed
 -- The stream's executor read through ADBC (issue 28 item 4): Arrow all the way, like the
 -- batch reads above, instead of a Python object per value.
 
--- name: stream_read_arrow
--- stream_read with positional parameters: $1 stream, $2/$3 the sequence range
--- (after, upto], $4 parts, $5 part.
+-- name: stream_read
+-- The same columns as a batch read of messages, as they were when claimed. Positional
+-- parameters: $1 stream, $2/$3 the sequence range (after, upto], $4 parts, $5 part.
 SELECT {stream_columns}
 FROM {schema}sqlbroker_spark_claim
 WHERE stream = $1 AND seq > $2 AND seq <= $3 AND delivery_id % $4 = $5

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from datetime import datetime
 from functools import cache
@@ -18,24 +18,17 @@ from typing import Any
 import pyarrow as pa
 
 from sqlbroker.core.errors import DatabaseBusy, SchemaError, StorageError
-from sqlbroker.core.message import NewMessage
-from sqlbroker.core.settlements import Lease
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
 from sqlbroker.spark.storage.columns import (
-    EVERY_ID,
     SPARK_COLUMNS,
-    SqlStore,
+    STREAM_COLUMNS,
     StagedKeys,
-    check_table,
-    columns_of,
-    id_bounds,
     load_store_sql,
-    publish_staged,
 )
+from sqlbroker.spark.storage.store import SparkStore
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.base import InsertResult
 
 
 @cache
@@ -60,21 +53,8 @@ def _translated() -> Iterator[None]:
         raise StorageError(f"SQLite error: {error}") from None
 
 
-def _bounds(where: SparkRowFilter, after_id: int, upto_id: int) -> dict[str, Any]:
-    """Bind parameters of a row filter and an id range ``(after_id, upto_id]``."""
-    after_id, upto_id = id_bounds(where, after_id, upto_id)
-    return {
-        "subscription": where.subscription,
-        "topic_regex": where.topic_regex,
-        "since": None if where.since is None else where.since.timestamp(),
-        "until": None if where.until is None else where.until.timestamp(),
-        "after_id": after_id,
-        "upto_id": upto_id,
-    }
-
-
-class SqliteSparkStore(SqlStore):
-    """:class:`~sqlbroker.spark.storage.base.SparkStore` on the broker's SQLite file."""
+class SqliteSparkStore(SparkStore):
+    """:class:`~sqlbroker.spark.storage.store.SparkStore` on the broker's SQLite file."""
 
     def __init__(self, backend: Backend, *, path: str, busy_timeout: float) -> None:
         super().__init__(backend, _queries())
@@ -103,94 +83,56 @@ class SqliteSparkStore(SqlStore):
     # --- batch read --------------------------------------------------------------------------
 
     def id_range(self, *, where: SparkRowFilter) -> IdRange | None:
-        table = check_table(where)
+        table, params = self._filter(where)
         with self._read() as conn:
-            low, high, count = conn.execute(
-                self._sql[f"{table}_range"], _bounds(where, *EVERY_ID)
-            ).fetchone()
+            low, high, count = conn.execute(self._sql[f"{table}_range"], params).fetchone()
         return None if not count else IdRange(low=low, high=high, count=count)
 
     def rows_read(
         self, *, where: SparkRowFilter, after_id: int, upto_id: int, fetch: int
     ) -> Iterator[pa.RecordBatch]:
-        table = check_table(where)
-        names = SPARK_COLUMNS[table]
         with self._read() as conn:
             while True:
-                params = {**_bounds(where, after_id, upto_id), "limit": fetch}
+                table, params = self._filter(where, after_id, upto_id)
                 with _translated():
-                    rows = conn.execute(self._sql[f"{table}_read"], params).fetchall()
+                    rows = conn.execute(self._sql[f"{table}_read"], (*params, fetch)).fetchall()
                 if not rows:
                     return
                 after_id = rows[-1][0]
-                yield record_batch(columns_of(names, rows), names)
+                yield record_batch(rows, SPARK_COLUMNS[table])
                 if len(rows) < fetch:
                     return
 
+    def stream_batches(
+        self, *, stream: str, after_seq: int, upto_seq: int, part: int, parts: int
+    ) -> Iterator[pa.RecordBatch]:
+        params = {"after_seq": after_seq, "upto_seq": upto_seq, "part": part, "parts": parts}
+        with self._read() as conn:
+            rows = conn.execute(self._sql["stream_read"], {"stream": stream, **params}).fetchall()
+        if rows:
+            yield record_batch(rows, STREAM_COLUMNS)
+
     # --- idempotent batch write --------------------------------------------------------------
 
-    def stage_publish(
-        self,
-        *,
-        job: str,
-        winners: Sequence[tuple[int, int]],
-        key_prefix: str,
-        chunk: int,
-        connections: int = 1,  # one writer: the pages go one after another
-    ) -> Published:
-        # Pages are read on a connection of our own, outside the write lock: only the
-        # publish of each page holds it.
+    def _publish_page(self, page: dict[str, Any], keys: StagedKeys) -> Published:
+        """The page is read on a connection of our own, outside the write lock: only its
+        publish holds it."""
         with self._read() as reader:
             reader.row_factory = sqlite3.Row
-            repeated = reader.execute(
-                self._sql["stage_repeated"],
-                {"job_id": job, "winners": json.dumps([list(w) for w in winners])},
-            ).fetchall()
+            messages = keys.messages(reader.execute(self._sql["stage_page"], page).fetchall())
+        with self._backend.begin(timed=False) as tx, _translated():
+            result = tx.message_insert_many(messages=messages, subscription=None)
+            tx.connection.execute(self._sql["stage_delete_page"], page)
+        return Published(
+            published=len(result.message_ids) - result.duplicates,
+            duplicates=result.duplicates,
+            unrouted=result.unrouted,
+        )
 
-            def read_page(partition: int, attempt: int, after: int, limit: int) -> list[Any]:
-                with _translated():
-                    return reader.execute(
-                        self._sql["stage_page"],
-                        {
-                            "job_id": job,
-                            "partition_id": partition,
-                            "attempt": attempt,
-                            "after_seq": after,
-                            "limit": limit,
-                        },
-                    ).fetchall()
-
-            def publish_page(
-                messages: Sequence[NewMessage], partition: int, attempt: int, upto: int
-            ) -> InsertResult:
-                with self._backend.begin(timed=False) as tx, _translated():
-                    result = tx.message_insert_many(messages=messages, subscription=None)
-                    tx.connection.execute(
-                        self._sql["stage_delete_page"],
-                        {
-                            "job_id": job,
-                            "partition_id": partition,
-                            "attempt": attempt,
-                            "upto_seq": upto,
-                        },
-                    )
-                return result
-
-            published = publish_staged(
-                winners=winners,
-                keys=StagedKeys(key_prefix, [(row[0], row[1]) for row in repeated]),
-                chunk=chunk,
-                read_page=read_page,
-                publish_page=publish_page,
-            )
-        with self._write() as conn:  # what the losing attempts staged
-            conn.execute(self._sql["stage_delete_job"], {"job_id": job})
-        return published
-
-    # --- the hooks of SqlStore --------------------------------------------------------------
+    # --- the hooks of SparkStore --------------------------------------------------------------
 
     def _time(self, value: datetime | None) -> float:
         return (self._backend.now() if value is None else value).timestamp()
 
-    def _leases(self, claimed: Sequence[Lease]) -> dict[str, Any]:
-        return {"claimed": json.dumps([[c.id, c.token] for c in claimed])}
+    def _array(self, values: list[Any]) -> str:
+        return json.dumps(values)

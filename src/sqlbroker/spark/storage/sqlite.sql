@@ -9,12 +9,11 @@ delivery_id
 'running'
 
 -- name: table_where
--- (A fragment of the per-table blocks below: see fill_columns for the markers.)
-WHERE (:subscription IS NULL OR subscription = :subscription)
-  AND (:topic_regex IS NULL OR sqlbroker_regex_match(:topic_regex, topic))
-  AND (:since IS NULL OR {time_column} >= :since)
-  AND (:until IS NULL OR {time_column} < :until)
-  AND id > :after_id AND id <= :upto_id
+-- (A fragment of the per-table blocks below: see fill_columns for the markers.) Positional
+-- parameters (SparkStore._filter): ?1 subscription ('' for any), ?2 topic regex ('' for
+-- any), ?3/?4 the time window [since, until), ?5/?6 the id range (after, upto].
+WHERE (?1 = '' OR subscription = ?1) AND (?2 = '' OR sqlbroker_regex_match(?2, topic))
+  AND {time_column} >= ?3 AND {time_column} < ?4 AND id > ?5 AND id <= ?6
 
 -- name: table_range
 SELECT min(id), max(id), count(*) FROM {table}
@@ -24,7 +23,7 @@ SELECT min(id), max(id), count(*) FROM {table}
 SELECT {columns} FROM {table}
 -- include: table_where
 ORDER BY id
-LIMIT :limit
+LIMIT ?7
 
 -- name: stage_insert
 INSERT INTO sqlbroker_spark_stage (
@@ -40,9 +39,8 @@ INSERT INTO sqlbroker_spark_stage (
 -- The contents without a key that the winning attempts staged more than once.
 SELECT s.topic, s.content_hash
 FROM sqlbroker_spark_stage s
-JOIN (SELECT json_extract(value, '$[0]') AS partition_id,
-             json_extract(value, '$[1]') AS attempt
-      FROM json_each(:winners)) w
+JOIN (SELECT p.value AS partition_id, a.value AS attempt
+      FROM json_each(:partitions) p JOIN json_each(:attempts) a ON a.key = p.key) w
   ON w.partition_id = s.partition_id AND w.attempt = s.attempt
 WHERE s.job_id = :job_id AND s.idempotency_key IS NULL
 GROUP BY s.topic, s.content_hash
@@ -54,9 +52,8 @@ SELECT seq, topic, payload, content_type, headers, priority, ordering_key, idemp
        content_hash, max_attempts, dedupe_window
 FROM sqlbroker_spark_stage
 WHERE job_id = :job_id AND partition_id = :partition_id AND attempt = :attempt
-  AND seq > :after_seq
+  AND seq > :after_seq AND seq <= :upto_seq
 ORDER BY seq
-LIMIT :limit
 
 -- name: stage_delete_page
 DELETE FROM sqlbroker_spark_stage
@@ -89,8 +86,9 @@ INSERT INTO sqlbroker_spark_claim (
 )
 SELECT :stream, :seq, m.id, m.lease_token, {snapshot_values}, :now
 FROM sqlbroker_message m
-JOIN (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token
-      FROM json_each(:claimed)) c ON c.id = m.id AND c.token = m.lease_token
+JOIN (SELECT i.value AS id, t.value AS token
+      FROM json_each(:ids) i JOIN json_each(:tokens) t ON t.key = i.key) c
+  ON c.id = m.id AND c.token = m.lease_token
 
 -- name: stream_read
 -- The same columns as a batch read of messages, as they were when claimed.
