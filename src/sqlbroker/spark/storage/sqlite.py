@@ -17,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from sqlbroker.core.errors import DatabaseBusy, SchemaError, StorageError
 from sqlbroker.core.topics import regex_matches
 from sqlbroker.spark.schema import record_batch
 from sqlbroker.spark.storage.base import IdRange, Published, SparkRowFilter
@@ -29,28 +28,12 @@ from sqlbroker.spark.storage.columns import (
 )
 from sqlbroker.spark.storage.store import SparkStore
 from sqlbroker.storage.backend import Backend
+from sqlbroker.storage.sqlite.connection import translated
 
 
 @cache
 def _queries() -> dict[str, str]:
     return load_store_sql("sqlite")
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.OperationalError as error:
-        text = str(error)
-        if "locked" in text or "busy" in text:
-            raise DatabaseBusy(f"the SQLite database was locked ({text})") from None
-        if "no such table" in text:
-            raise SchemaError(
-                f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`"
-            ) from None
-        raise StorageError(f"SQLite error: {text}") from None
-    except sqlite3.Error as error:
-        raise StorageError(f"SQLite error: {error}") from None
 
 
 class SqliteSparkStore(SparkStore):
@@ -65,7 +48,7 @@ class SqliteSparkStore(SparkStore):
     def _read(self) -> Iterator[sqlite3.Connection]:
         """A connection of our own for reads (autocommit: each statement sees the latest
         commit, and no read holds a lock past its statement)."""
-        with _translated():
+        with translated(self._busy_timeout):
             conn = sqlite3.connect(self._path, isolation_level=None, timeout=self._busy_timeout)
             with closing(conn):
                 conn.create_function("sqlbroker_regex_match", 2, regex_matches, deterministic=True)
@@ -73,7 +56,7 @@ class SqliteSparkStore(SparkStore):
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._backend.begin(timed=False) as tx, _translated():
+        with self._backend.begin(timed=False) as tx, translated(self._busy_timeout):
             yield tx.connection
 
     def _stage(self, params: list[dict[str, Any]]) -> None:
@@ -94,7 +77,7 @@ class SqliteSparkStore(SparkStore):
         with self._read() as conn:
             while True:
                 table, params = self._filter(where, after_id, upto_id)
-                with _translated():
+                with translated(self._busy_timeout):
                     rows = conn.execute(self._sql[f"{table}_read"], (*params, fetch)).fetchall()
                 if not rows:
                     return
@@ -120,7 +103,7 @@ class SqliteSparkStore(SparkStore):
         with self._read() as reader:
             reader.row_factory = sqlite3.Row
             messages = keys.messages(reader.execute(self._sql["stage_page"], page).fetchall())
-        with self._backend.begin(timed=False) as tx, _translated():
+        with self._backend.begin(timed=False) as tx, translated(self._busy_timeout):
             result = tx.message_insert_many(messages=messages, subscription=None)
             tx.connection.execute(self._sql["stage_delete_page"], page)
         return Published(

@@ -96,6 +96,39 @@ _WRITERS: dict[str, threading.RLock] = {}
 _WRITERS_LOCK = threading.Lock()
 
 
+def translate(error: sqlite3.Error, started: float, busy_timeout: float) -> SqlbrokerError:
+    """The sqlbroker error for ``error``, raised by a statement begun at ``started``
+    (``time.monotonic()``) on a connection waiting up to ``busy_timeout`` for a lock."""
+    if not isinstance(error, sqlite3.OperationalError):
+        return StorageError(f"SQLite error: {error}")
+    text = str(error)
+    if _disk_full(error):
+        return StorageFull("SQLite", text)
+    if "locked" in text or "busy" in text:
+        waited = time.monotonic() - started
+        # SQLite answers some conflicts at once, without waiting for the lock (its
+        # busy handler gives up a step before the timeout, hence the half).
+        how = (
+            f"stayed locked for the whole busy timeout ({busy_timeout:g} s)"
+            if waited >= busy_timeout / 2
+            else f"was locked ({text} after {waited:.2f} s)"
+        )
+        return DatabaseBusy(f"the SQLite database {how}; nothing was written")
+    if "no such table" in text:
+        return SchemaError(f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`")
+    return StorageError(f"SQLite error: {text}")
+
+
+@contextmanager
+def translated(busy_timeout: float) -> Iterator[None]:
+    """SQLite's errors raised in the block as sqlbroker's (:func:`translate`)."""
+    started = time.monotonic()
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise translate(error, started, busy_timeout) from None
+
+
 def _writer_for(path: str) -> threading.RLock:
     """One write lock per database file in this process, shared by every broker on it."""
     if path == ":memory:":
@@ -225,7 +258,7 @@ class SqlitePool:
         except BaseException as error:
             broken = conn is not None and (conn.in_transaction or not self._at_level(conn))
             if isinstance(error, sqlite3.Error):
-                raise self._translate(error, started) from None
+                raise translate(error, started, self._busy_timeout) from None
             raise
         finally:
             if conn is not None and (broken or self._closed):
@@ -269,7 +302,7 @@ class SqlitePool:
     @contextmanager
     def dedicated(self) -> Iterator[sqlite3.Connection]:
         """A connection of its own, outside the pool, for long-lived watchers."""
-        with self.translated():
+        with translated(self._busy_timeout):
             conn = self._connect()
         try:
             yield conn
@@ -280,37 +313,6 @@ class SqlitePool:
     def _discard(conn: sqlite3.Connection) -> None:
         with suppress(sqlite3.Error):
             conn.close()
-
-    @contextmanager
-    def translated(self) -> Iterator[None]:
-        """SQLite's errors raised in the block as sqlbroker's (:meth:`_translate`)."""
-        started = time.monotonic()
-        try:
-            yield
-        except sqlite3.Error as error:
-            raise self._translate(error, started) from None
-
-    def _translate(self, error: sqlite3.Error, started: float) -> SqlbrokerError:
-        """The sqlbroker error for ``error``, raised by a statement begun at ``started``
-        (``time.monotonic()``)."""
-        if not isinstance(error, sqlite3.OperationalError):
-            return StorageError(f"SQLite error: {error}")
-        text = str(error)
-        if _disk_full(error):
-            return StorageFull("SQLite", text)
-        if "locked" in text or "busy" in text:
-            waited = time.monotonic() - started
-            # SQLite answers some conflicts at once, without waiting for the lock (its
-            # busy handler gives up a step before the timeout, hence the half).
-            how = (
-                f"stayed locked for the whole busy timeout ({self._busy_timeout:g} s)"
-                if waited >= self._busy_timeout / 2
-                else f"was locked ({text} after {waited:.2f} s)"
-            )
-            return DatabaseBusy(f"the SQLite database {how}; nothing was written")
-        if "no such table" in text:
-            return SchemaError(f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`")
-        return StorageError(f"SQLite error: {text}")
 
     @contextmanager
     def write(
@@ -325,7 +327,7 @@ class SqlitePool:
         A process crash loses nothing (the WAL is written); a crash of the machine can
         forget the transaction, until the next FULL commit syncs the WAL up to it."""
         if conn is not None:
-            with self.translated():
+            with translated(self._busy_timeout):
                 raw = caller.unwrap(conn)
                 if not isinstance(raw, sqlite3.Connection):
                     raise InvalidOption(
