@@ -229,26 +229,28 @@ def test_plain_completes_archive_and_remove_exactly_the_valid_leases(backend: An
     )
 
 
+@pytest.mark.parametrize("held", ["lease", "delivery"])
 @pytest.mark.parametrize("kind", ["complete", "dead"])
 @pytest.mark.parametrize("face", ["sync", "async"])
 def test_a_settle_whose_promotion_fails_after_it_committed_reports_its_copies_settled(
-    pg_url: str, face: str, kind: str, caplog: pytest.LogCaptureFixture
+    pg_url: str, face: str, kind: str, held: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """PostgreSQL settles alone in autocommit: the complete (or dead letter) commits, then
     the key's promotion runs. When the promotion fails (here ``lock_timeout`` on the next
     copy, held by another session; a deadlock in CI), the settle still reports the copy
     settled — it used to fail, so the write-back retried it, found the copy gone and the
     worker reported its lease lost — and the key waits for the reaper's key repair. In a
-    transaction the failure undoes the settle and reaches the caller."""
+    transaction the failure undoes the settle and reaches the caller. Settled as bare
+    leases (``broker.complete``) and as the worker settles, with their deliveries."""
     backend = open_backend(pg_url, lock_timeout=0.2, clock=ManualClock())
     try:
         publish(backend, "jobs", 1)
         second = publish(backend, "jobs", 2, key="k")[1]
         unkeyed, head = claim(backend, "jobs", 5)
         settlements = [
-            Settlement.complete(Lease.of(d))
+            Settlement.complete(d if held == "delivery" else Lease.of(d))
             if kind == "complete"
-            else Settlement.dead(Lease.of(d), "poison")
+            else Settlement.dead(d if held == "delivery" else Lease.of(d), "poison")
             for d in (unkeyed, head)
         ]
         with psycopg.connect(pg_url) as holder:
