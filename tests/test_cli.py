@@ -575,6 +575,21 @@ def test_click_usage_errors_exit_2(sqlite_url: str) -> None:
         assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["scheduler", "--poll-interval", "0"],
+        ["dashboard", "--refresh", "0s"],
+        ["healthcheck", "--max-lag=-1"],
+        ["healthcheck", "--max-heartbeat-age", "0ms"],
+        ["stats", "--watch", "0ms"],
+    ],
+)
+def test_pacing_durations_must_be_positive(sqlite_url: str, args: list[str]) -> None:
+    """A zero or negative interval is a usage error like any bad value: one line, exit 2."""
+    assert_clean_error(run(sqlite_url, *args), 2, args[1].split("=")[0], "more than 0", "--help")
+
+
 def test_the_pipeline_hands_its_url_over_in_the_environment_not_argv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
