@@ -138,6 +138,13 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(("debug", "info", "warning", "error", "critical"), case_sensitive=False),
+    default="info",
+)
+"""``--log-level`` of the long-running commands (worker, scheduler), in any case."""
+
 note_option = click.option("--note", metavar="TEXT", help="Why, recorded in the audit trail.")
 
 
