@@ -281,6 +281,9 @@ def test_raw_and_stdin_payloads(sqlite_url: str) -> None:
         ("application/json", {"from": "stdin"}),
         ("application/json", "a JSON string"),
     ]
+    # A raw payload is shown by size and type, in the dashboard's words too.
+    ok(sqlite_url, "send", "raw", "hi", "--raw", "--content-type", "text/plain")
+    assert "<2 bytes of text/plain>" in ok(sqlite_url, "claim", "raw", "--complete").stdout
 
 
 def test_unrouted_publish_still_prints_an_id(sqlite_url: str) -> None:
