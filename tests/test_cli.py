@@ -516,6 +516,16 @@ def test_schema_print_postgresql_without_connecting() -> None:
     assert "secret" not in in_schema
 
 
+def test_schema_print_without_the_postgres_extra_names_it_as_the_broker_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "sqlbroker.storage.postgres.backend", None)
+    with pytest.raises(sqlbroker.ConfigurationError) as opening:
+        sqlbroker.Broker(SECRET_URL)
+    assert "pip install 'sqlbroker[postgres]'" in str(opening.value)
+    assert_clean_error(run(SECRET_URL, "schema", "--print"), 2, str(opening.value))
+
+
 def test_schema_version(backend_url: str) -> None:
     ok(backend_url, "migrate")
     latest = len(load_migrations("sqlbroker.storage.sqlite.migrations"))
