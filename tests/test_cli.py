@@ -281,6 +281,9 @@ def test_raw_and_stdin_payloads(sqlite_url: str) -> None:
         ("application/json", {"from": "stdin"}),
         ("application/json", "a JSON string"),
     ]
+    # A raw payload is shown by size and type, in the dashboard's words too.
+    ok(sqlite_url, "send", "raw", "hi", "--raw", "--content-type", "text/plain")
+    assert "<2 bytes of text/plain>" in ok(sqlite_url, "claim", "raw", "--complete").stdout
 
 
 def test_unrouted_publish_still_prints_an_id(sqlite_url: str) -> None:
@@ -513,6 +516,16 @@ def test_schema_print_postgresql_without_connecting() -> None:
     assert "secret" not in in_schema
 
 
+def test_schema_print_without_the_postgres_extra_names_it_as_the_broker_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "sqlbroker.storage.postgres.backend", None)
+    with pytest.raises(sqlbroker.ConfigurationError) as opening:
+        sqlbroker.Broker(SECRET_URL)
+    assert "pip install 'sqlbroker[postgres]'" in str(opening.value)
+    assert_clean_error(run(SECRET_URL, "schema", "--print"), 2, str(opening.value))
+
+
 def test_schema_version(backend_url: str) -> None:
     ok(backend_url, "migrate")
     latest = len(load_migrations("sqlbroker.storage.sqlite.migrations"))
@@ -573,6 +586,21 @@ def test_click_usage_errors_exit_2(sqlite_url: str) -> None:
         result = run(sqlite_url, *args)
         assert result.exit_code == 2, result.output
         assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["scheduler", "--poll-interval", "0"],
+        ["dashboard", "--refresh", "0s"],
+        ["healthcheck", "--max-lag=-1"],
+        ["healthcheck", "--max-heartbeat-age", "0ms"],
+        ["stats", "--watch", "0ms"],
+    ],
+)
+def test_pacing_durations_must_be_positive(sqlite_url: str, args: list[str]) -> None:
+    """A zero or negative interval is a usage error like any bad value: one line, exit 2."""
+    assert_clean_error(run(sqlite_url, *args), 2, args[1].split("=")[0], "more than 0", "--help")
 
 
 def test_the_pipeline_hands_its_url_over_in_the_environment_not_argv(

@@ -3,7 +3,9 @@ times also show in ``subscriptions`` and ``stats``."""
 
 from __future__ import annotations
 
-from tests.test_cli import json_of, ok, run, stats_row
+from pathlib import Path
+
+from tests.test_cli import assert_clean_error, json_of, ok, run, stats_row
 
 import sqlbroker
 
@@ -49,3 +51,14 @@ def test_bad_retention_is_one_line_and_writes_nothing(backend_url: str) -> None:
         assert len(result.stderr.strip().splitlines()) == 1
     (row,) = json_of(backend_url, "subscriptions", "retention")
     assert (row["archive_default"], row["dead_default"]) == (True, True)
+
+
+def test_setting_without_a_name_is_a_usage_error(tmp_path: Path) -> None:
+    """retention and flow refuse a missing NAME alike: one line pointing to --help."""
+    url = f"sqlite:///{tmp_path}/cli.db"
+    for args, what in (
+        (["retention", "--archive", "1d"], "retention"),
+        (["flow", "--rate", "5/s"], "flow limits"),
+    ):
+        result = run(url, "subscriptions", *args)
+        assert_clean_error(result, 2, f"NAME whose {what} to set", "--help")

@@ -79,6 +79,8 @@ def test_scheduler_once_publishes_the_due_ticks(broker: sqlbroker.Broker) -> Non
     broker.schedule("soon", "t.soon", 0, every=3600, start_at=datetime(2000, 1, 1, tzinfo=UTC))
     # Not due yet: the next tick of a start in the past is still ahead.
     assert "published 0 tick message(s)" in ok(broker.url, "scheduler", "--once").stdout
+    # --log-level takes any case, as the worker's does (one option for both).
+    ok(broker.url, "scheduler", "--once", "--log-level", "INFO")
     broker.schedule("due", "t.due", 0, every=0.01)
     time.sleep(0.05)  # real time: the CLI runs on the database clock
     out = ok(broker.url, "scheduler", "--once").stdout

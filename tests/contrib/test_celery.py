@@ -19,6 +19,7 @@ from kombu import Connection
 
 import sqlbroker
 from sqlbroker.contrib.celery import SCHEME, publishing_in, queue_name
+from sqlbroker.core.topics import validate_topic
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -149,6 +150,18 @@ def test_queue_names_sqlbroker_refuses_are_carried_under_a_stable_name(
         assert queue.get(timeout=10).payload == {"n": 1}
         queue.close()
     assert [s.name for s in broker.subscriptions()] == [queue_name(odd)]
+
+
+def test_queue_name_keeps_exactly_the_names_sqlbroker_accepts() -> None:
+    """A Kombu queue keeps its name when sqlbroker takes it as a queue name (core's rule,
+    not a copy of it), and only then."""
+    longest = ".".join(["s" * 64] * 3 + ["t" * 60])  # 255 characters
+    for name in ("celery", "a.b-c_d", "x" * 64, longest):
+        assert queue_name(name) == validate_topic(name) == name
+    for name in ("x" * 65, longest + "u", "a..b", ".a", "a.", "é", "a b", "a@b", ""):
+        with pytest.raises(sqlbroker.InvalidName):
+            validate_topic(name)
+        assert queue_name(name).startswith("kombu.")
 
 
 def test_purge_cancels_the_ready_messages(app: Celery, broker: sqlbroker.Broker) -> None:

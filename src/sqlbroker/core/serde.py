@@ -309,3 +309,9 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def raw_preview(payload: bytes | bytearray, content_type: str) -> str:
+    """A raw (non-JSON) payload as the CLI and the dashboard show it, by its size and
+    content type: ``<12 bytes of text/plain>``."""
+    return f"<{len(payload)} bytes of {content_type}>"

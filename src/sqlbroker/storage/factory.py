@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlbroker.core.clock import Clock, DatabaseClock
 from sqlbroker.core.errors import ConfigurationError, InvalidOption
 from sqlbroker.storage.backend import Backend
-from sqlbroker.storage.url import parse_url
+from sqlbroker.storage.url import DatabaseURL, parse_url
+
+if TYPE_CHECKING:
+    from sqlbroker.storage.postgres.backend import PostgresBackend
+    from sqlbroker.storage.sqlite.backend import SqliteBackend
 
 
 def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Backend:
@@ -31,28 +35,36 @@ def open_backend(url: str, *, clock: Clock | None = None, **options: Any) -> Bac
     if clock is not None and not callable(getattr(clock, "now", None)):
         raise InvalidOption("clock", f"must be a Clock (with a now() method), not {clock!r}")
     clock = clock or DatabaseClock()
-    if parsed.scheme == "sqlite":
+    backend = backend_class(parsed)
+    _check_options(backend, options)
+    return backend(parsed, clock=clock, **options)
+
+
+def backend_class(url: DatabaseURL) -> type[SqliteBackend] | type[PostgresBackend]:
+    """The backend class for ``url``'s scheme, imported on first use; a
+    ``ConfigurationError`` naming the postgres extra when PostgreSQL's is unavailable."""
+    if url.scheme == "sqlite":
         from sqlbroker.storage.sqlite.backend import SqliteBackend
 
-        _check_options(SqliteBackend, "SQLite", options)
-        return SqliteBackend(parsed, clock=clock, **options)
+        return SqliteBackend
     try:
         from sqlbroker.storage.postgres.backend import PostgresBackend
-    except ImportError as error:  # pragma: no cover - depends on the installed extras
+    except ImportError as error:
         raise ConfigurationError(
             "PostgreSQL support needs the postgres extra:"
             f" pip install 'sqlbroker[postgres]' ({error})"
         ) from None
-    _check_options(PostgresBackend, "PostgreSQL", options)
-    return PostgresBackend(parsed, clock=clock, **options)
+    return PostgresBackend
 
 
-def _check_options(backend: type, label: str, options: dict[str, Any]) -> None:
+def _check_options(backend: type[Backend], options: dict[str, Any]) -> None:
     """An option the backend does not take (``schema=`` on SQLite) is bad input, not a
     ``TypeError``."""
     accepted = set(inspect.signature(backend).parameters) - {"url", "clock"}
     for name in options:
         if name not in accepted:
             raise InvalidOption(
-                name, f"is not an option of the {label} backend ({', '.join(sorted(accepted))})"
+                name,
+                f"is not an option of the {backend.schema_files.label} backend"
+                f" ({', '.join(sorted(accepted))})",
             )

@@ -45,11 +45,13 @@ from sqlbroker.core import validate
 from sqlbroker.core.errors import (
     ConnectionLost,
     DatabaseBusy,
+    InvalidName,
     InvalidOption,
     SqlbrokerError,
     StorageFull,
 )
 from sqlbroker.core.message import Delivery
+from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.caller import CallerConnection
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
@@ -57,7 +59,6 @@ DEFAULT_POLLING_INTERVAL = 0.1
 DEFAULT_CLAIM_BATCH = 16
 MAX_PRIORITY = 9
 
-_VALID_QUEUE = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})*")
 _caller_connection: contextvars.ContextVar[CallerConnection | None] = contextvars.ContextVar(
     "sqlbroker_celery_connection", default=None
 )
@@ -80,8 +81,8 @@ def queue_name(queue: str) -> str:
     """The sqlbroker queue that carries the Kombu queue ``queue``: the same name when it is
     a valid sqlbroker name, otherwise a readable stem and a hash (``celery@host.pidbox``
     becomes ``kombu.celery-host-pidbox.<hash>``)."""
-    if len(queue) <= 255 and _VALID_QUEUE.fullmatch(queue):
-        return queue
+    with contextlib.suppress(InvalidName):
+        return validate_topic(queue, "queue")
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", queue).strip("-")[:40] or "queue"
     digest = hashlib.sha256(queue.encode("utf-8")).hexdigest()[:16]
     return f"kombu.{stem}.{digest}"

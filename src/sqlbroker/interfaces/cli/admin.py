@@ -8,9 +8,10 @@ from collections.abc import Callable
 import click
 
 from sqlbroker.app import Broker
-from sqlbroker.core.errors import ConfigurationError, InvalidOption, NotFound
+from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.interfaces.cli.params import F, note_option
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
+from sqlbroker.storage.factory import backend_class
 from sqlbroker.storage.url import parse_url
 
 
@@ -59,22 +60,14 @@ def schema_sql(url: str, pg_schema: str | None = None) -> str:
     an ``InvalidOption`` there. Raises ``ConfigurationError`` when the PostgreSQL backend
     is not available.
     """
-    parsed = parse_url(url)
-    if parsed.scheme == "sqlite":
+    from sqlbroker.storage.sqlite.backend import SqliteBackend
+
+    backend = backend_class(parse_url(url))
+    if issubclass(backend, SqliteBackend):
         if pg_schema is not None:
             raise InvalidOption("schema", "applies to PostgreSQL only; SQLite has no schemas")
-        from sqlbroker.storage.sqlite.backend import SqliteBackend
-
-        return SqliteBackend.schema_sql()
-    try:
-        # Imported here: the PostgreSQL backend needs the optional psycopg extra.
-        from sqlbroker.storage.postgres.backend import PostgresBackend
-    except ImportError as error:
-        raise ConfigurationError(
-            "cannot print the PostgreSQL schema: the PostgreSQL backend is unavailable"
-            f" ({error}); install it with pip install 'sqlbroker[postgres]'"
-        ) from None
-    return PostgresBackend.schema_sql(schema=pg_schema)
+        return backend.schema_sql()
+    return backend.schema_sql(schema=pg_schema)
 
 
 @click.command()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from sqlbroker.interfaces.cli.admin import broker_in, schema_option
-from sqlbroker.interfaces.cli.params import DURATION, PORT, json_option
+from sqlbroker.interfaces.cli.params import PORT, POSITIVE_DURATION, json_option
 from sqlbroker.interfaces.cli.render import human_time, listing
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
 from sqlbroker.interfaces.dashboard.server import DEFAULT_HOST, DEFAULT_PORT, Dashboard
@@ -36,7 +36,7 @@ TOKEN_ENV = "SQLBROKER_DASHBOARD_TOKEN"
 )
 @click.option(
     "--refresh",
-    type=DURATION,
+    type=POSITIVE_DURATION,
     default=2.0,
     metavar="SECONDS",
     help="How often the page refreshes itself.",
@@ -60,8 +60,6 @@ def dashboard(
     Binds to 127.0.0.1 unless told otherwise; with a token open /?token=TOKEN once.
     A remote dashboard (--host 0.0.0.0) needs a token and then answers to any host name.
     """
-    if refresh <= 0:
-        raise InvalidUsage("--refresh must be more than 0 seconds")
     if token_file is not None:
         token = _read_token(token_file, also_given=token is not None)
     broker = broker_in(session, pg_schema, read_only=True)

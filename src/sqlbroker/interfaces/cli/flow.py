@@ -10,7 +10,13 @@ import click
 from sqlbroker.core.errors import NotFound
 from sqlbroker.interfaces.cli.params import json_option
 from sqlbroker.interfaces.cli.render import listing
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
+from sqlbroker.interfaces.cli.session import (
+    InvalidUsage,
+    Session,
+    cli_actor,
+    name_to_set,
+    pass_session,
+)
 
 _OFF = "none"
 
@@ -60,9 +66,8 @@ def flow(session: Session, name: str | None, reset: bool, as_json: bool, **given
     }
     try:
         if limits or reset:
-            if name is None:
-                raise InvalidUsage("give the subscription NAME whose flow limits to set")
-            rows = [session.broker().set_flow(name, reset=reset, actor=cli_actor(), **limits)]
+            target = name_to_set(name, "flow limits")
+            rows = [session.broker().set_flow(target, reset=reset, actor=cli_actor(), **limits)]
         else:
             rows = session.reader().flow(name)
     except NotFound as error:

@@ -13,9 +13,9 @@ from sqlbroker.app import Broker
 from sqlbroker.core.errors import SchemaError, SqlbrokerError
 from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
-from sqlbroker.interfaces.cli.params import DURATION, PORT, json_option, options
+from sqlbroker.interfaces.cli.params import DURATION, PORT, POSITIVE_DURATION, json_option, options
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, listening, pass_session
+from sqlbroker.interfaces.cli.session import Session, listening, pass_session
 
 EXIT_NOT_LIVE = 1
 EXIT_NOT_READY = 3
@@ -161,14 +161,14 @@ def _checks(
 )
 @click.option(
     "--max-heartbeat-age",
-    type=DURATION,
+    type=POSITIVE_DURATION,
     default=prometheus.DEFAULT_HEARTBEAT_AGE,
     metavar="SECONDS",
     help="A worker is alive if its last heartbeat is at most this old.",
 )
 @click.option(
     "--max-lag",
-    type=DURATION,
+    type=POSITIVE_DURATION,
     default=DEFAULT_MAX_LAG,
     metavar="SECONDS",
     help="Readiness fails when a ready message is older.",
@@ -203,8 +203,6 @@ def healthcheck(
     unreachable or no fresh heartbeat), 3 when live but not ready (schema or lag), 2 when
     it cannot check (an unusable URL, a refused login, a SQLite file that does not exist).
     """
-    if max_heartbeat_age <= 0 or max_lag <= 0:
-        raise InvalidUsage("--max-heartbeat-age and --max-lag must be more than 0 seconds")
     checks = _checks(
         session.reader(),
         probe=probe,

@@ -26,21 +26,31 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class DurationType(click.ParamType):  # type: ignore[type-arg]
-    """Seconds as a number (``1.5``) or with a unit: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``."""
+    """Seconds as a number (``1.5``) or with a unit: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``.
+
+    With ``positive``, zero and negative durations are refused as a usage error (for the
+    CLI's own pacing options, which no library call checks).
+    """
 
     name = "duration"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        match = _DURATION.match(str(value))
-        if match is None:
+            seconds = float(value)
+        elif match := _DURATION.match(str(value)):
+            seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"] or "s"]
+        else:
             self.fail(
                 f"{value!r} is not a duration (seconds, or a number with ms/s/m/h/d)", param, ctx
             )
-        return float(match["number"]) * _UNIT_SECONDS[match["unit"] or "s"]
+        if self.positive and seconds <= 0:
+            self.fail(f"must be more than 0 seconds, not {value!r}", param, ctx)
+        return seconds
 
 
 class PriorityType(click.ParamType):  # type: ignore[type-arg]
@@ -64,6 +74,7 @@ class PriorityType(click.ParamType):  # type: ignore[type-arg]
 
 
 DURATION = DurationType()
+POSITIVE_DURATION = DurationType(positive=True)
 PRIORITY = PriorityType()
 PORT = click.IntRange(min=0, max=65535)
 
@@ -126,6 +137,13 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
     return apply
 
+
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(("debug", "info", "warning", "error", "critical"), case_sensitive=False),
+    default="info",
+)
+"""``--log-level`` of the long-running commands (worker, scheduler), in any case."""
 
 note_option = click.option("--note", metavar="TEXT", help="Why, recorded in the audit trail.")
 

@@ -27,7 +27,7 @@ from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
 
-from sqlbroker.core.serde import JSON_CONTENT_TYPE, jsonable
+from sqlbroker.core.serde import JSON_CONTENT_TYPE, jsonable, raw_preview
 
 # Piped output has no terminal width; let tables use a wide line rather than fold ids.
 _PIPE_WIDTH = 200
@@ -113,7 +113,7 @@ def human_time(moment: datetime | None) -> str:
 def payload_preview(payload: Any, content_type: str) -> str:
     """One line describing a payload: compact JSON (shortened), or the size of raw bytes."""
     if content_type != JSON_CONTENT_TYPE or isinstance(payload, bytes | bytearray):
-        return f"<{len(payload)} bytes {content_type}>"
+        return raw_preview(payload, content_type)
     text = json_text(payload)
     return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
 

@@ -7,7 +7,7 @@ import click
 
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import human_age, listing
-from sqlbroker.interfaces.cli.session import Session, pass_session
+from sqlbroker.interfaces.cli.session import Session, name_to_set, pass_session
 
 
 @click.command()
@@ -40,9 +40,8 @@ def retention(
     if archive is None and dead is None and not reset:
         rows = session.reader().retention(name)
     else:
-        if name is None:
-            raise click.UsageError("give the subscription NAME whose retention to set")
-        rows = [session.broker().set_retention(name, archive=archive, dead=dead, reset=reset)]
+        target = name_to_set(name, "retention")
+        rows = [session.broker().set_retention(target, archive=archive, dead=dead, reset=reset)]
     listing(
         rows,
         {

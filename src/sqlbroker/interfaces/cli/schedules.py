@@ -17,10 +17,9 @@ import click
 
 from sqlbroker.core.serde import jsonable
 from sqlbroker.interfaces import logs
-from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.params import POSITIVE_DURATION, json_option, log_level_option
 from sqlbroker.interfaces.cli.render import echo_json, human_time, listing
 from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
-from sqlbroker.interfaces.cli.worker import LOG_LEVELS
 from sqlbroker.runtime.scheduler import Scheduler
 
 log = logging.getLogger("sqlbroker.cli")
@@ -110,12 +109,12 @@ def resume_schedule(session: Session, name: str) -> None:
 @click.command()
 @click.option(
     "--poll-interval",
-    type=DURATION,
+    type=POSITIVE_DURATION,
     default=1.0,
     help="Longest pause between passes (new schedules are seen within it).",
 )
 @click.option("--once", is_flag=True, help="Run one pass, print what it published, and exit.")
-@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info")
+@log_level_option
 @pass_session
 def scheduler(session: Session, poll_interval: float, once: bool, log_level: str) -> None:
     """Publish the due ticks of every schedule until SIGTERM or Ctrl-C.
@@ -130,8 +129,6 @@ def scheduler(session: Session, poll_interval: float, once: bool, log_level: str
         count = sum(len(ids) for ids in run.published.values())
         click.echo(f"published {count} tick message(s) for {len(run.published)} schedule(s)")
         return
-    if poll_interval <= 0:
-        raise CliFailure("--poll-interval must be more than 0")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

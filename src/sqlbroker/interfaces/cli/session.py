@@ -120,6 +120,14 @@ def cli_actor() -> str:
         return "cli"
 
 
+def name_to_set(name: str | None, what: str) -> str:
+    """The subscription NAME a command changes ``what`` of; a usage error (exit 2, with
+    the pointer to ``--help``) when it was not given."""
+    if name is None:
+        raise click.UsageError(f"give the subscription NAME whose {what} to set")
+    return name
+
+
 def usage_failure(error: click.UsageError) -> click.ClickException:
     """A click usage error as one ``error: …`` line (exit 2) naming where help is; the
     help shown for a bare group (``sqlbroker dlq``) is left as it is."""

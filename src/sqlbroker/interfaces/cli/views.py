@@ -13,7 +13,7 @@ from rich.table import Table
 
 from sqlbroker.app import Broker
 from sqlbroker.core.message import Outcome, State, SubscriptionStats
-from sqlbroker.interfaces.cli.params import DURATION, json_option
+from sqlbroker.interfaces.cli.params import POSITIVE_DURATION, json_option
 from sqlbroker.interfaces.cli.render import (
     console,
     echo_json,
@@ -107,7 +107,7 @@ def _snapshots(
 @json_option("Print JSON (with --watch: one JSON line per refresh).")
 @click.option(
     "--watch",
-    type=DURATION,
+    type=POSITIVE_DURATION,
     is_flag=False,
     flag_value=DEFAULT_WATCH_INTERVAL,
     default=None,
@@ -136,8 +136,6 @@ def stats(session: Session, as_json: bool, watch: float | None, count: int | Non
         else:
             print_table(stats_table(rows), empty="no subscriptions yet")
         return
-    if watch <= 0:
-        raise InvalidUsage("--watch: must be more than 0 seconds")
     snapshots = _snapshots(broker, watch, count)
     if as_json:
         for rows in snapshots:

@@ -20,13 +20,12 @@ from click.core import ParameterSource
 from sqlbroker.app import Broker
 from sqlbroker.interfaces import logs
 from sqlbroker.interfaces.cli.observe import observe_options, serve_worker_metrics
-from sqlbroker.interfaces.cli.params import DURATION
+from sqlbroker.interfaces.cli.params import DURATION, log_level_option
 from sqlbroker.interfaces.cli.session import DEBUG_ENV, CliFailure, InvalidUsage
 from sqlbroker.runtime.worker import WorkerCrashed
 
 DEFAULT_ATTRIBUTE = "broker"
 DEFAULT_GRACE = 30.0
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
@@ -129,11 +128,7 @@ def load_broker(reference: str) -> Broker:
     metavar="SECONDS",
     help="On stop, how long running handlers may take to finish (30, 2m).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="info",
-)
+@log_level_option
 @click.option(
     "--schedules/--no-schedules",
     default=True,

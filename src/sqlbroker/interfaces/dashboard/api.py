@@ -20,7 +20,7 @@ from sqlbroker.app import Broker
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import DeadLetter, State
-from sqlbroker.core.serde import jsonable
+from sqlbroker.core.serde import jsonable, raw_preview
 from sqlbroker.features import metrics
 
 OVERVIEW_MINUTES = 30
@@ -175,7 +175,7 @@ def _integer(text: str, name: str) -> int:
 
 def _payload_text(dead: DeadLetter) -> str:
     if isinstance(dead.payload, bytes | bytearray):
-        return f"<{len(dead.payload)} bytes of {dead.content_type}>"
+        return raw_preview(dead.payload, dead.content_type)
     return json.dumps(dead.payload, indent=2, ensure_ascii=False)
 
 
