@@ -7,13 +7,20 @@ settle whose promotion fails: tests/seam/test_settle.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import psycopg
 import pytest
+from tests.seam.support import claim, publish
 
+from sqlbroker.core.clock import ManualClock
+from sqlbroker.core.settlements import Lease, Settlement
+from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.plan import Plan, StatementFailed, query
 from sqlbroker.storage.postgres import dialect
+from sqlbroker.storage.postgres.liveness import sound
 
 SQL = {
     "write": b"INSERT INTO written VALUES (%(n)s)",
@@ -73,3 +80,79 @@ def test_the_async_runner_hands_it_back_too(pg_url: str) -> None:
             return done, [row[0] for row in await cursor.fetchall()]
 
     assert asyncio.run(scenario()) == ("division by zero", [1, 2])
+
+
+APP = "sqlbroker-hand-back-under-test"
+
+
+def _end_sessions(admin: psycopg.Connection[Any], *, but: int = 0) -> None:
+    """Terminate the backend's sessions but the one of pid ``but``, and wait until they
+    have ended (``pg_terminate_backend`` only signals)."""
+    others = "FROM pg_stat_activity WHERE application_name = %s AND pid <> %s"
+    admin.execute(f"SELECT pg_terminate_backend(pid) {others}", (APP, but))
+    while admin.execute(f"SELECT count(*) {others}", (APP, but)).fetchone() != (0,):
+        time.sleep(0.01)
+
+
+def _drop_the_promotion(admin_url: str) -> None:
+    """Once the backend's promotion waits for the locked copy, end every session of the
+    backend: its idle ones first, then the waiting one."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        while (
+            waiting := admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+                " AND wait_event_type = 'Lock'",
+                (APP,),
+            ).fetchone()
+        ) is None:
+            time.sleep(0.01)
+        _end_sessions(admin, but=waiting[0])
+        _end_sessions(admin)
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_dropped_connection_a_plan_carried_on_past_has_the_pool_check_its_idle_ones(
+    pg_url: str, pg_server: Any, face: str
+) -> None:
+    """A keyed settle commits its complete, then its promotion of the key's next copy
+    waits for a lock while the server ends every session of the pool (a restart,
+    ``pg_terminate_backend``). The settle carries on past the dropped connection (the
+    hand-back), and the pool, as after any lost connection, tests its idle connections
+    at once: the dead ones are gone before the next call (it used to learn of them only
+    from a connection that reached it as ``ConnectionLost``)."""
+    admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
+    backend = open_backend(pg_url, application_name=APP, clock=ManualClock())
+    try:
+        second = publish(backend, "jobs", 2, key="k")[1]
+        (head,) = claim(backend, "jobs")
+        settle = [Settlement.complete(Lease.of(head))]
+        with psycopg.connect(admin_url) as holder:
+            holder.execute(
+                "SELECT 1 FROM sqlbroker_message WHERE message_id = %s FOR UPDATE", (second,)
+            )
+            dropping = threading.Thread(target=_drop_the_promotion, args=(admin_url,))
+            if face == "sync":
+                with backend.begin(), backend.begin():  # two connections, then idle
+                    pass
+                dropping.start()
+                done = backend.message_settle_many(settlements=settle)
+                checked = backend._db._pool.get_stats().get("connections_lost", 0) > 0
+            else:
+
+                async def scenario() -> tuple[list[int], bool]:
+                    async with backend.begin_async(), backend.begin_async():
+                        pass
+                    dropping.start()
+                    try:
+                        done = await backend.async_ops.message_settle_many(settlements=settle)
+                        idle = backend._db._loop_pool()._idle
+                        return done, all(sound(conn) for conn in idle)
+                    finally:
+                        await backend.close_async()
+
+                done, checked = asyncio.run(scenario())
+            dropping.join()
+        assert done == [head.id]
+        assert checked, "the pool did not test its idle connections"
+    finally:
+        backend.close()

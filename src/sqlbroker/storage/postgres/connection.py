@@ -110,6 +110,7 @@ class PostgresPool:
             raise self.not_connected(error, write=write) from None
         self._callers.own(conn)
         watch = self._watcher.watch(conn) if watched else None
+        lost = False
         try:
             try:
                 yield conn
@@ -120,13 +121,16 @@ class PostgresPool:
             finally:
                 if watch is not None:
                     self._watcher.release(conn)
+                lost = conn.broken  # also where a plan carried on past it (StatementFailed)
                 pool.putconn(conn)
         except ConnectionLost:
-            if watch is not None and watch.fired:
-                drain(pool)
-            else:
-                check_idle(pool)
+            lost = True
             raise
+        finally:
+            if lost and watch is not None and watch.fired:
+                drain(pool)
+            elif lost:
+                check_idle(pool)
 
     def not_connected(self, error: psycopg.OperationalError, *, write: bool) -> Exception:
         """The pool gave no connection: nothing was sent, so nothing can have committed."""
@@ -271,6 +275,7 @@ class AsyncCheckout:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: Any
     ) -> None:
         pool, conn, watchdog, write = self._pool, self._conn, self._watchdog, self._write
+        broken = conn.broken  # also where a plan carried on past it (StatementFailed)
         try:
             try:
                 if isinstance(error, psycopg.Error):
@@ -284,7 +289,7 @@ class AsyncCheckout:
         except ConnectionLost:
             await self._lost(pool, watchdog)
             raise
-        if isinstance(error, ConnectionLost):
+        if broken or isinstance(error, ConnectionLost):
             await self._lost(pool, watchdog)
 
     @staticmethod
