@@ -22,6 +22,7 @@ from sqlbroker.core.errors import (
     StorageError,
 )
 from sqlbroker.storage.caller import CallerConnection
+from sqlbroker.storage.plan import StatementFailed
 from sqlbroker.storage.postgres.errors import AsyncConn, Conn, connect_failure, translate
 from sqlbroker.storage.postgres.joining import CallerConnections
 from sqlbroker.storage.postgres.liveness import (
@@ -114,7 +115,7 @@ class PostgresPool:
         try:
             try:
                 yield conn
-            except psycopg.Error as error:
+            except (psycopg.Error, StatementFailed) as error:
                 if watch is not None and watch.fired:
                     raise watch.lost(write=write) from None
                 raise translate(error, self.options, write=write, conn=conn) from None
@@ -278,7 +279,7 @@ class AsyncCheckout:
         broken = conn.broken  # also where a plan carried on past it (StatementFailed)
         try:
             try:
-                if isinstance(error, psycopg.Error):
+                if isinstance(error, psycopg.Error | StatementFailed):
                     if watchdog is not None and watchdog.fired:
                         raise watchdog.lost(write=write) from None
                     raise translate(error, self._db.options, write=write, conn=conn) from None
