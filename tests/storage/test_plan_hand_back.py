@@ -99,7 +99,10 @@ APP = "sqlbroker-hand-back-under-test"
 def _end_sessions(admin: psycopg.Connection[Any], *, but: int = 0) -> None:
     """Terminate the backend's sessions but the one of pid ``but``, and wait until they
     have ended (``pg_terminate_backend`` only signals)."""
-    others = "FROM pg_stat_activity WHERE application_name = %s AND pid <> %s"
+    others = (
+        "FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = %s AND pid <> %s"
+    )
     admin.execute(f"SELECT pg_terminate_backend(pid) {others}", (APP, but))
     while admin.execute(f"SELECT count(*) {others}", (APP, but)).fetchone() != (0,):
         time.sleep(0.01)
@@ -111,8 +114,8 @@ def _drop_the_promotion(admin_url: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as admin:
         while (
             waiting := admin.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
-                " AND wait_event_type = 'Lock'",
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = %s AND wait_event_type = 'Lock'",
                 (APP,),
             ).fetchone()
         ) is None:
@@ -132,7 +135,8 @@ def test_a_dropped_connection_a_plan_carried_on_past_has_the_pool_check_its_idle
     at once: the dead ones are gone before the next call (it used to learn of them only
     from a connection that reached it as ``ConnectionLost``)."""
     admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
-    backend = open_backend(pg_url, application_name=APP, clock=ManualClock())
+    # Timeouts far away: only the terminated session may end the promotion's wait.
+    backend = open_backend(pg_url, application_name=APP, network_timeout=600, clock=ManualClock())
     try:
         second = publish(backend, "jobs", 2, key="k")[1]
         (head,) = claim(backend, "jobs")
