@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
+from tests.seam.support import lock_waits
 
 import sqlbroker
 from runtime.support import assert_all_completed_once, run_until_idle, wait_until
@@ -235,3 +237,56 @@ def test_the_worker_can_run_again_after_it_stopped(broker: sqlbroker.Broker) -> 
     second = broker.send("jobs", 2)
     run_until_idle(broker)
     assert_all_completed_once(broker, "jobs", [first, second])
+
+
+def test_the_workers_schema_check_leaves_its_loop_running(pg_url: str, pg_server: Any) -> None:
+    """An async application starts a worker on its own loop (``worker.run_async()``, with
+    no operation of the broker's before it): the worker's schema check (a read of the
+    versions table) must not stall that loop. Here another session holds
+    the versions table, and a ticker task of the loop keeps ticking while the check waits;
+    it used to be a blocking read on the loop, which then stood still until the lock went.
+    """
+    ticks = [0]
+    seen_while_waiting: list[int] = []
+    admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
+
+    with psycopg.connect(admin_url) as holder:
+        holder.execute("LOCK TABLE sqlbroker_schema_version IN ACCESS EXCLUSIVE MODE")
+
+        def let_go_once_it_waited() -> None:
+            with psycopg.connect(admin_url, autocommit=True) as admin:
+                while lock_waits(admin) == 0:  # the check waits for the lock now
+                    time.sleep(0.01)
+            before = ticks[0]
+            give_up = time.monotonic() + 10  # a stalled loop never ticks: do not wait for ever
+            while ticks[0] - before < 5 and time.monotonic() < give_up:
+                time.sleep(0.01)
+            seen_while_waiting.append(ticks[0] - before)
+            holder.commit()
+
+        async def scenario() -> None:
+            async def tick() -> None:
+                while True:
+                    ticks[0] += 1
+                    await asyncio.sleep(0.01)
+
+            async with sqlbroker.AsyncBroker(pg_url, lock_timeout=60) as broker:
+
+                @broker.subscriber(queue="jobs")
+                async def handle(msg: sqlbroker.Message) -> None:
+                    pass
+
+                worker = broker.worker(install_signal_handlers=False)
+                ticker = asyncio.ensure_future(tick())
+                try:
+                    await worker.run_async(until_idle=True, timeout=60)
+                finally:
+                    ticker.cancel()
+
+        letting_go = threading.Thread(target=let_go_once_it_waited)
+        letting_go.start()
+        try:
+            asyncio.run(scenario())
+        finally:
+            letting_go.join()
+    assert seen_while_waiting[0] >= 5, "the loop stood still while the check waited"

@@ -137,7 +137,8 @@ class DatabaseBusy(StorageError):
     """The database was locked: longer than the busy timeout, or in a conflict SQLite
     answers at once (the message says which); on PostgreSQL a lock held by another session
     longer than ``lock_timeout``, or a statement past ``statement_timeout``. Nothing was
-    written; trying again later is safe."""
+    written — but, on PostgreSQL, by the earlier statements of an operation that commits
+    each on its own, which the message then says; trying again later is safe."""
 
 
 class StorageFull(StorageError):

@@ -198,7 +198,7 @@ class Worker:
         self._stop, self._hard = asyncio.Event(), asyncio.Event()
         if self._pending_stop is not None:
             self._request_stop(self._pending_stop)
-        backend = self._broker._ready()
+        backend = await self._broker._ready_async()  # the loop goes on while it reads
         handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
 
         installed: list[signal.Signals] = []

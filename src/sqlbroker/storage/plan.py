@@ -62,8 +62,9 @@ class StatementFailed(Exception):
     """Raised by a dialect's ``step`` for a statement that failed on its own: run alone in
     autocommit, nothing of the plan's sent with it, so that every statement the plan ran
     before it has committed and stays. :func:`drive` throws it into the plan at that
-    statement's ``yield``: a plan whose earlier writes make sense without the rest may
-    catch it and carry on; uncaught, the driver's own ``error`` goes on to the caller.
+    statement's ``yield``, ``committed`` telling whether the plan ran statements before
+    it: a plan whose earlier writes make sense without the rest may catch it and carry
+    on; uncaught, it goes on to the backend, which translates the driver's ``error``.
     Inside a transaction (ours or a caller's) a failed statement undoes the plan's
     writes, and the error is never handed to the plan."""
 
@@ -71,18 +72,22 @@ class StatementFailed(Exception):
         lines = redact(str(error)).strip().splitlines()
         super().__init__(lines[0] if lines else type(error).__name__)
         self.error = error
+        self.committed = False
 
 
 def drive(plan: Plan[T], step: Callable[[Query], Rows]) -> T:
     """Run ``plan`` to its result, each of its statements by ``step`` (a dialect's)."""
+    ran = False
     try:
         statement = next(plan)
         while True:
             try:
                 rows = step(statement)
             except StatementFailed as failed:
-                statement = _hand_back(plan, failed)
+                failed.committed = ran
+                statement = plan.throw(failed)
                 continue
+            ran = True
             statement = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
@@ -90,28 +95,20 @@ def drive(plan: Plan[T], step: Callable[[Query], Rows]) -> T:
 
 async def drive_async(plan: Plan[T], step: Callable[[Query], Awaitable[Rows]]) -> T:
     """:func:`drive` with a coroutine ``step``."""
+    ran = False
     try:
         statement = next(plan)
         while True:
             try:
                 rows = await step(statement)
             except StatementFailed as failed:
-                statement = _hand_back(plan, failed)
+                failed.committed = ran
+                statement = plan.throw(failed)
                 continue
+            ran = True
             statement = plan.send(rows)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
-
-
-def _hand_back(plan: Plan[Any], failed: StatementFailed) -> Query:
-    """Throw ``failed`` into ``plan``; its next statement when it carried on, else the
-    driver's error (for the backend to translate)."""
-    try:
-        return plan.throw(failed)
-    except StatementFailed as uncaught:
-        if uncaught is not failed:
-            raise
-        raise failed.error from None
 
 
 def query(block: str, /, **params: Any) -> Query:

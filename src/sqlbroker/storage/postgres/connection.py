@@ -22,6 +22,7 @@ from sqlbroker.core.errors import (
     StorageError,
 )
 from sqlbroker.storage.caller import CallerConnection
+from sqlbroker.storage.plan import StatementFailed
 from sqlbroker.storage.postgres.errors import AsyncConn, Conn, connect_failure, translate
 from sqlbroker.storage.postgres.joining import CallerConnections
 from sqlbroker.storage.postgres.liveness import (
@@ -110,23 +111,27 @@ class PostgresPool:
             raise self.not_connected(error, write=write) from None
         self._callers.own(conn)
         watch = self._watcher.watch(conn) if watched else None
+        lost = False
         try:
             try:
                 yield conn
-            except psycopg.Error as error:
+            except (psycopg.Error, StatementFailed) as error:
                 if watch is not None and watch.fired:
                     raise watch.lost(write=write) from None
                 raise translate(error, self.options, write=write, conn=conn) from None
             finally:
                 if watch is not None:
                     self._watcher.release(conn)
+                lost = conn.broken  # also where a plan carried on past it (StatementFailed)
                 pool.putconn(conn)
         except ConnectionLost:
-            if watch is not None and watch.fired:
-                drain(pool)
-            else:
-                check_idle(pool)
+            lost = True
             raise
+        finally:
+            if lost and watch is not None and watch.fired:
+                drain(pool)
+            elif lost:
+                check_idle(pool)
 
     def not_connected(self, error: psycopg.OperationalError, *, write: bool) -> Exception:
         """The pool gave no connection: nothing was sent, so nothing can have committed."""
@@ -271,9 +276,10 @@ class AsyncCheckout:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: Any
     ) -> None:
         pool, conn, watchdog, write = self._pool, self._conn, self._watchdog, self._write
+        broken = conn.broken  # also where a plan carried on past it (StatementFailed)
         try:
             try:
-                if isinstance(error, psycopg.Error):
+                if isinstance(error, psycopg.Error | StatementFailed):
                     if watchdog is not None and watchdog.fired:
                         raise watchdog.lost(write=write) from None
                     raise translate(error, self._db.options, write=write, conn=conn) from None
@@ -284,7 +290,7 @@ class AsyncCheckout:
         except ConnectionLost:
             await self._lost(pool, watchdog)
             raise
-        if isinstance(error, ConnectionLost):
+        if broken or isinstance(error, ConnectionLost):
             await self._lost(pool, watchdog)
 
     @staticmethod

@@ -16,6 +16,7 @@ from sqlbroker.core.errors import (
     StorageError,
     StorageFull,
 )
+from sqlbroker.storage.plan import StatementFailed
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.url import redact
 
@@ -83,15 +84,30 @@ def _disk_full(error: psycopg.Error, text: str) -> bool:
 
 
 def translate(
-    error: psycopg.Error, options: SessionOptions, *, write: bool, conn: Conn | AsyncConn | None
+    error: psycopg.Error | StatementFailed,
+    options: SessionOptions,
+    *,
+    write: bool,
+    conn: Conn | AsyncConn | None,
 ) -> Exception:
     """The sqlbroker error for a driver error of an open connection: a broken connection
     is ``ConnectionLost`` (``ambiguous`` for writes, whose commit may or may not have
     happened), a missing table ``SchemaError``, a lock or statement timeout, a deadlock or
     a serialization failure ``DatabaseBusy``, anything else ``StorageError``; passwords
-    are redacted."""
+    are redacted. A statement run alone (:class:`StatementFailed`) after others of its
+    operation committed does not claim that nothing was changed."""
+    committed = isinstance(error, StatementFailed) and error.committed
+    if isinstance(error, StatementFailed):
+        assert isinstance(error.error, psycopg.Error)
+        error = error.error
     text = (
         redact(str(error)).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    )
+    undone = (
+        "this statement changed nothing, but the operation's statements before it had"
+        " committed on their own, so it may be partly done"
+        if committed
+        else "nothing was changed, try again"
     )
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         return SchemaError(
@@ -105,18 +121,18 @@ def translate(
     if isinstance(error, psycopg.errors.LockNotAvailable):
         return DatabaseBusy(
             f"PostgreSQL: a lock was held by another session longer than lock_timeout"
-            f" ({options.lock_timeout:g} s); nothing was changed, try again: {text}"
+            f" ({options.lock_timeout:g} s); {undone}: {text}"
         )
     rolled_back = _ROLLED_BACK.get(type(error))
     if rolled_back is not None and not (conn is not None and conn.broken):
         return DatabaseBusy(
-            f"PostgreSQL: {rolled_back}; the server rolled the transaction back, so nothing"
-            f" was changed, try again: {text}"
+            f"PostgreSQL: {rolled_back}; the server rolled the transaction back, so"
+            f" {undone}: {text}"
         )
     if isinstance(error, psycopg.errors.QueryCanceled) and "statement timeout" in text:
         return DatabaseBusy(
             f"PostgreSQL: the statement ran longer than statement_timeout"
-            f" ({options.statement_timeout:g} s); nothing was changed, try again: {text}"
+            f" ({options.statement_timeout:g} s); {undone}: {text}"
         )
     if _disk_full(error, text) and not (conn is not None and conn.broken):
         return StorageFull("PostgreSQL", text)
