@@ -97,14 +97,22 @@ APP = "sqlbroker-hand-back-under-test"
 
 
 def _end_sessions(admin: psycopg.Connection[Any], *, but: int = 0) -> None:
-    """Terminate the backend's sessions but the one of pid ``but``, and wait until they
-    have ended (``pg_terminate_backend`` only signals)."""
-    others = (
-        "FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = %s AND pid <> %s"
-    )
-    admin.execute(f"SELECT pg_terminate_backend(pid) {others}", (APP, but))
-    while admin.execute(f"SELECT count(*) {others}", (APP, but)).fetchone() != (0,):
+    """Terminate the backend's sessions of this moment but the one of pid ``but``, and
+    wait until they have ended (``pg_terminate_backend`` only signals). Sessions the pool
+    opens meanwhile to replace them are left alone: waiting for none at all could wait
+    for ever."""
+    pids = [
+        row[0]
+        for row in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = %s AND pid <> %s",
+            (APP, but),
+        )
+    ]
+    admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+    while admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+    ).fetchone() != (0,):
         time.sleep(0.01)
 
 
