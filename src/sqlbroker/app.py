@@ -7,6 +7,7 @@ differ only in how an operation runs (a test compares them)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -156,7 +157,7 @@ class _Base(BrokerBase):
         """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT, or
         ``timeout`` seconds): blocking on ``Broker``, on the caller's loop on
         ``AsyncBroker``. The options are :meth:`worker`'s (:class:`RunOptions`)."""
-        yield self._running(self.worker(**options), until_idle=False, timeout=timeout)
+        yield from self._running(self.worker(**options), until_idle=False, timeout=timeout)
 
     @operation
     def run_until_idle(
@@ -166,32 +167,22 @@ class _Base(BrokerBase):
         (or ``timeout`` seconds pass). For scripts and tests. The options are
         :meth:`worker`'s, but ``install_signal_handlers`` defaults to ``False``."""
         options.setdefault("install_signal_handlers", False)
-        yield self._running(self.worker(**options), until_idle=True, timeout=timeout)
+        yield from self._running(self.worker(**options), until_idle=True, timeout=timeout)
 
-    def _running(self, worker: Worker, *, until_idle: bool, timeout: float | None) -> Call:
-        """Run ``worker``: its own loop for the blocking face, the caller's for the other.
+    def _running(self, worker: Worker, *, until_idle: bool, timeout: float | None) -> Plan[None]:
+        """The plan that runs ``worker``: on its own loop for the blocking face, on the
+        caller's for the other; the publish listener and ``stop()`` see it until it ends.
         It exists before its loop does, so that a stop() from another thread right after
         starting is remembered rather than lost."""
+        run = functools.partial(worker.run, until_idle=until_idle, timeout=timeout)
+        run_async = functools.partial(worker.run_async, until_idle=until_idle, timeout=timeout)
         self._worker = worker
         self.add_publish_listener(worker.hint)
-
-        def stopped() -> None:
+        try:
+            yield Call("run", blocking=run, awaiting=run_async)
+        finally:
             self.remove_publish_listener(worker.hint)
             self._worker = None
-
-        def run() -> None:
-            try:
-                worker.run(until_idle=until_idle, timeout=timeout)
-            finally:
-                stopped()
-
-        async def run_async() -> None:
-            try:
-                await worker.run_async(until_idle=until_idle, timeout=timeout)
-            finally:
-                stopped()
-
-        return Call("run", blocking=run, awaiting=run_async)
 
     def stop(self, *, now: bool = False) -> None:
         """Stop a running worker gracefully (or at once); safe from any thread or handler."""

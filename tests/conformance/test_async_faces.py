@@ -333,3 +333,36 @@ def test_reading_properties_runs_nothing(empty_postgres: str) -> None:
             return await broker.schema_version()
 
     assert asyncio.run(scenario()) > 0
+
+
+def test_a_run_leaves_nothing_behind_however_it_ends(backend_url: str) -> None:
+    """A run hands its worker publish hints and ``stop()`` only while it runs: when it
+    returns (either face) or its task is cancelled (``AsyncBroker``), the listener is
+    gone and ``stop()`` has no worker to reach."""
+    with sqlbroker.Broker(backend_url, migrate=True) as broker:
+
+        @broker.subscriber(queue="jobs")
+        def job(message: sqlbroker.Message) -> None: ...
+
+        broker.send("jobs", 1)
+        broker.run_until_idle(timeout=30)
+        assert (broker._publish_listeners, broker._worker) == ([], None)
+
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+
+            @broker.subscriber(queue="jobs")
+            async def job(message: sqlbroker.Message) -> None: ...
+
+            task = asyncio.ensure_future(broker.run(install_signal_handlers=False))
+            for _ in range(600):
+                if broker._worker is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(broker._publish_listeners) == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert (broker._publish_listeners, broker._worker) == ([], None)
+
+    asyncio.run(scenario())

@@ -89,9 +89,8 @@ class BrokerBase(Face):
         clock: Clock | None = None,
         **backend_options: Any,
     ) -> None:
-        parsed = parse_url(url)
+        self._url = parse_url(url)
         self._retention = RetentionDefaults.checked(archive=archive_retention, dead=dead_retention)
-        self._url = parsed
         self._lease = validate.lease_seconds(lease)
         self._result_ttl = check_result_ttl(result_ttl)
         self._defaults = PublishDefaults(
@@ -101,7 +100,7 @@ class BrokerBase(Face):
             dedupe_window=validate.seconds(dedupe_window, "dedupe_window", allow_zero=False),
             payload_limit=check_payload_limit(payload_limit),
         )
-        self._migrate = parsed.scheme == "sqlite" if migrate is None else bool(migrate)
+        self._migrate = self._url.scheme == "sqlite" if migrate is None else bool(migrate)
         if "limits" in backend_options:
             raise InvalidOption("limits", "pass max_copies, max_subscriptions, max_patterns")
         self._limits = limits = Limits.checked(
@@ -111,7 +110,7 @@ class BrokerBase(Face):
         self._backend: Backend = open_backend(url, clock=clock, limits=limits, **backend_options)
         self._is_ready = False
         self._ready_lock = threading.Lock()
-        if self._migrate and parsed.scheme == "sqlite":
+        if self._migrate and self._url.scheme == "sqlite":
             # Now, not on first use: that may be a publish inside the caller's open
             # transaction (the outbox), whose write lock a migration would wait for.
             try:

@@ -58,8 +58,7 @@ def pending(
     limit: int = 100,
 ) -> Plan[list[PendingMessage]]:
     """Copies still in the queue (available, scheduled, blocked or running), oldest first."""
-    if subscription is not None:
-        validate_topic(subscription, "subscription")
+    subscription = None if subscription is None else validate_topic(subscription, "subscription")
     chosen = None if state is None else validate.member(state, State, "state")
     count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
     found: list[PendingMessage] = yield call(
@@ -77,8 +76,7 @@ def archive(
     limit: int = 100,
 ) -> Plan[list[ArchivedMessage]]:
     """Finished copies, newest first."""
-    if subscription is not None:
-        validate_topic(subscription, "subscription")
+    subscription = None if subscription is None else validate_topic(subscription, "subscription")
     chosen = None if outcome is None else validate.member(outcome, Outcome, "outcome")
     count = validate.integer(limit, "limit", minimum=1, maximum=validate.MAX_BATCH)
     canonical = None if message_id is None else validate.message_id(message_id)
@@ -180,8 +178,7 @@ def audit(
 def retention(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Retention]]:
     """How long each subscription (or one) keeps its archive rows and dead letters: its
     own times or the broker's defaults."""
-    if subscription is not None:
-        validate_topic(subscription, "subscription")
+    subscription = None if subscription is None else validate_topic(subscription, "subscription")
     defaults = broker._retention
     rows: list[tuple[str, float | None, float | None]] = yield call(
         "retention_list", name=subscription
@@ -278,8 +275,7 @@ def flow(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Flow]
     """Each subscription's (or one's) flow limits — concurrency caps, rate limits,
     fairness — with its running copies and whether claims wait now (``throttled``).
     See docs/flow-control.md. ``NotFound`` for an unknown subscription."""
-    if subscription is not None:
-        validate_topic(subscription, "subscription")
+    subscription = None if subscription is None else validate_topic(subscription, "subscription")
     found: list[Flow] = yield call("flow_list", name=subscription)
     if subscription is not None and not found:
         raise NotFound(f"no subscription named {subscription!r}")
