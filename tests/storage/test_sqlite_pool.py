@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlbroker.core.errors import StorageError
+from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.storage.sqlite.connection import SqlitePool
 
 
@@ -86,3 +86,11 @@ def test_a_failed_statement_is_translated_and_the_connection_kept(tmp_path: Path
     with db.read() as after:
         assert after is conn
     db.close()
+
+
+@pytest.mark.parametrize("name", ["a\x00b.db", "a\nb.db", "a\ud800b.db"])
+def test_a_path_of_no_printable_utf8_text_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        SqlitePool(str(tmp_path / name), synchronous="full", busy_timeout=5, pool_size=1)
+    assert caught.value.field == "url"
+    assert list(tmp_path.iterdir()) == []

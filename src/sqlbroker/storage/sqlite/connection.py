@@ -75,14 +75,6 @@ def _disk_full(error: sqlite3.Error) -> bool:
     )
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: no file can have this name
-        return False
-    return True
-
-
 SESSION = load_blocks("sqlbroker.storage.sqlite", "session.sql")
 """The statements of a session (session.sql): pragmas, write transactions, savepoints."""
 _SYNCHRONOUS = {
@@ -160,7 +152,8 @@ class SqlitePool:
             raise InvalidOption("busy_timeout", "must be seconds, more than 0 and at most 3600")
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 256:
             raise InvalidOption("pool_size", "must be an integer from 1 to 256")
-        if not path.isprintable() or "\x00" in path or not _encodable(path):
+        # Not printable: a control character or NUL, or a lone surrogate (no UTF-8 name).
+        if not path.isprintable():
             raise InvalidOption("url", "the SQLite path must be printable UTF-8 text")
         self.memory = path == ":memory:"
         self._synchronous = synchronous
