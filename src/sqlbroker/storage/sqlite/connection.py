@@ -238,7 +238,11 @@ class SqlitePool:
         )
 
     @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection, in autocommit (a read's; :meth:`write` begins its
+        transactions on one). A connection left inside a transaction or below the
+        ``synchronous`` level is discarded, not given back; SQLite's errors are
+        translated."""
         if self._closed:
             raise StorageError("the broker is closed")
         conn = self._take()
@@ -333,7 +337,7 @@ class SqlitePool:
                 with self._joined(raw):
                     yield raw
             return
-        with self._connection() as own:
+        with self.connection() as own:
             # Threads of this process take turns on a Python lock: SQLite's busy handler
             # would put the losers to sleep in steps of up to 100 ms. busy_timeout still
             # arbitrates between processes.
@@ -408,15 +412,10 @@ class SqlitePool:
         if own:
             raw.execute(SESSION["write_commit"])
 
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
-        with self._connection() as conn:
-            yield conn
-
     def close(self) -> None:
         self._closed = True
         # The idle connections closed, their slots kept; one in use is closed when given
-        # back (_connection).
+        # back (connection).
         idle = []
         with suppress(IndexError):
             for _ in range(len(self._free)):
