@@ -390,26 +390,19 @@ class SqlitePool:
         autocommit connection gets one of our own around the publish, and a connection in
         sqlite3's default (legacy) mode gets the ``BEGIN`` its next INSERT would have
         issued — the caller's ``commit()`` then commits it."""
-        if raw.in_transaction:
-            raw.execute(SESSION["savepoint"])
-            try:
-                yield
-            except BaseException:
-                if raw.in_transaction:
-                    raw.execute(SESSION["savepoint_rollback"])
-                    raw.execute(SESSION["savepoint_release"])
-                raise
-            raw.execute(SESSION["savepoint_release"])
-            return
-        own = raw.isolation_level is None
-        raw.execute(SESSION["write_begin"])
+        savepoint = raw.in_transaction
+        raw.execute(SESSION["savepoint" if savepoint else "write_begin"])
         try:
             yield
         except BaseException:
             if raw.in_transaction:
-                raw.execute(SESSION["write_rollback"])
+                raw.execute(SESSION["savepoint_rollback" if savepoint else "write_rollback"])
+                if savepoint:
+                    raw.execute(SESSION["savepoint_release"])
             raise
-        if own:
+        if savepoint:
+            raw.execute(SESSION["savepoint_release"])
+        elif raw.isolation_level is None:
             raw.execute(SESSION["write_commit"])
 
     def close(self) -> None:
