@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
@@ -40,7 +39,6 @@ from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
 
-log = logging.getLogger("sqlbroker.storage")
 T = TypeVar("T")
 
 
@@ -139,7 +137,7 @@ class PostgresBackend(Backend):
 
     @property
     def conninfo(self) -> str:
-        return self._options.conninfo
+        return self._url.raw
 
     # --- the seam ----------------------------------------------------------------------------
 
@@ -258,11 +256,7 @@ class PostgresBackend(Backend):
         row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()
         return bool(row and row[0])
 
-    @staticmethod
-    def schema_sql(schema: str | None = None) -> str:
-        """The complete schema script, version rows included (``sqlbroker schema --print``),
-        its tables in ``schema`` when given."""
-        return dialect.schema_sql(schema)
+    schema_sql = staticmethod(dialect.schema_sql)
 
     # --- consuming ---------------------------------------------------------------------------
 
