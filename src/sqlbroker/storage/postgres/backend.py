@@ -224,26 +224,25 @@ class PostgresBackend(Backend):
         if self.schema_version() >= len(migrations):
             return []
         applied: list[int] = []
-        with self._db.connection(write=True, watched=False) as conn:
+        # Untimed and unwatched: DDL may wait and run long.
+        with self._db.transaction(watched=False) as conn:
             try:
-                with conn.transaction():
-                    conn.execute(self._sql["untimed"])  # DDL may wait and run long
-                    # Serialize concurrent migrators: the second waits, then finds nothing.
-                    conn.execute(self._sql["migrate_lock"])
-                    if self._schema is not None and not self._schema_exists(conn):
-                        conn.execute(
-                            sql.SQL(self._sql["schema_create"]).format(
-                                name=sql.Identifier(self._schema)
-                            )
+                # Serialize concurrent migrators: the second waits, then finds nothing.
+                conn.execute(self._sql["migrate_lock"])
+                if self._schema is not None and not self._schema_exists(conn):
+                    conn.execute(
+                        sql.SQL(self._sql["schema_create"]).format(
+                            name=sql.Identifier(self._schema)
                         )
-                    conn.execute(self._sql["schema_version_table"])
-                    row = conn.execute(self._sql["schema_version"]).fetchone()
-                    for version, name, script in pending(migrations, int(row[0]) if row else 0):
-                        conn.execute(script.encode())
-                        conn.execute(
-                            self._sql["schema_version_insert"], {"version": version, "name": name}
-                        )
-                        applied.append(version)
+                    )
+                conn.execute(self._sql["schema_version_table"])
+                row = conn.execute(self._sql["schema_version"]).fetchone()
+                for version, name, script in pending(migrations, int(row[0]) if row else 0):
+                    conn.execute(script.encode())
+                    conn.execute(
+                        self._sql["schema_version_insert"], {"version": version, "name": name}
+                    )
+                    applied.append(version)
             except psycopg.errors.InsufficientPrivilege as error:
                 raise SchemaError(
                     f"the schema needs migrating (to version {len(migrations)}) but this role"
