@@ -24,7 +24,6 @@ from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect, listening
@@ -185,10 +184,8 @@ class PostgresBackend(Backend):
             yield AsyncTx(self._tx_settings, run, raw)
 
     def now(self) -> datetime:
-        with self._db.connection(write=False) as conn:
-            row = conn.execute(self._sql["now"], {"now": self._clock.now()}).fetchone()
-        assert row is not None
-        return utc(row[0])
+        """The database's clock (or the test clock): the seam's ``clock_now``."""
+        return self.clock_now()
 
     def close(self) -> None:
         self.result_hub.close()
