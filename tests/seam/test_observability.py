@@ -155,7 +155,8 @@ def test_the_async_faces_run_the_same_operations(backend: Any) -> None:
 
 
 def test_clock_now_is_the_storage_clock(backend: Any, clock: ManualClock) -> None:
-    """``clock_now``: the storage clock's now, the same through every path."""
+    """``clock_now``: the storage clock's now, the same through every path, and the
+    backend's own ``now()``."""
     clock.advance(90)
 
     async def main() -> datetime:
@@ -167,3 +168,4 @@ def test_clock_now_is_the_storage_clock(backend: Any, clock: ManualClock) -> Non
     with backend.begin() as tx:
         in_tx = tx.clock_now()
     assert backend.clock_now() == in_tx == asyncio.run(main()) == START + timedelta(seconds=90)
+    assert backend.now() == START + timedelta(seconds=90)

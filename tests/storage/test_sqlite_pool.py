@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlbroker.core.errors import StorageError
+from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.storage.sqlite.connection import SqlitePool
 
 
@@ -29,7 +29,7 @@ def test_threads_wait_for_a_slot_of_a_small_pool(tmp_path: Path) -> None:
         nonlocal most
         try:
             for _ in range(40):
-                with db.read() as conn:
+                with db.connection() as conn:
                     with lock:
                         assert id(conn) not in held, "a connection handed to two threads"
                         held.add(id(conn))
@@ -54,18 +54,18 @@ def test_threads_wait_for_a_slot_of_a_small_pool(tmp_path: Path) -> None:
 
 def test_one_thread_reuses_the_connection_given_back_last(tmp_path: Path) -> None:
     db = pool(tmp_path, 4)
-    with db.read() as first, db.read() as second:
+    with db.connection() as first, db.connection() as second:
         assert first is not second
-    with db.read() as again:
+    with db.connection() as again:
         assert again is first  # given back last: its page cache is the warmest
     db.close()
 
 
 def test_close_closes_idle_connections_and_those_given_back_after(tmp_path: Path) -> None:
     db = pool(tmp_path, 2)
-    with db.read() as busy, db.read() as idle:
+    with db.connection() as busy, db.connection() as idle:
         pass  # idle given back first, busy last
-    with db.read() as again:
+    with db.connection() as again:
         assert again is busy
         db.close()
         with pytest.raises(sqlite3.ProgrammingError):
@@ -73,16 +73,24 @@ def test_close_closes_idle_connections_and_those_given_back_after(tmp_path: Path
         busy.execute("SELECT 1")
     with pytest.raises(sqlite3.ProgrammingError):
         busy.execute("SELECT 1")
-    with pytest.raises(StorageError, match="closed"), db.read():
+    with pytest.raises(StorageError, match="closed"), db.connection():
         pass
 
 
 def test_a_failed_statement_is_translated_and_the_connection_kept(tmp_path: Path) -> None:
     db = pool(tmp_path, 1)
-    with db.read() as conn:
+    with db.connection() as conn:
         pass
-    with pytest.raises(StorageError, match="SQLite error"), db.read() as same:
+    with pytest.raises(StorageError, match="SQLite error"), db.connection() as same:
         same.execute("SELECT * FROM nowhere_at_all(")
-    with db.read() as after:
+    with db.connection() as after:
         assert after is conn
     db.close()
+
+
+@pytest.mark.parametrize("name", ["a\x00b.db", "a\nb.db", "a\ud800b.db"])
+def test_a_path_of_no_printable_utf8_text_is_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        SqlitePool(str(tmp_path / name), synchronous="full", busy_timeout=5, pool_size=1)
+    assert caught.value.field == "url"
+    assert list(tmp_path.iterdir()) == []

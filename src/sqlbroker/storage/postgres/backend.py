@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any, TypeVar
@@ -25,7 +24,6 @@ from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.backend import AsyncOps, Backend
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.columns import utc
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect, listening
@@ -40,7 +38,6 @@ from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
 
-log = logging.getLogger("sqlbroker.storage")
 T = TypeVar("T")
 
 
@@ -139,7 +136,7 @@ class PostgresBackend(Backend):
 
     @property
     def conninfo(self) -> str:
-        return self._options.conninfo
+        return self._url.raw
 
     # --- the seam ----------------------------------------------------------------------------
 
@@ -187,10 +184,8 @@ class PostgresBackend(Backend):
             yield AsyncTx(self._tx_settings, run, raw)
 
     def now(self) -> datetime:
-        with self._db.connection(write=False) as conn:
-            row = conn.execute(self._sql["now"], {"now": self._clock.now()}).fetchone()
-        assert row is not None
-        return utc(row[0])
+        """The database's clock (or the test clock): the seam's ``clock_now``."""
+        return self.clock_now()
 
     def close(self) -> None:
         self.result_hub.close()
@@ -226,26 +221,25 @@ class PostgresBackend(Backend):
         if self.schema_version() >= len(migrations):
             return []
         applied: list[int] = []
-        with self._db.connection(write=True, watched=False) as conn:
+        # Untimed and unwatched: DDL may wait and run long.
+        with self._db.transaction(watched=False) as conn:
             try:
-                with conn.transaction():
-                    conn.execute(self._sql["untimed"])  # DDL may wait and run long
-                    # Serialize concurrent migrators: the second waits, then finds nothing.
-                    conn.execute(self._sql["migrate_lock"])
-                    if self._schema is not None and not self._schema_exists(conn):
-                        conn.execute(
-                            sql.SQL(self._sql["schema_create"]).format(
-                                name=sql.Identifier(self._schema)
-                            )
+                # Serialize concurrent migrators: the second waits, then finds nothing.
+                conn.execute(self._sql["migrate_lock"])
+                if self._schema is not None and not self._schema_exists(conn):
+                    conn.execute(
+                        sql.SQL(self._sql["schema_create"]).format(
+                            name=sql.Identifier(self._schema)
                         )
-                    conn.execute(self._sql["schema_version_table"])
-                    row = conn.execute(self._sql["schema_version"]).fetchone()
-                    for version, name, script in pending(migrations, int(row[0]) if row else 0):
-                        conn.execute(script.encode())
-                        conn.execute(
-                            self._sql["schema_version_insert"], {"version": version, "name": name}
-                        )
-                        applied.append(version)
+                    )
+                conn.execute(self._sql["schema_version_table"])
+                row = conn.execute(self._sql["schema_version"]).fetchone()
+                for version, name, script in pending(migrations, int(row[0]) if row else 0):
+                    conn.execute(script.encode())
+                    conn.execute(
+                        self._sql["schema_version_insert"], {"version": version, "name": name}
+                    )
+                    applied.append(version)
             except psycopg.errors.InsufficientPrivilege as error:
                 raise SchemaError(
                     f"the schema needs migrating (to version {len(migrations)}) but this role"
@@ -258,11 +252,7 @@ class PostgresBackend(Backend):
         row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()
         return bool(row and row[0])
 
-    @staticmethod
-    def schema_sql(schema: str | None = None) -> str:
-        """The complete schema script, version rows included (``sqlbroker schema --print``),
-        its tables in ``schema`` when given."""
-        return dialect.schema_sql(schema)
+    schema_sql = staticmethod(dialect.schema_sql)
 
     # --- consuming ---------------------------------------------------------------------------
 

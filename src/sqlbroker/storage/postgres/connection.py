@@ -48,7 +48,6 @@ class PostgresPool:
     def __init__(self, options: SessionOptions, *, sql: Mapping[str, str]) -> None:
         self.options = options
         self.sql = sql
-        self.network_timeout = options.network_timeout
         self._pool: ConnectionPool[Conn] | None = None
         self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopPool] = (
             weakref.WeakKeyDictionary()
@@ -58,7 +57,7 @@ class PostgresPool:
         lock and makes no weak reference (the one of a ``WeakKeyDictionary`` lookup)."""
         self._pool_lock = threading.Lock()
         self._closed = False
-        self._watcher = Watcher(self.network_timeout)
+        self._watcher = Watcher(options.network_timeout)
         self._callers = CallerConnections(self)
 
     def _open_pool(self, *, write: bool = True) -> ConnectionPool[Conn]:
@@ -201,14 +200,7 @@ class PostgresPool:
                     if other.is_closed():
                         del self._async_pools[other]
                         stale.finish()
-                pool = self._async_pools[loop] = LoopPool(
-                    loop,
-                    conninfo=self.options.url.raw,
-                    kwargs=self.options.connection_kwargs(),
-                    size=self.options.pool_size,
-                    timeout=self.options.connect_timeout,
-                    network_timeout=self.network_timeout,
-                )
+                pool = self._async_pools[loop] = LoopPool(loop, self.options)
             self._recent = (weakref.ref(loop), pool)
             return pool
 

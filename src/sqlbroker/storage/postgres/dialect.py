@@ -76,8 +76,8 @@ def channel_name(schema: str | None, suffix: str = "") -> str:
 
 
 def schema_sql(schema: str | None = None) -> str:
-    """The complete schema script (``sqlbroker schema --print``), its tables in ``schema``
-    when given."""
+    """The complete schema script, version rows included (``sqlbroker schema --print``;
+    ``PostgresBackend.schema_sql``), its tables in ``schema`` when given."""
     prefix = qualifier(schema)
     create = load_blocks(SCHEMA.package, "queries.sql")["schema_create"]
     preamble = [create.replace("{name}", prefix[:-1]) + ";"] if schema else []

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from sqlbroker.core.errors import ConnectionLost
-from sqlbroker.storage.postgres.liveness import Watchdog
+from sqlbroker.storage.postgres.liveness import LoopWatcher
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.result_hub import Hint, Source
 from sqlbroker.storage.url import redact
@@ -45,6 +45,7 @@ async def listen(
     statements = _listen(blocks, [channel] + ([cancels] if cancels else []))
     pause = 0.1
     health_every = options.network_timeout / 2
+    watcher = LoopWatcher(health_every)  # shuts down a health check with no answer
     target = options.listen_target()
     if target is None:
         log.info("no LISTEN behind a transaction pooler (no listen_url): polling only")
@@ -67,15 +68,15 @@ async def listen(
                             on_hint(notice.payload or None)
                     # A session that went silent (a peer gone, its TCP session kept
                     # alive by a proxy) would wait for notifications for ever: ask.
-                    watchdog = Watchdog(conn, health_every)
+                    watch = watcher.watch(conn)
                     try:
                         await conn.execute(blocks["health_check"])
                     except psycopg.Error as error:
-                        if watchdog.fired:
-                            raise watchdog.lost(write=False) from error
+                        if watch.fired:
+                            raise watch.lost(write=False) from error
                         raise
                     finally:
-                        watchdog.cancel()
+                        watcher.release(conn)
         except (psycopg.Error, ConnectionLost) as error:
             log.warning(
                 "LISTEN connection lost (%s); reconnecting in %.1f s",

@@ -38,29 +38,11 @@ class Watch:
         )
 
 
-class Watchdog(Watch):
-    """Shuts a connection's socket down unless cancelled within ``seconds`` (on the
-    running loop): a statement waiting for an answer then fails at once with the driver's
-    "server closed the connection", where psycopg's own cancellation would first try a
-    cancel request over the same silent network."""
-
-    def __init__(self, conn: AsyncConn, seconds: float) -> None:
-        super().__init__(conn, seconds)
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._fire)
-
-    def _fire(self) -> None:
-        self.fired = True
-        sever(self.conn)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
 class Watcher:
-    """:class:`Watchdog` for the sync pool's connections, which block a thread each: one
-    thread of its own (started on first use) looks at the connections checked out every
-    tenth of ``seconds`` (at most every second) and shuts down those out for longer. A
-    checkout costs a dict insert and a pop, not a timer."""
+    """Watches the sync pool's connections, which block a thread each: one thread of its
+    own (started on first use) looks at the connections checked out every tenth of
+    ``seconds`` (at most every second) and shuts down those out for longer. A checkout
+    costs a dict insert and a pop, not a timer."""
 
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds
@@ -103,11 +85,11 @@ def _sever_late(out: dict[int, Watch]) -> None:
 
 
 class LoopWatcher:
-    """:class:`Watchdog` for the connections of one event loop's pool: while any is
-    checked out, one timer of the loop looks at them every tenth of ``seconds`` (at most
-    every second) and shuts down those out for longer. A checkout costs a dict insert and
-    a pop, not a timer (a timer per checkout, cancelled at once, also fills the loop's
-    heap: each later timer then costs more comparisons)."""
+    """Watches the connections of one event loop (its pool's, a LISTEN session's health
+    check): while any is checked out, one timer of the loop looks at them every tenth of
+    ``seconds`` (at most every second) and shuts down those out for longer. A checkout
+    costs a dict insert and a pop, not a timer (a timer per checkout, cancelled at once,
+    also fills the loop's heap: each later timer then costs more comparisons)."""
 
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds
@@ -132,7 +114,10 @@ class LoopWatcher:
 
 
 def sever(conn: Conn | AsyncConn) -> None:
-    """Shut the connection's socket down in both directions (a no-op if already closed)."""
+    """Shut the connection's socket down in both directions (a no-op if already closed):
+    a statement waiting for an answer then fails at once with the driver's "server closed
+    the connection", where psycopg's own cancellation would first try a cancel request
+    over the same silent network."""
     with contextlib.suppress(OSError, psycopg.Error):
         duplicate = socket.socket(fileno=os.dup(conn.fileno()))
         try:

@@ -1,4 +1,4 @@
-"""The connections of one event loop: at most ``size`` open at once, idle ones kept for the
+"""The connections of one event loop: at most ``pool_size`` open at once, idle ones kept for the
 next operation, and no task of its own.
 
 Not psycopg_pool's ``AsyncConnectionPool``: its maintenance tasks live on the loop that
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import deque
-from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -23,27 +22,20 @@ from psycopg_pool import PoolTimeout
 
 from sqlbroker.storage.postgres.errors import AsyncConn
 from sqlbroker.storage.postgres.liveness import LoopWatcher, sound
+from sqlbroker.storage.postgres.options import SessionOptions
 
 
 class LoopPool:
-    """An event loop's connections to one database (see the module docstring)."""
+    """An event loop's connections to one database (see the module docstring): at most
+    ``pool_size`` of ``options``, ``PoolTimeout`` after ``connect_timeout``."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        conninfo: str,
-        kwargs: dict[str, Any],
-        size: int,
-        timeout: float,
-        network_timeout: float,
-    ) -> None:
-        self.watcher = LoopWatcher(network_timeout)
+    def __init__(self, loop: asyncio.AbstractEventLoop, options: SessionOptions) -> None:
+        self.watcher = LoopWatcher(options.network_timeout)
         """Shuts down a connection checked out and silent for ``network_timeout``."""
-        self._conninfo = conninfo
-        self._kwargs = kwargs
-        self._timeout = timeout
-        self._slots = asyncio.Semaphore(size)
+        self._conninfo = options.url.raw
+        self._kwargs = options.connection_kwargs()
+        self._timeout = options.connect_timeout
+        self._slots = asyncio.Semaphore(options.pool_size)
         self._idle: deque[AsyncConn] = deque()
         self._opened: weakref.WeakSet[AsyncConn] = weakref.WeakSet()
         self._closed = False
@@ -53,7 +45,7 @@ class LoopPool:
 
     async def getconn(self) -> AsyncConn:
         """An idle connection that still looks usable, or a new one; ``PoolTimeout`` when
-        ``size`` are in use for ``timeout`` seconds."""
+        ``pool_size`` are in use for ``connect_timeout`` seconds."""
         if self._slots.locked():  # all in use: wait, at most timeout seconds
             try:
                 await asyncio.wait_for(self._slots.acquire(), self._timeout)

@@ -183,7 +183,3 @@ class SessionOptions:
     @functools.cached_property
     def _url_parameters(self) -> dict[str, Any]:
         return _parameters(self.url.raw)
-
-    @property
-    def conninfo(self) -> str:
-        return self.url.raw

@@ -72,7 +72,6 @@ class SqliteBackend(Backend):
         self._clock = clock
         self._url = url
         self.limits = limits or Limits()
-        self._promotion = PromotionThrottle()
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
@@ -87,7 +86,7 @@ class SqliteBackend(Backend):
             dialect="sqlite",
             limits=self.limits,
             clock=clock,
-            promotion=self._promotion,
+            promotion=PromotionThrottle(),
             archive_completed=self._archive_completed,
             known_queues=known_queues,
             one_writer=True,
@@ -105,7 +104,7 @@ class SqliteBackend(Backend):
     def execute(self, plan: Plan[T], access: Access) -> T:
         """Run one operation in a write transaction of its own (a read in none)."""
         if access.read_only:
-            with self._db.read() as conn:
+            with self._db.connection() as conn:
                 return dialect.run(conn, self._statements, plan, self._now())
         flush = self._flush_claims or not access.relaxed
         now = self._now()

@@ -75,14 +75,6 @@ def _disk_full(error: sqlite3.Error) -> bool:
     )
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: no file can have this name
-        return False
-    return True
-
-
 SESSION = load_blocks("sqlbroker.storage.sqlite", "session.sql")
 """The statements of a session (session.sql): pragmas, write transactions, savepoints."""
 _SYNCHRONOUS = {
@@ -160,7 +152,8 @@ class SqlitePool:
             raise InvalidOption("busy_timeout", "must be seconds, more than 0 and at most 3600")
         if not isinstance(pool_size, int) or not 1 <= pool_size <= 256:
             raise InvalidOption("pool_size", "must be an integer from 1 to 256")
-        if not path.isprintable() or "\x00" in path or not _encodable(path):
+        # Not printable: a control character or NUL, or a lone surrogate (no UTF-8 name).
+        if not path.isprintable():
             raise InvalidOption("url", "the SQLite path must be printable UTF-8 text")
         self.memory = path == ":memory:"
         self._synchronous = synchronous
@@ -245,7 +238,11 @@ class SqlitePool:
         )
 
     @contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection, in autocommit (a read's; :meth:`write` begins its
+        transactions on one). A connection left inside a transaction or below the
+        ``synchronous`` level is discarded, not given back; SQLite's errors are
+        translated."""
         if self._closed:
             raise StorageError("the broker is closed")
         conn = self._take()
@@ -340,7 +337,7 @@ class SqlitePool:
                 with self._joined(raw):
                     yield raw
             return
-        with self._connection() as own:
+        with self.connection() as own:
             # Threads of this process take turns on a Python lock: SQLite's busy handler
             # would put the losers to sleep in steps of up to 100 ms. busy_timeout still
             # arbitrates between processes.
@@ -393,37 +390,25 @@ class SqlitePool:
         autocommit connection gets one of our own around the publish, and a connection in
         sqlite3's default (legacy) mode gets the ``BEGIN`` its next INSERT would have
         issued — the caller's ``commit()`` then commits it."""
-        if raw.in_transaction:
-            raw.execute(SESSION["savepoint"])
-            try:
-                yield
-            except BaseException:
-                if raw.in_transaction:
-                    raw.execute(SESSION["savepoint_rollback"])
-                    raw.execute(SESSION["savepoint_release"])
-                raise
-            raw.execute(SESSION["savepoint_release"])
-            return
-        own = raw.isolation_level is None
-        raw.execute(SESSION["write_begin"])
+        savepoint = raw.in_transaction
+        raw.execute(SESSION["savepoint" if savepoint else "write_begin"])
         try:
             yield
         except BaseException:
             if raw.in_transaction:
-                raw.execute(SESSION["write_rollback"])
+                raw.execute(SESSION["savepoint_rollback" if savepoint else "write_rollback"])
+                if savepoint:
+                    raw.execute(SESSION["savepoint_release"])
             raise
-        if own:
+        if savepoint:
+            raw.execute(SESSION["savepoint_release"])
+        elif raw.isolation_level is None:
             raw.execute(SESSION["write_commit"])
-
-    @contextmanager
-    def read(self) -> Iterator[sqlite3.Connection]:
-        with self._connection() as conn:
-            yield conn
 
     def close(self) -> None:
         self._closed = True
         # The idle connections closed, their slots kept; one in use is closed when given
-        # back (_connection).
+        # back (connection).
         idle = []
         with suppress(IndexError):
             for _ in range(len(self._free)):
