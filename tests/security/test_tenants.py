@@ -269,6 +269,17 @@ def test_a_tenant_name_is_one_topic_segment(tmp_path: Path) -> None:
     assert len(accepted) == 64 + 1  # letters, digits, '_', '-', and the longest name
 
 
+@pytest.mark.parametrize("role", ["", "a\x00b", "\ud800", "bad\nrole", "x" * 64])
+def test_a_role_name_that_postgresql_cannot_hold_is_a_validation_error(
+    tmp_path: Path, role: str
+) -> None:
+    with sqlbroker.Broker(f"sqlite:///{tmp_path}/t.db") as broker:
+        with pytest.raises(sqlbroker.InvalidOption, match="role"):
+            security.set_tenant_role(broker.backend, tenant="acme", role=role)
+        with pytest.raises(sqlbroker.InvalidOption, match="role"):
+            security.remove_tenant_role(broker.backend, role=role)
+
+
 @pytest.mark.postgres
 def test_schema_9_keeps_a_moving_saga_with_its_tenant(pg_server: Any) -> None:
     """A database that had tenants before schema 9: the sagas still moving take the tenant

@@ -55,9 +55,8 @@ def _role(value: object) -> str:
     if (
         not isinstance(value, str)
         or not value
+        or not value.isprintable()  # NUL and lone surrogates included
         or len(value.encode()) > _MAX_ROLE
-        or "\x00" in value
-        or not value.isprintable()
     ):
         raise InvalidOption("role", "must be a PostgreSQL role name (1 to 63 bytes, printable)")
     return value
