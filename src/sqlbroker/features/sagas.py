@@ -228,9 +228,8 @@ class Sagas:
         runtime's write-back). False if the message was stale and nothing changed."""
         with self.backend.begin() as tx:
             saga = tx.saga_get(id=saga_id, lock=True)
-            if self.action_verdict(saga, index, message_id, undo=True) != "run":
+            if saga is None or self.action_verdict(saga, index, message_id, undo=True) != "run":
                 return False
-            assert saga is not None
             self._fail_undo(tx, saga, reason, attempt)
             return True
 
@@ -257,9 +256,8 @@ class Sagas:
         """Record step ``index`` done with ``output`` (JSON text) and move on; False if the
         message was stale and nothing changed."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+        if saga is None or self.action_verdict(saga, index, message_id) not in ("run", "skip"):
             return False
-        assert saga is not None
         tx.saga_step_update(
             saga_id=saga_id,
             index=index,
@@ -281,18 +279,16 @@ class Sagas:
     ) -> bool:
         """Record step ``index`` failed for good and turn the saga back."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+        if saga is None or self.action_verdict(saga, index, message_id) not in ("run", "skip"):
             return False
-        assert saga is not None
         self._fail_step(tx, saga, reason, attempt)
         return True
 
     def action_skipped(self, tx: Tx, saga_id: str, index: int, message_id: str) -> bool:
         """The saga turned back before step ``index``'s action ran: it never will."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id) != "skip":
+        if saga is None or self.action_verdict(saga, index, message_id) != "skip":
             return False
-        assert saga is not None
         tx.saga_step_update(saga_id=saga_id, index=index, status=StepStatus.CANCELLED)
         self._turn_back(tx, self._relock(tx, saga_id), index - 1, saga.error)
         return True
@@ -300,9 +296,8 @@ class Sagas:
     def undo_done(self, tx: Tx, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
         """Record step ``index`` compensated and turn back to the step below."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id, undo=True) != "run":
+        if saga is None or self.action_verdict(saga, index, message_id, undo=True) != "run":
             return False
-        assert saga is not None
         tx.saga_step_update(
             saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
         )
