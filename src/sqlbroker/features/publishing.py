@@ -335,12 +335,6 @@ def _build_queue_batch(
     return SharedBatch(first, ids, datas, kinds, hashes)
 
 
-def check_options(options: Mapping[str, Any]) -> None:
-    unknown = set(options) - PUBLISH_OPTIONS
-    if unknown:
-        raise InvalidOption("options", f"unknown publish options: {', '.join(sorted(unknown))}")
-
-
 def with_headers(
     messages: Sequence[NewMessage], hooks: Sequence[Callable[[], Mapping[str, str]]]
 ) -> Sequence[NewMessage]:
