@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection
 from decimal import Decimal
 from typing import Any
 
-from sqlbroker.core import validate
+from sqlbroker.core import observability, validate
 from sqlbroker.core.errors import InvalidOption, NotFound, SqlbrokerError
 from sqlbroker.core.sagas import (
     NewSaga,
@@ -50,7 +50,6 @@ from sqlbroker.core.sagas import (
     saga_queue,
 )
 from sqlbroker.core.serde import encode_value
-from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.caller import CallerConnection
@@ -85,7 +84,7 @@ def warn_unhandled(
     missing = [queue for queue in saga.queues() if queue not in handled]
     if missing:
         try:
-            workers = metrics.alive(backend.worker_list(), max_age=WORKER_AGE)
+            workers = observability.alive(backend.worker_list(), max_age=WORKER_AGE)
         except SqlbrokerError as error:  # a check, not the caller's operation
             log.debug("could not read the workers to check saga %s: %s", saga.name, error)
             return []
