@@ -178,6 +178,14 @@ def key(value: object, field: str) -> str | None:
     return value
 
 
+def required_key(value: object, field: str) -> str:
+    """A :func:`key` that must be given: ``None`` is refused too."""
+    checked = key(value, field)
+    if checked is None:
+        raise InvalidOption(field, "is required")
+    return checked
+
+
 def headers(value: object, field: str = "headers") -> dict[str, str] | None:
     """Headers: at most 64 entries of printable ``str`` names and ``str`` values."""
     if value is None:

@@ -182,7 +182,7 @@ class Sagas:
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
-        found = self.backend.saga_get(id=_checked_id(saga_id))
+        found = self.backend.saga_get(id=validate.required_key(saga_id, "saga_id"))
         if found is None:
             raise NotFound(f"no saga {saga_id!r}")
         return found
@@ -205,7 +205,7 @@ class Sagas:
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
         with self.backend.begin() as tx:
-            saga = tx.saga_get(id=_checked_id(saga_id), lock=True)
+            saga = tx.saga_get(id=validate.required_key(saga_id, "saga_id"), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
             if saga.status != SagaStatus.RUNNING:
@@ -463,10 +463,3 @@ def _same_json(left: Any, right: Any) -> bool:
 
 def _decimal(number: int | float) -> Decimal:
     return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
-
-
-def _checked_id(saga_id: object) -> str:
-    checked = validate.key(saga_id, "saga_id")
-    if checked is None:
-        raise InvalidOption("saga_id", "is required")
-    return checked
