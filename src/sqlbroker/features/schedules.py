@@ -64,7 +64,6 @@ DUE_BATCH = 100
 _MAX_CRON = 200
 _MAX_TZ = 64
 _MAX_GRACE = 7 * 86400.0
-_MAX_EVERY = validate.MAX_DELAY
 
 
 def _croniter() -> Any:
@@ -250,7 +249,7 @@ def schedule_define(
     cron_text = None if cron is None else _cron(cron, zone)
     every_s = None
     if every is not None:
-        every_s = validate.seconds(every, "every", maximum=_MAX_EVERY)
+        every_s = validate.seconds(every, "every")
         if every_s < MIN_EVERY:
             raise InvalidSchedule("every", f"must be at least {MIN_EVERY:g} s, not {every_s:g}")
         if tz != "UTC":
