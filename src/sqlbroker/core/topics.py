@@ -214,15 +214,10 @@ def stored_pattern_matches(pattern: object, topic: str) -> bool:
     return _segments_match(parts, topic.split("."))
 
 
-@lru_cache(maxsize=4096)
-def _compiled(regex: str) -> re.Pattern[str]:
-    return re.compile(regex)
-
-
 def regex_matches(regex: str, topic: str) -> bool:
     """Evaluate a regex made by :func:`pattern_regex` the way the SQL path does (SQLite's
     ``sqlbroker_regex_match``), without backtracking; see the module docstring."""
     parts = _segments(regex)
     if parts is None:
-        return _compiled(regex).search("." + topic) is not None
+        return re.search(regex, "." + topic) is not None  # re keeps the compiled regex
     return _segments_match(parts, topic.split("."))
