@@ -19,6 +19,7 @@ import pytest
 import sqlbroker
 from pgserver import quote_ident
 from sqlbroker.core.settlements import Lease
+from sqlbroker.core.topics import validate_topic
 from sqlbroker.features import security
 from sqlbroker.storage.base import TenantRole
 from sqlbroker.storage.sql import load_blocks, load_migrations
@@ -238,6 +239,45 @@ def test_sqlite_refuses_tenants_and_roles_clearly(tmp_path: Path) -> None:
             with pytest.raises(sqlbroker.ConfigurationError, match="PostgreSQL"):
                 operation()
         assert not security.tenants_enabled(backend)
+
+
+def test_a_tenant_name_is_one_topic_segment(tmp_path: Path) -> None:
+    """A tenant's name follows the rule of a topic's segment, character for character and
+    in its length: SQLite checks the name first, then refuses the operation."""
+    names = [chr(code) for code in range(0x300)] + ["\u0663", "\u212a", "\u017f", "\ud800"]
+    names += ["", "a.b", "x" * 64, "x" * 65]
+
+    def tenant_accepts(name: str) -> bool:
+        try:
+            security.set_tenant_role(backend, tenant=name, role="x")
+        except sqlbroker.ConfigurationError:
+            return True
+        except sqlbroker.InvalidOption:
+            return False
+        raise AssertionError("SQLite refuses every tenant operation")
+
+    def segment_accepts(name: str) -> bool:
+        try:
+            return "." not in validate_topic(name)
+        except sqlbroker.InvalidName:
+            return False
+
+    with sqlbroker.Broker(f"sqlite:///{tmp_path}/t.db") as broker:
+        backend = broker.backend
+        accepted = [name for name in names if tenant_accepts(name)]
+        assert accepted == [name for name in names if segment_accepts(name)]
+    assert len(accepted) == 64 + 1  # letters, digits, '_', '-', and the longest name
+
+
+@pytest.mark.parametrize("role", ["", "a\x00b", "\ud800", "bad\nrole", "x" * 64])
+def test_a_role_name_that_postgresql_cannot_hold_is_a_validation_error(
+    tmp_path: Path, role: str
+) -> None:
+    with sqlbroker.Broker(f"sqlite:///{tmp_path}/t.db") as broker:
+        with pytest.raises(sqlbroker.InvalidOption, match="role"):
+            security.set_tenant_role(broker.backend, tenant="acme", role=role)
+        with pytest.raises(sqlbroker.InvalidOption, match="role"):
+            security.remove_tenant_role(broker.backend, role=role)
 
 
 @pytest.mark.postgres

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from sqlbroker.core import observability as facts
 from sqlbroker.core import validate
 from sqlbroker.core.errors import NotFound
 from sqlbroker.core.flow import KEEP, Flow, FlowLimits, Keep, Rate, flow_limits
@@ -28,7 +29,6 @@ from sqlbroker.core.observability import (
 )
 from sqlbroker.core.results import Result
 from sqlbroker.core.topics import validate_topic
-from sqlbroker.features import metrics
 from sqlbroker.features.faces import Plan, blocking, call
 from sqlbroker.features.retention import retain, retention_seconds
 
@@ -87,21 +87,21 @@ def archive(
 
 
 def stats(
-    broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
+    broker: BrokerBase, *, window: float | timedelta = facts.RATE_WINDOW
 ) -> Plan[list[SubscriptionStats]]:
     """Per subscription: ready, scheduled, running, blocked, dead, the oldest ready age,
     expired copies, publishes that replaced a pending copy (``replaced``, lifetime), and
     — from what workers recorded over the last ``window`` seconds —
     completed, retried and dead-lettered per minute and handler time p50/p95, and whether
     flow limits hold claims back now (``throttled``)."""
-    seconds = metrics.window_seconds(window)
+    seconds = facts.window_seconds(window)
     gauges: list[SubscriptionStats] = yield call("stats_collect")
     now: datetime = yield call("clock_now")
     since = now - timedelta(seconds=seconds)
     # A counter row covers a whole minute: take every minute that overlaps the window, and
     # divide by the time those rows cover — from the start of the first to now (the current
     # minute's row holds what happened so far) — which is up to a minute more than the window.
-    first_minute = metrics.minute_floor(since)
+    first_minute = facts.minute_floor(since)
     rows: list[MinuteCounts] = yield call("metric_minutes", since=first_minute)
     rare: list[RareCount] = yield call("archive_rare_counts", since=since)
     expired = {r.subscription: r.total for r in rare if r.outcome == "expired"}
@@ -110,11 +110,11 @@ def stats(
     limited: list[Flow] = yield call("flow_list", name=None)
     flows = {f.subscription: f for f in limited if f.limits.limited}
     per_minute = 60.0 / max((now - first_minute).total_seconds(), seconds)
-    grouped = metrics.grouped(rows, "subscription")
+    grouped = facts.grouped(rows, "subscription")
     found = []
     for gauge in gauges:
         name = gauge.subscription
-        completed, retried, dead, p50, p95 = metrics.summary(grouped.get(name, []))
+        completed, retried, dead, p50, p95 = facts.summary(grouped.get(name, []))
         flow, own = flows.get(name), kept.get(name)
         found.append(
             replace(
@@ -144,23 +144,23 @@ def workers(broker: BrokerBase) -> Plan[list[WorkerInfo]]:
 def metrics_series(broker: BrokerBase, *, minutes: int = 60) -> Plan[dict[str, list[SeriesPoint]]]:
     """Per subscription, completed / retried / dead and handler p50/p95 for each of the
     last ``minutes`` minutes (the current one last), zeros where nothing was recorded."""
-    count = validate.integer(minutes, "minutes", minimum=1, maximum=metrics.MAX_SERIES_MINUTES)
-    current = metrics.minute_floor((yield call("clock_now")))
+    count = validate.integer(minutes, "minutes", minimum=1, maximum=facts.MAX_SERIES_MINUTES)
+    current = facts.minute_floor((yield call("clock_now")))
     axis = [current - timedelta(minutes=back) for back in range(count - 1, -1, -1)]
     rows: list[MinuteCounts] = yield call("metric_minutes", since=axis[0])
-    grouped = metrics.grouped(rows, "subscription")
+    grouped = facts.grouped(rows, "subscription")
     names = {s.name for s in (yield call("subscription_list"))} | set(grouped)
-    return {name: metrics.points(grouped.get(name, []), axis) for name in sorted(names)}
+    return {name: facts.points(grouped.get(name, []), axis) for name in sorted(names)}
 
 
 def unrouted(
-    broker: BrokerBase, *, window: float | timedelta = metrics.RATE_WINDOW
-) -> Plan[metrics.Unrouted]:
+    broker: BrokerBase, *, window: float | timedelta = facts.RATE_WINDOW
+) -> Plan[facts.Unrouted]:
     """Publishes that matched no subscription: in the archive, and within ``window``."""
-    since = (yield call("clock_now")) - timedelta(seconds=metrics.window_seconds(window))
+    since = (yield call("clock_now")) - timedelta(seconds=facts.window_seconds(window))
     rare: list[RareCount] = yield call("archive_rare_counts", since=since)
     found = [r for r in rare if r.outcome == "unrouted"]
-    return metrics.Unrouted(total=sum(r.total for r in found), recent=sum(r.recent for r in found))
+    return facts.Unrouted(total=sum(r.total for r in found), recent=sum(r.recent for r in found))
 
 
 def audit(

@@ -1,13 +1,22 @@
 """Observability facts: worker heartbeats, per-minute counters, handler-time histograms and
-the audit trail, as plain rows, plus the pure arithmetic on them (quantiles, merging)."""
+the audit trail, as plain rows, plus the pure arithmetic on them that makes metrics: the
+per-minute counters workers write with their heartbeats merged and summed into rates,
+handler-time quantiles and series, and the workers still alive. The readings themselves —
+``broker.stats()``, ``metrics_series()``, ``unrouted()`` — are plans of
+:mod:`sqlbroker.client.inspection`, which the CLI, Prometheus and the dashboard read
+through, so that every face agrees."""
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
+
+from sqlbroker.core import validate
 
 HANDLER_BUCKETS: tuple[float, ...] = (
     0.001,
@@ -30,6 +39,9 @@ HANDLER_BUCKETS: tuple[float, ...] = (
     math.inf,
 )
 """Upper bounds (seconds, inclusive) of the handler-time histogram's buckets."""
+RATE_WINDOW = 300.0
+"""Seconds over which ``stats()`` averages rates and estimates handler-time quantiles."""
+MAX_SERIES_MINUTES = 24 * 60
 
 
 def bucket_index(seconds: float) -> int:
@@ -147,3 +159,51 @@ class SeriesPoint:
     dead: int
     handler_p50: float | None
     handler_p95: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unrouted:
+    """Publishes that matched no subscription, still in the archive: in all and recently."""
+
+    total: int
+    recent: int
+
+
+def minute_floor(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def window_seconds(window: object) -> float:
+    """A window of recent time (``stats()``, ``unrouted()``): up to a day."""
+    return validate.seconds(window, "window", allow_zero=False, maximum=24 * 3600.0)
+
+
+def grouped(rows: Iterable[MinuteCounts], by: str) -> dict[Any, list[MinuteCounts]]:
+    """``rows`` by the value of their field ``by``, in order."""
+    found: dict[Any, list[MinuteCounts]] = defaultdict(list)
+    for row in rows:
+        found[getattr(row, by)].append(row)
+    return found
+
+
+def summary(rows: Sequence[MinuteCounts]) -> tuple[int, int, int, float | None, float | None]:
+    """Completed, retried and dead in ``rows``, and their handler time p50 and p95."""
+    buckets = merge_buckets(row.handler_buckets for row in rows)
+    return (
+        sum(r.completed for r in rows),
+        sum(r.retried for r in rows),
+        sum(r.dead for r in rows),
+        quantile(buckets, 0.5),
+        quantile(buckets, 0.95),
+    )
+
+
+def points(rows: Iterable[MinuteCounts], minutes: list[datetime]) -> list[SeriesPoint]:
+    """One point for each of ``minutes``, summed over ``rows`` (zeros where none)."""
+    by_minute = grouped(rows, "minute")
+    return [SeriesPoint(minute, *summary(by_minute.get(minute, []))) for minute in minutes]
+
+
+def alive(found: Iterable[WorkerInfo], *, max_age: float) -> list[WorkerInfo]:
+    """The workers not stopped whose last heartbeat is at most ``max_age`` seconds old."""
+    return [w for w in found if w.stopped_at is None and w.seen_age <= max_age]

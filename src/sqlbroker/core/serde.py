@@ -65,9 +65,7 @@ _BYTES_HINT = " (use bytes for raw data)"
 def _check_value(value: Any, field: str, where: str, depth: int, hint: str = _BYTES_HINT) -> None:
     if depth > MAX_DEPTH:
         raise InvalidPayload(field, f"nests deeper than {MAX_DEPTH} levels")
-    if value is None or isinstance(value, bool):
-        return
-    if isinstance(value, int):
+    if value is None or isinstance(value, int):  # bool among the ints
         return
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -26,7 +26,9 @@ from sqlbroker.core.validate import items, name_text
 
 MAX_NAME_LENGTH = 255
 MAX_SEGMENT_LENGTH = 64
-_SEGMENT = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
+SEGMENT = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
+"""The one rule for a segment of a name: of a topic, a queue or subscription name, a
+pattern's literal segment, and a tenant's name (:mod:`sqlbroker.features.security`)."""
 
 
 def _bad_segment(field: str, value: str, segment: str) -> InvalidName:
@@ -49,7 +51,7 @@ def _is_topic(text: str) -> bool:
     """Whether ``text`` is a valid topic, remembered per name: every publish and claim
     checks one, mostly the same few (:func:`validate_topic` says what is wrong)."""
     return 0 < len(text) <= MAX_NAME_LENGTH and all(
-        _SEGMENT.fullmatch(segment) for segment in text.split(".")
+        SEGMENT.fullmatch(segment) for segment in text.split(".")
     )
 
 
@@ -59,7 +61,7 @@ def validate_topic(value: object, field: str = "topic") -> str:
         return value
     text = name_text(value, field, MAX_NAME_LENGTH)
     for segment in text.split("."):
-        if not _SEGMENT.fullmatch(segment):
+        if not SEGMENT.fullmatch(segment):
             raise _bad_segment(field, text, segment)
     return text
 
@@ -70,7 +72,7 @@ def validate_pattern(value: object, field: str = "pattern") -> str:
     for segment in text.split("."):
         if segment in ("*", "#"):
             continue
-        if not _SEGMENT.fullmatch(segment):
+        if not SEGMENT.fullmatch(segment):
             if "*" in segment or "#" in segment:
                 raise InvalidName(
                     field, f"{text!r}: '*' and '#' must stand alone as a whole segment"
@@ -134,7 +136,7 @@ def pattern_regex(pattern: str) -> str:
 
 _ONE = r"\.[^.]+"
 _ANY = r"(\.[^.]+)*"
-_LITERAL = re.compile(r"\\\.([A-Za-z0-9_-]{1,64})")
+_LITERAL = re.compile(r"\\\.(" + SEGMENT.pattern + ")")
 
 
 @lru_cache(maxsize=4096)
@@ -212,15 +214,10 @@ def stored_pattern_matches(pattern: object, topic: str) -> bool:
     return _segments_match(parts, topic.split("."))
 
 
-@lru_cache(maxsize=4096)
-def _compiled(regex: str) -> re.Pattern[str]:
-    return re.compile(regex)
-
-
 def regex_matches(regex: str, topic: str) -> bool:
     """Evaluate a regex made by :func:`pattern_regex` the way the SQL path does (SQLite's
     ``sqlbroker_regex_match``), without backtracking; see the module docstring."""
     parts = _segments(regex)
     if parts is None:
-        return _compiled(regex).search("." + topic) is not None
+        return re.search(regex, "." + topic) is not None  # re keeps the compiled regex
     return _segments_match(parts, topic.split("."))

@@ -136,10 +136,6 @@ def known_options(given: Iterable[str], known: Iterable[str], what: str) -> None
         raise InvalidOption(unknown[0], f"not a {what} option (the options: {choices})")
 
 
-def _printable(value: str) -> bool:
-    return "\x00" not in value and value.isprintable()
-
-
 def _utf8(value: str) -> bool:
     try:
         value.encode("utf-8")
@@ -177,9 +173,17 @@ def key(value: object, field: str) -> str | None:
     if value is None:
         return None
     value = name_text(value, field, MAX_KEY_LENGTH)
-    if not _printable(value) or not _utf8(value):
+    if not value.isprintable():  # neither NUL nor a lone surrogate is printable
         raise InvalidName(field, "must be printable Unicode text without control characters")
     return value
+
+
+def required_key(value: object, field: str) -> str:
+    """A :func:`key` that must be given: ``None`` is refused too."""
+    checked = key(value, field)
+    if checked is None:
+        raise InvalidOption(field, "is required")
+    return checked
 
 
 def headers(value: object, field: str = "headers") -> dict[str, str] | None:
@@ -199,7 +203,7 @@ def headers(value: object, field: str = "headers") -> dict[str, str] | None:
                 f"header names are non-empty strings of at most {MAX_HEADER_NAME} characters,"
                 f" not {name!r}",
             )
-        if not _printable(name) or not _utf8(name) or not name.isascii():
+        if not name.isascii() or not name.isprintable():
             raise InvalidHeaders(field, f"header name {name!r} must be printable ASCII")
         if not isinstance(text, str):
             raise InvalidHeaders(

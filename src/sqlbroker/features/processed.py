@@ -163,7 +163,4 @@ def processed_key(key: object) -> str:
         if abs(key) >= 10**validate.MAX_KEY_LENGTH:  # str() of a huge int is refused, slowly
             raise InvalidName("key", f"is an integer longer than {validate.MAX_KEY_LENGTH} digits")
         key = int.__str__(key)
-    checked = validate.key(key, "key")
-    if checked is None:
-        raise InvalidOption("key", "is required")
-    return checked
+    return validate.required_key(key, "key")

@@ -30,13 +30,35 @@ from sqlbroker.core.topics import validate_topic
 from sqlbroker.storage.rows import payload_hash
 
 
-class PublishOptions(TypedDict, total=False):
-    """The options of a publish (``publish``, ``send``, ``send_many``, an item of
-    ``publish_many``), every one optional; unset, each is ``None`` (none) unless said.
-    Durations take seconds or a :class:`~datetime.timedelta`."""
+class MessageOptions(TypedDict, total=False):
+    """The options a message carries whoever publishes it: a publish
+    (:class:`PublishOptions`) or a schedule's ticks (``ScheduleOptions``). Unset, each is
+    ``None`` (none) unless said."""
 
     key: str | None
     """The ordering key: copies with one key are handed out one at a time, in order."""
+    priority: int
+    """0 (most urgent, ``URGENT``) to 9; claimed lower first (default ``NORMAL``, 2)."""
+    ttl: float | timedelta | None
+    """Expires this long after the database's now (or at ``expires_at``)."""
+    max_attempts: int | None
+    """Deliveries before the message is dead-lettered (default: the broker's)."""
+    headers: Mapping[str, str] | None
+    """Text headers carried with the message."""
+    content_type: str | None
+    """The payload's type: a JSON value is ``application/json``; ``bytes`` pass through
+    labelled with this (default ``application/octet-stream``)."""
+
+
+MESSAGE_OPTIONS = MessageOptions.__optional_keys__
+
+
+class PublishOptions(MessageOptions, total=False):
+    """The options of a publish (``publish``, ``send``, ``send_many``, an item of
+    ``publish_many``), every one optional: those of :class:`MessageOptions` and these;
+    unset, each is ``None`` (none) unless said. Durations take seconds or a
+    :class:`~datetime.timedelta`."""
+
     replace: bool
     """With ``key``: take the place of the key's pending copy of the same topic, if one
     was never claimed, instead of queueing another (default ``False``)."""
@@ -44,27 +66,16 @@ class PublishOptions(TypedDict, total=False):
     """With ``key``; implies ``replace``: wait until this long after the last publish."""
     debounce_max: float | timedelta | None
     """With ``debounce``: never wait longer than this after the copy was first enqueued."""
-    priority: int
-    """0 (most urgent, ``URGENT``) to 9; claimed lower first (default ``NORMAL``, 2)."""
     delay: float | timedelta | None
     """Available this long after the database's now (or ``at`` a point in time)."""
     at: datetime | None
     """Available from this point in time."""
-    ttl: float | timedelta | None
-    """Expires this long after the database's now (or at ``expires_at``)."""
     expires_at: datetime | None
     """Expires at this point in time, delivered or not."""
-    max_attempts: int | None
-    """Deliveries before the message is dead-lettered (default: the broker's)."""
-    headers: Mapping[str, str] | None
-    """Text headers carried with the message."""
     idempotency_key: str | None
     """A repeat within ``dedupe_window`` returns the first message's id, writing nothing."""
     dedupe_window: float | timedelta | None
     """How long an idempotency key is remembered (default: the broker's)."""
-    content_type: str | None
-    """The payload's type: a JSON value is ``application/json``; ``bytes`` pass through
-    labelled with this (default ``application/octet-stream``)."""
 
 
 PUBLISH_OPTIONS = PublishOptions.__optional_keys__
@@ -322,12 +333,6 @@ def _build_queue_batch(
     if keyed:
         hashes = [payload_hash(data, kind) for data, kind in zip(datas, kinds, strict=True)]
     return SharedBatch(first, ids, datas, kinds, hashes)
-
-
-def check_options(options: Mapping[str, Any]) -> None:
-    unknown = set(options) - PUBLISH_OPTIONS
-    if unknown:
-        raise InvalidOption("options", f"unknown publish options: {', '.join(sorted(unknown))}")
 
 
 def with_headers(

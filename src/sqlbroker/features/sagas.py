@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection
 from decimal import Decimal
 from typing import Any
 
-from sqlbroker.core import validate
+from sqlbroker.core import observability, validate
 from sqlbroker.core.errors import InvalidOption, NotFound, SqlbrokerError
 from sqlbroker.core.sagas import (
     NewSaga,
@@ -50,7 +50,6 @@ from sqlbroker.core.sagas import (
     saga_queue,
 )
 from sqlbroker.core.serde import encode_value
-from sqlbroker.features import metrics
 from sqlbroker.features.publishing import PublishDefaults, build_message
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.caller import CallerConnection
@@ -85,7 +84,7 @@ def warn_unhandled(
     missing = [queue for queue in saga.queues() if queue not in handled]
     if missing:
         try:
-            workers = metrics.alive(backend.worker_list(), max_age=WORKER_AGE)
+            workers = observability.alive(backend.worker_list(), max_age=WORKER_AGE)
         except SqlbrokerError as error:  # a check, not the caller's operation
             log.debug("could not read the workers to check saga %s: %s", saga.name, error)
             return []
@@ -183,7 +182,7 @@ class Sagas:
 
     def get(self, saga_id: str) -> SagaInstance:
         """The saga with its steps; ``NotFound`` when there is none."""
-        found = self.backend.saga_get(id=_checked_id(saga_id))
+        found = self.backend.saga_get(id=validate.required_key(saga_id, "saga_id"))
         if found is None:
             raise NotFound(f"no saga {saga_id!r}")
         return found
@@ -206,7 +205,7 @@ class Sagas:
         finishes or is skipped first). False when it is not running (any more)."""
         text = validate.reason(reason)
         with self.backend.begin() as tx:
-            saga = tx.saga_get(id=_checked_id(saga_id), lock=True)
+            saga = tx.saga_get(id=validate.required_key(saga_id, "saga_id"), lock=True)
             if saga is None:
                 raise NotFound(f"no saga {saga_id!r}")
             if saga.status != SagaStatus.RUNNING:
@@ -228,9 +227,8 @@ class Sagas:
         runtime's write-back). False if the message was stale and nothing changed."""
         with self.backend.begin() as tx:
             saga = tx.saga_get(id=saga_id, lock=True)
-            if self.action_verdict(saga, index, message_id, undo=True) != "run":
+            if saga is None or self.action_verdict(saga, index, message_id, undo=True) != "run":
                 return False
-            assert saga is not None
             self._fail_undo(tx, saga, reason, attempt)
             return True
 
@@ -257,9 +255,8 @@ class Sagas:
         """Record step ``index`` done with ``output`` (JSON text) and move on; False if the
         message was stale and nothing changed."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+        if saga is None or self.action_verdict(saga, index, message_id) not in ("run", "skip"):
             return False
-        assert saga is not None
         tx.saga_step_update(
             saga_id=saga_id,
             index=index,
@@ -281,18 +278,16 @@ class Sagas:
     ) -> bool:
         """Record step ``index`` failed for good and turn the saga back."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id) not in ("run", "skip"):
+        if saga is None or self.action_verdict(saga, index, message_id) not in ("run", "skip"):
             return False
-        assert saga is not None
         self._fail_step(tx, saga, reason, attempt)
         return True
 
     def action_skipped(self, tx: Tx, saga_id: str, index: int, message_id: str) -> bool:
         """The saga turned back before step ``index``'s action ran: it never will."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id) != "skip":
+        if saga is None or self.action_verdict(saga, index, message_id) != "skip":
             return False
-        assert saga is not None
         tx.saga_step_update(saga_id=saga_id, index=index, status=StepStatus.CANCELLED)
         self._turn_back(tx, self._relock(tx, saga_id), index - 1, saga.error)
         return True
@@ -300,9 +295,8 @@ class Sagas:
     def undo_done(self, tx: Tx, saga_id: str, index: int, message_id: str, attempt: int) -> bool:
         """Record step ``index`` compensated and turn back to the step below."""
         saga = tx.saga_get(id=saga_id, lock=True)
-        if self.action_verdict(saga, index, message_id, undo=True) != "run":
+        if saga is None or self.action_verdict(saga, index, message_id, undo=True) != "run":
             return False
-        assert saga is not None
         tx.saga_step_update(
             saga_id=saga_id, index=index, status=StepStatus.COMPENSATED, attempts=attempt
         )
@@ -469,10 +463,3 @@ def _same_json(left: Any, right: Any) -> bool:
 
 def _decimal(number: int | float) -> Decimal:
     return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
-
-
-def _checked_id(saga_id: object) -> str:
-    checked = validate.key(saga_id, "saga_id")
-    if checked is None:
-        raise InvalidOption("saga_id", "is required")
-    return checked

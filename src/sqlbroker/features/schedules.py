@@ -18,12 +18,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import ConfigurationError, InvalidHeaders, InvalidSchedule
-from sqlbroker.core.message import NORMAL, NewMessage, new_message_id
+from sqlbroker.core.message import NewMessage, new_message_id
 from sqlbroker.core.schedules import (
     DEFAULT_GRACE,
     MIN_EVERY,
@@ -41,7 +41,12 @@ from sqlbroker.core.schedules import (
 from sqlbroker.core.serde import decode_payload, encode_json
 from sqlbroker.core.topics import validate_topic
 from sqlbroker.features.faces import Plan, call
-from sqlbroker.features.publishing import PublishDefaults, build_message
+from sqlbroker.features.publishing import (
+    MESSAGE_OPTIONS,
+    MessageOptions,
+    PublishDefaults,
+    build_message,
+)
 from sqlbroker.storage.columns import headers_of
 from sqlbroker.storage.rows import payload_hash
 from sqlbroker.storage.schedules import (
@@ -59,7 +64,6 @@ DUE_BATCH = 100
 _MAX_CRON = 200
 _MAX_TZ = 64
 _MAX_GRACE = 7 * 86400.0
-_MAX_EVERY = validate.MAX_DELAY
 
 
 def _croniter() -> Any:
@@ -204,11 +208,12 @@ class ScheduleRun:
         return max(0.0, (self.next_run_at - self.now).total_seconds())
 
 
-class ScheduleOptions(TypedDict, total=False):
+class ScheduleOptions(MessageOptions, total=False):
     """The options of ``broker.schedule`` (see it), every one optional. Exactly one of
-    ``cron`` and ``every`` is required; ``headers``, ``priority``, ``key``, ``ttl``,
-    ``max_attempts`` and ``content_type`` are as in a publish
-    (:class:`~sqlbroker.features.publishing.PublishOptions`, with their defaults)."""
+    ``cron`` and ``every`` is required; those its messages carry (``headers``,
+    ``priority``, ``key``, ``ttl``, ``max_attempts`` and ``content_type``) are as in a
+    publish (:class:`~sqlbroker.features.publishing.MessageOptions`, with their
+    defaults)."""
 
     cron: str | None
     """A cron expression (croniter), in the time zone ``tz``."""
@@ -222,12 +227,6 @@ class ScheduleOptions(TypedDict, total=False):
     """Seconds late a tick may be and still be on time (default 60)."""
     start_at: datetime | None
     """No tick before this point in time."""
-    headers: Mapping[str, str] | None
-    priority: int
-    key: str | None
-    ttl: float | timedelta | None
-    max_attempts: int | None
-    content_type: str | None
 
 
 def schedule_define(
@@ -241,10 +240,7 @@ def schedule_define(
     validate.known_options(options, ScheduleOptions.__optional_keys__, "schedule")
     cron, every, start_at = options.get("cron"), options.get("every"), options.get("start_at")
     tz, missed = options.get("tz", "UTC"), options.get("missed", Missed.LATEST)
-    grace, headers = options.get("grace", DEFAULT_GRACE), options.get("headers")
-    priority, key = options.get("priority", NORMAL), options.get("key")
-    ttl, max_attempts = options.get("ttl"), options.get("max_attempts")
-    content_type = options.get("content_type")
+    grace = options.get("grace", DEFAULT_GRACE)
     name_text = validate_topic(name, "name")
     if (cron is None) == (every is None):
         raise InvalidSchedule("cron", "give exactly one of cron=… or every=…")
@@ -253,7 +249,7 @@ def schedule_define(
     cron_text = None if cron is None else _cron(cron, zone)
     every_s = None
     if every is not None:
-        every_s = validate.seconds(every, "every", maximum=_MAX_EVERY)
+        every_s = validate.seconds(every, "every")
         if every_s < MIN_EVERY:
             raise InvalidSchedule("every", f"must be at least {MIN_EVERY:g} s, not {every_s:g}")
         if tz != "UTC":
@@ -265,18 +261,9 @@ def schedule_define(
     policy = _missed(missed)
     grace_s = validate.seconds(grace, "grace", maximum=_MAX_GRACE)
     start = None if start_at is None else validate.point_in_time(start_at, "start_at")
-    own_headers = _headers(headers)
-    message = build_message(
-        topic,
-        payload,
-        defaults=defaults,
-        key=key,
-        priority=priority,
-        ttl=ttl,
-        max_attempts=max_attempts,
-        headers=own_headers,
-        content_type=content_type,
-    )
+    carried: dict[str, Any] = {k: v for k, v in options.items() if k in MESSAGE_OPTIONS}
+    carried["headers"] = _headers(options.get("headers"))
+    message = build_message(topic, payload, defaults=defaults, **carried)
     timing = {
         "cron": cron_text,
         "every": every_s,

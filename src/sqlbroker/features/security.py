@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from sqlbroker.core.errors import InvalidOption
-from sqlbroker.core.topics import validate_topic
+from sqlbroker.core.topics import SEGMENT, validate_topic
 from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.base import ROLE_GROUPS, TenantRole
 
@@ -34,7 +34,6 @@ __all__ = [
 
 DEFAULT_ROLE_PREFIX = "sqlbroker"
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,39}")
-_TENANT = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MAX_ROLE = 63
 
 
@@ -47,7 +46,7 @@ def _prefix(value: object) -> str:
 
 
 def _tenant(value: object) -> str:
-    if not isinstance(value, str) or not _TENANT.fullmatch(value):
+    if not isinstance(value, str) or not SEGMENT.fullmatch(value):
         raise InvalidOption("tenant", "must be 1 to 64 of A-Z, a-z, 0-9, '_' and '-'")
     return value
 
@@ -56,9 +55,8 @@ def _role(value: object) -> str:
     if (
         not isinstance(value, str)
         or not value
+        or not value.isprintable()  # NUL and lone surrogates included
         or len(value.encode()) > _MAX_ROLE
-        or "\x00" in value
-        or not value.isprintable()
     ):
         raise InvalidOption("role", "must be a PostgreSQL role name (1 to 63 bytes, printable)")
     return value

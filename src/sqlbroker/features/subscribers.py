@@ -165,9 +165,7 @@ def make_spec(
             else validate.integer(prefetch, "prefetch", minimum=0, maximum=10_000)
         ),
         lease=None if lease is None else validate.lease_seconds(lease),
-        timeout=None
-        if timeout is None
-        else validate.seconds(timeout, "timeout", maximum=validate.MAX_LEASE, allow_zero=False),
+        timeout=None if timeout is None else validate.lease_seconds(timeout, "timeout"),
         retry=retry or RetryPolicy(),
         ack=ack,
         on_dead_letter=on_dead_letter,

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.app import Broker
+from sqlbroker.core import observability as facts
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.message import Delivery, SubscriptionStats
 from sqlbroker.core.observability import HANDLER_BUCKETS
-from sqlbroker.features import metrics
 from sqlbroker.runtime.events import WorkerObserver
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class DatabaseCollector:
         self,
         broker: Broker,
         *,
-        window: float = metrics.RATE_WINDOW,
+        window: float = facts.RATE_WINDOW,
         heartbeat_age: float = DEFAULT_HEARTBEAT_AGE,
     ) -> None:
         self._broker = broker
@@ -145,7 +145,7 @@ class DatabaseCollector:
             value=unrouted.total,
         )
         workers = self._broker.workers()
-        alive = metrics.alive(workers, max_age=self._heartbeat_age)
+        alive = facts.alive(workers, max_age=self._heartbeat_age)
         yield core.GaugeMetricFamily(
             "sqlbroker_workers_alive",
             f"Workers with a heartbeat in the last {self._heartbeat_age:g} s.",

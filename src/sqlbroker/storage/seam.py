@@ -255,7 +255,7 @@ class Operations(ABC):
     tenant_assign = Operation(security.tenant_assign)
     # --- end security ------------------------------------------------------------------------
 
-    # --- observability: heartbeats, metrics, audit (runtime/heartbeat.py, features/metrics.py)
+    # --- observability: heartbeats, metrics, audit (runtime/heartbeat.py, core/observability.py)
     worker_beat = Operation(observability.worker_beat)
     worker_list = Operation(observability.worker_list)
     metric_minutes = Operation(observability.metric_minutes)

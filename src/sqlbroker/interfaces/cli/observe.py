@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 import click
 
 from sqlbroker.app import Broker
+from sqlbroker.core import observability as facts
 from sqlbroker.core.errors import SchemaError, SqlbrokerError
-from sqlbroker.features import metrics as facts
 from sqlbroker.interfaces import logs, prometheus
 from sqlbroker.interfaces.cli.params import DURATION, PORT, POSITIVE_DURATION, json_option, options
 from sqlbroker.interfaces.cli.render import echo_json, print_table, table

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlbroker.app import Broker
+from sqlbroker.core import observability as facts
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidOption
 from sqlbroker.core.message import DeadLetter, State
 from sqlbroker.core.serde import jsonable, raw_preview
-from sqlbroker.features import metrics
 
 OVERVIEW_MINUTES = 30
 SUBSCRIPTION_MINUTES = 60
@@ -61,7 +61,7 @@ class Api:
         stats = broker.stats()
         series = broker.metrics_series(minutes=OVERVIEW_MINUTES)
         workers = broker.workers()
-        alive = metrics.alive(workers, max_age=HEARTBEAT_AGE)
+        alive = facts.alive(workers, max_age=HEARTBEAT_AGE)
         unrouted = broker.unrouted()
         return {
             "backend": broker.backend_name,

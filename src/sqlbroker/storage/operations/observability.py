@@ -1,5 +1,5 @@
 """Observability: worker heartbeats, per-minute counters, lifetime totals and the audit
-trail (see :mod:`sqlbroker.features.metrics` and :mod:`sqlbroker.runtime.heartbeat`)."""
+trail (see :mod:`sqlbroker.core.observability` and :mod:`sqlbroker.runtime.heartbeat`)."""
 
 from __future__ import annotations
 
