@@ -441,6 +441,28 @@ def test_validation_errors_exit_2_and_name_the_field(
     assert_clean_error(run(sqlite_url, *args), 2, field)
 
 
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["pause", "nope"], "no subscription named 'nope'"),
+        (["resume", "nope"], "no subscription named 'nope'"),
+        (["subscriptions", "flow", "nope"], "no subscription named 'nope'"),
+        (["subscriptions", "flow", "nope", "--max-running", "3"], "no subscription named 'nope'"),
+        (["subscriptions", "retention", "nope"], "no subscription named 'nope'"),
+        (["subscriptions", "retention", "nope", "--dead", "1d"], "no subscription named 'nope'"),
+        (["saga", "show", "nope"], "no saga 'nope'"),
+        (["schedules", "pause", "nope"], "no schedule named 'nope'"),
+        (["dlq", "show", "7"], "7"),
+        (["result", "01936b8e-0000-7000-8000-000000000000"], "unknown"),
+    ],
+)
+def test_naming_what_does_not_exist_exits_1(sqlite_url: str, args: list[str], what: str) -> None:
+    """Every command naming a subscription, saga, schedule, dead letter or message that does
+    not exist fails alike: one line, exit 1 (a runtime failure; 2 is for bad input)."""
+    ok(sqlite_url, "subscribe", "orders", "orders.*")
+    assert_clean_error(run(sqlite_url, *args), 1, what)
+
+
 def test_bad_json_says_what_is_wrong(sqlite_url: str) -> None:
     result = run(sqlite_url, "send", "q", '{"a": 1')
     assert_clean_error(result, 2, "payload", "not valid JSON", "line 1 column")
