@@ -24,7 +24,7 @@ import sqlbroker
 from sqlbroker.core.serde import jsonable
 from sqlbroker.interfaces.cli import cli
 from sqlbroker.interfaces.cli import dlq as dlq_module
-from sqlbroker.interfaces.cli.params import DURATION, PRIORITY, parse_headers
+from sqlbroker.interfaces.cli.params import DURATION, NON_NEGATIVE_DURATION, PRIORITY, parse_headers
 from sqlbroker.interfaces.cli.render import human_age
 from sqlbroker.storage.sql import load_migrations
 
@@ -589,6 +589,7 @@ def test_value_parsers() -> None:
     assert [DURATION.convert(v, None, None) for v in ("1.5", "500ms", "30s", "5m", "2h", "1d")] == [
         1.5, 0.5, 30.0, 300.0, 7200.0, 86400.0,
     ]  # fmt: skip
+    assert NON_NEGATIVE_DURATION.convert("0", None, None) == 0.0
     assert [PRIORITY.convert(v, None, None) for v in ("0", "urgent", "HIGH", "low")] == [0, 0, 1, 3]
     assert parse_headers(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
     assert [human_age(v) for v in (None, 0.04, 3.21, 245.0, 9000.0, 302400.0)] == [
