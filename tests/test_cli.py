@@ -566,6 +566,8 @@ def test_stats_watch_refreshes(sqlite_url: str) -> None:
     assert tables.count("oldest ready") == 2
     assert "Ctrl-C" in tables
     assert_clean_error(run(sqlite_url, "stats", "--watch", "0"), 2, "--watch")
+    # A bare --watch before another option is the default interval (one refresh: no wait).
+    assert len(ok(sqlite_url, "stats", "--watch", "--count", "1", "--json").stdout.split()) == 1
 
 
 def test_empty_views(sqlite_url: str) -> None:
@@ -619,6 +621,8 @@ def test_click_usage_errors_exit_2(sqlite_url: str) -> None:
         ["healthcheck", "--max-lag=-1"],
         ["healthcheck", "--max-heartbeat-age", "0ms"],
         ["stats", "--watch", "0ms"],
+        ["stats", "--watch=-2s"],
+        ["stats", "--watch", "-1", "--json"],
     ],
 )
 def test_pacing_durations_must_be_positive(sqlite_url: str, args: list[str]) -> None:
