@@ -566,8 +566,10 @@ def test_stats_watch_refreshes(sqlite_url: str) -> None:
     assert tables.count("oldest ready") == 2
     assert "Ctrl-C" in tables
     assert_clean_error(run(sqlite_url, "stats", "--watch", "0"), 2, "--watch")
-    # A bare --watch before another option is the default interval (one refresh: no wait).
+    # A bare --watch before another option, or before the "--" that ends them, is the
+    # default interval (one refresh: no wait).
     assert len(ok(sqlite_url, "stats", "--watch", "--count", "1", "--json").stdout.split()) == 1
+    assert len(ok(sqlite_url, "stats", "--count=1", "--json", "--watch", "--").stdout.split()) == 1
 
 
 def test_empty_views(sqlite_url: str) -> None:

@@ -107,16 +107,16 @@ class _StatsCommand(click.Command):
     """``stats``, whose ``--watch`` may be given without its SECONDS."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        # A bare --watch (last, or before another of this command's options) is the default
-        # interval. Not click's optional value (is_flag=False, flag_value=), which reads
-        # --watch=-2s as a bare --watch and an unknown option -2s: the interval's type
-        # never saw a negative one.
-        options = {
+        # A bare --watch (last, or before another of this command's options or the "--"
+        # that ends them) is the default interval. Not click's optional value
+        # (is_flag=False, flag_value=), which reads --watch=-2s as a bare --watch and an
+        # unknown option -2s: the interval's type never saw a negative one.
+        options = {"--"} | {
             name for param in self.get_params(ctx) for name in param.opts + param.secondary_opts
         }
 
         def bare(at: int) -> bool:
-            """Whether ``args[at]`` is followed by one of the options, or by nothing at all."""
+            """Whether ``args[at]`` is followed by an option or ``--``, or by nothing at all."""
             return at + 1 == len(args) or args[at + 1].partition("=")[0] in options
 
         given = [
