@@ -24,7 +24,7 @@ import sqlbroker
 from sqlbroker.core.serde import jsonable
 from sqlbroker.interfaces.cli import cli
 from sqlbroker.interfaces.cli import dlq as dlq_module
-from sqlbroker.interfaces.cli.params import DURATION, PRIORITY, parse_headers
+from sqlbroker.interfaces.cli.params import DURATION, NON_NEGATIVE_DURATION, PRIORITY, parse_headers
 from sqlbroker.interfaces.cli.render import human_age
 from sqlbroker.storage.sql import load_migrations
 
@@ -441,6 +441,28 @@ def test_validation_errors_exit_2_and_name_the_field(
     assert_clean_error(run(sqlite_url, *args), 2, field)
 
 
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["pause", "nope"], "no subscription named 'nope'"),
+        (["resume", "nope"], "no subscription named 'nope'"),
+        (["subscriptions", "flow", "nope"], "no subscription named 'nope'"),
+        (["subscriptions", "flow", "nope", "--max-running", "3"], "no subscription named 'nope'"),
+        (["subscriptions", "retention", "nope"], "no subscription named 'nope'"),
+        (["subscriptions", "retention", "nope", "--dead", "1d"], "no subscription named 'nope'"),
+        (["saga", "show", "nope"], "no saga 'nope'"),
+        (["schedules", "pause", "nope"], "no schedule named 'nope'"),
+        (["dlq", "show", "7"], "7"),
+        (["result", "01936b8e-0000-7000-8000-000000000000"], "unknown"),
+    ],
+)
+def test_naming_what_does_not_exist_exits_1(sqlite_url: str, args: list[str], what: str) -> None:
+    """Every command naming a subscription, saga, schedule, dead letter or message that does
+    not exist fails alike: one line, exit 1 (a runtime failure; 2 is for bad input)."""
+    ok(sqlite_url, "subscribe", "orders", "orders.*")
+    assert_clean_error(run(sqlite_url, *args), 1, what)
+
+
 def test_bad_json_says_what_is_wrong(sqlite_url: str) -> None:
     result = run(sqlite_url, "send", "q", '{"a": 1')
     assert_clean_error(result, 2, "payload", "not valid JSON", "line 1 column")
@@ -544,6 +566,10 @@ def test_stats_watch_refreshes(sqlite_url: str) -> None:
     assert tables.count("oldest ready") == 2
     assert "Ctrl-C" in tables
     assert_clean_error(run(sqlite_url, "stats", "--watch", "0"), 2, "--watch")
+    # A bare --watch before another option, or before the "--" that ends them, is the
+    # default interval (one refresh: no wait).
+    assert len(ok(sqlite_url, "stats", "--watch", "--count", "1", "--json").stdout.split()) == 1
+    assert len(ok(sqlite_url, "stats", "--count=1", "--json", "--watch", "--").stdout.split()) == 1
 
 
 def test_empty_views(sqlite_url: str) -> None:
@@ -567,6 +593,7 @@ def test_value_parsers() -> None:
     assert [DURATION.convert(v, None, None) for v in ("1.5", "500ms", "30s", "5m", "2h", "1d")] == [
         1.5, 0.5, 30.0, 300.0, 7200.0, 86400.0,
     ]  # fmt: skip
+    assert NON_NEGATIVE_DURATION.convert("0", None, None) == 0.0
     assert [PRIORITY.convert(v, None, None) for v in ("0", "urgent", "HIGH", "low")] == [0, 0, 1, 3]
     assert parse_headers(["a=1", "b=x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
     assert [human_age(v) for v in (None, 0.04, 3.21, 245.0, 9000.0, 302400.0)] == [
@@ -596,6 +623,8 @@ def test_click_usage_errors_exit_2(sqlite_url: str) -> None:
         ["healthcheck", "--max-lag=-1"],
         ["healthcheck", "--max-heartbeat-age", "0ms"],
         ["stats", "--watch", "0ms"],
+        ["stats", "--watch=-2s"],
+        ["stats", "--watch", "-1", "--json"],
     ],
 )
 def test_pacing_durations_must_be_positive(sqlite_url: str, args: list[str]) -> None:

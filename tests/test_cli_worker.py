@@ -315,7 +315,14 @@ def test_importing_the_app_fails(app_dir: Path) -> None:
 
 def test_bad_options(app_dir: Path) -> None:
     write_app(app_dir, f"sqlite:///{app_dir}/app.db", name="shop_options")
-    assert_one_line_error(invoke("worker", "shop_options", "--grace", "-1"), 2, "--grace")
+    for grace in (["--grace", "-1"], ["--grace=-0.5s"]):
+        # Refused by the option's type, in click's usage-error style like every bad value.
+        assert_one_line_error(
+            invoke("worker", "shop_options", *grace),
+            2,
+            "Invalid value for '--grace': must not be negative",
+            "worker --help",
+        )
     result = invoke("worker", "shop_options", "--concurrency", "0")
     assert result.exit_code == 2
     assert "--concurrency" in result.stderr

@@ -201,7 +201,7 @@ def test_the_cli_shows_and_sets_flow_limits(backend_url: str) -> None:
         if message is not None:
             assert err == message
     code, out, err = run("subscriptions", "flow", "missing", "--fair")
-    assert (code, out, err) == (2, "", "error: no subscription named 'missing'\n")
+    assert (code, out, err) == (1, "", "error: no subscription named 'missing'\n")
     with sqlbroker.Broker(backend_url) as broker:
         (flow,) = broker.flow("orders")
     assert flow.limits == sqlbroker.FlowLimits(rate_limit=sqlbroker.Rate(100, 60.0), fair=True)

@@ -89,13 +89,14 @@ def test_the_cli_pauses_resumes_and_cancels(backend_url: str) -> None:
         f"cancelled 1 copy of message {message_id}\n",
         "",
     )
-    for args, message in [
-        (("pause", "missing"), "error: no subscription named 'missing'\n"),
-        (("pause", "a b"), None),
-        (("cancel", "nope"), None),
+    for args, code_expected, message in [
+        (("pause", "missing"), 1, "error: no subscription named 'missing'\n"),
+        (("resume", "missing"), 1, "error: no subscription named 'missing'\n"),
+        (("pause", "a b"), 2, None),
+        (("cancel", "nope"), 2, None),
     ]:
         code, out, err = run(*args)
-        assert (code, out) == (2, "")
+        assert (code, out) == (code_expected, "")
         assert err.startswith("error: ")
         assert err.count("\n") == 1
         if message is not None:

@@ -14,13 +14,13 @@ Two sources, one exposition:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sqlbroker.app import Broker
 from sqlbroker.core import observability as facts
 from sqlbroker.core.errors import SqlbrokerError
-from sqlbroker.core.message import Delivery, SubscriptionStats
+from sqlbroker.core.message import Delivery
 from sqlbroker.core.observability import HANDLER_BUCKETS
 from sqlbroker.runtime.events import WorkerObserver
 
@@ -31,6 +31,39 @@ log = logging.getLogger("sqlbroker.metrics")
 
 DEFAULT_PORT = 9464
 DEFAULT_HEARTBEAT_AGE = 30.0
+
+
+# The gauges of each subscription: name, help and the SubscriptionStats field read (a flag
+# as 1 or 0, no oldest ready message as 0).
+_GAUGES = (
+    ("sqlbroker_messages_ready", "Messages ready to be claimed.", "ready"),
+    ("sqlbroker_messages_scheduled", "Messages delayed or backing off.", "scheduled"),
+    ("sqlbroker_messages_running", "Messages leased to a handler.", "running"),
+    ("sqlbroker_messages_blocked", "Messages waiting behind their key.", "blocked"),
+    ("sqlbroker_dead_letters", "Dead letters held (not replayed or purged).", "dead"),
+    ("sqlbroker_expired_messages", "Expired messages in the archive.", "expired"),
+    (
+        "sqlbroker_oldest_ready_age_seconds",
+        "Age of the oldest ready message (consumer lag); 0 when none is ready.",
+        "oldest_ready_age",
+    ),
+    (
+        "sqlbroker_subscription_paused",
+        "1 while claims from the subscription are paused (Broker.pause), else 0.",
+        "paused",
+    ),
+    (
+        "sqlbroker_subscription_throttled",
+        "1 while the subscription's flow limits hold claims back (its rate limit, or"
+        " max_running copies running; Broker.set_flow), else 0.",
+        "throttled",
+    ),
+    (
+        "sqlbroker_subscription_throttled_seconds",
+        "Seconds until the subscription's rate limit lets the next claim through.",
+        "throttled_for",
+    ),
+)
 
 
 def _client() -> Any:
@@ -80,44 +113,10 @@ class DatabaseCollector:
     def _families(self, core: Any) -> Iterator[Any]:
         backend = self._broker.backend
         stats = self._broker.stats(window=self._window)
-        gauges: dict[str, tuple[str, Callable[[SubscriptionStats], float]]] = {
-            "sqlbroker_messages_ready": ("Messages ready to be claimed.", lambda r: r.ready),
-            "sqlbroker_messages_scheduled": (
-                "Messages delayed or backing off.",
-                lambda r: r.scheduled,
-            ),
-            "sqlbroker_messages_running": ("Messages leased to a handler.", lambda r: r.running),
-            "sqlbroker_messages_blocked": (
-                "Messages waiting behind their key.",
-                lambda r: r.blocked,
-            ),
-            "sqlbroker_dead_letters": (
-                "Dead letters held (not replayed or purged).",
-                lambda r: r.dead,
-            ),
-            "sqlbroker_expired_messages": ("Expired messages in the archive.", lambda r: r.expired),
-            "sqlbroker_oldest_ready_age_seconds": (
-                "Age of the oldest ready message (consumer lag); 0 when none is ready.",
-                lambda r: r.oldest_ready_age or 0.0,
-            ),
-            "sqlbroker_subscription_paused": (
-                "1 while claims from the subscription are paused (Broker.pause), else 0.",
-                lambda r: 1.0 if r.paused else 0.0,
-            ),
-            "sqlbroker_subscription_throttled": (
-                "1 while the subscription's flow limits hold claims back (its rate limit, or"
-                " max_running copies running; Broker.set_flow), else 0.",
-                lambda r: 1.0 if r.throttled else 0.0,
-            ),
-            "sqlbroker_subscription_throttled_seconds": (
-                "Seconds until the subscription's rate limit lets the next claim through.",
-                lambda r: r.throttled_for,
-            ),
-        }
-        for name, (text, value) in gauges.items():
+        for name, text, field in _GAUGES:
             family = core.GaugeMetricFamily(name, text, labels=["subscription"])
             for row in stats:
-                family.add_metric([row.subscription], value(row))
+                family.add_metric([row.subscription], float(getattr(row, field) or 0))
             yield family
         quantiles = core.GaugeMetricFamily(
             "sqlbroker_handler_recent_duration_seconds",

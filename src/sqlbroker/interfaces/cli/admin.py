@@ -8,7 +8,7 @@ from collections.abc import Callable
 import click
 
 from sqlbroker.app import Broker
-from sqlbroker.core.errors import InvalidOption, NotFound
+from sqlbroker.core.errors import InvalidOption
 from sqlbroker.interfaces.cli.params import F, note_option
 from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
 from sqlbroker.storage.factory import backend_class
@@ -136,7 +136,4 @@ def resume(session: Session, name: str, note: str | None) -> None:
 
 def _set_paused(session: Session, name: str, paused: bool, note: str | None) -> None:
     broker = session.broker()
-    try:
-        (broker.pause if paused else broker.resume)(name, actor=cli_actor(), note=note)
-    except NotFound as error:
-        raise InvalidUsage(str(error)) from None
+    (broker.pause if paused else broker.resume)(name, actor=cli_actor(), note=note)

@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from sqlbroker.core.errors import NotFound
 from sqlbroker.interfaces.cli.params import json_option
 from sqlbroker.interfaces.cli.render import listing
 from sqlbroker.interfaces.cli.session import (
@@ -64,14 +63,11 @@ def flow(session: Session, name: str | None, reset: bool, as_json: bool, **given
         for option, value in given.items()
         if value is not None
     }
-    try:
-        if limits or reset:
-            target = name_to_set(name, "flow limits")
-            rows = [session.broker().set_flow(target, reset=reset, actor=cli_actor(), **limits)]
-        else:
-            rows = session.reader().flow(name)
-    except NotFound as error:
-        raise InvalidUsage(str(error)) from None
+    if limits or reset:
+        target = name_to_set(name, "flow limits")
+        rows = [session.broker().set_flow(target, reset=reset, actor=cli_actor(), **limits)]
+    else:
+        rows = session.reader().flow(name)
     listing(
         rows,
         {

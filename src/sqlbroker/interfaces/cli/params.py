@@ -29,13 +29,16 @@ class DurationType(click.ParamType):  # type: ignore[type-arg]
     """Seconds as a number (``1.5``) or with a unit: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``.
 
     With ``positive``, zero and negative durations are refused as a usage error (for the
-    CLI's own pacing options, which no library call checks).
+    CLI's own pacing options, which no library call checks); with ``non_negative``,
+    negative ones (for an option checked before any library call, as the worker's grace
+    is before its application is imported).
     """
 
     name = "duration"
 
-    def __init__(self, *, positive: bool = False) -> None:
+    def __init__(self, *, positive: bool = False, non_negative: bool = False) -> None:
         self.positive = positive
+        self.non_negative = non_negative
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
@@ -50,6 +53,8 @@ class DurationType(click.ParamType):  # type: ignore[type-arg]
             )
         if self.positive and seconds <= 0:
             self.fail(f"must be more than 0 seconds, not {value!r}", param, ctx)
+        if self.non_negative and seconds < 0:
+            self.fail(f"must not be negative, not {value!r}", param, ctx)
         return seconds
 
 
@@ -75,6 +80,7 @@ class PriorityType(click.ParamType):  # type: ignore[type-arg]
 
 DURATION = DurationType()
 POSITIVE_DURATION = DurationType(positive=True)
+NON_NEGATIVE_DURATION = DurationType(non_negative=True)
 PRIORITY = PriorityType()
 PORT = click.IntRange(min=0, max=65535)
 

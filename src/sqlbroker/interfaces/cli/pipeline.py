@@ -11,10 +11,11 @@ import importlib.util
 import os
 import subprocess
 import sys
+from typing import Any
 
 import click
 
-from sqlbroker.interfaces.cli.params import DURATION
+from sqlbroker.interfaces.cli.params import DURATION, json_option, options
 from sqlbroker.interfaces.cli.session import CliFailure, Session, pass_session
 
 _PROGRAM = "sqlbroker.spark.pipeline"
@@ -26,18 +27,29 @@ _MASTER_HELP = (
 )
 
 
-def _launch(arguments: list[str], master: str | None, url: str | None = None) -> None:
-    """Run the pipeline program; the URL goes through its environment, never its command
-    line, where ``ps`` would show a password to every user of the host."""
+def _launch(
+    arguments: list[str], *, as_json: bool, quiet: bool, master: str | None, url: str | None = None
+) -> None:
+    """Run the pipeline program with ``arguments`` and the flags both commands share; the
+    URL goes through its environment, never its command line, where ``ps`` would show a
+    password to every user of the host."""
     if importlib.util.find_spec("pyspark") is None:
         raise CliFailure("the pipeline needs the spark extra: pip install 'sqlbroker[spark]'")
+    arguments = arguments + [flag for flag, on in (("--json", as_json), ("--quiet", quiet)) if on]
     if master is not None:
-        arguments = [*arguments, "--master", master]
+        arguments += ["--master", master]
     env = None if url is None else {**os.environ, "SQLBROKER_URL": url}
     status = subprocess.call([sys.executable, "-m", _PROGRAM, *arguments], env=env)
     if status:
         # The pipeline printed its own error line.
         sys.exit(status)
+
+
+_launch_options = options(
+    click.option("--quiet", is_flag=True, help="No progress display."),
+    click.option("--master", metavar="URL", help=_MASTER_HELP),
+)
+"""The options of the pipeline program both commands pass on: ``--quiet``, ``--master``."""
 
 
 @click.group()
@@ -49,7 +61,6 @@ def pipeline() -> None:
 @click.option("--out", required=True, metavar="ROOT", help="Export root: a directory or URI.")
 @click.option(
     "--older-than",
-    "older_than",
     type=DURATION,
     required=True,
     help="Export rows finished (or dead) longer ago than this: 30d, 12h, 90s.",
@@ -58,37 +69,25 @@ def pipeline() -> None:
     "--keep", is_flag=True, help="A dry run: export and verify, then discard; delete nothing."
 )
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=4)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@click.option("--quiet", is_flag=True, help="No progress display.")
-@click.option("--master", metavar="URL", help=_MASTER_HELP)
+@json_option("Print the result as JSON.")
+@_launch_options
 @pass_session
 def export(
-    session: Session,
-    out: str,
-    older_than: float,
-    keep: bool,
-    partitions: int,
-    as_json: bool,
-    quiet: bool,
-    master: str | None,
+    session: Session, out: str, older_than: float, keep: bool, partitions: int, **shared: Any
 ) -> None:
     """Export archive and dead letters older than a cutoff to Parquet (partitioned by date
     and topic), verify them against the database, then delete them there, all or nothing."""
     arguments = ["export", "--out", out, "--older-than", f"{older_than}"]
-    arguments += ["--partitions", str(partitions)]
-    arguments += [flag for flag, on in (("--keep", keep), ("--json", as_json)) if on]
-    _launch([*arguments, *(["--quiet"] if quiet else [])], master, url=session.url)
+    arguments += ["--partitions", str(partitions), *(["--keep"] if keep else [])]
+    _launch(arguments, url=session.url, **shared)
 
 
 @pipeline.command()
 @click.option("--from", "source", required=True, metavar="ROOT", help="An export root.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Report folder.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--quiet", is_flag=True, help="No progress display.")
-@click.option("--master", metavar="URL", help=_MASTER_HELP)
-def report(source: str, out: str, as_json: bool, quiet: bool, master: str | None) -> None:
+@json_option("Print the summary as JSON.")
+@_launch_options
+def report(source: str, out: str, **shared: Any) -> None:
     """Throughput, latency percentiles, attempts, DLQ rate and top failure reasons from an
     export, as CSV, JSON and a self-contained HTML page with charts."""
-    arguments = ["report", "--source", source, "--out", out]
-    arguments += [flag for flag, on in (("--json", as_json), ("--quiet", quiet)) if on]
-    _launch(arguments, master)
+    _launch(["report", "--source", source, "--out", out], **shared)

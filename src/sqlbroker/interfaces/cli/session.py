@@ -4,7 +4,9 @@ Contract of the whole CLI, enforced here once:
 
 - an ``SqlbrokerError`` becomes one red ``error: …`` line on stderr and exit code 2 for a
   ``ValidationError`` (bad input, nothing written) or a ``ConfigurationError`` (a URL,
-  login or setting that cannot work), 1 for anything else;
+  login or setting that cannot work), 1 for anything else: a ``NotFound`` (a subscription,
+  saga, schedule, dead letter or message that does not exist) is a failure of the
+  command, not bad input, so every command naming one that is missing exits 1;
 - a click usage error (unknown option, bad value) is one such line too, exit code 2, with
   a pointer to ``--help``;
 - a read-only command never creates a database or runs a migration: a missing SQLite file

@@ -20,7 +20,7 @@ from click.core import ParameterSource
 from sqlbroker.app import Broker
 from sqlbroker.interfaces import logs
 from sqlbroker.interfaces.cli.observe import observe_options, serve_worker_metrics
-from sqlbroker.interfaces.cli.params import DURATION, log_level_option
+from sqlbroker.interfaces.cli.params import NON_NEGATIVE_DURATION, log_level_option
 from sqlbroker.interfaces.cli.session import DEBUG_ENV, CliFailure, InvalidUsage
 from sqlbroker.runtime.worker import WorkerCrashed
 
@@ -123,7 +123,7 @@ def load_broker(reference: str) -> Broker:
 )
 @click.option(
     "--grace",
-    type=DURATION,
+    type=NON_NEGATIVE_DURATION,
     default=DEFAULT_GRACE,
     metavar="SECONDS",
     help="On stop, how long running handlers may take to finish (30, 2m).",
@@ -163,8 +163,6 @@ def worker(
     Example:
       sqlbroker worker shop.tasks:broker --subscription emails --concurrency 20
     """
-    if grace < 0:
-        raise InvalidUsage(f"--grace: must not be negative, not {grace:g}")
     broker = load_broker(app)
     if not broker.subscribers:
         raise InvalidUsage(
