@@ -103,34 +103,13 @@ def _snapshots(
         time.sleep(interval)
 
 
-class _StatsCommand(click.Command):
-    """``stats``, whose ``--watch`` may be given without its SECONDS."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        # A bare --watch (last, or before another of this command's options or the "--"
-        # that ends them) is the default interval. Not click's optional value
-        # (is_flag=False, flag_value=), which reads --watch=-2s as a bare --watch and an
-        # unknown option -2s: the interval's type never saw a negative one.
-        options = {"--"} | {
-            name for param in self.get_params(ctx) for name in param.opts + param.secondary_opts
-        }
-
-        def bare(at: int) -> bool:
-            """Whether ``args[at]`` is followed by an option or ``--``, or by nothing at all."""
-            return at + 1 == len(args) or args[at + 1].partition("=")[0] in options
-
-        given = [
-            f"--watch={DEFAULT_WATCH_INTERVAL:g}" if arg == "--watch" and bare(at) else arg
-            for at, arg in enumerate(args)
-        ]
-        return super().parse_args(ctx, given)
-
-
-@click.command(cls=_StatsCommand)
+@click.command()
 @json_option("Print JSON (with --watch: one JSON line per refresh).")
 @click.option(
     "--watch",
     type=POSITIVE_DURATION,
+    is_flag=False,
+    flag_value=DEFAULT_WATCH_INTERVAL,
     default=None,
     metavar="[SECONDS]",
     help=f"Refresh every SECONDS (default {DEFAULT_WATCH_INTERVAL:g}) until Ctrl-C.",
