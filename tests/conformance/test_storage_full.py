@@ -6,6 +6,7 @@ that fill real disks under both backends, which need root to mount a tmpfs, are 
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,29 @@ def test_a_complete_in_a_callers_transaction_on_a_full_sqlite_database_writes_no
         ).fetchone()
     check.close()
     assert counts == (0, 1)  # completed once, by the second complete
+
+
+def test_a_claim_whose_dead_letter_finds_the_sqlite_database_full_says_it_may_be_partly_done(
+    tmp_path: Path,
+) -> None:
+    """A SQLite claim commits its leases before it decodes its rows, and dead-letters the
+    rows that do not decode in a transaction of its own. When that one finds the database
+    full, the claim's leases stand: ``StorageFull`` says the operation may be partly done,
+    not that nothing was written (which it used to say)."""
+    path = tmp_path / "broker.db"
+    with sqlbroker.Broker(f"sqlite:///{path}", pool_size=1) as broker:
+        for _ in range(100):
+            broker.send("jobs", {"pad": "x" * 300})
+        with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute("UPDATE sqlbroker_message SET headers = '[1]'")
+            conn.execute("VACUUM")
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        # Room for the claim's leases (2 pages do), none for 100 dead letters.
+        with broker._backend._db.write() as own:  # the backend's one connection
+            own.execute(f"PRAGMA max_page_count = {pages + 6}")
+        with pytest.raises(sqlbroker.StorageFull) as raised:
+            broker.claim("jobs", lease=60, limit=100)
+        assert "nothing was written" not in str(raised.value)
+        assert "statements before it had committed on their own" in str(raised.value)
+        assert {p.state.value for p in broker.pending("jobs")} == {"running"}
+        assert broker.dead_letters.list() == []

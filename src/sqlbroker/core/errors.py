@@ -133,17 +133,34 @@ class StorageError(SqlbrokerError):
     """The database refused or failed an operation (the driver's message is kept)."""
 
 
+def undone(committed: bool, nothing: str) -> str:
+    """What an operation that failed at a statement left behind, as its error says it:
+    ``nothing`` (that error's words for "nothing was written"), unless statements of the
+    operation before the failed one had committed on their own (``committed``: PostgreSQL
+    runs an operation's statements alone; SQLite's claim commits before it dead-letters
+    the rows that do not decode). The one rule for :class:`DatabaseBusy` and
+    :class:`StorageFull`."""
+    if not committed:
+        return nothing
+    return (
+        "this statement changed nothing, but the operation's statements before it had"
+        " committed on their own, so it may be partly done"
+    )
+
+
 class DatabaseBusy(StorageError):
     """The database was locked: longer than the busy timeout, or in a conflict SQLite
     answers at once (the message says which); on PostgreSQL a lock held by another session
     longer than ``lock_timeout``, or a statement past ``statement_timeout``. Nothing was
-    written — but, on PostgreSQL, by the earlier statements of an operation that commits
-    each on its own, which the message then says; trying again later is safe."""
+    written — but by the earlier statements of an operation that commits each on its own,
+    which the message then says (:func:`undone`); trying again later is safe."""
 
 
 class StorageFull(StorageError):
-    """The database's disk is full: nothing was written, and the same call succeeds once
-    space is freed (nothing has to be restarted).
+    """The database's disk is full: nothing was written (but by the earlier statements of
+    an operation that commits each on its own, which the message then says, as
+    :func:`undone` words it), and the same call succeeds once space is freed (nothing has
+    to be restarted).
 
     Raised alike by both backends: PostgreSQL's ``disk_full`` (SQLSTATE 53100: a table,
     index or temporary file could not grow) and SQLite's ``SQLITE_FULL`` (the database
@@ -154,12 +171,12 @@ class StorageFull(StorageError):
     instead, and stays down while its disk is full: callers see ``ConnectionLost`` then,
     as for any other server crash."""
 
-    def __init__(self, backend: str, detail: str) -> None:
+    def __init__(self, backend: str, detail: str, *, committed: bool = False) -> None:
         self.backend = backend
         self.detail = detail
         super().__init__(
-            f"the {backend} database's disk is full; nothing was written, try again once"
-            f" space is freed ({detail})"
+            f"the {backend} database's disk is full; {undone(committed, 'nothing was written')},"
+            f" try again once space is freed ({detail})"
         )
 
 

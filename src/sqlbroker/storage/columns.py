@@ -6,23 +6,31 @@ written headers that are not a JSON object of strings, text where a number belon
 keeps whatever it is given), a time PostgreSQL calls ``infinity``, or JSON columns that do
 not parse. A converter raises ``ValueError`` saying what is wrong; :meth:`Columns.get` turns
 that into a stand-in value and a note naming the column (the row's ``damaged`` text).
-The row decoders in :mod:`sqlbroker.storage.rows` and :mod:`sqlbroker.storage.operations.sagas`
-are written on top of it.
+:func:`record_of` decodes a row into a record dataclass field by field, each by its
+annotated type (:data:`_BY_TYPE`); the row decoders in :mod:`sqlbroker.storage.rows` and
+the operations are written on top of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
+import typing
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from sqlbroker.core.message import Outcome, State
 from sqlbroker.core.observability import HANDLER_BUCKETS
+from sqlbroker.core.sagas import SagaStatus, StepStatus
+from sqlbroker.core.schedules import Missed
 from sqlbroker.core.serde import decode_payload
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 EPOCH = datetime.fromtimestamp(0, UTC)
 """The stand-in for a time column that does not decode."""
@@ -201,18 +209,88 @@ class Columns:
         return "; ".join(self._problems) or None
 
 
-def time_of(columns: Columns, column: str) -> datetime:
-    return columns.get(column, utc, EPOCH)
-
-
-def time_or_none_of(columns: Columns, column: str) -> datetime | None:
-    return columns.get(column, utc_or_none, None)
-
-
 def payload_column(columns: Columns) -> Any:
     """The payload decoded by its content type (JSON that does not parse stays bytes, see
     :func:`~sqlbroker.core.serde.decode_payload`)."""
-    content_type = columns.get("content_type", text, "")
+    content_type = columns.raw("content_type")  # its own field says when it does not decode
+    if not isinstance(content_type, str):
+        content_type = ""
     return columns.get(
         "payload", lambda data: decode_payload(payload_bytes(data), content_type), b""
     )
+
+
+_BY_TYPE: dict[Any, tuple[Callable[[Any], Any], Any]] = {
+    str: (text, ""),
+    str | None: (text_or_none, None),
+    int: (integer, 0),
+    float: (number, 0.0),
+    float | None: (number_or_none, None),
+    bool: (bool, False),
+    bytes: (payload_bytes, b""),
+    datetime: (utc, EPOCH),
+    datetime | None: (utc_or_none, None),
+    dict[str, str]: (decode_headers, {}),
+    dict[str, object]: (json_object, {}),
+    tuple[str, ...]: (strings, ()),
+    list[int]: (buckets, []),
+    State: (State, State.AVAILABLE),
+    Outcome: (Outcome, Outcome.COMPLETED),
+    SagaStatus: (SagaStatus, SagaStatus.FAILED),
+    StepStatus: (StepStatus, StepStatus.PENDING),
+    Missed: (Missed, Missed.LATEST),
+}
+"""How a record's field decodes by its annotated type: the converter, and the stand-in
+when the column does not decode."""
+
+_BY_FIELD: dict[tuple[str, Any], tuple[Callable[[Any], Any], Any]] = {
+    ("message_id", str): (uuid_text, ""),
+    ("lease_token", str): (uuid_text, ""),
+    ("seen_age", float): (number, math.inf),
+    ("data", Any): (json_text_or_none, None),
+    ("output", Any): (json_text_or_none, None),
+}
+"""Fields whose column is read otherwise than their type says (PostgreSQL's ``uuid``
+columns load as ``UUID``; a worker whose age does not decode was seen never)."""
+
+_COLUMN = {
+    "key": "ordering_key",
+    "attempt": "attempts",
+    "index": "idx",
+    "every": "every_seconds",
+    "grace": "grace_seconds",
+    "ttl": "ttl_seconds",
+}
+"""The column of a field not named after it."""
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any] | None, Any], ...]:
+    """Each field of ``cls`` but ``damaged``: its name, its column, its converter and
+    stand-in (no converter: the caller reads the field)."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for field in dataclasses.fields(cls):
+        if field.name != "damaged":
+            hint = hints[field.name]
+            convert, stand_in = (
+                _BY_FIELD.get((field.name, hint)) or _BY_TYPE.get(hint) or (None, None)
+            )
+            found.append((field.name, _COLUMN.get(field.name, field.name), convert, stand_in))
+    return tuple(found)
+
+
+def record_of(cls: type[R], columns: Columns, **read: Callable[[Columns], Any]) -> R:
+    """A ``cls`` (a record dataclass) of the row ``columns`` reads, never raising: each
+    field in the order declared, by ``read[field](columns)`` when given, else from its
+    column by its type (:data:`_BY_TYPE`); then ``damaged``, when ``cls`` has one, naming
+    every column that did not decode."""
+    values = {
+        name: read[name](columns)
+        if convert is None or name in read
+        else columns.get(column, convert, stand_in)
+        for name, column, convert, stand_in in _fields(cls)  # type: ignore[arg-type]
+    }
+    if "damaged" in cls.__dataclass_fields__:  # type: ignore[attr-defined]
+        values["damaged"] = columns.damaged
+    return cls(**values)

@@ -1,9 +1,11 @@
 """Turning database rows into the core row dataclasses, never raising.
 
 Every ``*_of`` function reads a row column by column through
-:class:`~sqlbroker.storage.columns.Columns`: a column that does not decode takes a stand-in
-value and is named in the row's ``damaged`` text, so a listing shows the row (by its id)
-as damaged instead of failing, and a claim dead-letters it (:func:`deliveries_of`).
+:class:`~sqlbroker.storage.columns.Columns` (most by
+:func:`~sqlbroker.storage.columns.record_of`, each field by its type): a column that does
+not decode takes a stand-in value and is named in the row's ``damaged`` text, so a listing
+shows the row (by its id) as damaged instead of failing, and a claim dead-letters it
+(:func:`deliveries_of`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ from sqlbroker.core.message import (
     DeadLetter,
     Delivery,
     ErrorInfo,
-    Outcome,
     PendingMessage,
-    State,
     Subscription,
     thawed,
 )
@@ -36,23 +36,16 @@ from sqlbroker.core.observability import (
 from sqlbroker.core.serde import decode_payload, encode_json
 from sqlbroker.core.topics import validate_pattern
 from sqlbroker.storage.columns import (
+    EPOCH,
     NEGATIVE_INFINITY,
     POSITIVE_INFINITY,
     Columns,
-    buckets,
     decode_headers,
     integer,
-    json_object,
-    number,
-    payload_bytes,
     payload_column,
-    strings,
+    record_of,
     text,
-    text_or_none,
-    time_of,
-    time_or_none_of,
     utc,
-    uuid_text,
 )
 
 
@@ -118,28 +111,7 @@ def delivery_of(row: Sequence[Any]) -> Delivery:
     except Exception:  # anything a damaged value causes; the slow path names the columns
         pass
     columns = Columns(row, CLAIM_COLUMNS)
-    content_type = columns.get("content_type", text, "")
-    payload = columns.get("payload", payload_bytes, b"")
-    delivery = Delivery(
-        id=columns.raw("id"),
-        message_id=columns.get("message_id", uuid_text, ""),
-        subscription=columns.get("subscription", text, ""),
-        topic=columns.get("topic", text, ""),
-        payload=decode_payload(payload, content_type),
-        content_type=content_type,
-        headers=columns.get("headers", decode_headers, {}),
-        priority=columns.get("priority", integer, 0),
-        key=columns.get("ordering_key", text_or_none, None),
-        idempotency_key=columns.get("idempotency_key", text_or_none, None),
-        attempt=columns.get("attempts", integer, 0),
-        max_attempts=columns.get("max_attempts", integer, 0),
-        replay_count=columns.get("replay_count", integer, 0),
-        enqueued_at=time_of(columns, "enqueued_at"),
-        available_at=time_of(columns, "available_at"),
-        expires_at=time_or_none_of(columns, "expires_at"),
-        lease_token=columns.get("lease_token", uuid_text, ""),
-        lease_expires_at=time_of(columns, "lease_expires_at"),
-    )
+    delivery = record_of(Delivery, columns, id=_raw_id, payload=payload_column)
     if columns.damaged is not None:
         raise ValueError(columns.damaged)
     return delivery  # the fast path failed on something the slow path accepts
@@ -250,75 +222,15 @@ def deliveries_of(rows: Iterable[Sequence[Any]]) -> tuple[list[Delivery], list[U
 
 
 def pending_of(row: Row) -> PendingMessage:
-    columns = Columns(row)
-    return PendingMessage(
-        id=row["id"],
-        message_id=columns.get("message_id", uuid_text, ""),
-        subscription=columns.get("subscription", text, ""),
-        topic=columns.get("topic", text, ""),
-        state=columns.get("state", State, State.AVAILABLE),
-        priority=columns.get("priority", integer, 0),
-        key=columns.get("ordering_key", text_or_none, None),
-        attempts=columns.get("attempts", integer, 0),
-        max_attempts=columns.get("max_attempts", integer, 0),
-        enqueued_at=time_of(columns, "enqueued_at"),
-        available_at=time_of(columns, "available_at"),
-        expires_at=time_or_none_of(columns, "expires_at"),
-        lease_expires_at=time_or_none_of(columns, "lease_expires_at"),
-        last_error=columns.get("last_error", text_or_none, None),
-        damaged=columns.damaged,  # last: after every column above was read
-    )
+    return record_of(PendingMessage, Columns(row), id=_raw_id)
 
 
 def dead_letter_of(row: Row) -> DeadLetter:
-    columns = Columns(row)
-    return DeadLetter(
-        id=row["id"],
-        message_id=columns.get("message_id", uuid_text, ""),
-        subscription=columns.get("subscription", text, ""),
-        topic=columns.get("topic", text, ""),
-        payload=payload_column(columns),
-        content_type=columns.get("content_type", text, ""),
-        headers=columns.get("headers", decode_headers, {}),
-        priority=columns.get("priority", integer, 0),
-        key=columns.get("ordering_key", text_or_none, None),
-        idempotency_key=columns.get("idempotency_key", text_or_none, None),
-        attempts=columns.get("attempts", integer, 0),
-        max_attempts=columns.get("max_attempts", integer, 0),
-        replay_count=columns.get("replay_count", integer, 0),
-        reason=columns.get("reason", text, ""),
-        error_type=columns.get("error_type", text_or_none, None),
-        error_message=columns.get("error_message", text_or_none, None),
-        traceback=columns.get("traceback", text_or_none, None),
-        enqueued_at=time_of(columns, "enqueued_at"),
-        first_started_at=time_or_none_of(columns, "first_started_at"),
-        first_failed_at=time_of(columns, "first_failed_at"),
-        last_failed_at=time_of(columns, "last_failed_at"),
-        dead_at=time_of(columns, "dead_at"),
-        damaged=columns.damaged,
-    )
+    return record_of(DeadLetter, Columns(row), id=_raw_id, payload=payload_column)
 
 
 def archived_of(row: Row) -> ArchivedMessage:
-    columns = Columns(row)
-    return ArchivedMessage(
-        id=row["id"],
-        message_id=columns.get("message_id", uuid_text, ""),
-        subscription=columns.get("subscription", text_or_none, None),
-        topic=columns.get("topic", text, ""),
-        payload=payload_column(columns),
-        content_type=columns.get("content_type", text, ""),
-        headers=columns.get("headers", decode_headers, {}),
-        priority=columns.get("priority", integer, 0),
-        key=columns.get("ordering_key", text_or_none, None),
-        outcome=columns.get("outcome", Outcome, Outcome.COMPLETED),
-        attempts=columns.get("attempts", integer, 0),
-        replay_count=columns.get("replay_count", integer, 0),
-        enqueued_at=time_of(columns, "enqueued_at"),
-        first_started_at=time_or_none_of(columns, "first_started_at"),
-        finished_at=time_of(columns, "finished_at"),
-        damaged=columns.damaged,
-    )
+    return record_of(ArchivedMessage, Columns(row), id=_raw_id, payload=payload_column)
 
 
 def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
@@ -336,7 +248,7 @@ def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
                 columns.note("pattern", f"{str(pattern)[:80]!r} is not a valid pattern")
     found = []
     for name, (columns, patterns) in grouped.items():
-        created = time_of(columns, "created_at")
+        created = columns.get("created_at", utc, EPOCH)
         found.append(
             Subscription(
                 name=name, patterns=tuple(patterns), created_at=created, damaged=columns.damaged
@@ -347,18 +259,7 @@ def subscriptions_of(rows: Iterable[Row]) -> list[Subscription]:
 
 def worker_of(row: Row) -> WorkerInfo:
     """A worker row; one that does not decode counts as stopped long ago (never alive)."""
-    columns = Columns(row)
-    worker = WorkerInfo(
-        name=columns.get("name", text, ""),
-        host=columns.get("host", text, ""),
-        pid=columns.get("pid", integer, 0),
-        subscriptions=columns.get("subscriptions", strings, ()),
-        started_at=time_of(columns, "started_at"),
-        seen_at=time_of(columns, "seen_at"),
-        stopped_at=time_or_none_of(columns, "stopped_at"),
-        seen_age=columns.get("seen_age", number, math.inf),
-        damaged=columns.damaged,  # last: after every column above was read
-    )
+    worker = record_of(WorkerInfo, Columns(row))
     return worker if worker.damaged is None else replace(worker, seen_age=math.inf)
 
 
@@ -366,17 +267,7 @@ def minute_of(row: Row) -> MinuteCounts | None:
     """A per-minute counter row, or ``None`` when it does not decode (a metric cannot show
     a damaged row; it leaves it out)."""
     columns = Columns(row)
-    minute = MinuteCounts(
-        subscription=columns.get("subscription", text, ""),
-        minute=time_of(columns, "minute"),
-        worker=columns.get("worker", text, ""),
-        completed=columns.get("completed", integer, 0),
-        retried=columns.get("retried", integer, 0),
-        dead=columns.get("dead", integer, 0),
-        handler_count=columns.get("handler_count", integer, 0),
-        handler_seconds=columns.get("handler_seconds", number, 0.0),
-        handler_buckets=columns.get("handler_buckets", buckets, []),
-    )
+    minute = record_of(MinuteCounts, columns)
     return None if columns.damaged is not None else minute
 
 
@@ -394,22 +285,13 @@ def totals_of(rows: Iterable[Row]) -> dict[tuple[str, str], int]:
 
 
 def rare_count_of(row: Row) -> RareCount:
-    columns = Columns(row)
-    return RareCount(
-        subscription=columns.get("subscription", text_or_none, None),
-        outcome=columns.get("outcome", text, ""),
-        total=columns.get("total", integer, 0),
-        recent=columns.get("recent", integer, 0),
-    )
+    return record_of(RareCount, Columns(row))
 
 
 def audit_of(row: Row) -> AuditEntry:
-    columns = Columns(row)
-    return AuditEntry(
-        id=row["id"],
-        at=time_of(columns, "at"),
-        actor=columns.get("actor", text, ""),
-        action=columns.get("action", text, ""),
-        detail=columns.get("detail", json_object, {}),
-        damaged=columns.damaged,
-    )
+    return record_of(AuditEntry, Columns(row), id=_raw_id)
+
+
+def _raw_id(columns: Columns) -> Any:
+    """A row's id as the database gave it (its primary key: sound in every row)."""
+    return columns.raw("id")

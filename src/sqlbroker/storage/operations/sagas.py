@@ -12,17 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance, SagaStatus, SagaStep, StepStatus
-from sqlbroker.storage.columns import (
-    EPOCH,
-    Columns,
-    integer,
-    json_text_or_none,
-    text,
-    text_or_none,
-    utc,
-    utc_or_none,
-)
+from sqlbroker.core.sagas import DueSaga, NewSaga, SagaInstance, SagaStep
+from sqlbroker.storage.columns import Columns, record_of
 from sqlbroker.storage.plan import Plan, atomic, changed, named, query, reads
 
 if TYPE_CHECKING:
@@ -138,20 +129,7 @@ def counts(settings: Settings) -> Plan[dict[str, int]]:
 
 
 def saga_step_of(row: Any) -> SagaStep:
-    columns = Columns(row)
-    return SagaStep(
-        index=columns.get("idx", integer, 0),
-        name=columns.get("name", text, ""),
-        compensate=bool(columns.raw("compensate")),
-        status=columns.get("status", StepStatus, StepStatus.PENDING),
-        attempts=columns.get("attempts", integer, 0),
-        output=columns.get("output", json_text_or_none, None),
-        error=columns.get("error", text_or_none, None),
-        started_at=columns.get("started_at", utc_or_none, None),
-        finished_at=columns.get("finished_at", utc_or_none, None),
-        compensated_at=columns.get("compensated_at", utc_or_none, None),
-        damaged=columns.damaged,
-    )
+    return record_of(SagaStep, Columns(row))
 
 
 def saga_of(row: Any, steps: Sequence[Any] = ()) -> SagaInstance:
@@ -160,19 +138,6 @@ def saga_of(row: Any, steps: Sequence[Any] = ()) -> SagaInstance:
     for step in decoded:
         if step.damaged is not None:
             columns.note(f"step {step.index}", f"({step.damaged})")
-    return SagaInstance(
-        id=str(columns.raw("id")),
-        name=columns.get("name", text, ""),
-        status=columns.get("status", SagaStatus, SagaStatus.FAILED),
-        data=columns.get("data", json_text_or_none, None),
-        step=columns.get("step", integer, 0),
-        version=columns.get("version", integer, 0),
-        error=columns.get("error", text_or_none, None),
-        message_id=columns.get("message_id", text_or_none, None),
-        created_at=columns.get("created_at", utc, EPOCH),
-        updated_at=columns.get("updated_at", utc, EPOCH),
-        deadline=columns.get("deadline", utc_or_none, None),
-        finished_at=columns.get("finished_at", utc_or_none, None),
-        steps=decoded,
-        damaged=columns.damaged,
+    return record_of(
+        SagaInstance, columns, id=lambda columns: str(columns.raw("id")), steps=lambda _: decoded
     )

@@ -14,9 +14,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlbroker.core.schedules import Missed
-from sqlbroker.storage import columns as convert
-from sqlbroker.storage.columns import EPOCH, Columns, decode_headers, utc, utc_or_none
+from sqlbroker.storage.columns import Columns, decode_headers, integer, record_of, text, utc
 from sqlbroker.storage.operations.publishing import message_insert_many
 from sqlbroker.storage.plan import Plan, atomic, changed, named, query, reads
 from sqlbroker.storage.schedules import (
@@ -129,33 +127,15 @@ def fire_many(settings: Settings, *, fires: Sequence[ScheduleFire]) -> Plan[dict
 
 
 def schedule_record_of(row: Any) -> ScheduleRecord:
-    columns = Columns(row)
-    text, text_or_none = convert.text, convert.text_or_none
-    return ScheduleRecord(
-        name=columns.get("name", text, ""),
-        topic=columns.get("topic", text, ""),
-        cron=columns.get("cron", text_or_none, None),
-        every=columns.get("every_seconds", convert.number_or_none, None),
-        tz=columns.get("tz", text, "UTC"),
-        missed=columns.get("missed", Missed, Missed.LATEST),
-        grace=columns.get("grace_seconds", convert.number, 0.0),
-        start_at=columns.get("start_at", utc_or_none, None),
-        anchor_at=columns.get("anchor_at", utc_or_none, None),
-        payload=columns.get("payload", convert.payload_bytes, b""),
-        content_type=columns.get("content_type", text, ""),
-        headers=columns.get("headers", _headers_text, None),
-        priority=columns.get("priority", convert.integer, 0),
-        ordering_key=columns.get("ordering_key", text_or_none, None),
-        ttl=columns.get("ttl_seconds", convert.number_or_none, None),
-        max_attempts=columns.get("max_attempts", convert.integer, 1),
-        definition_hash=columns.get("definition_hash", text, ""),
-        next_run_at=columns.get("next_run_at", utc, EPOCH),
-        last_run_at=columns.get("last_run_at", utc_or_none, None),
-        last_message_id=columns.get("last_message_id", _id_or_none, None),
-        paused=bool(columns.raw("paused")),
-        created_at=columns.get("created_at", utc, EPOCH),
-        updated_at=columns.get("updated_at", utc, EPOCH),
-        damaged=columns.damaged,
+    """A schedule row (see :func:`~sqlbroker.storage.columns.record_of`); headers stay the
+    stored JSON text, checked; a damaged time zone stands in as UTC, attempts as 1."""
+    return record_of(
+        ScheduleRecord,
+        Columns(row),
+        tz=lambda columns: columns.get("tz", text, "UTC"),
+        headers=lambda columns: columns.get("headers", _headers_text, None),
+        max_attempts=lambda columns: columns.get("max_attempts", integer, 1),
+        last_message_id=lambda columns: columns.get("last_message_id", _id_or_none, None),
     )
 
 

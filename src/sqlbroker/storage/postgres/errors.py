@@ -15,6 +15,7 @@ from sqlbroker.core.errors import (
     SchemaError,
     StorageError,
     StorageFull,
+    undone,
 )
 from sqlbroker.storage.plan import StatementFailed
 from sqlbroker.storage.postgres.options import SessionOptions
@@ -103,12 +104,7 @@ def translate(
     text = (
         redact(str(error)).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     )
-    undone = (
-        "this statement changed nothing, but the operation's statements before it had"
-        " committed on their own, so it may be partly done"
-        if committed
-        else "nothing was changed, try again"
-    )
+    left = undone(committed, "nothing was changed, try again")
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         return SchemaError(
             f"the sqlbroker schema is missing or old ({text}); run `sqlbroker migrate`"
@@ -121,21 +117,20 @@ def translate(
     if isinstance(error, psycopg.errors.LockNotAvailable):
         return DatabaseBusy(
             f"PostgreSQL: a lock was held by another session longer than lock_timeout"
-            f" ({options.lock_timeout:g} s); {undone}: {text}"
+            f" ({options.lock_timeout:g} s); {left}: {text}"
         )
     rolled_back = _ROLLED_BACK.get(type(error))
     if rolled_back is not None and not (conn is not None and conn.broken):
         return DatabaseBusy(
-            f"PostgreSQL: {rolled_back}; the server rolled the transaction back, so"
-            f" {undone}: {text}"
+            f"PostgreSQL: {rolled_back}; the server rolled the transaction back, so {left}: {text}"
         )
     if isinstance(error, psycopg.errors.QueryCanceled) and "statement timeout" in text:
         return DatabaseBusy(
             f"PostgreSQL: the statement ran longer than statement_timeout"
-            f" ({options.statement_timeout:g} s); {undone}: {text}"
+            f" ({options.statement_timeout:g} s); {left}: {text}"
         )
     if _disk_full(error, text) and not (conn is not None and conn.broken):
-        return StorageFull("PostgreSQL", text)
+        return StorageFull("PostgreSQL", text, committed=committed)
     broken = (
         conn is None
         or conn.broken

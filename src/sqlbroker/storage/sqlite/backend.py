@@ -123,7 +123,7 @@ class SqliteBackend(Backend):
             statement = plan.send(Rows([], 0))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        with self._db.write() as conn:
+        with self._db.write(committed=True) as conn:
             step = dialect.stepper(conn, self._statements, now)
             while True:
                 try:

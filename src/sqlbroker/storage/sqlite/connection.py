@@ -18,6 +18,7 @@ from sqlbroker.core.errors import (
     SqlbrokerError,
     StorageError,
     StorageFull,
+    undone,
 )
 from sqlbroker.core.topics import regex_matches, stored_pattern_matches
 from sqlbroker.storage import caller
@@ -88,14 +89,17 @@ _WRITERS: dict[str, threading.RLock] = {}
 _WRITERS_LOCK = threading.Lock()
 
 
-def translate(error: sqlite3.Error, started: float, busy_timeout: float) -> SqlbrokerError:
+def translate(
+    error: sqlite3.Error, started: float, busy_timeout: float, *, committed: bool = False
+) -> SqlbrokerError:
     """The sqlbroker error for ``error``, raised by a statement begun at ``started``
-    (``time.monotonic()``) on a connection waiting up to ``busy_timeout`` for a lock."""
+    (``time.monotonic()``) on a connection waiting up to ``busy_timeout`` for a lock;
+    ``committed``: the operation's earlier statements had committed (see ``undone``)."""
     if not isinstance(error, sqlite3.OperationalError):
         return StorageError(f"SQLite error: {error}")
     text = str(error)
     if _disk_full(error):
-        return StorageFull("SQLite", text)
+        return StorageFull("SQLite", text, committed=committed)
     if "locked" in text or "busy" in text:
         waited = time.monotonic() - started
         # SQLite answers some conflicts at once, without waiting for the lock (its
@@ -105,7 +109,9 @@ def translate(error: sqlite3.Error, started: float, busy_timeout: float) -> Sqlb
             if waited >= busy_timeout / 2
             else f"was locked ({text} after {waited:.2f} s)"
         )
-        return DatabaseBusy(f"the SQLite database {how}; nothing was written")
+        return DatabaseBusy(
+            f"the SQLite database {how}; {undone(committed, 'nothing was written')}"
+        )
     if "no such table" in text:
         return SchemaError(f"the sqlbroker schema is missing ({text}); run `sqlbroker migrate`")
     return StorageError(f"SQLite error: {text}")
@@ -238,11 +244,11 @@ class SqlitePool:
         )
 
     @contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
+    def connection(self, *, committed: bool = False) -> Iterator[sqlite3.Connection]:
         """A pooled connection, in autocommit (a read's; :meth:`write` begins its
         transactions on one). A connection left inside a transaction or below the
         ``synchronous`` level is discarded, not given back; SQLite's errors are
-        translated."""
+        translated (``committed``: as :meth:`write`'s)."""
         if self._closed:
             raise StorageError("the broker is closed")
         conn = self._take()
@@ -255,7 +261,7 @@ class SqlitePool:
         except BaseException as error:
             broken = conn is not None and (conn.in_transaction or not self._at_level(conn))
             if isinstance(error, sqlite3.Error):
-                raise translate(error, started, self._busy_timeout) from None
+                raise translate(error, started, self._busy_timeout, committed=committed) from None
             raise
         finally:
             if conn is not None and (broken or self._closed):
@@ -313,7 +319,7 @@ class SqlitePool:
 
     @contextmanager
     def write(
-        self, conn: CallerConnection | None = None, *, flush: bool = True
+        self, conn: CallerConnection | None = None, *, flush: bool = True, committed: bool = False
     ) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so a
         busy database makes us wait (``busy_timeout``) instead of failing mid-transaction.
@@ -322,7 +328,10 @@ class SqlitePool:
         ``flush=False`` (a claim's own transaction) commits at ``synchronous = NORMAL``
         even when the pool's level is FULL: the commit does not wait for the WAL's fsync.
         A process crash loses nothing (the WAL is written); a crash of the machine can
-        forget the transaction, until the next FULL commit syncs the WAL up to it."""
+        forget the transaction, until the next FULL commit syncs the WAL up to it.
+
+        ``committed``: the operation's statements before this transaction have committed
+        (a claim's after its commit point), which its errors then say."""
         if conn is not None:
             with translated(self._busy_timeout):
                 raw = caller.unwrap(conn)
@@ -337,14 +346,14 @@ class SqlitePool:
                 with self._joined(raw):
                     yield raw
             return
-        with self.connection() as own:
+        with self.connection(committed=committed) as own:
             # Threads of this process take turns on a Python lock: SQLite's busy handler
             # would put the losers to sleep in steps of up to 100 ms. busy_timeout still
             # arbitrates between processes.
             if not self._writer.acquire(timeout=self._busy_timeout):
                 raise DatabaseBusy(
                     f"another thread held the SQLite write lock for more than"
-                    f" {self._busy_timeout:g} s; nothing was written"
+                    f" {self._busy_timeout:g} s; {undone(committed, 'nothing was written')}"
                 )
             relaxed = not flush and self._synchronous != "normal"
             try:
