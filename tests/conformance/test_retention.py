@@ -188,6 +188,11 @@ def test_bad_retention_is_refused_and_writes_nothing(
 def test_unknown_subscription_and_bad_defaults(broker: sqlbroker.Broker, backend_url: str) -> None:
     with pytest.raises(sqlbroker.NotFound, match="nope"):
         broker.set_retention("nope", archive=60)
+    # Asking of one subscription that does not exist is NotFound, as flow("nope") is.
+    with pytest.raises(sqlbroker.NotFound, match="nope"):
+        broker.retention("nope")
+    with pytest.raises(sqlbroker.NotFound, match="nope"):
+        broker.flow("nope")
     with pytest.raises(sqlbroker.ValidationError, match="archive_retention"):
         sqlbroker.Broker(backend_url, archive_retention=0)
     with pytest.raises(sqlbroker.ValidationError, match="dead_retention"):

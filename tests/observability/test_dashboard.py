@@ -75,7 +75,7 @@ def test_page_api_and_security_headers(board: Dashboard, broker: sqlbroker.Broke
     assert status == 200
     assert len(detail["pending"]["available"]) == 2
     assert len(detail["series"]) == 60
-    assert call(board, "/api/subscriptions/nope")[0] == 400
+    assert call(board, "/api/subscriptions/nope")[0] == 404
     assert call(board, "/api/dead/999")[0] == 404
     assert call(board, "/api/nothing")[0] == 404
     with urllib.request.urlopen(board.url, timeout=10) as response:

@@ -33,6 +33,8 @@ from sqlbroker.features.faces import Plan, blocking, call
 from sqlbroker.features.retention import retain, retention_seconds
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sqlbroker.client.base import BrokerBase
 
 
@@ -177,12 +179,13 @@ def audit(
 
 def retention(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Retention]]:
     """How long each subscription (or one) keeps its archive rows and dead letters: its
-    own times or the broker's defaults."""
+    own times or the broker's defaults. ``NotFound`` for an unknown subscription."""
     subscription = None if subscription is None else validate_topic(subscription, "subscription")
     defaults = broker._retention
     rows: list[tuple[str, float | None, float | None]] = yield call(
         "retention_list", name=subscription
     )
+    _named(subscription, rows)
     return [
         Retention(
             subscription=name,
@@ -277,9 +280,15 @@ def flow(broker: BrokerBase, subscription: str | None = None) -> Plan[list[Flow]
     See docs/flow-control.md. ``NotFound`` for an unknown subscription."""
     subscription = None if subscription is None else validate_topic(subscription, "subscription")
     found: list[Flow] = yield call("flow_list", name=subscription)
+    _named(subscription, found)
+    return found
+
+
+def _named(subscription: str | None, found: Sequence[object]) -> None:
+    """``NotFound`` when a view asked of one subscription found none: there is none of
+    that name (a view of every subscription may be empty)."""
     if subscription is not None and not found:
         raise NotFound(f"no subscription named {subscription!r}")
-    return found
 
 
 def set_flow(

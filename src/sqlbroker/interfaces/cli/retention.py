@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import click
 
-from sqlbroker.core.errors import NotFound
 from sqlbroker.interfaces.cli.params import DURATION, json_option
 from sqlbroker.interfaces.cli.render import human_age, listing
 from sqlbroker.interfaces.cli.session import Session, name_to_set, pass_session
@@ -40,8 +39,6 @@ def retention(
     """
     if archive is None and dead is None and not reset:
         rows = session.reader().retention(name)
-        if name is not None and not rows:
-            raise NotFound(f"no subscription named {name!r}")
     else:
         target = name_to_set(name, "retention")
         rows = [session.broker().set_retention(target, archive=archive, dead=dead, reset=reset)]

@@ -19,7 +19,7 @@ from typing import Any
 from sqlbroker.app import Broker
 from sqlbroker.core import observability as facts
 from sqlbroker.core import validate
-from sqlbroker.core.errors import InvalidOption
+from sqlbroker.core.errors import InvalidOption, NotFound
 from sqlbroker.core.message import DeadLetter, State
 from sqlbroker.core.serde import jsonable, raw_preview
 
@@ -83,7 +83,7 @@ class Api:
         broker = self.broker
         stats = [s for s in broker.stats() if s.subscription == name]
         if not stats:
-            raise InvalidOption("subscription", f"no subscription named {name!r}")
+            raise NotFound(f"no subscription named {name!r}")
         series = broker.metrics_series(minutes=SUBSCRIPTION_MINUTES).get(name, [])
         pending = {
             state.value: jsonable(broker.pending(name, state=state, limit=PENDING_LIMIT))
