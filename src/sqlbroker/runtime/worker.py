@@ -198,64 +198,57 @@ class Worker:
         self._stop, self._hard = asyncio.Event(), asyncio.Event()
         if self._pending_stop is not None:
             self._request_stop(self._pending_stop)
-        backend = await self._broker._ready_async()  # the loop goes on while it reads
-        handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
-
-        installed: list[signal.Signals] = []
-        writeback: WriteBack | None = None
-        stop_timer: asyncio.TimerHandle | None = None
+        backend = self._broker.backend
         try:
-            await self._ensure_subscriptions(backend)
-            writeback = WriteBack(
-                backend.async_ops.message_settle_many,
-                on_flushed=self._flushed,
-                max_items=self._write_batch,
-                backlog=self._write_backlog,
-                outstanding=lambda: sum(pump.open for pump in self._pumps.values()),
-            )
-            poll_min = min(0.05, self._poll_max)
-            self._pumps = {
-                spec.name: Pump(
-                    backend=backend,
-                    spec=spec,
-                    lease=self._broker.lease,
-                    worker_name=self.name,
-                    writeback=writeback,
-                    handler_threads=handler_threads,
-                    poll_min=poll_min,
-                    poll_max=self._poll_max,
-                    observer=self._observers,
-                    result_limit=self._broker.publish_defaults.payload_limit,
+            # Each thing started is let go (in the reverse order) however the run ends,
+            # also when the schema check fails: it opened the loop's connections.
+            async with contextlib.AsyncExitStack() as started:
+                await self._broker._ready_async()  # the loop goes on while it reads
+                handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
+                started.callback(handler_threads.shutdown, wait=False, cancel_futures=True)
+                await self._ensure_subscriptions(backend)
+                writeback = WriteBack(
+                    backend.async_ops.message_settle_many,
+                    on_flushed=self._flushed,
+                    max_items=self._write_batch,
+                    backlog=self._write_backlog,
+                    outstanding=lambda: sum(pump.open for pump in self._pumps.values()),
                 )
-                for spec in self._specs
-            }
-
-            if self._install_signals and threading.current_thread() is threading.main_thread():
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(signum, self._on_signal, signum)
-                    installed.append(signum)
-            log.info(
-                "worker %s running %s on %s",
-                self.name,
-                ", ".join(self._pumps),
-                getattr(backend, "name", "?"),
-            )
-            if timeout is not None:
-                stop_timer = loop.call_later(
-                    validate.seconds(timeout, "timeout"), self._request_stop, False
+                started.callback(writeback.close)
+                poll_min = min(0.05, self._poll_max)
+                self._pumps = {
+                    spec.name: Pump(
+                        backend=backend,
+                        spec=spec,
+                        lease=self._broker.lease,
+                        worker_name=self.name,
+                        writeback=writeback,
+                        handler_threads=handler_threads,
+                        poll_min=poll_min,
+                        poll_max=self._poll_max,
+                        observer=self._observers,
+                        result_limit=self._broker.publish_defaults.payload_limit,
+                    )
+                    for spec in self._specs
+                }
+                if self._install_signals and threading.current_thread() is threading.main_thread():
+                    for signum in (signal.SIGTERM, signal.SIGINT):
+                        loop.add_signal_handler(signum, self._on_signal, signum)
+                        started.callback(loop.remove_signal_handler, signum)
+                log.info(
+                    "worker %s running %s on %s",
+                    self.name,
+                    ", ".join(self._pumps),
+                    getattr(backend, "name", "?"),
                 )
-            supervisor = asyncio.ensure_future(
-                self._supervise(backend, writeback, until_idle=until_idle)
-            )
-            await self._until_stopped(supervisor)
+                if timeout is not None:
+                    seconds = validate.seconds(timeout, "timeout")
+                    started.callback(loop.call_later(seconds, self._request_stop, False).cancel)
+                supervisor = asyncio.ensure_future(
+                    self._supervise(backend, writeback, until_idle=until_idle)
+                )
+                await self._until_stopped(supervisor)
         finally:
-            if stop_timer is not None:
-                stop_timer.cancel()
-            for signum in installed:
-                loop.remove_signal_handler(signum)
-            if writeback is not None:
-                writeback.close()
-            handler_threads.shutdown(wait=False, cancel_futures=True)
             with contextlib.suppress(Exception):
                 await backend.close_async()
             self._loop = None
