@@ -215,7 +215,6 @@ class Worker:
                     outstanding=lambda: sum(pump.open for pump in self._pumps.values()),
                 )
                 started.callback(writeback.close)
-                poll_min = min(0.05, self._poll_max)
                 self._pumps = {
                     spec.name: Pump(
                         backend=backend,
@@ -224,7 +223,6 @@ class Worker:
                         worker_name=self.name,
                         writeback=writeback,
                         handler_threads=handler_threads,
-                        poll_min=poll_min,
                         poll_max=self._poll_max,
                         observer=self._observers,
                         result_limit=self._broker.publish_defaults.payload_limit,
