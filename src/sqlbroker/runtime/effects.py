@@ -79,7 +79,8 @@ class EffectsTransaction:
     @contextlib.contextmanager
     def _settling(self) -> Iterator[Settlement]:
         """Claim the message's settlement for the transaction inside, whose commit
-        completes it (the complete is yielded); hand it back if that fails."""
+        completes it (the complete is yielded; then the message is settled and ``committed``
+        called); hand it back if that fails."""
         if self._entered:
             raise SqlbrokerError("a message's transaction can be entered only once")
         self._message._begin_settling()
@@ -89,4 +90,5 @@ class EffectsTransaction:
         except BaseException:
             self._message._abort_settling()
             raise
+        self._message._end_settling()
         self._committed()
