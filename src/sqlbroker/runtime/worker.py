@@ -36,7 +36,7 @@ from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
-from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRecorder
+from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, MetricsRecorder, run_heartbeat
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.scheduler import Scheduler
 from sqlbroker.runtime.writeback import (
@@ -305,8 +305,9 @@ class Worker:
             start("reaper", self._reap(backend, side_stop))
             host, pid = socket.gethostname(), os.getpid()
             beat = WorkerBeat(name=self.name, host=host, pid=pid, subscriptions=tuple(self._pumps))
-            heartbeat = Heartbeat(backend, self.recorder, beat, interval=self._heartbeat_interval)
-            start("heartbeat", heartbeat.run(side_stop))
+            interval = self._heartbeat_interval
+            heartbeat = run_heartbeat(backend, self.recorder, beat, side_stop, interval=interval)
+            start("heartbeat", heartbeat)
             if self._schedules:
 
                 def run_due() -> Awaitable[ScheduleRun]:
