@@ -31,6 +31,9 @@ class EffectsTransaction:
     """The context manager :meth:`Message.transaction` returns; usable once, with ``with``
     from a plain-function handler or ``async with`` from a coroutine."""
 
+    _sync: AbstractContextManager[Any]  # the block's transaction, once entered
+    _async: AbstractAsyncContextManager[Any]
+
     def __init__(
         self, backend: Backend, message: Message, *, committed: Callable[[], None]
     ) -> None:
@@ -38,15 +41,12 @@ class EffectsTransaction:
         self._message = message
         self._committed = committed
         self._entered = False
-        self._sync: AbstractContextManager[Any] | None = None
-        self._async: AbstractAsyncContextManager[Any] | None = None
 
     def __enter__(self) -> Any:
         self._sync = self._run()
         return self._sync.__enter__()
 
     def __exit__(self, *exc_info: Any) -> bool | None:
-        assert self._sync is not None
         return self._sync.__exit__(*exc_info)
 
     async def __aenter__(self) -> Any:
@@ -54,7 +54,6 @@ class EffectsTransaction:
         return await self._async.__aenter__()
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        assert self._async is not None
         return await self._async.__aexit__(*exc_info)
 
     # The handler's own statements run in the transaction: never cut for taking long.

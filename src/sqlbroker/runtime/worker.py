@@ -263,13 +263,12 @@ class Worker:
         while True:
             try:
                 await asyncio.shield(supervisor)
+                break
             except asyncio.CancelledError as error:
                 if supervisor.cancelled():
                     raise
                 self._request_stop(now=cancelled is not None)
                 cancelled = error
-                continue
-            break
         if cancelled is not None:
             raise cancelled
 
@@ -289,7 +288,10 @@ class Worker:
                 return group.create_task(self._guard(name, work), name=task)
 
             executors: list[Task] = []
-            cancel_poll = self._cancel_poll(backend)
+            # How often a pump looks for cancels of its running copies: often where nothing
+            # announces them, rarely (a safety net for a lost notification) where they are.
+            announced = self._listen and getattr(backend, "supports_notify", False)
+            cancel_poll = CANCEL_SAFETY_POLL if announced else CANCEL_POLL
             for pump in self._pumps.values():
                 start(f"fetch {pump.name}", pump.fetch(self._stop))
                 start(f"leases {pump.name}", pump.keep_leases(side_stop))
@@ -338,12 +340,6 @@ class Worker:
         if pump is not None:
             pump.cancel_hint()
 
-    def _cancel_poll(self, backend: Backend) -> float:
-        """How often a pump looks for cancels of its running copies: often where nothing
-        announces them, rarely (a safety net for a lost notification) where they are."""
-        announced = self._listen and getattr(backend, "supports_notify", False)
-        return CANCEL_SAFETY_POLL if announced else CANCEL_POLL
-
     async def _ensure_subscriptions(self, backend: Backend) -> None:
         for spec in self._specs:
             if spec.is_queue:
@@ -358,21 +354,16 @@ class Worker:
     async def _guard(self, name: str, work: Awaitable[None]) -> None:
         try:
             await work
-        except asyncio.CancelledError as error:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            # Not our cancellation: a TaskGroup would drop the task without a word.
-            self._died(name, error)
         except BaseException as error:
-            self._died(name, error)
-
-    def _died(self, name: str, error: BaseException) -> None:
-        log.exception("the worker's %s task died", name)
-        if self._crash is None:
-            self._crash = (name, error)
-        assert self._stop is not None
-        self._stop.set()
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and (task is None or task.cancelling()):
+                raise
+            # Also a cancellation not ours: a TaskGroup would drop the task without a word.
+            log.exception("the worker's %s task died", name)
+            if self._crash is None:
+                self._crash = (name, error)
+            assert self._stop is not None
+            self._stop.set()
 
     async def _shutdown(
         self,
@@ -398,9 +389,7 @@ class Worker:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        released = 0
-        for pump in self._pumps.values():
-            released += await pump.release_unstarted()
+        released = sum([await pump.release_unstarted() for pump in self._pumps.values()])
         if released:
             log.info("released %d claimed but unstarted message(s)", released)
         await self._wait_manual_acks(deadline)
@@ -450,11 +439,10 @@ class Worker:
         if self._written is not None:
             self._written.set()
         for settlements, lost in ((report.done, False), (report.lost, True)):
-            if settlements:
-                observe = (
-                    self._observers.outcomes_lost if lost else self._observers.outcomes_written
-                )
-                observe(settlements)
+            if settlements and lost:
+                self._observers.outcomes_lost(settlements)
+            elif settlements:
+                self._observers.outcomes_written(settlements)
             for settlement in settlements:
                 delivery = settlement.delivery
                 if delivery is not None:  # always: the worker settles deliveries
