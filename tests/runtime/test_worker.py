@@ -290,3 +290,58 @@ def test_the_workers_schema_check_leaves_its_loop_running(pg_url: str, pg_server
         finally:
             letting_go.join()
     assert seen_while_waiting[0] >= 5, "the loop stood still while the check waited"
+
+
+@pytest.mark.parametrize("runner", ["run", "run_async"])
+def test_a_worker_whose_schema_check_fails_lets_go_of_its_connections(
+    backend_url: str, tmp_path: Any, request: pytest.FixtureRequest, runner: str
+) -> None:
+    """The worker's readiness check fails (here on a database nobody migrated, with
+    ``migrate=False``) after it opened its loop's resources — PostgreSQL's connections,
+    SQLite's threads: ``run`` and ``run_async`` raise the check's error and let them go, as
+    a stopping worker does, not when the broker is closed."""
+    sqlite = backend_url.startswith("sqlite")
+    if sqlite:
+        url, options = f"sqlite:///{tmp_path}/empty.db", {}
+    else:
+        url = backend_url
+        options = {"schema": "sqlbroker_never_made", "application_name": "sqlbroker_leak_check"}
+        dbname = psycopg.conninfo.conninfo_to_dict(backend_url)["dbname"]
+        admin_url = request.getfixturevalue("pg_server").url(dbname)
+
+    def held() -> int:
+        if sqlite:
+            return sum(t.name.startswith("sqlbroker-sqlite") for t in threading.enumerate())
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (options["application_name"],),
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def handle(msg: sqlbroker.Message) -> None:
+        pass
+
+    before = held()  # SQLite: threads of other brokers this process has not let go yet
+
+    def let_go() -> None:
+        wait_until(lambda: held() <= before, timeout=10, what="the worker's loop resources let go")
+
+    refused = pytest.raises(sqlbroker.SchemaError, match="at version 0")
+    if runner == "run":
+        with sqlbroker.Broker(url, migrate=False, **options) as broker:
+            broker.subscriber(queue="jobs")(handle)
+            with refused:
+                broker.worker(install_signal_handlers=False).run(until_idle=True, timeout=30)
+            let_go()
+        return
+
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(url, migrate=False, **options) as broker:
+            broker.subscriber(queue="jobs")(handle)
+            with refused:
+                await broker.worker(install_signal_handlers=False).run_async(timeout=30)
+            let_go()
+
+    asyncio.run(scenario())

@@ -31,6 +31,9 @@ class EffectsTransaction:
     """The context manager :meth:`Message.transaction` returns; usable once, with ``with``
     from a plain-function handler or ``async with`` from a coroutine."""
 
+    _sync: AbstractContextManager[Any]  # the block's transaction, once entered
+    _async: AbstractAsyncContextManager[Any]
+
     def __init__(
         self, backend: Backend, message: Message, *, committed: Callable[[], None]
     ) -> None:
@@ -38,15 +41,12 @@ class EffectsTransaction:
         self._message = message
         self._committed = committed
         self._entered = False
-        self._sync: AbstractContextManager[Any] | None = None
-        self._async: AbstractAsyncContextManager[Any] | None = None
 
     def __enter__(self) -> Any:
         self._sync = self._run()
         return self._sync.__enter__()
 
     def __exit__(self, *exc_info: Any) -> bool | None:
-        assert self._sync is not None
         return self._sync.__exit__(*exc_info)
 
     async def __aenter__(self) -> Any:
@@ -54,7 +54,6 @@ class EffectsTransaction:
         return await self._async.__aenter__()
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
-        assert self._async is not None
         return await self._async.__aexit__(*exc_info)
 
     # The handler's own statements run in the transaction: never cut for taking long.
@@ -79,7 +78,8 @@ class EffectsTransaction:
     @contextlib.contextmanager
     def _settling(self) -> Iterator[Settlement]:
         """Claim the message's settlement for the transaction inside, whose commit
-        completes it (the complete is yielded); hand it back if that fails."""
+        completes it (the complete is yielded; then the message is settled and ``committed``
+        called); hand it back if that fails."""
         if self._entered:
             raise SqlbrokerError("a message's transaction can be entered only once")
         self._message._begin_settling()
@@ -89,4 +89,5 @@ class EffectsTransaction:
         except BaseException:
             self._message._abort_settling()
             raise
+        self._message._end_settling()
         self._committed()

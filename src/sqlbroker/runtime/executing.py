@@ -162,14 +162,10 @@ class Executing(Holding):
         _on_loop(loop, self._free_slot, settlement.lease)
 
     def _effects(self, loop: asyncio.AbstractEventLoop, message: Message) -> EffectsTransaction:
-        committed = functools.partial(self._committed_from_any_thread, loop, message)
+        # Committed in the handler's own transaction, from any thread: nothing is left to
+        # write back, only the slot and the lease to let go, on the loop.
+        committed = functools.partial(_on_loop, loop, self._committed, message.delivery)
         return EffectsTransaction(self._backend, message, committed=committed)
-
-    def _committed_from_any_thread(self, loop: asyncio.AbstractEventLoop, message: Message) -> None:
-        """The message was completed in the handler's own transaction: nothing is left to
-        write back, only the slot and the lease to let go."""
-        message._end_settling()
-        _on_loop(loop, self._committed, message.delivery)
 
     def _committed(self, delivery: Delivery) -> None:
         settlement = Settlement.complete(delivery)

@@ -10,7 +10,7 @@ import random
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.flow import Claimed
-from sqlbroker.runtime.holding import Holding, _key, _resolve
+from sqlbroker.runtime.holding import Holding, _resolve
 from sqlbroker.runtime.writeback import retry_pause, wait_any
 
 log = logging.getLogger("sqlbroker.runtime")
@@ -30,6 +30,15 @@ class Fetching(Holding):
         self._hinted = True
         if self._hint_waiter is not None:
             _resolve(self._hint_waiter)
+
+    def stop_idle(self) -> None:
+        """After the stop: end the wait of every idle handler slot (busy ones see the stop
+        when their handler returns and leave the buffer to :meth:`release_unstarted`)."""
+        while self._idle_slots:
+            _resolve(self._idle_slots.popleft())
+        self.wake()  # and the fetch's sleep
+        if self._slot_waiter is not None:
+            _resolve(self._slot_waiter)  # or its wait for a free slot
 
     async def fetch(self, stop: asyncio.Event) -> None:
         """Claim while there is capacity; sleep until a hint or the (jittered) poll."""
@@ -81,7 +90,8 @@ class Fetching(Holding):
                     log.info("released %d message(s) claimed during the stop", len(found))
                 return
             for delivery in found:
-                self._open.add(_key(delivery))
+                # Its Lease as the plain tuple it equals, without Lease.of's cost per claim.
+                self._open.add((delivery.id, delivery.lease_token))
                 self._held[delivery.id] = delivery
                 self._buffer.append(delivery)
             for _ in range(min(len(found), len(self._idle_slots))):

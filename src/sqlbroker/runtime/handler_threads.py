@@ -14,6 +14,7 @@ back.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -77,12 +78,9 @@ class HandlerThreads(Executor):
             if self._shutdown:
                 return
             self._shutdown = True
-            if cancel_futures:
-                while True:
-                    try:
-                        work = self._work.get_nowait()
-                    except queue.Empty:
-                        break
+            with contextlib.suppress(queue.Empty):
+                while cancel_futures:
+                    work = self._work.get_nowait()
                     if work is not None:
                         work[0].cancel()
             threads = list(self._threads)

@@ -147,16 +147,20 @@ def failure_outcome(spec: SubscriberSpec, delivery: Delivery, error: BaseExcepti
             info.type,
             info.message,
             settlement.after,
-            extra={
-                "subscription": spec.name,
-                "message_id": delivery.message_id,
-                "delivery_id": delivery.id,
-                "attempt": delivery.attempt,
-                "error_type": info.type,
-                "retry_in": settlement.after,
-            },
+            extra=_log_fields(delivery, error_type=info.type, retry_in=settlement.after),
         )
     return settlement
+
+
+def _log_fields(delivery: Delivery, **more: Any) -> dict[str, Any]:
+    """The ``extra`` of a log record about ``delivery``'s attempt, with ``more``."""
+    return {
+        "subscription": delivery.subscription,
+        "message_id": delivery.message_id,
+        "delivery_id": delivery.id,
+        "attempt": delivery.attempt,
+        **more,
+    }
 
 
 def report_dead_letter(
@@ -173,35 +177,25 @@ def report_dead_letter(
         delivery.message_id,
         delivery.attempt,
         reason,
-        extra={
-            "subscription": spec.name,
-            "message_id": delivery.message_id,
-            "delivery_id": delivery.id,
-            "attempt": delivery.attempt,
-            "reason": reason,
-        },
+        extra=_log_fields(delivery, reason=reason),
     )
     hook = spec.on_dead_letter
     if hook is not None:
-        task = asyncio.ensure_future(_run_hook(spec.name, hook, threads, Message(delivery), reason))
+        message = Message(delivery, threads=threads)
+        task = asyncio.ensure_future(_run_hook(spec.name, hook, message, reason))
         background.add(task)
         task.add_done_callback(background.discard)
 
 
 async def _run_hook(
-    name: str,
-    hook: Callable[[Any, str], Any],
-    threads: Executor,
-    message: Message,
-    reason: str,
+    name: str, hook: Callable[[Any, str], Any], message: Message, reason: str
 ) -> None:
     try:
         if inspect.iscoroutinefunction(hook):
             await hook(message, reason)
         else:
             # A plain function may block (an alert, an HTTP call): keep it off the loop.
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(threads, hook, message, reason)
+            result = await message._off_loop(hook, message, reason)
             if inspect.isawaitable(result):
                 await result
     except Exception:

@@ -1,11 +1,11 @@
 """The worker's heartbeat: it says the worker is alive and writes what the worker did.
 
 A :class:`MetricsRecorder` observes the worker's events and keeps, per subscription and
-minute, the outcomes written back and a histogram of handler times. The :class:`Heartbeat`
-task writes them with the worker's row in one transaction every ``interval`` seconds — one
-small write, never on the hot path — and a last time after the final write-back on a clean
-stop. A failed beat keeps everything for the next one. Rows older than a day are
-trimmed now and then.
+minute, the outcomes written back and a histogram of handler times. The heartbeat task
+(:func:`run_heartbeat`) writes them with the worker's row in one transaction every
+``interval`` seconds — one small write, never on the hot path — and a last time after the
+final write-back on a clean stop. A failed beat keeps everything for the next one. Rows
+older than a day are trimmed now and then.
 
 Minutes follow the database clock: each beat returns the storage clock's time, and local
 time is shifted by the difference, so workers on skewed hosts fill the same minutes.
@@ -123,57 +123,47 @@ class MetricsRecorder(WorkerObserver):
         self._dirty.update((row.subscription, row.minute) for row in rows)
 
 
-class Heartbeat:
-    """Beats every ``interval`` seconds until stopped, then once more as ``stopping``."""
-
-    def __init__(
-        self,
-        backend: Backend,
-        recorder: MetricsRecorder,
-        beat: WorkerBeat,
-        *,
-        interval: float = DEFAULT_HEARTBEAT,
-    ) -> None:
-        self._backend = backend
-        self._recorder = recorder
-        self._beat = beat
-        self._interval = interval
-        self._started = False
-        self._last_trim: float | None = None
-
-    async def beat(self, *, stopping: bool = False) -> bool:
-        """Write one heartbeat with the pending counters; ``False`` when it failed."""
-        rows, totals = self._recorder.take()
-        beat = replace(self._beat, starting=not self._started, stopping=stopping)
+async def run_heartbeat(
+    backend: Backend,
+    recorder: MetricsRecorder,
+    beat: WorkerBeat,
+    stop: asyncio.Event,
+    *,
+    interval: float = DEFAULT_HEARTBEAT,
+) -> None:
+    """Beat every ``interval`` seconds until ``stop`` is set, then once more as ``stopping``.
+    Each beat writes ``recorder``'s pending counters with the worker's row; a failed one
+    keeps them for the next. Old rows are trimmed after a beat, at most once per
+    ``TRIM_INTERVAL``."""
+    started = False
+    trimmed: float | None = None  # time.monotonic() of the last trim
+    while True:
+        stopping = stop.is_set()
+        rows, totals = recorder.take()
+        sent = replace(beat, starting=not started, stopping=stopping)
         try:
-            now = await self._backend.async_ops.worker_beat(beat=beat, minutes=rows, totals=totals)
+            now = await backend.async_ops.worker_beat(beat=sent, minutes=rows, totals=totals)
         except SqlbrokerError as error:
-            self._recorder.failed(rows)
+            recorder.failed(rows)
             log.warning("heartbeat of %s failed: %s", beat.name, error)
-            return False
-        assert isinstance(now, datetime)
-        self._started = True
-        self._recorder.synced(now)
-        self._recorder.written(totals)
-        await self._maybe_trim(now)
-        return True
-
-    async def _maybe_trim(self, now: datetime) -> None:
-        clock = time.monotonic()
-        if self._last_trim is not None and clock - self._last_trim < TRIM_INTERVAL:
+        else:
+            assert isinstance(now, datetime)
+            started = True
+            recorder.synced(now)
+            recorder.written(totals)
+            if trimmed is None or time.monotonic() - trimmed >= TRIM_INTERVAL:
+                trimmed = time.monotonic()
+                await _trim(backend, now)
+        if stopping:
             return
-        self._last_trim = clock
-        try:
-            await self._backend.async_ops.metric_trim(
-                older_than=now - timedelta(seconds=DEFAULT_RETENTION),
-                limit=TRIM_LIMIT,
-            )
-        except SqlbrokerError as error:
-            log.warning("trimming old metrics failed: %s", error)
+        await wait_any(stop, timeout=interval)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Beat until ``stop`` is set, then write a last beat saying the worker stopped."""
-        while not stop.is_set():
-            await self.beat()
-            await wait_any(stop, timeout=self._interval)
-        await self.beat(stopping=True)
+
+async def _trim(backend: Backend, now: datetime) -> None:
+    try:
+        await backend.async_ops.metric_trim(
+            older_than=now - timedelta(seconds=DEFAULT_RETENTION),
+            limit=TRIM_LIMIT,
+        )
+    except SqlbrokerError as error:
+        log.warning("trimming old metrics failed: %s", error)

@@ -16,16 +16,12 @@ from sqlbroker.core.message import Delivery
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import WorkerObserver
+from sqlbroker.runtime.handling import report_dead_letter
 from sqlbroker.runtime.message import Message
 from sqlbroker.runtime.writeback import WriteBack, wait_any
 from sqlbroker.storage.backend import Backend
 
 log = logging.getLogger("sqlbroker.runtime")
-LeaseKey = tuple[int, str]
-
-
-def _key(delivery: Delivery) -> LeaseKey:
-    return (delivery.id, delivery.lease_token)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -45,7 +41,6 @@ class Holding:
         worker_name: str,
         writeback: WriteBack,
         handler_threads: Executor,
-        poll_min: float,
         poll_max: float,
         observer: WorkerObserver,
         result_limit: int,
@@ -58,13 +53,13 @@ class Holding:
         self._worker_name = worker_name
         self._writeback = writeback
         self._threads = handler_threads
-        self._poll_min = poll_min
+        self._poll_min = min(0.05, poll_max)
         self._poll_max = poll_max
         # Claimed deliveries waiting for a handler slot, and the idle slots waiting for
         # one: a deque and a future per wait, about a tenth of asyncio.Queue's cost.
         self._buffer: deque[Delivery] = deque()
         self._idle_slots: deque[asyncio.Future[None]] = deque()
-        self._open: set[LeaseKey] = set()  # claimed, no outcome yet
+        self._open: set[tuple[int, str]] = set()  # claimed, no outcome yet (Lease's tuples)
         self._held: dict[int, Delivery] = {}  # by copy: a new claim replaces a lost lease
         self._hinted = False
         self._hint_waiter: asyncio.Future[None] | None = None
@@ -107,7 +102,7 @@ class Holding:
         self._writeback.add(settlement)
         self._free_slot(settlement.lease)
 
-    def _free_slot(self, lease: LeaseKey) -> None:
+    def _free_slot(self, lease: tuple[int, str]) -> None:
         self._open.discard(lease)
         self._capacity.set()
         if self._slot_waiter is not None:
@@ -125,6 +120,24 @@ class Holding:
         held = self._held.get(lease.id)
         if held is not None and held.lease_token == lease.token:
             del self._held[lease.id]
+
+    def flushed(self, settlement: Settlement, delivery: Delivery, *, lost: bool) -> None:
+        """Called by the worker when ``settlement`` of ``delivery`` was written back (or its
+        lease was lost)."""
+        self._forget(settlement.lease)
+        if lost:
+            log.warning(
+                "%s: the lease on delivery %d (message %s) was lost before its outcome was"
+                " written; another consumer has it now",
+                self.name,
+                delivery.id,
+                delivery.message_id,
+            )
+            return
+        if settlement.kind == "dead":
+            report_dead_letter(
+                self.spec, delivery, settlement.reason, self._threads, self.background
+            )
 
     async def settled(self) -> None:
         """Return once every claimed delivery has its outcome: after the stop, the ones
@@ -150,28 +163,28 @@ class Holding:
                 log.warning("extending %d leases on %s failed: %s", len(held), self.name, error)
                 continue
             lost = {
-                _key(d): d
+                Lease.of(d): d
                 for d in held
-                if d.id not in extended and _key(d) in self._open and self._held.get(d.id) is d
+                if d.id not in extended and Lease.of(d) in self._open and self._held.get(d.id) is d
             }
             if lost:
                 self._lost(lost)
 
-    def _lost(self, lost: dict[LeaseKey, Delivery]) -> None:
+    def _lost(self, lost: dict[Lease, Delivery]) -> None:
         """Another consumer may have these copies now: those still waiting for a handler
         are dropped, and no lease of them is extended any more (nothing can renew it)."""
-        unstarted = {_key(item) for item in self._unqueue(lambda item: _key(item) in lost)}
-        for key, delivery in lost.items():
-            self._forget(Lease.of(delivery))
-            if key in unstarted:
-                self._free_slot(key)
+        unstarted = {Lease.of(item) for item in self._unqueue(lambda item: Lease.of(item) in lost)}
+        for lease, delivery in lost.items():
+            self._forget(lease)
+            if lease in unstarted:
+                self._free_slot(lease)
             log.warning(
                 "%s: lost the lease on delivery %d (message %s) %s",
                 self.name,
                 delivery.id,
                 delivery.message_id,
                 "before it started; it is not run here"
-                if key in unstarted
+                if lease in unstarted
                 else "while it was in progress; it may be delivered again",
             )
 
@@ -204,7 +217,7 @@ class Holding:
                 self.name,
                 error,
             )
-        for delivery in unstarted:
-            self._free_slot(_key(delivery))
-            self._forget(Lease.of(delivery))
+        for lease in map(Lease.of, unstarted):
+            self._free_slot(lease)
+            self._forget(lease)
         return len(unstarted)

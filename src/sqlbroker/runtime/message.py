@@ -196,9 +196,10 @@ class Message:
 
     async def _off_loop(self, fn: Callable[..., T], /, *args: Any) -> T:
         """Run blocking work that belongs to this message's handling (a saga step's
-        bookkeeping around a coroutine step) on the worker's handler threads, in the
-        caller's context: asyncio's default executor is user code's, and far smaller than a
-        subscriber's concurrency may be. Outside a worker it is that default executor."""
+        bookkeeping around a coroutine step, a plain ``on_dead_letter`` hook) on the
+        worker's handler threads, in the caller's context: asyncio's default executor is
+        user code's, and far smaller than a subscriber's concurrency may be. Outside a
+        worker it is that default executor."""
         loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await loop.run_in_executor(self._threads, call)

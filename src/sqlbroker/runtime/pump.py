@@ -1,8 +1,9 @@
 """One subscription's pump: fetch, execute, keep leases — write-back is shared.
 
-Its parts are modules of their own: :mod:`~sqlbroker.runtime.fetching` (the claims),
-:mod:`~sqlbroker.runtime.executing` (the handler slots, and cancels) and
-:mod:`~sqlbroker.runtime.holding` (the state they share: held leases, kept and released).
+Its parts are modules of their own: :mod:`~sqlbroker.runtime.fetching` (the claims, and
+the stop's end of the waits), :mod:`~sqlbroker.runtime.executing` (the handler slots, and
+cancels) and :mod:`~sqlbroker.runtime.holding` (the state they share: held leases, kept,
+released, and forgotten once written back).
 
 Invariants:
 - a claim never asks for more than the free capacity (``concurrency + prefetch`` minus the
@@ -27,42 +28,9 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
-
-from sqlbroker.core.message import Delivery
-from sqlbroker.core.settlements import Settlement
 from sqlbroker.runtime.executing import Executing
 from sqlbroker.runtime.fetching import Fetching
-from sqlbroker.runtime.handling import report_dead_letter
-from sqlbroker.runtime.holding import _resolve
-
-log = logging.getLogger("sqlbroker.runtime")
 
 
 class Pump(Fetching, Executing):
-    def stop_idle(self) -> None:
-        """After the stop: end the wait of every idle handler slot (busy ones see the stop
-        when their handler returns and leave the buffer to :meth:`release_unstarted`)."""
-        while self._idle_slots:
-            _resolve(self._idle_slots.popleft())
-        self.wake()  # and the fetch's sleep
-        if self._slot_waiter is not None:
-            _resolve(self._slot_waiter)  # or its wait for a free slot
-
-    def flushed(self, settlement: Settlement, delivery: Delivery, *, lost: bool) -> None:
-        """Called by the worker when ``settlement`` of ``delivery`` was written back (or its
-        lease was lost)."""
-        self._forget(settlement.lease)
-        if lost:
-            log.warning(
-                "%s: the lease on delivery %d (message %s) was lost before its outcome was"
-                " written; another consumer has it now",
-                self.name,
-                delivery.id,
-                delivery.message_id,
-            )
-            return
-        if settlement.kind == "dead":
-            report_dead_letter(
-                self.spec, delivery, settlement.reason, self._threads, self.background
-            )
+    """The pump of one subscription: its claims, its handler slots and their leases."""

@@ -36,7 +36,7 @@ from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
 from sqlbroker.runtime.handler_threads import HandlerThreads
-from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, Heartbeat, MetricsRecorder
+from sqlbroker.runtime.heartbeat import DEFAULT_HEARTBEAT, MetricsRecorder, run_heartbeat
 from sqlbroker.runtime.pump import Pump
 from sqlbroker.runtime.scheduler import Scheduler
 from sqlbroker.runtime.writeback import (
@@ -198,64 +198,55 @@ class Worker:
         self._stop, self._hard = asyncio.Event(), asyncio.Event()
         if self._pending_stop is not None:
             self._request_stop(self._pending_stop)
-        backend = await self._broker._ready_async()  # the loop goes on while it reads
-        handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
-
-        installed: list[signal.Signals] = []
-        writeback: WriteBack | None = None
-        stop_timer: asyncio.TimerHandle | None = None
+        backend = self._broker.backend
         try:
-            await self._ensure_subscriptions(backend)
-            writeback = WriteBack(
-                backend.async_ops.message_settle_many,
-                on_flushed=self._flushed,
-                max_items=self._write_batch,
-                backlog=self._write_backlog,
-                outstanding=lambda: sum(pump.open for pump in self._pumps.values()),
-            )
-            poll_min = min(0.05, self._poll_max)
-            self._pumps = {
-                spec.name: Pump(
-                    backend=backend,
-                    spec=spec,
-                    lease=self._broker.lease,
-                    worker_name=self.name,
-                    writeback=writeback,
-                    handler_threads=handler_threads,
-                    poll_min=poll_min,
-                    poll_max=self._poll_max,
-                    observer=self._observers,
-                    result_limit=self._broker.publish_defaults.payload_limit,
+            # Each thing started is let go (in the reverse order) however the run ends,
+            # also when the schema check fails: it opened the loop's connections.
+            async with contextlib.AsyncExitStack() as started:
+                await self._broker._ready_async()  # the loop goes on while it reads
+                handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
+                started.callback(handler_threads.shutdown, wait=False, cancel_futures=True)
+                await self._ensure_subscriptions(backend)
+                writeback = WriteBack(
+                    backend.async_ops.message_settle_many,
+                    on_flushed=self._flushed,
+                    max_items=self._write_batch,
+                    backlog=self._write_backlog,
+                    outstanding=lambda: sum(pump.open for pump in self._pumps.values()),
                 )
-                for spec in self._specs
-            }
-
-            if self._install_signals and threading.current_thread() is threading.main_thread():
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(signum, self._on_signal, signum)
-                    installed.append(signum)
-            log.info(
-                "worker %s running %s on %s",
-                self.name,
-                ", ".join(self._pumps),
-                getattr(backend, "name", "?"),
-            )
-            if timeout is not None:
-                stop_timer = loop.call_later(
-                    validate.seconds(timeout, "timeout"), self._request_stop, False
+                started.callback(writeback.close)
+                self._pumps = {
+                    spec.name: Pump(
+                        backend=backend,
+                        spec=spec,
+                        lease=self._broker.lease,
+                        worker_name=self.name,
+                        writeback=writeback,
+                        handler_threads=handler_threads,
+                        poll_max=self._poll_max,
+                        observer=self._observers,
+                        result_limit=self._broker.publish_defaults.payload_limit,
+                    )
+                    for spec in self._specs
+                }
+                if self._install_signals and threading.current_thread() is threading.main_thread():
+                    for signum in (signal.SIGTERM, signal.SIGINT):
+                        loop.add_signal_handler(signum, self._on_signal, signum)
+                        started.callback(loop.remove_signal_handler, signum)
+                log.info(
+                    "worker %s running %s on %s",
+                    self.name,
+                    ", ".join(self._pumps),
+                    getattr(backend, "name", "?"),
                 )
-            supervisor = asyncio.ensure_future(
-                self._supervise(backend, writeback, until_idle=until_idle)
-            )
-            await self._until_stopped(supervisor)
+                if timeout is not None:
+                    seconds = validate.seconds(timeout, "timeout")
+                    started.callback(loop.call_later(seconds, self._request_stop, False).cancel)
+                supervisor = asyncio.ensure_future(
+                    self._supervise(backend, writeback, until_idle=until_idle)
+                )
+                await self._until_stopped(supervisor)
         finally:
-            if stop_timer is not None:
-                stop_timer.cancel()
-            for signum in installed:
-                loop.remove_signal_handler(signum)
-            if writeback is not None:
-                writeback.close()
-            handler_threads.shutdown(wait=False, cancel_futures=True)
             with contextlib.suppress(Exception):
                 await backend.close_async()
             self._loop = None
@@ -272,13 +263,12 @@ class Worker:
         while True:
             try:
                 await asyncio.shield(supervisor)
+                break
             except asyncio.CancelledError as error:
                 if supervisor.cancelled():
                     raise
                 self._request_stop(now=cancelled is not None)
                 cancelled = error
-                continue
-            break
         if cancelled is not None:
             raise cancelled
 
@@ -298,7 +288,10 @@ class Worker:
                 return group.create_task(self._guard(name, work), name=task)
 
             executors: list[Task] = []
-            cancel_poll = self._cancel_poll(backend)
+            # How often a pump looks for cancels of its running copies: often where nothing
+            # announces them, rarely (a safety net for a lost notification) where they are.
+            announced = self._listen and getattr(backend, "supports_notify", False)
+            cancel_poll = CANCEL_SAFETY_POLL if announced else CANCEL_POLL
             for pump in self._pumps.values():
                 start(f"fetch {pump.name}", pump.fetch(self._stop))
                 start(f"leases {pump.name}", pump.keep_leases(side_stop))
@@ -314,8 +307,9 @@ class Worker:
             start("reaper", self._reap(backend, side_stop))
             host, pid = socket.gethostname(), os.getpid()
             beat = WorkerBeat(name=self.name, host=host, pid=pid, subscriptions=tuple(self._pumps))
-            heartbeat = Heartbeat(backend, self.recorder, beat, interval=self._heartbeat_interval)
-            start("heartbeat", heartbeat.run(side_stop))
+            interval = self._heartbeat_interval
+            heartbeat = run_heartbeat(backend, self.recorder, beat, side_stop, interval=interval)
+            start("heartbeat", heartbeat)
             if self._schedules:
 
                 def run_due() -> Awaitable[ScheduleRun]:
@@ -346,12 +340,6 @@ class Worker:
         if pump is not None:
             pump.cancel_hint()
 
-    def _cancel_poll(self, backend: Backend) -> float:
-        """How often a pump looks for cancels of its running copies: often where nothing
-        announces them, rarely (a safety net for a lost notification) where they are."""
-        announced = self._listen and getattr(backend, "supports_notify", False)
-        return CANCEL_SAFETY_POLL if announced else CANCEL_POLL
-
     async def _ensure_subscriptions(self, backend: Backend) -> None:
         for spec in self._specs:
             if spec.is_queue:
@@ -366,21 +354,16 @@ class Worker:
     async def _guard(self, name: str, work: Awaitable[None]) -> None:
         try:
             await work
-        except asyncio.CancelledError as error:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            # Not our cancellation: a TaskGroup would drop the task without a word.
-            self._died(name, error)
         except BaseException as error:
-            self._died(name, error)
-
-    def _died(self, name: str, error: BaseException) -> None:
-        log.exception("the worker's %s task died", name)
-        if self._crash is None:
-            self._crash = (name, error)
-        assert self._stop is not None
-        self._stop.set()
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and (task is None or task.cancelling()):
+                raise
+            # Also a cancellation not ours: a TaskGroup would drop the task without a word.
+            log.exception("the worker's %s task died", name)
+            if self._crash is None:
+                self._crash = (name, error)
+            assert self._stop is not None
+            self._stop.set()
 
     async def _shutdown(
         self,
@@ -406,9 +389,7 @@ class Worker:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        released = 0
-        for pump in self._pumps.values():
-            released += await pump.release_unstarted()
+        released = sum([await pump.release_unstarted() for pump in self._pumps.values()])
         if released:
             log.info("released %d claimed but unstarted message(s)", released)
         await self._wait_manual_acks(deadline)
@@ -458,11 +439,10 @@ class Worker:
         if self._written is not None:
             self._written.set()
         for settlements, lost in ((report.done, False), (report.lost, True)):
-            if settlements:
-                observe = (
-                    self._observers.outcomes_lost if lost else self._observers.outcomes_written
-                )
-                observe(settlements)
+            if settlements and lost:
+                self._observers.outcomes_lost(settlements)
+            elif settlements:
+                self._observers.outcomes_written(settlements)
             for settlement in settlements:
                 delivery = settlement.delivery
                 if delivery is not None:  # always: the worker settles deliveries
