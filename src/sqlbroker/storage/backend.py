@@ -11,6 +11,7 @@ few rules written here hold for every backend.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.caller import CallerConnection
+from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub, Waiter
 from sqlbroker.storage.schema import SchemaFiles
@@ -50,6 +52,19 @@ class Backend(Executor):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._url!s})"
+
+    def _use(self, settings: Settings) -> None:
+        """Run every operation under ``settings``: one-off operations (:attr:`settings`,
+        :attr:`async_ops`) learn the queues they create; transactions of several (the
+        caller's, :meth:`begin`'s) may roll back what they created, so they learn none."""
+        known = KnownQueues()
+        self.settings = dataclasses.replace(settings, known_queues=known)
+        self._tx_settings = dataclasses.replace(settings, known_queues=known.in_transactions())
+        self.async_ops = AsyncOps(self.settings, self._execute_async)
+
+    @abstractmethod
+    async def _execute_async(self, plan: Plan[T], access: Access) -> T:
+        """:meth:`execute` as a coroutine: how :attr:`async_ops` runs an operation."""
 
     @abstractmethod
     def begin(

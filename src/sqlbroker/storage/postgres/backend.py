@@ -8,7 +8,6 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
@@ -22,18 +21,16 @@ from sqlbroker.core import validate
 from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, SchemaError
 from sqlbroker.core.limits import Limits
-from sqlbroker.storage.backend import AsyncOps, Backend
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.caller import CallerConnection
-from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.postgres import dialect, listening
 from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.postgres.errors import Conn
 from sqlbroker.storage.postgres.options import SessionOptions
-from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import ResultHub
 from sqlbroker.storage.schema import pending
-from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
+from sqlbroker.storage.seam import AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
@@ -100,35 +97,28 @@ class PostgresBackend(Backend):
                 dead_channel=self.dead_channel,
             )
         )
-        known_queues = KnownQueues()
-        self.settings = Settings(
-            dialect="postgresql",
-            limits=self.limits,
-            clock=clock,
-            promotion=PromotionThrottle(),
-            dead_channel=self.dead_channel,
-            cancel_channel=self.cancel_channel,
-            # A claim's own commit: see message_claim in queries.sql.
-            claim_commit=self._options.synchronous_commit if durable_claims else "off",
-            supports_notify=True,
-            notify_channel=self.notify_channel,
-            key_locks=True,
-            partitioned_archive=True,
-            schema=schema,
-            archive_completed=archive,
-            result_channel=self.result_channel,
-            array_params=True,
-            inserts_create_queue=True,
-            writes_in_with=True,
-            roles=True,
-            known_queues=known_queues,
+        self._use(
+            Settings(
+                dialect="postgresql",
+                limits=self.limits,
+                clock=clock,
+                dead_channel=self.dead_channel,
+                cancel_channel=self.cancel_channel,
+                # A claim's own commit: see message_claim in queries.sql.
+                claim_commit=self._options.synchronous_commit if durable_claims else "off",
+                supports_notify=True,
+                notify_channel=self.notify_channel,
+                key_locks=True,
+                partitioned_archive=True,
+                schema=schema,
+                archive_completed=archive,
+                result_channel=self.result_channel,
+                array_params=True,
+                inserts_create_queue=True,
+                writes_in_with=True,
+                roles=True,
+            )
         )
-        # Transactions of several operations (the caller's, begin()'s) may roll back what
-        # they created: they read the known queues and learn none.
-        self._tx_settings = dataclasses.replace(
-            self.settings, known_queues=known_queues.in_transactions()
-        )
-        self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
 
     def connection_kwargs(self) -> dict[str, Any]:
         """Settings of the pools' connections (a LISTEN session's: ``listen_target``)."""

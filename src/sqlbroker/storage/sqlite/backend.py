@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import sqlite3
@@ -25,15 +24,13 @@ from sqlbroker.core.clock import Clock
 from sqlbroker.core.errors import InvalidOption, StorageError
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage import caller
-from sqlbroker.storage.backend import AsyncOps, Backend
+from sqlbroker.storage.backend import Backend
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
-from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Rows
-from sqlbroker.storage.promotion import PromotionThrottle
 from sqlbroker.storage.result_hub import Hint, ResultHub
 from sqlbroker.storage.schema import pending
-from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Settings, Tx
+from sqlbroker.storage.seam import AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
@@ -81,22 +78,15 @@ class SqliteBackend(Backend):
             weakref.WeakKeyDictionary()
         )
         self._threads = OwnThreads(name="sqlbroker-sqlite", size=THREADS)
-        known_queues = KnownQueues()
-        self.settings = Settings(
-            dialect="sqlite",
-            limits=self.limits,
-            clock=clock,
-            promotion=PromotionThrottle(),
-            archive_completed=self._archive_completed,
-            known_queues=known_queues,
-            one_writer=True,
+        self._use(
+            Settings(
+                dialect="sqlite",
+                limits=self.limits,
+                clock=clock,
+                archive_completed=self._archive_completed,
+                one_writer=True,
+            )
         )
-        # Transactions of several operations (the caller's, begin()'s) may roll back what
-        # they created: they read the known queues and learn none.
-        self._tx_settings = dataclasses.replace(
-            self.settings, known_queues=known_queues.in_transactions()
-        )
-        self.async_ops: AsyncExecutor = AsyncOps(self.settings, self._execute_async)
         self.result_hub = ResultHub(self._result_source)
 
     # --- the seam ----------------------------------------------------------------------------
