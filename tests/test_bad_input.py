@@ -692,6 +692,23 @@ def test_valid_edge_values_are_accepted(broker: sqlbroker.Broker) -> None:
     assert len(broker.claim(longest, limit=1)) == 1
 
 
+def test_a_wrong_deliveries_argument_says_what_is_wanted_and_what_came(
+    broker: sqlbroker.Broker,
+) -> None:
+    """The consumer's deliveries share the one rule of argument lists (a string, bytes or
+    a mapping is not a list of them), and its message names both."""
+    wanted = "must be a list of Delivery objects (or one Delivery)"
+    for op, said in [
+        (lambda: broker.complete("d"), f"deliveries: {wanted}, not str"),
+        (lambda: broker.release({}), f"deliveries: {wanted}, not dict"),
+        (lambda: broker.retry(b"d"), f"delivery: {wanted}, not bytes"),
+        (lambda: broker.complete(7), f"deliveries: {wanted}, not int"),
+    ]:
+        with pytest.raises(sqlbroker.InvalidOption) as caught:
+            op()
+        assert str(caught.value) == said
+
+
 @pytest.mark.parametrize("threads", [0, -1, True, 2.0, "4"], ids=repr)
 def test_bad_async_broker_threads(tmp_path: Any, threads: object) -> None:
     with pytest.raises(sqlbroker.InvalidOption) as caught:

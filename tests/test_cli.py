@@ -450,6 +450,13 @@ def test_validation_errors_exit_2_and_name_the_field(
         (["subscriptions", "flow", "nope", "--max-running", "3"], "no subscription named 'nope'"),
         (["subscriptions", "retention", "nope"], "no subscription named 'nope'"),
         (["subscriptions", "retention", "nope", "--dead", "1d"], "no subscription named 'nope'"),
+        (["claim", "nope"], "no subscription named 'nope'"),
+        (["pending", "nope"], "no subscription named 'nope'"),
+        (["archive", "nope"], "no subscription named 'nope'"),
+        (["dlq", "list", "--subscription", "nope"], "no subscription named 'nope'"),
+        (["dlq", "replay", "--subscription", "nope"], "no subscription named 'nope'"),
+        (["dlq", "replay", "--subscription", "nope", "--yes"], "no subscription named 'nope'"),
+        (["dlq", "purge", "--subscription", "nope", "--yes"], "no subscription named 'nope'"),
         (["saga", "show", "nope"], "no saga 'nope'"),
         (["schedules", "pause", "nope"], "no schedule named 'nope'"),
         (["dlq", "show", "7"], "7"),
@@ -461,6 +468,28 @@ def test_naming_what_does_not_exist_exits_1(sqlite_url: str, args: list[str], wh
     not exist fails alike: one line, exit 1 (a runtime failure; 2 is for bad input)."""
     ok(sqlite_url, "subscribe", "orders", "orders.*")
     assert_clean_error(run(sqlite_url, *args), 1, what)
+
+
+def test_a_deleted_subscriptions_archive_and_dead_letters_still_list(sqlite_url: str) -> None:
+    """Naming a subscription is checked only when nothing was found: the archive rows and
+    dead letters a deleted subscription left behind stay reachable by its name, and an
+    empty subscription that exists is empty, not missing."""
+    dead_id = dead_letter_one(sqlite_url, "mail", {"n": 1})
+    ok(sqlite_url, "send", "mail", "2")
+    ok(sqlite_url, "claim", "mail", "--complete")
+    assert "nothing to claim in mail" in ok(sqlite_url, "claim", "mail").stdout
+    assert json_of(sqlite_url, "pending", "mail") == []
+    with sqlbroker.Broker(sqlite_url) as broker:
+        assert broker.unsubscribe("mail")
+    assert [row["subscription"] for row in json_of(sqlite_url, "archive", "mail")] == ["mail"]
+    listed = json_of(sqlite_url, "dlq", "list", "--subscription", "mail")
+    assert [row["id"] for row in listed] == [dead_id]
+    assert_clean_error(run(sqlite_url, "pending", "mail"), 1, "no subscription named 'mail'")
+    assert_clean_error(
+        run(sqlite_url, "dlq", "list", "--subscription", "mail", "--topic", "other"),
+        1,
+        "no subscription named 'mail'",
+    )
 
 
 def test_bad_json_says_what_is_wrong(sqlite_url: str) -> None:
@@ -576,6 +605,7 @@ def test_empty_views(sqlite_url: str) -> None:
     assert "no subscriptions yet" in ok(sqlite_url, "stats").stdout
     assert "no pending messages" in ok(sqlite_url, "pending").stdout
     assert "the archive is empty" in ok(sqlite_url, "archive").stdout
+    ok(sqlite_url, "subscribe", "q", "q")
     assert "nothing to claim in q" in ok(sqlite_url, "claim", "q").stdout
     assert json_of(sqlite_url, "claim", "q") == []
 

@@ -256,9 +256,15 @@ def test_module_not_found(app_dir: Path) -> None:
 
 def test_a_file_name_instead_of_a_module(app_dir: Path) -> None:
     write_app(app_dir, f"sqlite:///{app_dir}/app.db", name="shop")
-    assert_one_line_error(invoke("worker", "shop.py"), 2, "name the module, not its file: shop")
+    """Both ways a file name fails (a dotted ``shop.py`` does not import, a path does not
+    parse) give the one hint, in the same words."""
+    hint = "; name the module, not its file: shop:broker"
+    assert_one_line_error(invoke("worker", "shop.py"), 2, "cannot import 'shop.py'", hint)
     assert_one_line_error(
-        invoke("worker", "src/shop.py:broker"), 2, "package.module:attribute", "shop:broker"
+        invoke("worker", "src/shop.py:broker"),
+        2,
+        "package.module:attribute",
+        f"{hint}, run from src",
     )
 
 

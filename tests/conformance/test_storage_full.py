@@ -90,7 +90,9 @@ def test_a_claim_whose_dead_letter_finds_the_sqlite_database_full_says_it_may_be
     """A SQLite claim commits its leases before it decodes its rows, and dead-letters the
     rows that do not decode in a transaction of its own. When that one finds the database
     full, the claim's leases stand: ``StorageFull`` says the operation may be partly done,
-    not that nothing was written (which it used to say)."""
+    not that nothing was written (which it used to say), and that what was done is not
+    done twice by trying again — true of a claim: its leased copies are not claimed again
+    before their leases expire (it used to advise trying again, without saying so)."""
     path = tmp_path / "broker.db"
     with sqlbroker.Broker(f"sqlite:///{path}", pool_size=1) as broker:
         for _ in range(100):
@@ -106,5 +108,13 @@ def test_a_claim_whose_dead_letter_finds_the_sqlite_database_full_says_it_may_be
             broker.claim("jobs", lease=60, limit=100)
         assert "nothing was written" not in str(raised.value)
         assert "statements before it had committed on their own" in str(raised.value)
+        assert str(raised.value).endswith(
+            "so it may be partly done: what they did stands, and is not done twice by trying"
+            " again once space is freed (database or disk is full)"
+        )
         assert {p.state.value for p in broker.pending("jobs")} == {"running"}
         assert broker.dead_letters.list() == []
+        with broker._backend._db.write() as own:
+            own.execute("PRAGMA max_page_count = 1073741823")
+        assert broker.claim("jobs", lease=60, limit=100) == []
+        assert len(broker.pending("jobs")) == 100

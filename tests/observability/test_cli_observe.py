@@ -143,6 +143,12 @@ def test_healthcheck_readiness_fails_on_lag_with_a_live_worker(backend_url: str)
     assert report["status"] == "not ready"
     assert [c["name"] for c in report["checks"] if not c["ok"]] == ["lag"]
     assert run(backend_url, "healthcheck", "--max-lag", "2h").exit_code == 0
+    # A subscription that does not exist is not ready, not a lag of nothing.
+    missing = run(backend_url, "healthcheck", "--subscription", "other", "--max-lag", "1")
+    assert missing.exit_code == 3, missing.output
+    assert "no subscription named 'other'" in missing.stdout
+    with sqlbroker.Broker(backend_url) as broker:
+        broker.subscribe("other", "other")
     assert (
         run(backend_url, "healthcheck", "--subscription", "other", "--max-lag", "1").exit_code == 0
     )

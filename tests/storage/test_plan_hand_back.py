@@ -18,6 +18,7 @@ from tests.seam.support import claim, publish
 
 from sqlbroker.core.clock import ManualClock
 from sqlbroker.core.errors import DatabaseBusy
+from sqlbroker.core.sagas import NewSaga
 from sqlbroker.core.settlements import Lease, Settlement
 from sqlbroker.storage.factory import open_backend
 from sqlbroker.storage.plan import Plan, StatementFailed, query
@@ -214,5 +215,27 @@ def test_a_later_statement_failing_uncaught_does_not_claim_nothing_was_changed(
         else:
             assert "nothing was changed" in str(busy.value)
             assert archived == []
+    finally:
+        backend.close()
+
+
+def test_a_read_whose_later_statement_fails_says_nothing_was_changed(
+    pg_url: str, pg_server: Any
+) -> None:
+    """A read runs its statements alone too, but leaves nothing behind: a saga read whose
+    steps wait past ``lock_timeout`` (another session holds their table) says nothing
+    was changed, not that it may be partly done (which it used to say)."""
+    admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
+    backend = open_backend(pg_url, lock_timeout=0.2)
+    try:
+        saga = NewSaga(id="s-1", name="order", data="{}", steps=(("reserve", True),), timeout=60)
+        with backend.begin() as tx:
+            assert tx.saga_insert(saga=saga)
+        with psycopg.connect(admin_url) as holder:
+            holder.execute("LOCK TABLE sqlbroker_saga_step IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(DatabaseBusy, match="lock_timeout") as busy:
+                backend.saga_get(id="s-1")
+        assert "nothing was changed, try again" in str(busy.value)
+        assert "partly done" not in str(busy.value)
     finally:
         backend.close()

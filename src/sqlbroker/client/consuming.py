@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,7 @@ def delivery_list(
     before anything is written)."""
     if isinstance(value, Delivery):
         return [value]
-    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
-        raise InvalidOption(field, "must be a Delivery or a list of them")
-    items = list(value)
+    items = validate.items(value, field, "Delivery objects (or one Delivery)")
     seen: set[int] = set()
     for item in items:
         if not isinstance(item, Delivery):

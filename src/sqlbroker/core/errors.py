@@ -135,16 +135,22 @@ class StorageError(SqlbrokerError):
 
 def undone(committed: bool, nothing: str) -> str:
     """What an operation that failed at a statement left behind, as its error says it:
-    ``nothing`` (that error's words for "nothing was written"), unless statements of the
-    operation before the failed one had committed on their own (``committed``: PostgreSQL
-    runs an operation's statements alone; SQLite's claim commits before it dead-letters
-    the rows that do not decode). The one rule for :class:`DatabaseBusy` and
-    :class:`StorageFull`."""
+    ``nothing`` (that error's words for "nothing was written", with its advice), unless
+    statements of the operation before the failed one had committed on their own
+    (``committed``: PostgreSQL runs a write's statements alone unless it must apply all or
+    nothing; SQLite's claim commits before it dead-letters the rows that do not decode).
+    Then what they did stands, and trying again does not do it twice: only an operation
+    written so runs outside a transaction (``storage.plan.Access``) — a claim's leased
+    copies come back when their leases expire, a worker's beat adds its counters last,
+    a reaper's pass finds only what is left — while a publish of several statements (a
+    batch with keys, a new queue) is one transaction, undone whole. The one rule for
+    :class:`DatabaseBusy` and :class:`StorageFull`."""
     if not committed:
         return nothing
     return (
         "this statement changed nothing, but the operation's statements before it had"
-        " committed on their own, so it may be partly done"
+        " committed on their own, so it may be partly done: what they did stands, and is"
+        " not done twice by trying again"
     )
 
 
@@ -158,9 +164,9 @@ class DatabaseBusy(StorageError):
 
 class StorageFull(StorageError):
     """The database's disk is full: nothing was written (but by the earlier statements of
-    an operation that commits each on its own, which the message then says, as
-    :func:`undone` words it), and the same call succeeds once space is freed (nothing has
-    to be restarted).
+    an operation that commits each on its own, which stand and are not done twice by a
+    retry, as the message then says in :func:`undone`'s words), and the same call
+    succeeds once space is freed (nothing has to be restarted).
 
     Raised alike by both backends: PostgreSQL's ``disk_full`` (SQLSTATE 53100: a table,
     index or temporary file could not grow) and SQLite's ``SQLITE_FULL`` (the database
@@ -174,9 +180,9 @@ class StorageFull(StorageError):
     def __init__(self, backend: str, detail: str, *, committed: bool = False) -> None:
         self.backend = backend
         self.detail = detail
+        left = undone(committed, "nothing was written, try again")
         super().__init__(
-            f"the {backend} database's disk is full; {undone(committed, 'nothing was written')},"
-            f" try again once space is freed ({detail})"
+            f"the {backend} database's disk is full; {left} once space is freed ({detail})"
         )
 
 

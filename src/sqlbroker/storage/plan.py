@@ -166,7 +166,9 @@ class Access:
     - ``read_only``: outside any write transaction (SQLite takes no write lock);
     - ``atomic``: several writes that apply all or nothing — PostgreSQL runs them in one
       transaction (SQLite runs every write in one anyway); without it PostgreSQL commits
-      each statement on its own, which saves two round trips;
+      each statement on its own, which saves two round trips, so an operation without it
+      is one that may fail partly done: what its committed statements did must stand, and
+      trying it again must not do that twice (its errors say so: ``core.errors.undone``);
     - ``relaxed``: its commit need not wait for the disk (a claim: a crash of the machine
       can only forget the lease, and the copy comes back); honoured unless the backend
       keeps durable claims.

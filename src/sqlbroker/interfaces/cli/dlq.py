@@ -36,6 +36,7 @@ from sqlbroker.interfaces.cli.session import (
     InvalidUsage,
     Session,
     cli_actor,
+    found_in,
     pass_session,
 )
 
@@ -85,8 +86,10 @@ def list_dead(
     session: Session, limit: int, after_id: int | None, as_json: bool, **filters: str | None
 ) -> None:
     """List dead letters matching every given filter, oldest first."""
+    broker, chosen = session.reader(), _given(filters)
+    found = broker.dead_letters.list(**chosen, limit=limit, after_id=after_id)
     listing(
-        session.reader().dead_letters.list(**_given(filters), limit=limit, after_id=after_id),
+        found_in(broker, chosen.get("subscription"), found),
         {
             "id": lambda d: d.id,
             "subscription": lambda d: d.subscription,
@@ -233,6 +236,7 @@ def _act(
                 f" but {plural(missing, 'named dead letter')} did not match"
                 " (excluded by a filter, or gone meanwhile)"
             )
+    found_in(session.broker(), chosen.get("subscription"), count)
     if not as_json:
         click.echo(f"{_PAST[verb]} {plural(count, 'dead letter')}")
     elif verb == "replay":

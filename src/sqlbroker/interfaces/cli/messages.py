@@ -16,7 +16,13 @@ from sqlbroker.interfaces.cli.params import (
     read_payload,
 )
 from sqlbroker.interfaces.cli.render import human_time, listing, payload_preview, plural
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, cli_actor, pass_session
+from sqlbroker.interfaces.cli.session import (
+    InvalidUsage,
+    Session,
+    cli_actor,
+    found_in,
+    pass_session,
+)
 
 publish_options = options(
     click.argument("payload"),
@@ -127,8 +133,10 @@ def claim(
     expires. With --complete they are acknowledged and archived as completed.
     """
     broker = session.broker()
-    deliveries = broker.claim(
-        subscription, limit=limit, lease=lease, worker=f"cli:{broker.worker_name()}"
+    deliveries = found_in(
+        broker,
+        subscription,
+        broker.claim(subscription, limit=limit, lease=lease, worker=f"cli:{broker.worker_name()}"),
     )
     if deliveries and complete:
         broker.complete(deliveries)

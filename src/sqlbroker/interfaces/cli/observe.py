@@ -136,11 +136,17 @@ def _checks(
         )
     checks.append(Check("heartbeat", bool(fresh), detail, live=True))
     if probe == "readiness":
-        stats = [s for s in broker.stats() if not subscriptions or s.subscription in subscriptions]
+        every = broker.stats()
+        stats = [s for s in every if not subscriptions or s.subscription in subscriptions]
+        # A name no subscription has (a typo, or one its worker has not created yet) is not
+        # ready, rather than a lag of nothing.
+        unknown = sorted(set(subscriptions) - {s.subscription for s in every})
         lagging = [
             s for s in stats if s.oldest_ready_age is not None and s.oldest_ready_age > max_lag
         ]
-        if lagging:
+        if unknown:
+            detail = f"no subscription named {', '.join(map(repr, unknown))}"
+        elif lagging:
             worst = max(lagging, key=lambda s: s.oldest_ready_age or 0.0)
             detail = (
                 f"{len(lagging)} subscription(s) over {max_lag:g} s; worst"
@@ -148,7 +154,7 @@ def _checks(
             )
         else:
             detail = f"every oldest ready message is under {max_lag:g} s"
-        checks.append(Check("lag", not lagging, detail, live=False))
+        checks.append(Check("lag", not (lagging or unknown), detail, live=False))
     return checks
 
 
@@ -183,7 +189,8 @@ def _checks(
     "subscriptions",
     multiple=True,
     metavar="NAME",
-    help="Check the lag of these subscriptions only (repeatable).",
+    help="Check the lag of these subscriptions only (repeatable); one that does not exist"
+    " is not ready.",
 )
 @json_option()
 @pass_session

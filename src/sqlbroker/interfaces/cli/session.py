@@ -41,6 +41,7 @@ EXIT_INTERRUPTED = 130
 DEBUG_ENV = "SQLBROKER_DEBUG"
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class CliFailure(click.ClickException):
@@ -120,6 +121,17 @@ def cli_actor() -> str:
         return f"cli:{getpass.getuser()}"
     except (KeyError, OSError):
         return "cli"
+
+
+def found_in(broker: Broker, subscription: str | None, found: T) -> T:
+    """``found``, what a command found of ``subscription`` (``None``: of every one): rows,
+    or a count. Nothing found of a name no subscription has is ``NotFound`` ("no
+    subscription named …", exit 1), so that a typo does not read as an empty queue. The
+    name is looked up only then (one read by key, never on the library's claim): the
+    archive rows and dead letters a deleted subscription left still list."""
+    if subscription is not None and not found:
+        broker.retention(subscription)  # NotFound when there is no such subscription
+    return found
 
 
 def name_to_set(name: str | None, what: str) -> str:

@@ -23,7 +23,7 @@ from sqlbroker.interfaces.cli.render import (
     print_table,
     table_of,
 )
-from sqlbroker.interfaces.cli.session import InvalidUsage, Session, pass_session
+from sqlbroker.interfaces.cli.session import InvalidUsage, Session, found_in, pass_session
 
 DEFAULT_WATCH_INTERVAL = 2.0
 
@@ -185,8 +185,9 @@ def pending(
     Shows available, scheduled, blocked and running copies of every subscription, or of
     SUBSCRIPTION only.
     """
+    broker = session.reader()
     listing(
-        session.reader().pending(subscription, state=state, limit=limit),
+        found_in(broker, subscription, broker.pending(subscription, state=state, limit=limit)),
         {
             "id": lambda m: m.id,
             "subscription": lambda m: m.subscription,
@@ -226,8 +227,10 @@ def archive(
     Finished means completed, expired, cancelled, or published to a topic nobody
     subscribed to (unrouted). All subscriptions unless SUBSCRIPTION is given.
     """
+    broker = session.reader()
+    found = broker.archive(subscription, outcome=outcome, message_id=message_id, limit=limit)
     listing(
-        session.reader().archive(subscription, outcome=outcome, message_id=message_id, limit=limit),
+        found_in(broker, subscription, found),
         {
             "id": lambda m: m.id,
             "message id": lambda m: m.message_id,

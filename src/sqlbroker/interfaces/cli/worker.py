@@ -32,16 +32,25 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 log = logging.getLogger("sqlbroker.cli")
 
 
+def _file_hint(module_name: str) -> str:
+    """For an APP named by its file (``shop.py``, ``src/shop.py``): name the module
+    (``shop:broker``), from the file's directory; ``""`` for any other name."""
+    if not (module_name.endswith(".py") or "/" in module_name or os.sep in module_name):
+        return ""
+    directory, file = os.path.split(module_name)
+    where = f", run from {directory}" if directory else ""
+    return f"; name the module, not its file: {file.removesuffix('.py')}:broker{where}"
+
+
 def _split_reference(reference: str) -> tuple[str, str]:
     """``package.module:attribute`` as its two halves; the attribute defaults to ``broker``."""
     module_name, _, attribute = reference.partition(":")
     attribute = attribute or DEFAULT_ATTRIBUTE
     if not _DOTTED.match(module_name) or not _DOTTED.match(attribute):
-        hint = ""
-        if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-            stem = os.path.splitext(os.path.basename(module_name))[0]
-            hint = f"; name the module, not its file: run from its directory with {stem}:broker"
-        raise InvalidUsage(f"APP must look like package.module:attribute, not {reference!r}{hint}")
+        raise InvalidUsage(
+            f"APP must look like package.module:attribute, not {reference!r}"
+            f"{_file_hint(module_name)}"
+        )
     return module_name, attribute
 
 
@@ -67,11 +76,9 @@ def _import(module_name: str) -> object:
     except Exception as error:
         missing = error.name if isinstance(error, ModuleNotFoundError) else None
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            stem, dot_py = module_name.removesuffix(".py"), module_name.endswith(".py")
-            hint = f"; name the module, not its file: {stem}:broker" if dot_py else ""
             raise InvalidUsage(
                 f"cannot import {module_name!r}: no module named {missing!r}"
-                f" (looked in {os.getcwd()} and on sys.path){hint}"
+                f" (looked in {os.getcwd()} and on sys.path){_file_hint(module_name)}"
             ) from None
         if os.environ.get(DEBUG_ENV):
             raise

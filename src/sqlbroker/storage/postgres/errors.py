@@ -95,9 +95,10 @@ def translate(
     is ``ConnectionLost`` (``ambiguous`` for writes, whose commit may or may not have
     happened), a missing table ``SchemaError``, a lock or statement timeout, a deadlock or
     a serialization failure ``DatabaseBusy``, anything else ``StorageError``; passwords
-    are redacted. A statement run alone (:class:`StatementFailed`) after others of its
-    operation committed does not claim that nothing was changed."""
-    committed = isinstance(error, StatementFailed) and error.committed
+    are redacted. A statement of a write run alone (:class:`StatementFailed`) after
+    others of its operation committed does not claim that nothing was changed; a read's
+    earlier statements changed nothing."""
+    committed = isinstance(error, StatementFailed) and error.committed and write
     if isinstance(error, StatementFailed):
         assert isinstance(error.error, psycopg.Error)
         error = error.error
