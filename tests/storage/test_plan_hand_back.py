@@ -239,3 +239,22 @@ def test_a_read_whose_later_statement_fails_says_nothing_was_changed(
         assert "partly done" not in str(busy.value)
     finally:
         backend.close()
+
+
+def test_a_write_that_reads_first_is_undone_whole(pg_url: str, pg_server: Any) -> None:
+    """``tenant_set`` looks the role up, then maps it: one transaction, so a mapping that
+    waits past ``lock_timeout`` says nothing was changed (it used to run the look alone,
+    and then say the operation may be partly done)."""
+    admin_url = pg_server.url(psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"])
+    backend = open_backend(pg_url, lock_timeout=0.2)
+    try:
+        backend.migrate()
+        with psycopg.connect(admin_url) as holder:
+            role = holder.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+            holder.execute("LOCK TABLE sqlbroker_tenant IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(DatabaseBusy, match="lock_timeout") as busy:
+                backend.tenant_set(role=role, tenant="acme")
+        assert "nothing was changed, try again" in str(busy.value)
+        assert "partly done" not in str(busy.value)
+    finally:
+        backend.close()

@@ -83,8 +83,10 @@ def tenant_enabled(settings: Settings) -> Plan[bool]:
     return bool(row and row[0][0])
 
 
+@atomic
 def tenant_set(settings: Settings, *, role: str, tenant: str) -> Plan[None]:
-    """Map the login role ``role`` (it must exist) to ``tenant``; replaces a mapping."""
+    """Map the login role ``role`` (it must exist) to ``tenant``; replaces a mapping. The
+    look and the write are one transaction: a write that fails leaves nothing done."""
     _roles_needed(settings, "tenant isolation")
     row = yield query("tenant_role_exists", role=role)
     if not row or not row[0][0]:
