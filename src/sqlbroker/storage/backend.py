@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.caller import CallerConnection
+from sqlbroker.storage.operations import schema
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub, Waiter
-from sqlbroker.storage.schema import SchemaFiles
+from sqlbroker.storage.schema import SchemaFiles, pending
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL
@@ -49,6 +50,8 @@ class Backend(Executor):
     _threads: OwnThreads
     """The backend's own threads (:meth:`offload`; SQLite's coroutines run on them)."""
     _url: DatabaseURL
+    _qualifier = ""
+    """The prefix naming the tables' schema in SQL (PostgreSQL's ``schema``; empty: none)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._url!s})"
@@ -82,10 +85,36 @@ class Backend(Executor):
     ) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
 
-    # --- lifecycle -------------------------------------------------------------------------
     @abstractmethod
+    def _run_on(self, conn: Any, plan: Plan[T]) -> T:
+        """Run ``plan`` on ``conn``, inside the transaction open there."""
+
+    # --- lifecycle -------------------------------------------------------------------------
     def migrate(self) -> list[int]:
         """Apply pending migrations (serialized across processes); return those applied."""
+        migrations = self.schema_files.migrations(self._qualifier)
+        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
+        # current schema it must stay a read, so look before taking the lock.
+        if self.schema_version() >= len(migrations):
+            return []
+        applied: list[int] = []
+        with self._migrating() as conn:
+            current = self._run_on(conn, schema.schema_version_table(self.settings))
+            for version, name, script in pending(migrations, current):
+                self._run_script(conn, script)
+                record = schema.schema_version_record(self.settings, version=version, name=name)
+                self._run_on(conn, record)
+                applied.append(version)
+        return applied
+
+    @abstractmethod
+    def _migrating(self) -> AbstractContextManager[Any]:
+        """The connection :meth:`migrate` runs on, in a transaction that no concurrent
+        migrator shares (the second waits, then finds nothing to do)."""
+
+    @abstractmethod
+    def _run_script(self, conn: Any, script: str) -> None:
+        """Run one migration's script (its statements, in order) on ``conn``."""
 
     def check_schema(self) -> None:
         """Raise ``SchemaError`` unless the schema is exactly the version this code needs."""

@@ -29,7 +29,6 @@ from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.postgres.errors import Conn
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.schema import pending
 from sqlbroker.storage.seam import AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.threads import OwnThreads
@@ -204,13 +203,8 @@ class PostgresBackend(Backend):
 
     # --- schema ------------------------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        migrations = self.schema_files.migrations(self._qualifier)
-        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
-        # current schema it must stay a read, so look before taking the lock.
-        if self.schema_version() >= len(migrations):
-            return []
-        applied: list[int] = []
+    @contextlib.contextmanager
+    def _migrating(self) -> Iterator[Conn]:
         # Untimed and unwatched: DDL may wait and run long.
         with self._db.transaction(watched=False) as conn:
             try:
@@ -222,21 +216,17 @@ class PostgresBackend(Backend):
                             name=sql.Identifier(self._schema)
                         )
                     )
-                conn.execute(self._sql["schema_version_table"])
-                row = conn.execute(self._sql["schema_version"]).fetchone()
-                for version, name, script in pending(migrations, int(row[0]) if row else 0):
-                    conn.execute(script.encode())
-                    conn.execute(
-                        self._sql["schema_version_insert"], {"version": version, "name": name}
-                    )
-                    applied.append(version)
+                yield conn
             except psycopg.errors.InsufficientPrivilege as error:
+                target = len(self.schema_files.migrations())
                 raise SchemaError(
-                    f"the schema needs migrating (to version {len(migrations)}) but this role"
-                    f" may not change it ({redact(str(error)).strip().splitlines()[0]}): run"
+                    f"the schema needs migrating (to version {target}) but this role may not"
+                    f" change it ({redact(str(error)).strip().splitlines()[0]}): run"
                     " `sqlbroker migrate` as the migrator role (see docs/security.md)"
                 ) from None
-        return applied
+
+    def _run_script(self, conn: Conn, script: str) -> None:
+        conn.execute(script.encode())
 
     def _schema_exists(self, conn: Conn) -> bool:
         row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,7 +30,6 @@ from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Rows
 from sqlbroker.storage.result_hub import Hint, ResultHub
-from sqlbroker.storage.schema import pending
 from sqlbroker.storage.seam import AsyncTx, Settings, Tx
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
@@ -239,20 +239,12 @@ class SqliteBackend(Backend):
 
     # --- schema ------------------------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        applied: list[int] = []
-        with self._db.write() as conn:
-            conn.execute(self._sql["schema_version_table"])
-            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
-            for version, name, script in pending(self.schema_files.migrations(), current):
-                for statement in dialect.statements(script):
-                    conn.execute(statement)
-                conn.execute(
-                    self._sql["schema_version_insert"],
-                    {"version": version, "name": name, "now": self._now()},
-                )
-                applied.append(version)
-        return applied
+    def _migrating(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._db.write()
+
+    def _run_script(self, conn: sqlite3.Connection, script: str) -> None:
+        for statement in dialect.statements(script):
+            conn.execute(statement)
 
     @staticmethod
     def schema_sql() -> str:
