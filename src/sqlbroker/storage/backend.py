@@ -16,8 +16,9 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from sqlbroker.core.clock import Clock
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.operations import schema
@@ -30,6 +31,13 @@ from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL
 
 T = TypeVar("T")
+
+
+class Pool(Protocol):
+    """A dialect's connections to its database (``SqlitePool``, ``PostgresPool``)."""
+
+    def close(self) -> None:
+        """Close them (one in use when it is given back); no new one is handed out."""
 
 
 class Backend(Executor):
@@ -49,9 +57,14 @@ class Backend(Executor):
     """The one source of result hints every waiting ``broker.result`` shares."""
     _threads: OwnThreads
     """The backend's own threads (:meth:`offload`; SQLite's coroutines run on them)."""
-    _url: DatabaseURL
+    _db: Pool
     _qualifier = ""
     """The prefix naming the tables' schema in SQL (PostgreSQL's ``schema``; empty: none)."""
+
+    def __init__(self, url: DatabaseURL, *, clock: Clock, limits: Limits | None) -> None:
+        self._url = url
+        self._clock = clock
+        self.limits = limits or Limits()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._url!s})"
@@ -124,8 +137,12 @@ class Backend(Executor):
     def now(self) -> datetime:
         """The storage clock's current time."""
 
-    @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of everything the backend holds: the result hub's source, the backend's
+        own threads, its connections."""
+        self.result_hub.close()
+        self._threads.shutdown()
+        self._db.close()
 
     @abstractmethod
     async def close_async(self) -> None:

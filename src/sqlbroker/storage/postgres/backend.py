@@ -41,6 +41,7 @@ class PostgresBackend(Backend):
     name = "postgresql"
     supports_notify = True
     schema_files = dialect.SCHEMA
+    _db: PostgresPool
 
     def __init__(
         self,
@@ -63,9 +64,7 @@ class PostgresBackend(Backend):
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
         archive = validate.flag(archive_completed, "archive_completed")
-        self._url = url
-        self._clock = clock
-        self.limits = limits or Limits()
+        super().__init__(url, clock=clock, limits=limits)
         self._schema = schema
         self._qualifier = dialect.qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", schema=self._qualifier)
@@ -175,11 +174,6 @@ class PostgresBackend(Backend):
     def now(self) -> datetime:
         """The database's clock (or the test clock): the seam's ``clock_now``."""
         return self.clock_now()
-
-    def close(self) -> None:
-        self.result_hub.close()
-        self._threads.shutdown()
-        self._db.close()
 
     def _close_blocks(self) -> bool:
         # The loops' pools close without waiting (libpq's PQfinish); the blocking pool

@@ -49,6 +49,7 @@ class SqliteBackend(Backend):
     supports_notify = False
     notify_channel = ""
     schema_files = dialect.SCHEMA
+    _db: SqlitePool
 
     def __init__(
         self,
@@ -66,9 +67,7 @@ class SqliteBackend(Backend):
         # Whether a claim's own commit waits for the fsync: see SqlitePool.write.
         self._flush_claims = validate.flag(durable_claims, "durable_claims")
         self._archive_completed = validate.flag(archive_completed, "archive_completed")
-        self._clock = clock
-        self._url = url
-        self.limits = limits or Limits()
+        super().__init__(url, clock=clock, limits=limits)
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
@@ -174,11 +173,6 @@ class SqliteBackend(Backend):
 
     def now(self) -> datetime:
         return utc(self._now())
-
-    def close(self) -> None:
-        self.result_hub.close()
-        self._threads.shutdown()
-        self._db.close()
 
     async def listen_async(
         self,
