@@ -11,9 +11,11 @@ few rules written here hold for every backend.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -82,21 +84,27 @@ class Backend(Executor):
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` as a coroutine: how :attr:`async_ops` runs an operation."""
 
-    @abstractmethod
-    def begin(
-        self, conn: CallerConnection | None = None, *, timed: bool = True
-    ) -> AbstractContextManager[Tx]:
+    @contextlib.contextmanager
+    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
         """One transaction for several operations, each a method of the ``Tx``: the
         backend's own (committed when the block ends normally, rolled back otherwise), or
         with ``conn`` the caller's connection, joined as a savepoint, never committed.
         ``timed=False``: not held to the sessions' lock and statement timeouts
         (PostgreSQL; a caller's own statements or a bulk write run in it)."""
+        with self._transaction(conn, timed=timed) as raw:
+            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
 
     @abstractmethod
     def begin_async(
         self, conn: CallerConnection | None = None, *, timed: bool = True
     ) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
+
+    @abstractmethod
+    def _transaction(
+        self, conn: CallerConnection | None, *, timed: bool
+    ) -> AbstractContextManager[Any]:
+        """:meth:`begin`'s transaction: the driver connection it holds open."""
 
     @abstractmethod
     def _run_on(self, conn: Any, plan: Plan[T]) -> T:

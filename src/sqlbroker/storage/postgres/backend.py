@@ -8,8 +8,8 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.postgres.errors import Conn
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.seam import AsyncTx, Settings, Tx
+from sqlbroker.storage.seam import AsyncTx, Settings
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
@@ -147,13 +147,12 @@ class PostgresBackend(Backend):
                 conn, self._statements, plan, self._clock.now(), pooled=True
             )
 
-    @contextlib.contextmanager
-    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
-        """One transaction for several operations: ours (committed when the block ends
-        normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
-        SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
-        with self._db.transaction(conn, watched=timed) as raw:
-            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
+    def _transaction(
+        self, conn: CallerConnection | None, *, timed: bool
+    ) -> AbstractContextManager[Conn]:
+        """Ours on a pooled connection, or the caller's connection (psycopg, SQLAlchemy or
+        Django over psycopg) joined as a savepoint."""
+        return self._db.transaction(conn, watched=timed)
 
     def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
         return dialect.run(conn, self._statements, plan, self._clock.now())

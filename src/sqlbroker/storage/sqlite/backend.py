@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
@@ -30,7 +30,7 @@ from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Rows
 from sqlbroker.storage.result_hub import Hint, ResultHub
-from sqlbroker.storage.seam import AsyncTx, Settings, Tx
+from sqlbroker.storage.seam import AsyncTx, Settings
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
@@ -124,14 +124,13 @@ class SqliteBackend(Backend):
         """:meth:`execute` on one of the backend's threads."""
         return await self._threads.run(functools.partial(self.execute, plan, access))
 
-    @contextlib.contextmanager
-    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
-        """One write transaction for several operations: ours (``BEGIN IMMEDIATE``,
-        committed when the block ends normally, rolled back otherwise), or with ``conn``
-        the caller's, joined as a savepoint and never committed here. (``timed`` is
-        PostgreSQL's: SQLite's statements are bounded by ``busy_timeout``.)"""
-        with self._db.write(conn) as raw:
-            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
+    def _transaction(
+        self, conn: CallerConnection | None, *, timed: bool
+    ) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction: ours (``BEGIN IMMEDIATE``), or the caller's joined as a
+        savepoint. (``timed`` is PostgreSQL's: SQLite's statements are bounded by
+        ``busy_timeout``.)"""
+        return self._db.write(conn)
 
     def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
         return dialect.run(conn, self._statements, plan, self._now())
