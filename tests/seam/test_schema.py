@@ -5,6 +5,7 @@ dialect's files as data."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,22 @@ def test_a_migration_applies_every_version_once(backend_url: str, tmp_path: Any)
         fresh.check_schema()
     finally:
         fresh.close()
+
+
+def test_migrating_a_current_database_is_a_read(tmp_path: Any) -> None:
+    """A current schema is looked at, not locked: a writer holding SQLite's write lock
+    neither holds up nor fails a migrate with nothing to do (PostgreSQL's runtime role, which
+    may not take the migration lock: tests/security/test_roles.py)."""
+    path = tmp_path / "current.db"
+    current: Any = open_backend(f"sqlite:///{path}", clock=ManualClock(), busy_timeout=0.05)
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert current.migrate()
+        writer.execute("BEGIN IMMEDIATE")
+        assert current.migrate() == []
+    finally:
+        writer.close()
+        current.close()
 
 
 def test_the_printed_script_names_every_migration(backend: Any) -> None:

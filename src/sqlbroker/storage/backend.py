@@ -11,24 +11,35 @@ few rules written here hold for every backend.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from sqlbroker.core.clock import Clock
 from sqlbroker.core.limits import Limits
 from sqlbroker.storage.caller import CallerConnection
+from sqlbroker.storage.operations import schema
 from sqlbroker.storage.operations.subscriptions import KnownQueues
 from sqlbroker.storage.plan import Access, Plan
 from sqlbroker.storage.result_hub import ResultHub, Waiter
-from sqlbroker.storage.schema import SchemaFiles
+from sqlbroker.storage.schema import SchemaFiles, pending
 from sqlbroker.storage.seam import AsyncExecutor, AsyncTx, Executor, Settings, Tx
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL
 
 T = TypeVar("T")
+
+
+class Pool(Protocol):
+    """A dialect's connections to its database (``SqlitePool``, ``PostgresPool``)."""
+
+    def close(self) -> None:
+        """Close them (one in use when it is given back); no new one is handed out."""
 
 
 class Backend(Executor):
@@ -48,7 +59,14 @@ class Backend(Executor):
     """The one source of result hints every waiting ``broker.result`` shares."""
     _threads: OwnThreads
     """The backend's own threads (:meth:`offload`; SQLite's coroutines run on them)."""
-    _url: DatabaseURL
+    _db: Pool
+    _qualifier = ""
+    """The prefix naming the tables' schema in SQL (PostgreSQL's ``schema``; empty: none)."""
+
+    def __init__(self, url: DatabaseURL, *, clock: Clock, limits: Limits | None) -> None:
+        self._url = url
+        self._clock = clock
+        self.limits = limits or Limits()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._url!s})"
@@ -66,15 +84,15 @@ class Backend(Executor):
     async def _execute_async(self, plan: Plan[T], access: Access) -> T:
         """:meth:`execute` as a coroutine: how :attr:`async_ops` runs an operation."""
 
-    @abstractmethod
-    def begin(
-        self, conn: CallerConnection | None = None, *, timed: bool = True
-    ) -> AbstractContextManager[Tx]:
+    @contextlib.contextmanager
+    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
         """One transaction for several operations, each a method of the ``Tx``: the
         backend's own (committed when the block ends normally, rolled back otherwise), or
         with ``conn`` the caller's connection, joined as a savepoint, never committed.
         ``timed=False``: not held to the sessions' lock and statement timeouts
         (PostgreSQL; a caller's own statements or a bulk write run in it)."""
+        with self._transaction(conn, timed=timed) as raw:
+            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
 
     @abstractmethod
     def begin_async(
@@ -82,10 +100,42 @@ class Backend(Executor):
     ) -> AbstractAsyncContextManager[AsyncTx]:
         """:meth:`begin` for coroutines."""
 
-    # --- lifecycle -------------------------------------------------------------------------
     @abstractmethod
+    def _transaction(
+        self, conn: CallerConnection | None, *, timed: bool
+    ) -> AbstractContextManager[Any]:
+        """:meth:`begin`'s transaction: the driver connection it holds open."""
+
+    @abstractmethod
+    def _run_on(self, conn: Any, plan: Plan[T]) -> T:
+        """Run ``plan`` on ``conn``, inside the transaction open there."""
+
+    # --- lifecycle -------------------------------------------------------------------------
     def migrate(self) -> list[int]:
         """Apply pending migrations (serialized across processes); return those applied."""
+        migrations = self.schema_files.migrations(self._qualifier)
+        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
+        # current schema it must stay a read, so look before taking the lock.
+        if self.schema_version() >= len(migrations):
+            return []
+        applied: list[int] = []
+        with self._migrating() as conn:
+            current = self._run_on(conn, schema.schema_version_table(self.settings))
+            for version, name, script in pending(migrations, current):
+                self._run_script(conn, script)
+                record = schema.schema_version_record(self.settings, version=version, name=name)
+                self._run_on(conn, record)
+                applied.append(version)
+        return applied
+
+    @abstractmethod
+    def _migrating(self) -> AbstractContextManager[Any]:
+        """The connection :meth:`migrate` runs on, in a transaction that no concurrent
+        migrator shares (the second waits, then finds nothing to do)."""
+
+    @abstractmethod
+    def _run_script(self, conn: Any, script: str) -> None:
+        """Run one migration's script (its statements, in order) on ``conn``."""
 
     def check_schema(self) -> None:
         """Raise ``SchemaError`` unless the schema is exactly the version this code needs."""
@@ -95,8 +145,12 @@ class Backend(Executor):
     def now(self) -> datetime:
         """The storage clock's current time."""
 
-    @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of everything the backend holds: the result hub's source, the backend's
+        own threads, its connections."""
+        self.result_hub.close()
+        self._threads.shutdown()
+        self._db.close()
 
     @abstractmethod
     async def close_async(self) -> None:

@@ -2,7 +2,7 @@
 leave in ``sqlbroker_schema_version``, the check that a database is at the version this
 sqlbroker needs, and the complete script a DBA applies by hand (``sqlbroker schema
 --print``). A dialect supplies only its :class:`SchemaFiles` (dialect.py) and how a
-migration script runs (its backend's ``migrate``)."""
+migration script runs (its backend's ``_run_script``; the loop is ``Backend.migrate``)."""
 
 from __future__ import annotations
 

@@ -266,7 +266,7 @@ class Operations(ABC):
     clock_now = Operation(observability.clock_now)
     # --- end observability -------------------------------------------------------------------
 
-    # --- schema (the migrations: each backend's migrate; storage/schema.py) --------------
+    # --- schema (the migrations: Backend.migrate; storage/schema.py) ---------------------
     schema_version = Operation(schema.schema_version)
     # --- end schema --------------------------------------------------------------------------
 

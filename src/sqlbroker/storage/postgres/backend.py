@@ -8,8 +8,8 @@ stays open between a claim and its ack, and none spans handler time. Claims use
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,8 +29,7 @@ from sqlbroker.storage.postgres.connection import PostgresPool
 from sqlbroker.storage.postgres.errors import Conn
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.result_hub import ResultHub
-from sqlbroker.storage.schema import pending
-from sqlbroker.storage.seam import AsyncTx, Settings, Tx
+from sqlbroker.storage.seam import AsyncTx, Settings
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.threads import OwnThreads
 from sqlbroker.storage.url import DatabaseURL, parse_url, redact
@@ -42,6 +41,7 @@ class PostgresBackend(Backend):
     name = "postgresql"
     supports_notify = True
     schema_files = dialect.SCHEMA
+    _db: PostgresPool
 
     def __init__(
         self,
@@ -64,9 +64,7 @@ class PostgresBackend(Backend):
     ) -> None:
         durable_claims = validate.flag(durable_claims, "durable_claims")
         archive = validate.flag(archive_completed, "archive_completed")
-        self._url = url
-        self._clock = clock
-        self.limits = limits or Limits()
+        super().__init__(url, clock=clock, limits=limits)
         self._schema = schema
         self._qualifier = dialect.qualifier(schema)
         self._sql = load_sql("sqlbroker.storage.postgres", schema=self._qualifier)
@@ -149,13 +147,12 @@ class PostgresBackend(Backend):
                 conn, self._statements, plan, self._clock.now(), pooled=True
             )
 
-    @contextlib.contextmanager
-    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
-        """One transaction for several operations: ours (committed when the block ends
-        normally, rolled back otherwise), or with ``conn`` the caller's connection (psycopg,
-        SQLAlchemy or Django over psycopg) joined as a savepoint and never committed here."""
-        with self._db.transaction(conn, watched=timed) as raw:
-            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
+    def _transaction(
+        self, conn: CallerConnection | None, *, timed: bool
+    ) -> AbstractContextManager[Conn]:
+        """Ours on a pooled connection, or the caller's connection (psycopg, SQLAlchemy or
+        Django over psycopg) joined as a savepoint."""
+        return self._db.transaction(conn, watched=timed)
 
     def _run_on(self, conn: Conn, plan: Plan[T]) -> T:
         return dialect.run(conn, self._statements, plan, self._clock.now())
@@ -176,11 +173,6 @@ class PostgresBackend(Backend):
     def now(self) -> datetime:
         """The database's clock (or the test clock): the seam's ``clock_now``."""
         return self.clock_now()
-
-    def close(self) -> None:
-        self.result_hub.close()
-        self._threads.shutdown()
-        self._db.close()
 
     def _close_blocks(self) -> bool:
         # The loops' pools close without waiting (libpq's PQfinish); the blocking pool
@@ -204,13 +196,8 @@ class PostgresBackend(Backend):
 
     # --- schema ------------------------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        migrations = self.schema_files.migrations(self._qualifier)
-        # A runtime role (no DDL rights) may call this too, e.g. Broker(migrate=True): on a
-        # current schema it must stay a read, so look before taking the lock.
-        if self.schema_version() >= len(migrations):
-            return []
-        applied: list[int] = []
+    @contextlib.contextmanager
+    def _migrating(self) -> Iterator[Conn]:
         # Untimed and unwatched: DDL may wait and run long.
         with self._db.transaction(watched=False) as conn:
             try:
@@ -222,21 +209,17 @@ class PostgresBackend(Backend):
                             name=sql.Identifier(self._schema)
                         )
                     )
-                conn.execute(self._sql["schema_version_table"])
-                row = conn.execute(self._sql["schema_version"]).fetchone()
-                for version, name, script in pending(migrations, int(row[0]) if row else 0):
-                    conn.execute(script.encode())
-                    conn.execute(
-                        self._sql["schema_version_insert"], {"version": version, "name": name}
-                    )
-                    applied.append(version)
+                yield conn
             except psycopg.errors.InsufficientPrivilege as error:
+                target = len(self.schema_files.migrations())
                 raise SchemaError(
-                    f"the schema needs migrating (to version {len(migrations)}) but this role"
-                    f" may not change it ({redact(str(error)).strip().splitlines()[0]}): run"
+                    f"the schema needs migrating (to version {target}) but this role may not"
+                    f" change it ({redact(str(error)).strip().splitlines()[0]}): run"
                     " `sqlbroker migrate` as the migrator role (see docs/security.md)"
                 ) from None
-        return applied
+
+    def _run_script(self, conn: Conn, script: str) -> None:
+        conn.execute(script.encode())
 
     def _schema_exists(self, conn: Conn) -> bool:
         row = conn.execute(self._sql["schema_exists"], {"schema": self._schema}).fetchone()

@@ -15,7 +15,8 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,8 +30,7 @@ from sqlbroker.storage.caller import CallerConnection
 from sqlbroker.storage.columns import utc
 from sqlbroker.storage.plan import COMMIT_POINT, Access, Plan, Rows
 from sqlbroker.storage.result_hub import Hint, ResultHub
-from sqlbroker.storage.schema import pending
-from sqlbroker.storage.seam import AsyncTx, Settings, Tx
+from sqlbroker.storage.seam import AsyncTx, Settings
 from sqlbroker.storage.sql import load_sql
 from sqlbroker.storage.sqlite import dialect
 from sqlbroker.storage.sqlite.connection import SESSION, SqlitePool
@@ -49,6 +49,7 @@ class SqliteBackend(Backend):
     supports_notify = False
     notify_channel = ""
     schema_files = dialect.SCHEMA
+    _db: SqlitePool
 
     def __init__(
         self,
@@ -66,9 +67,7 @@ class SqliteBackend(Backend):
         # Whether a claim's own commit waits for the fsync: see SqlitePool.write.
         self._flush_claims = validate.flag(durable_claims, "durable_claims")
         self._archive_completed = validate.flag(archive_completed, "archive_completed")
-        self._clock = clock
-        self._url = url
-        self.limits = limits or Limits()
+        super().__init__(url, clock=clock, limits=limits)
         self._db = SqlitePool(
             url.path, synchronous=synchronous, busy_timeout=busy_timeout, pool_size=pool_size
         )
@@ -125,14 +124,13 @@ class SqliteBackend(Backend):
         """:meth:`execute` on one of the backend's threads."""
         return await self._threads.run(functools.partial(self.execute, plan, access))
 
-    @contextlib.contextmanager
-    def begin(self, conn: CallerConnection | None = None, *, timed: bool = True) -> Iterator[Tx]:
-        """One write transaction for several operations: ours (``BEGIN IMMEDIATE``,
-        committed when the block ends normally, rolled back otherwise), or with ``conn``
-        the caller's, joined as a savepoint and never committed here. (``timed`` is
-        PostgreSQL's: SQLite's statements are bounded by ``busy_timeout``.)"""
-        with self._db.write(conn) as raw:
-            yield Tx(self._tx_settings, functools.partial(self._run_on, raw), raw)
+    def _transaction(
+        self, conn: CallerConnection | None, *, timed: bool
+    ) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction: ours (``BEGIN IMMEDIATE``), or the caller's joined as a
+        savepoint. (``timed`` is PostgreSQL's: SQLite's statements are bounded by
+        ``busy_timeout``.)"""
+        return self._db.write(conn)
 
     def _run_on(self, conn: sqlite3.Connection, plan: Plan[T]) -> T:
         return dialect.run(conn, self._statements, plan, self._now())
@@ -174,11 +172,6 @@ class SqliteBackend(Backend):
 
     def now(self) -> datetime:
         return utc(self._now())
-
-    def close(self) -> None:
-        self.result_hub.close()
-        self._threads.shutdown()
-        self._db.close()
 
     async def listen_async(
         self,
@@ -239,20 +232,12 @@ class SqliteBackend(Backend):
 
     # --- schema ------------------------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        applied: list[int] = []
-        with self._db.write() as conn:
-            conn.execute(self._sql["schema_version_table"])
-            current = conn.execute(self._sql["schema_version"]).fetchone()[0]
-            for version, name, script in pending(self.schema_files.migrations(), current):
-                for statement in dialect.statements(script):
-                    conn.execute(statement)
-                conn.execute(
-                    self._sql["schema_version_insert"],
-                    {"version": version, "name": name, "now": self._now()},
-                )
-                applied.append(version)
-        return applied
+    def _migrating(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._db.write()
+
+    def _run_script(self, conn: sqlite3.Connection, script: str) -> None:
+        for statement in dialect.statements(script):
+            conn.execute(statement)
 
     @staticmethod
     def schema_sql() -> str:
