@@ -101,7 +101,9 @@ class Worker:
 
     Made by :meth:`Broker.worker` (or run by ``broker.run()`` and ``sqlbroker worker``), not
     constructed directly. :meth:`run` blocks until :meth:`stop`, SIGTERM or SIGINT; a stop
-    waits up to ``grace`` seconds for running handlers and gives the rest back.
+    waits up to ``grace`` seconds for running handlers and gives the rest back. Before it
+    starts anything it checks the schema and, for each of ``sagas`` (those whose steps it
+    runs), warns of steps no handler serves (``SagaWarning``).
     """
 
     def __init__(
@@ -209,13 +211,12 @@ class Worker:
             # also when the schema check fails: it opened the loop's connections.
             async with contextlib.AsyncExitStack() as started:
                 await self._broker._ready_async()  # the loop goes on while it reads
+                # A saga's check may read the live workers, blocking: on the backend's threads.
+                handled, when = self._broker.subscribers, "this worker runs"
                 for saga in self._sagas:
-                    # It may read the live workers, blocking: on the backend's threads.
-                    handled = self._broker.subscribers
-                    check = functools.partial(
-                        warn_unhandled, backend, saga, handled, when="this worker runs"
+                    await backend.offload(
+                        functools.partial(warn_unhandled, backend, saga, handled, when=when)
                     )
-                    await backend.offload(check)
                 handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
                 started.callback(handler_threads.shutdown, wait=False, cancel_futures=True)
                 await self._ensure_subscriptions(backend)
