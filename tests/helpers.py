@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
+
+import psycopg
 
 import sqlbroker
 
@@ -98,3 +102,22 @@ class RefusingExecutor(ThreadPoolExecutor):
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         raise AssertionError("sqlbroker used the loop's default executor")
+
+
+def loop_resources(url: str, application: str) -> Callable[[], int]:
+    """A count of what brokers hold for their event loops, taken from outside: on
+    PostgreSQL the sessions named ``application`` (``pg_stat_activity``, read through
+    ``url``), on SQLite the backends' threads — those of every SQLite broker of the
+    process, so compare with a count taken before."""
+    if url.startswith("sqlite"):
+        return lambda: sum(t.name.startswith("sqlbroker-sqlite") for t in threading.enumerate())
+
+    def sessions() -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    return sessions

@@ -28,7 +28,6 @@ from sqlbroker.features.faces import (
     operation,
 )
 from sqlbroker.features.processed import AsyncOnce, Once
-from sqlbroker.features.sagas import warn_unhandled
 from sqlbroker.features.subscribers import DEFAULT_CONCURRENCY
 from sqlbroker.runtime.events import WorkerObserver
 from sqlbroker.runtime.sagas import saga_handler
@@ -144,22 +143,19 @@ class _Base(BrokerBase):
             slots = validate.integer(concurrency, "concurrency", minimum=1, maximum=10_000)
             specs = [dataclasses.replace(spec, concurrency=slots) for spec in specs]
         settings: WorkerOptions = options
-        worker = Worker(self, specs, observers=self._observers, **settings)
         sagas = [s for s in self._saga_definitions.values() if set(s.queues()) & set(chosen)]
-        if sagas:
-            backend = self._ready()
-            for saga in sagas:
-                warn_unhandled(backend, saga, self.subscribers, when="this worker runs")
-        return worker
+        return Worker(self, specs, observers=self._observers, sagas=sagas, **settings)
 
-    @operation
+    # Not checked by the face: the worker checks the schema itself, on its loop and inside
+    # its teardown, so that a failed check lets go of what it opened.
+    @functools.partial(operation, checked=False)
     def run(self, *, timeout: float | None = None, **options: Unpack[RunOptions]) -> Plan[None]:
         """Run the subscribers until stopped (``stop()``, SIGTERM or SIGINT, or
         ``timeout`` seconds): blocking on ``Broker``, on the caller's loop on
         ``AsyncBroker``. The options are :meth:`worker`'s (:class:`RunOptions`)."""
         yield from self._running(self.worker(**options), until_idle=False, timeout=timeout)
 
-    @operation
+    @functools.partial(operation, checked=False)
     def run_until_idle(
         self, *, timeout: float | None = None, **options: Unpack[RunOptions]
     ) -> Plan[None]:

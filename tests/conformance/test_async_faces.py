@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import psycopg
 import pytest
 
 import sqlbroker
+from helpers import loop_resources
 
 
 class _CountingExecutor(ThreadPoolExecutor):
@@ -233,17 +233,12 @@ def test_many_waiting_results_share_one_source(backend_url: str) -> None:
 
 
 def _connections(url: str, application: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (application,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+    return loop_resources(url, application)()
 
 
 def _settled(url: str, application: str, at_most: int) -> int:
     """The count once the server has seen closed sessions go (their backends exit a
-    moment after the client hangs up)."""
+    moment after the client hangs up; SQLite's threads, once their work is done)."""
     for _ in range(100):
         count = _connections(url, application)
         if count <= at_most:
@@ -366,3 +361,28 @@ def test_a_run_leaves_nothing_behind_however_it_ends(backend_url: str) -> None:
             assert (broker._publish_listeners, broker._worker) == ([], None)
 
     asyncio.run(scenario())
+
+
+def test_calls_whose_first_check_fails_leave_no_loop_resources(backend_url: str) -> None:
+    """``asyncio.run(broker.publish(…))`` on a schema newer than this sqlbroker, 20 times:
+    each call raises ``SchemaError`` and lets go of what it opened for its loop
+    (PostgreSQL's sessions, SQLite's threads), which that loop, gone, would never use
+    again; they do not wait for the next loop or ``close()``."""
+    application = f"sqlbroker-refused-{uuid.uuid4().hex[:8]}"
+    with sqlbroker.Broker(backend_url, migrate=True) as admin:
+        admin.migrate()
+        with admin.backend.begin() as tx:
+            tx.connection.execute(
+                "INSERT INTO sqlbroker_schema_version (version, name, applied_at)"
+                " VALUES (9999, 'from a newer sqlbroker', CURRENT_TIMESTAMP)"
+            )
+    before = _connections(backend_url, application)  # SQLite: other brokers' threads
+    named = {} if backend_url.startswith("sqlite") else {"application_name": application}
+    broker = sqlbroker.AsyncBroker(backend_url, migrate=False, **named)
+    counts = []
+    for n in range(20):
+        with pytest.raises(sqlbroker.SchemaError, match="upgrade sqlbroker"):
+            asyncio.run(broker.publish("orders.created", n))
+        counts.append(_settled(backend_url, application, before) - before)
+    asyncio.run(broker.close())
+    assert counts == [0] * 20

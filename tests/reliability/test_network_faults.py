@@ -10,6 +10,7 @@ a restart; nothing acknowledged may be lost and every duplicate must have a reas
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from reliability.pgfaults import (
     wait_all,
     wait_drained,
 )
+from runtime.support import wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -83,6 +85,45 @@ def test_own_statements_are_bounded_and_the_callers_transaction_is_not(pg_url: s
             conn = conn_tx.connection
             conn.execute("SELECT pg_sleep(1.5)")
         broker.send("jobs", {"tag": "after"})  # the pool replaced its connections
+
+
+def test_the_result_listen_session_finds_a_silent_network_and_listens_again(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The result LISTEN session (which ``broker.result(…, wait=…)`` waits on) is checked
+    as the worker's is: on a network gone silent behind the proxy, where keepalives see
+    nothing wrong, its health check gets no answer within half ``network_timeout``, so the
+    session is shut down and replaced once the network is back, and a waiter hears hints
+    again instead of waiting on a dead session for good."""
+    caplog.set_level(logging.WARNING, logger="sqlbroker.storage")
+    port = int(psycopg.conninfo.conninfo_to_dict(pg_url)["port"])
+    proxy = FaultProxy(("127.0.0.1", port))
+    try:
+        behind = proxy.url_for(pg_url)
+        with sqlbroker.Broker(behind, network_timeout=1, connect_timeout=2) as broker:
+            hub = broker.backend.result_hub
+            waiter = hub.register("m-1")
+            try:
+                waiter.ready()
+                proxy.set_mode("silent")
+                wait_until(
+                    lambda: "result LISTEN connection failed (no answer from" in caplog.text,
+                    timeout=30,
+                    what="the silent session's health check to fail",
+                )
+                proxy.set_mode("pass")
+                with psycopg.connect(pg_url, autocommit=True) as direct:
+                    channel = broker.backend.result_channel
+
+                    def heard() -> bool:
+                        direct.execute("SELECT pg_notify(%s, 'm-1')", (channel,))
+                        return waiter.wait(0.2)
+
+                    wait_until(heard, timeout=30, what="a hint through a new session")
+            finally:
+                hub.unregister("m-1", waiter)
+    finally:
+        proxy.stop()
 
 
 @pytest.mark.slow

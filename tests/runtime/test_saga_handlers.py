@@ -4,10 +4,12 @@ has a handler here or in a live worker, since handlers may live in other process
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,31 @@ def test_handlers_in_a_live_worker_elsewhere_count(app: sqlbroker.Broker, backen
         app.stop()
         runner.join(30)
     assert not runner.is_alive()
+
+
+def test_an_async_worker_checks_its_sagas_off_the_callers_loop(
+    backend_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AsyncBroker.run_until_idle`` with a step unhandled here warns as the blocking face
+    does, and its look at the live workers (a blocking read) runs on the backend's own
+    threads, not on the caller's loop (which it would stall meanwhile)."""
+    readers: list[int] = []
+
+    async def scenario() -> int:
+        async with sqlbroker.AsyncBroker(backend_url, migrate=True) as broker:
+            _register(broker, only="reserve")
+            backend = broker.backend
+            real = backend.worker_list
+
+            def worker_list() -> Any:
+                readers.append(threading.get_ident())
+                return real()
+
+            monkeypatch.setattr(backend, "worker_list", worker_list)
+            with pytest.warns(sqlbroker.SagaWarning, match="this worker runs saga 'checkout'"):
+                await broker.run_until_idle(timeout=30)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(scenario())
+    assert readers, "the check looked at the live workers"
+    assert loop_thread not in readers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import random
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 from tests.seam.support import lock_waits
 
 import sqlbroker
+from helpers import loop_resources
 from runtime.support import assert_all_completed_once, run_until_idle, wait_until
 
 
@@ -292,49 +294,52 @@ def test_the_workers_schema_check_leaves_its_loop_running(pg_url: str, pg_server
     assert seen_while_waiting[0] >= 5, "the loop stood still while the check waited"
 
 
+@dataclasses.dataclass
+class Unmigrated:
+    """A database nobody migrated, the broker options that name its sessions, and a count
+    of what brokers hold for their loops (:func:`helpers.loop_resources`)."""
+
+    url: str
+    options: dict[str, Any]
+    held: Callable[[], int]
+
+    def let_go(self, before: int) -> None:
+        wait_until(
+            lambda: self.held() <= before, timeout=10, what="the worker's loop resources let go"
+        )
+
+
+@pytest.fixture
+def unmigrated(backend_url: str, tmp_path: Any) -> Unmigrated:
+    application = "sqlbroker_leak_check"
+    held = loop_resources(backend_url, application)
+    if backend_url.startswith("sqlite"):
+        return Unmigrated(f"sqlite:///{tmp_path}/empty.db", {}, held)
+    options = {"schema": "sqlbroker_never_made", "application_name": application}
+    return Unmigrated(backend_url, options, held)
+
+
 @pytest.mark.parametrize("runner", ["run", "run_async"])
 def test_a_worker_whose_schema_check_fails_lets_go_of_its_connections(
-    backend_url: str, tmp_path: Any, request: pytest.FixtureRequest, runner: str
+    unmigrated: Unmigrated, runner: str
 ) -> None:
     """The worker's readiness check fails (here on a database nobody migrated, with
     ``migrate=False``) after it opened its loop's resources — PostgreSQL's connections,
     SQLite's threads: ``run`` and ``run_async`` raise the check's error and let them go, as
     a stopping worker does, not when the broker is closed."""
-    sqlite = backend_url.startswith("sqlite")
-    if sqlite:
-        url, options = f"sqlite:///{tmp_path}/empty.db", {}
-    else:
-        url = backend_url
-        options = {"schema": "sqlbroker_never_made", "application_name": "sqlbroker_leak_check"}
-        dbname = psycopg.conninfo.conninfo_to_dict(backend_url)["dbname"]
-        admin_url = request.getfixturevalue("pg_server").url(dbname)
-
-    def held() -> int:
-        if sqlite:
-            return sum(t.name.startswith("sqlbroker-sqlite") for t in threading.enumerate())
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                (options["application_name"],),
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
+    url, options = unmigrated.url, unmigrated.options
 
     def handle(msg: sqlbroker.Message) -> None:
         pass
 
-    before = held()  # SQLite: threads of other brokers this process has not let go yet
-
-    def let_go() -> None:
-        wait_until(lambda: held() <= before, timeout=10, what="the worker's loop resources let go")
-
+    before = unmigrated.held()  # SQLite: threads of other brokers not let go yet
     refused = pytest.raises(sqlbroker.SchemaError, match="at version 0")
     if runner == "run":
         with sqlbroker.Broker(url, migrate=False, **options) as broker:
             broker.subscriber(queue="jobs")(handle)
             with refused:
                 broker.worker(install_signal_handlers=False).run(until_idle=True, timeout=30)
-            let_go()
+            unmigrated.let_go(before)
         return
 
     async def scenario() -> None:
@@ -342,6 +347,38 @@ def test_a_worker_whose_schema_check_fails_lets_go_of_its_connections(
             broker.subscriber(queue="jobs")(handle)
             with refused:
                 await broker.worker(install_signal_handlers=False).run_async(timeout=30)
-            let_go()
+            unmigrated.let_go(before)
+
+    asyncio.run(scenario())
+
+
+SAGA = sqlbroker.Saga("order", [sqlbroker.Step("reserve"), sqlbroker.Step("ship")])
+
+
+@pytest.mark.parametrize("method", ["run", "run_until_idle"])
+@pytest.mark.parametrize("face", ["Broker", "AsyncBroker"])
+def test_a_broker_run_whose_schema_check_fails_lets_go_of_its_connections(
+    unmigrated: Unmigrated, face: str, method: str
+) -> None:
+    """``broker.run()`` and ``run_until_idle()`` (either face, with a saga's handlers,
+    whose check once ran before the worker's) fail their schema check as the worker's
+    own run does: the check's error, and nothing of the broker's left open for it."""
+    url, options = unmigrated.url, unmigrated.options
+    refused = pytest.raises(sqlbroker.SchemaError, match="at version 0")
+    before = unmigrated.held()
+    if face == "Broker":
+        with sqlbroker.Broker(url, migrate=False, **options) as broker:
+            broker.saga_step(SAGA, "reserve")(lambda ctx: None)
+            with refused:
+                getattr(broker, method)(install_signal_handlers=False, timeout=30)
+            unmigrated.let_go(before)
+        return
+
+    async def scenario() -> None:
+        async with sqlbroker.AsyncBroker(url, migrate=False, **options) as broker:
+            broker.saga_step(SAGA, "reserve")(lambda ctx: None)
+            with refused:
+                await getattr(broker, method)(install_signal_handlers=False, timeout=30)
+            unmigrated.let_go(before)
 
     asyncio.run(scenario())

@@ -159,16 +159,23 @@ class BrokerBase(Face):
     async def _ready_async(self) -> Backend:
         """:meth:`_ready` on the running loop: the version read by a coroutine; a
         migration (the runners are blocking) by :meth:`_ready` on the backend's own
-        threads, once however many coroutines ask."""
+        threads, once however many coroutines ask. A check that fails lets go of what
+        it opened for the running loop: its caller (``asyncio.run`` of one call) may
+        never come back to that loop."""
         if self._is_ready:
             return self._backend
         backend = self._backend
         try:
-            backend.schema_files.check(await backend.async_ops.schema_version())
-        except SchemaError:
-            if not self._migrate:
-                raise
-            await backend.offload(self._ready)
+            try:
+                backend.schema_files.check(await backend.async_ops.schema_version())
+            except SchemaError:
+                if not self._migrate:
+                    raise
+                await backend.offload(self._ready)
+        except Exception:
+            with contextlib.suppress(Exception):  # the check's error is the one to raise
+                await backend.close_async()
+            raise
         self._is_ready = True
         return backend
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -31,7 +32,9 @@ from sqlbroker.client.consuming import worker_name
 from sqlbroker.core import validate
 from sqlbroker.core.errors import SqlbrokerError
 from sqlbroker.core.observability import WorkerBeat
+from sqlbroker.core.sagas import Saga
 from sqlbroker.features.faces import drive_async
+from sqlbroker.features.sagas import warn_unhandled
 from sqlbroker.features.schedules import ScheduleRun
 from sqlbroker.features.subscribers import SubscriberSpec
 from sqlbroker.runtime.events import Observers, WorkerObserver
@@ -98,7 +101,9 @@ class Worker:
 
     Made by :meth:`Broker.worker` (or run by ``broker.run()`` and ``sqlbroker worker``), not
     constructed directly. :meth:`run` blocks until :meth:`stop`, SIGTERM or SIGINT; a stop
-    waits up to ``grace`` seconds for running handlers and gives the rest back.
+    waits up to ``grace`` seconds for running handlers and gives the rest back. Before it
+    starts anything it checks the schema and, for each of ``sagas`` (those whose steps it
+    runs), warns of steps no handler serves (``SagaWarning``).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Worker:
         *,
         name: str | None = None,
         observers: Sequence[WorkerObserver] = (),
+        sagas: Sequence[Saga] = (),
         **options: Unpack[WorkerOptions],
     ) -> None:
         validate.known_options(options, WorkerOptions.__optional_keys__, "worker")
@@ -118,6 +124,7 @@ class Worker:
             raise SqlbrokerError(f"two subscribers share a subscription name: {names}")
         self._broker = broker
         self._specs = list(specs)
+        self._sagas = list(sagas)
         get = options.get
         seconds, integer = validate.seconds, validate.integer
         self._grace = seconds(get("grace", 30.0), "grace", maximum=validate.MAX_LEASE)
@@ -204,6 +211,12 @@ class Worker:
             # also when the schema check fails: it opened the loop's connections.
             async with contextlib.AsyncExitStack() as started:
                 await self._broker._ready_async()  # the loop goes on while it reads
+                # A saga's check may read the live workers, blocking: on the backend's threads.
+                handled, when = self._broker.subscribers, "this worker runs"
+                for saga in self._sagas:
+                    await backend.offload(
+                        functools.partial(warn_unhandled, backend, saga, handled, when=when)
+                    )
                 handler_threads = HandlerThreads(thread_name_prefix="sqlbroker-handler")
                 started.callback(handler_threads.shutdown, wait=False, cancel_futures=True)
                 await self._ensure_subscriptions(backend)

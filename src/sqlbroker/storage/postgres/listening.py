@@ -8,15 +8,17 @@ is no LISTEN: the callers' polls alone find the work."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import psycopg
 from psycopg import sql
 
 from sqlbroker.core.errors import ConnectionLost
-from sqlbroker.storage.postgres.liveness import LoopWatcher
+from sqlbroker.storage.postgres.liveness import LoopWatcher, Watcher, answered
 from sqlbroker.storage.postgres.options import SessionOptions
 from sqlbroker.storage.result_hub import Hint, Source
 from sqlbroker.storage.url import redact
@@ -24,6 +26,15 @@ from sqlbroker.storage.url import redact
 log = logging.getLogger("sqlbroker.storage")
 _RESULT_PAUSE = 0.5
 """Seconds between two checks of the stop flag while the result source listens."""
+
+
+def _health_every(options: SessionOptions) -> float:
+    """Seconds a LISTEN session waits for notifications before it asks the server (the
+    ``health_check`` statement), and then gives it to answer (a watcher shuts the session
+    down after that): a session gone silent (a peer lost, its TCP session kept alive by a
+    proxy in between, where keepalives see nothing wrong) would otherwise wait for ever.
+    Half ``network_timeout`` each, so such a session is found within ``network_timeout``."""
+    return options.network_timeout / 2
 
 
 def _listen(blocks: Mapping[str, str], channels: Sequence[str]) -> list[sql.Composed]:
@@ -44,8 +55,8 @@ async def listen(
     cancels = cancel_channel if on_cancel is not None else None
     statements = _listen(blocks, [channel] + ([cancels] if cancels else []))
     pause = 0.1
-    health_every = options.network_timeout / 2
-    watcher = LoopWatcher(health_every)  # shuts down a health check with no answer
+    health_every = _health_every(options)
+    watcher = LoopWatcher(health_every)
     target = options.listen_target()
     if target is None:
         log.info("no LISTEN behind a transaction pooler (no listen_url): polling only")
@@ -66,17 +77,8 @@ async def listen(
                             on_cancel(notice.payload)
                         else:
                             on_hint(notice.payload or None)
-                    # A session that went silent (a peer gone, its TCP session kept
-                    # alive by a proxy) would wait for notifications for ever: ask.
-                    watch = watcher.watch(conn)
-                    try:
+                    with answered(watcher, conn):
                         await conn.execute(blocks["health_check"])
-                    except psycopg.Error as error:
-                        if watch.fired:
-                            raise watch.lost(write=False) from error
-                        raise
-                    finally:
-                        watcher.release(conn)
         except (psycopg.Error, ConnectionLost) as error:
             log.warning(
                 "LISTEN connection lost (%s); reconnecting in %.1f s",
@@ -88,11 +90,16 @@ async def listen(
 
 
 def result_source(
-    options: SessionOptions, blocks: Mapping[str, str], *, result_channel: str, dead_channel: str
+    options: SessionOptions,
+    blocks: Mapping[str, str],
+    *,
+    result_channel: str,
+    dead_channel: str,
 ) -> Source:
     """The result hub's source: a stored value's NOTIFY carries its message id, a dead
     letter's its subscription (any waiter may be concerned)."""
     statements = _listen(blocks, [dead_channel, result_channel])
+    health_every = _health_every(options)
 
     def source(hint: Hint, ready: threading.Event, stop: threading.Event) -> None:
         pause = 0.1
@@ -101,24 +108,31 @@ def result_source(
             ready.set()
             return
         conninfo, kwargs = target
-        while not stop.is_set():
-            try:
-                with psycopg.Connection.connect(conninfo, **kwargs) as conn:
-                    for statement in statements:
-                        conn.execute(statement)
-                    pause = 0.1
-                    ready.set()
-                    hint(None)
-                    while not stop.is_set():
-                        for notice in conn.notifies(timeout=_RESULT_PAUSE):
-                            hint(None if notice.channel == dead_channel else notice.payload)
-            except psycopg.Error as error:
-                log.warning(
-                    "the result LISTEN connection failed (%s); retrying in %.1f s",
-                    redact(str(error)).strip(),
-                    pause,
-                )
-                stop.wait(pause)
-                pause = min(pause * 2, 5.0)
+        # Its thread starts with the first health check and ends with the source.
+        with contextlib.closing(Watcher(health_every)) as watcher:
+            while not stop.is_set():
+                try:
+                    with psycopg.Connection.connect(conninfo, **kwargs) as conn:
+                        for statement in statements:
+                            conn.execute(statement)
+                        pause = 0.1
+                        ready.set()
+                        hint(None)
+                        asked = time.monotonic()
+                        while not stop.is_set():
+                            for notice in conn.notifies(timeout=_RESULT_PAUSE):
+                                hint(None if notice.channel == dead_channel else notice.payload)
+                            if time.monotonic() - asked >= health_every:
+                                with answered(watcher, conn):
+                                    conn.execute(blocks["health_check"])
+                                asked = time.monotonic()
+                except (psycopg.Error, ConnectionLost) as error:
+                    log.warning(
+                        "the result LISTEN connection failed (%s); retrying in %.1f s",
+                        redact(str(error)).strip(),
+                        pause,
+                    )
+                    stop.wait(pause)
+                    pause = min(pause * 2, 5.0)
 
     return source

@@ -11,6 +11,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -51,7 +52,7 @@ class Watcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, conn: Conn) -> Watch:
+    def watch(self, conn: Conn | AsyncConn) -> Watch:
         watch = Watch(conn, self._seconds)
         with self._lock:
             self._out[id(conn)] = watch
@@ -62,7 +63,7 @@ class Watcher:
                 self._thread.start()
         return watch
 
-    def release(self, conn: Conn) -> None:
+    def release(self, conn: Conn | AsyncConn) -> None:
         with self._lock:
             self._out.pop(id(conn), None)
 
@@ -97,13 +98,13 @@ class LoopWatcher:
         self._out: dict[int, Watch] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    def watch(self, conn: AsyncConn) -> Watch:
+    def watch(self, conn: Conn | AsyncConn) -> Watch:
         watch = self._out[id(conn)] = Watch(conn, self._seconds)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._every, self._look)
         return watch
 
-    def release(self, conn: AsyncConn) -> None:
+    def release(self, conn: Conn | AsyncConn) -> None:
         self._out.pop(id(conn), None)
 
     def _look(self) -> None:
@@ -111,6 +112,22 @@ class LoopWatcher:
         self._timer = (
             asyncio.get_running_loop().call_later(self._every, self._look) if self._out else None
         )
+
+
+@contextlib.contextmanager
+def answered(watcher: Watcher | LoopWatcher, conn: Conn | AsyncConn) -> Iterator[None]:
+    """A health check's round trip on ``conn`` (a LISTEN session's, which otherwise only
+    waits), held to the watcher's ``network_timeout``: with no answer by then the watcher
+    shuts the connection down, and the driver's error becomes :class:`ConnectionLost`."""
+    watch = watcher.watch(conn)
+    try:
+        yield
+    except psycopg.Error as error:
+        if watch.fired:
+            raise watch.lost(write=False) from error
+        raise
+    finally:
+        watcher.release(conn)
 
 
 def sever(conn: Conn | AsyncConn) -> None:
