@@ -275,6 +275,41 @@ def test_a_settle_whose_promotion_fails_after_it_committed_reports_its_copies_se
         backend.close()
 
 
+@pytest.mark.parametrize("held", ["lease", "delivery"])
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_plain_complete_promotes_the_next_copies_of_its_keys_in_its_own_statement(
+    pg_url: str, face: str, held: str
+) -> None:
+    """PostgreSQL: a complete without results (the drain's) gives each key whose head it
+    completed the next copy in the same statement, not in a statement and commit of its
+    own after it: the archive rows and the promoted copies carry one transaction id.
+    Settled as bare leases (``broker.complete``) and with their deliveries (the worker)."""
+    backend = open_backend(pg_url)
+    try:
+        first_a, second_a = publish(backend, "jobs", 2, key="a")
+        first_b, second_b = publish(backend, "jobs", 2, key="b")
+        heads = claim(backend, "jobs")
+        assert sorted(d.message_id for d in heads) == sorted([first_a, first_b])
+        settlements = [Settlement.complete(d if held == "delivery" else Lease.of(d)) for d in heads]
+        if face == "sync":
+            done = backend.message_settle_many(settlements=settlements)
+        else:
+            done = asyncio.run(_settle_async(backend, settlements))
+        assert done == sorted(d.id for d in heads)
+        assert states(backend, "jobs") == {second_a: "available", second_b: "available"}
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            written = conn.execute(
+                "SELECT xmin::text FROM sqlbroker_archive WHERE message_id::text = ANY(%s)"
+                " UNION ALL"
+                " SELECT xmin::text FROM sqlbroker_message WHERE message_id::text = ANY(%s)",
+                ([first_a, first_b], [second_a, second_b]),
+            ).fetchall()
+        assert len(written) == 4
+        assert len(set(written)) == 1
+    finally:
+        backend.close()
+
+
 async def _settle_async(backend: Any, settlements: list[Settlement]) -> list[int]:
     try:
         done: list[int] = await backend.async_ops.message_settle_many(settlements=settlements)

@@ -25,7 +25,6 @@ from sqlbroker.storage.operations.admin import audit
 from sqlbroker.storage.operations.flow import claim_copies
 from sqlbroker.storage.plan import (
     Plan,
-    Rows,
     StatementFailed,
     ahead,
     atomic,
@@ -185,10 +184,9 @@ def message_settle_many(
     removed: list[Any] = []  # rows of the copies that left the hot table
     done: list[int] = []
     if kinds == {"complete"} and [s.value for s in settlements].count(None) == len(ids):
-        removed = yield from _complete(settings, ids, [s.lease.token for s in settlements])
-        done = [row[0] for row in removed]
+        done, removed = yield from _complete(settings, settlements)
     elif settings.writes_in_with:
-        rows = yield query(
+        rows: list[Any] = yield query(
             "message_settle",
             **_leases(settlements),
             kinds=[s.kind for s in settlements],
@@ -206,7 +204,7 @@ def message_settle_many(
             if not group:
                 continue
             if kind == "complete" and all(s.value is None for s in group):
-                rows = yield from _complete(settings, **_leases(group))
+                _, rows = yield from _complete(settings, group)  # every row: SQLite's
             else:
                 block, columns = _SQLITE_SETTLE[kind]
                 params = _settle_params(group)
@@ -223,16 +221,37 @@ def message_settle_many(
     return sorted(done)
 
 
-def _complete(settings: Settings, ids: list[int], tokens: list[str]) -> Plan[Rows]:
+def _complete(
+    settings: Settings, settlements: Sequence[Settlement]
+) -> Plan[tuple[list[int], list[Any]]]:
     """The plain complete (no values) of these leases: the copies of the valid ones leave
-    the hot table, archived unless ``archive_completed=False``; their rows
-    ``(id, subscription, ordering_key, state)``. SQLite's blocks archive (or not) and read
-    back; the deletion by id is a statement of its own (``message_complete_delete``)."""
-    block = "message_complete" if settings.archive_completed else "message_complete_unarchived"
-    rows = yield query(block, ids=ids, tokens=tokens)
+    the hot table, archived unless ``archive_completed=False``. Their ids, and the rows
+    ``(id, subscription, ordering_key, state)`` of those whose key may still want its next
+    copy (:func:`_promote_heads`). PostgreSQL's ``_keyed`` blocks, run where a copy may
+    have a key (a bare lease may), promote the next copies in the same statement (else
+    the keyed drain's third statement per batch) and flag the rows whose key they
+    promoted. SQLite's blocks archive (or not) and read back; the deletion by id is a
+    statement of its own (``message_complete_delete``)."""
+    keyed = settings.writes_in_with and any(
+        s.delivery is None or s.delivery.key is not None for s in settlements
+    )
+    block = _COMPLETE_BLOCKS[settings.archive_completed, keyed]
+    rows = yield query(block, **_leases(settlements))
+    ids = [row[0] for row in rows]
+    if keyed:
+        return ids, [row for row in rows if not row[4]]
     if not settings.writes_in_with and rows:
-        yield query("message_complete_delete", ids=[row[0] for row in rows])
-    return rows
+        yield query("message_complete_delete", ids=ids)
+    return ids, rows
+
+
+_COMPLETE_BLOCKS = {
+    (True, False): "message_complete",
+    (False, False): "message_complete_unarchived",
+    (True, True): "message_complete_keyed",
+    (False, True): "message_complete_unarchived_keyed",
+}
+"""The plain complete's block by ``(archive_completed, keyed)`` (see :func:`_complete`)."""
 
 
 _SQLITE_SETTLE = {

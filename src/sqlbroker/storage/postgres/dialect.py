@@ -237,7 +237,14 @@ async def _send_async(
 # --- a hot statement straight through libpq ---------------------------------------------------
 
 DIRECT = frozenset(
-    {"message_insert_queue_one", "message_claim", "message_complete", "message_complete_unarchived"}
+    {
+        "message_insert_queue_one",
+        "message_claim",
+        "message_complete",
+        "message_complete_unarchived",
+        "message_complete_keyed",
+        "message_complete_unarchived_keyed",
+    }
 )
 """Blocks :func:`run_async` runs by :func:`direct` on a pooled connection: a single send's
 statement, and the worker's claim and plain complete, where psycopg's cursor (its prepare
