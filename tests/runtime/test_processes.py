@@ -98,14 +98,18 @@ def test_a_message_that_kills_its_worker_is_dead_lettered_after_max_attempts(
     while not settled():
         assert time.monotonic() < deadline, f"not settled after {crashes} crashes"
         if not worker.alive:
+            # Only the poison may take a worker down: a worker that exited for another
+            # reason (failing to start, say) would not be one of its attempts.
             assert worker.process.returncode == 1, worker.log()
+            poison_pids = {e["pid"] for e in events(effects, "start", ["poison"])}
+            assert worker.pid in poison_pids, worker.log()
             crashes += 1
             worker = spawn_worker(lease=1.0, reap_interval=0.2, **options)
         time.sleep(0.05)
     worker.send(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0, worker.log()
 
-    assert crashes == 3
+    assert crashes == 3, events(effects, "start", ["poison"])
     (dead,) = broker.dead_letters.list(subscription="jobs")
     assert dead.message_id == poison
     assert dead.attempts == 3

@@ -14,7 +14,9 @@ from sqlbroker.core.message import Delivery, NewMessage
 from sqlbroker.core.serde import encode_json
 
 
-def new_message(topic: str, payload: Any = None, *, key: str | None = None) -> NewMessage:
+def new_message(
+    topic: str, payload: Any = None, *, key: str | None = None, max_attempts: int = 5
+) -> NewMessage:
     return NewMessage(
         message_id=str(uuid.uuid4()),
         topic=topic,
@@ -29,7 +31,7 @@ def new_message(topic: str, payload: Any = None, *, key: str | None = None) -> N
         available_at=None,
         ttl=None,
         expires_at=None,
-        max_attempts=5,
+        max_attempts=max_attempts,
         dedupe_window=0.0,
     )
 

@@ -108,8 +108,7 @@ def test_cancel_archives_copies_not_running_and_flags_running_ones(backend: Any)
 def test_the_reaper_returns_lost_leases_and_quarantines_spent_ones(
     backend: Any, clock: ManualClock
 ) -> None:
-    spent = new_message("jobs")
-    spent = type(spent)(**{**{f: getattr(spent, f) for f in spent.__slots__}, "max_attempts": 1})
+    spent = new_message("jobs", max_attempts=1)
     backend.message_insert_many(messages=[spent], subscription="jobs")
     publish(backend, "jobs")
     claim(backend, "jobs", 2)
@@ -119,6 +118,25 @@ def test_the_reaper_returns_lost_leases_and_quarantines_spent_ones(
     (dead,) = backend.dead_list(where=DeadFilter(), limit=5, after_id=None)
     assert dead.error_type == "sqlbroker.WorkerLost"
     assert states(backend, "jobs") == ["available"]
+
+
+def test_a_spent_copy_the_reaper_did_not_dead_letter_is_never_released(
+    backend: Any, clock: ManualClock
+) -> None:
+    """A spent copy left over by the dead-letter statement (here beyond the limit) stays
+    running for the next pass: released, it would be claimed past its last attempt."""
+    spent = [new_message("jobs", max_attempts=1) for _ in range(2)]
+    backend.message_insert_many(messages=spent, subscription="jobs")
+    claim(backend, "jobs", 2)
+    clock.advance(31)
+    result = backend.lease_release_expired(limit=1)
+    assert (result.released, result.dead) == (0, 1)
+    assert states(backend, "jobs") == ["running"]
+    assert claim(backend, "jobs") == []
+    result = backend.lease_release_expired(limit=1)
+    assert (result.released, result.dead) == (0, 1)
+    assert len(backend.dead_list(where=DeadFilter(), limit=5, after_id=None)) == 2
+    assert states(backend, "jobs") == []
 
 
 def test_ttls_expire_and_dedupe_keys_trim(backend: Any, clock: ManualClock) -> None:

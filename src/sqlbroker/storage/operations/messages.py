@@ -328,7 +328,12 @@ def message_cancel_many(
 def lease_release_expired(settings: Settings, *, limit: int) -> Plan[ReapResult]:
     """Return copies whose lease expired to the queue, or to the dead letters when their
     attempts are spent (reason ``worker lost``); a cancelled one is archived as cancelled
-    (its worker was lost before it could)."""
+    (its worker was lost before it could).
+
+    Only copies with attempts left go back to the queue: a spent copy the dead-letter
+    statement did not take (beyond its ``limit``, or, on PostgreSQL where each statement
+    reads the clock anew, a lease that expired between the two statements) stays until
+    the next pass dead-letters it, rather than being claimed past its limit."""
     cancelled = yield query("lease_expired_cancelled", limit=limit)
     yield from _promote_heads(settings, cancelled)
     dead = yield query(

@@ -727,6 +727,7 @@ WITH expired AS (
     SELECT id FROM {schema}sqlbroker_message
     WHERE state = 'running'
       AND lease_expires_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+      AND attempts < max_attempts
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

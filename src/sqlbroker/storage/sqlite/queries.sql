@@ -212,7 +212,7 @@ SET state = 'available',
     last_failed_at = :now
 WHERE id IN (
     SELECT id FROM sqlbroker_message
-    WHERE state = 'running' AND lease_expires_at <= :now
+    WHERE state = 'running' AND lease_expires_at <= :now AND attempts < max_attempts
     ORDER BY lease_expires_at
     LIMIT :limit
 )
