@@ -136,7 +136,7 @@ def test_a_bad_item_of_a_publish_batch_is_named_by_its_index(
 
 def test_message_ids_are_time_ordered_version_7_uuids() -> None:
     before = time.time_ns() // 1_000_000
-    ids = [*new_message_ids(1000), new_message_id()]
+    ids = [*new_message_ids(1000), *new_message_ids(1), *new_message_ids(3), new_message_id()]
     after = time.time_ns() // 1_000_000
     assert len(set(ids)) == len(ids)
     for text in ids:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from sqlbroker.core import validate
 from sqlbroker.core.errors import InvalidDuration, InvalidHeaders, InvalidOption, InvalidTime
@@ -323,12 +323,20 @@ def _build_queue_batch(
     limit = defaults.payload_limit
     keyed = first.idempotency_key is not None
     ids = [first.message_id, *new_message_ids(len(payloads) - 1)]
-    datas = [first.payload]
-    kinds = [first.content_type]
-    for index in range(1, len(payloads)):
-        data, kind = _encode(payloads[index], content_type, limit, index)
-        datas.append(data)
-        kinds.append(kind)
+    count = len(payloads)
+    kinds = [first.content_type] * count
+    # Plain JSON (the common batch) is encoded in one comprehension, without _encode's call
+    # and tuple per payload; a payload it does not take (None) goes through _encode.
+    encoded: list[bytes | None] = [first.payload]
+    if first.content_type == JSON_CONTENT_TYPE:
+        encoded += [encode_plain(payload, limit) for payload in payloads[1:]]
+    else:
+        encoded += [None] * (count - 1)
+    if None in encoded:
+        for index, data in enumerate(encoded):
+            if data is None:
+                encoded[index], kinds[index] = _encode(payloads[index], content_type, limit, index)
+    datas = cast("list[bytes]", encoded)
     hashes: list[str | None] = [None] * len(datas)
     if keyed:
         hashes = [payload_hash(data, kind) for data, kind in zip(datas, kinds, strict=True)]
