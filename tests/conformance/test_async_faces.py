@@ -385,4 +385,6 @@ def test_calls_whose_first_check_fails_leave_no_loop_resources(backend_url: str)
             asyncio.run(broker.publish("orders.created", n))
         counts.append(_settled(backend_url, application, before) - before)
     asyncio.run(broker.close())
-    assert counts == [0] * 20
+    # At most as many as before: on SQLite, threads of a broker closed before may still
+    # have been on their way out when the first count was taken.
+    assert max(counts) <= 0, counts
