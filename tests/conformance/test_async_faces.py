@@ -363,19 +363,29 @@ def test_a_run_leaves_nothing_behind_however_it_ends(backend_url: str) -> None:
     asyncio.run(scenario())
 
 
-def test_calls_whose_first_check_fails_leave_no_loop_resources(backend_url: str) -> None:
+def test_calls_whose_first_check_fails_leave_no_loop_resources(
+    backend_url: str, request: pytest.FixtureRequest
+) -> None:
     """``asyncio.run(broker.publish(…))`` on a schema newer than this sqlbroker, 20 times:
     each call raises ``SchemaError`` and lets go of what it opened for its loop
     (PostgreSQL's sessions, SQLite's threads), which that loop, gone, would never use
     again; they do not wait for the next loop or ``close()``."""
     application = f"sqlbroker-refused-{uuid.uuid4().hex[:8]}"
-    with sqlbroker.Broker(backend_url, migrate=True) as admin:
-        admin.migrate()
-        with admin.backend.begin() as tx:
-            tx.connection.execute(
-                "INSERT INTO sqlbroker_schema_version (version, name, applied_at)"
-                " VALUES (9999, 'from a newer sqlbroker', CURRENT_TIMESTAMP)"
-            )
+    newer = (
+        "INSERT INTO sqlbroker_schema_version (version, name, applied_at)"
+        " VALUES (9999, 'from a newer sqlbroker', CURRENT_TIMESTAMP)"
+    )
+    if backend_url.startswith("sqlite"):
+        with sqlbroker.Broker(backend_url, migrate=True) as admin, admin.backend.begin() as tx:
+            tx.connection.execute(newer)
+    else:
+        import psycopg
+
+        # As the superuser: the runtime login (SQLBROKER_TEST_PG_ROLE) may not write it.
+        dbname = psycopg.conninfo.conninfo_to_dict(backend_url)["dbname"]
+        superuser_url = request.getfixturevalue("pg_server").url(str(dbname))
+        with psycopg.connect(superuser_url, autocommit=True) as conn:
+            conn.execute(newer)
     before = _connections(backend_url, application)  # SQLite: other brokers' threads
     named = {} if backend_url.startswith("sqlite") else {"application_name": application}
     broker = sqlbroker.AsyncBroker(backend_url, migrate=False, **named)
